@@ -1,0 +1,483 @@
+"""Boot, stop and inspect a real Slurm cluster on this one Debian 12 host (as root).
+
+munged, MariaDB, slurmdbd, slurmctld and one slurmd per node (n1..n4, 8 counted GPUs
+each), every file under one state directory ($HAI_CLUSTER_DIR, default
+/var/lib/slurm-hai/localcluster). Configs are rendered from the project's templates/
+with the HAI policy applied. Daemons are stopped by their pid files only.
+
+Used through the `up`, `down` and `status` scripts beside this file.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import grp
+import os
+import pwd
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO))
+
+from slurm_hai.levels import ladder_arg  # noqa: E402
+from slurm_hai.policy import default_policy  # noqa: E402
+from slurm_hai.qos import desired_qos, plan, qos_weight  # noqa: E402
+from slurm_hai.render import render  # noqa: E402
+
+PACKAGES = ["munge", "mariadb-server", "slurmdbd", "slurmctld", "slurmd", "slurm-client",
+            "libslurm-dev", "slurm-wlm-basic-plugins", "lua5.3", "make", "gcc"]
+TEST_USERS = ["hai-alice", "hai-bob"]
+ACCOUNT = "hai"
+NODES = ["n1", "n2", "n3", "n4"]
+GPUS_PER_NODE = 8
+
+
+class ClusterError(Exception):
+    """A failure of `up`/`down` that the user can act on (printed as one message)."""
+
+
+@dataclasses.dataclass
+class Node:
+    name: str
+    port: int
+
+
+@dataclasses.dataclass
+class Cluster:
+    state: Path
+    port_base: int
+    name: str = "hai"
+    host: str = socket.gethostname()
+    addr: str = "127.0.0.1"
+    slurm_user: str = "slurm"
+    cred_expire: int = 5
+    gpus_per_node: int = GPUS_PER_NODE
+    cpus: int = 1
+    memory_mb: int = 1000
+    db_password: str = ""
+
+    @property
+    def ports(self) -> dict[str, int]:
+        b = self.port_base
+        return {"mysql": b, "slurmdbd": b + 1, "slurmctld": b + 2}
+
+    @property
+    def nodes(self) -> list[Node]:
+        return [Node(n, self.port_base + 11 + i) for i, n in enumerate(NODES)]
+
+    @property
+    def nodelist(self) -> str:
+        return f"n[1-{len(NODES)}]"
+
+    @property
+    def munge_socket(self) -> str:
+        return str(self.state / "munge" / "munged.sock")
+
+    @property
+    def slurm_conf(self) -> Path:
+        return self.state / "etc" / "slurm.conf"
+
+    def env(self) -> dict[str, str]:
+        return {**os.environ, "SLURM_CONF": str(self.slurm_conf)}
+
+
+def cluster_from_env() -> Cluster:
+    state = Path(os.environ.get("HAI_CLUSTER_DIR", "/var/lib/slurm-hai/localcluster"))
+    c = Cluster(state=state, port_base=int(os.environ.get("HAI_CLUSTER_PORT_BASE", "16800")))
+    c.cpus = os.cpu_count() or 1
+    pw = state / "etc" / "db_password"
+    c.db_password = pw.read_text().strip() if pw.exists() else ""
+    return c
+
+
+# ---------------------------------------------------------------- daemons
+
+
+@dataclasses.dataclass
+class Daemon:
+    name: str
+    pidfile: Path
+    logfile: Path
+    binary: str  # what /proc/PID/exe must point at, so a reused pid is never signalled
+    port: int
+
+
+def daemons(c: Cluster) -> list[Daemon]:
+    s = c.state
+    out = [
+        Daemon("munged", s / "munge" / "munged.pid", s / "munge" / "munged.log", "munged", 0),
+        Daemon("mariadbd", s / "mysql" / "mariadbd.pid", s / "log" / "mariadbd.log", "mariadbd", c.ports["mysql"]),
+        Daemon("slurmdbd", s / "run" / "slurmdbd.pid", s / "log" / "slurmdbd.log", "slurmdbd", c.ports["slurmdbd"]),
+        Daemon("slurmctld", s / "run" / "slurmctld.pid", s / "log" / "slurmctld.log", "slurmctld", c.ports["slurmctld"]),
+    ]
+    out += [Daemon(f"slurmd-{n.name}", s / "run" / f"slurmd-{n.name}.pid", s / "log" / f"slurmd-{n.name}.log",
+                   "slurmd", n.port) for n in c.nodes]
+    return out
+
+
+def running_pid(d: Daemon) -> int | None:
+    """The daemon's pid from its pid file, if that process is alive and is that daemon."""
+    try:
+        pid = int(d.pidfile.read_text().split()[0])
+        exe = os.readlink(f"/proc/{pid}/exe")
+    except (OSError, ValueError, IndexError):
+        return None
+    return pid if os.path.basename(exe).startswith(d.binary) else None
+
+
+def log_tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return f"(no log at {path})"
+
+
+def console_path(d: Daemon) -> Path:
+    """Where a daemon's stdout/stderr go (its own log file belongs to the daemon's user)."""
+    return d.logfile.parent.parent / "log" / f"{d.name}.console"
+
+
+def failure_logs(d: Daemon) -> str:
+    return "".join(f"\n--- tail of {p} ---\n{log_tail(p)}" for p in (d.logfile, console_path(d)) if p.exists())
+
+
+def port_busy(port: int) -> bool:
+    with socket.socket() as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            s.bind(("127.0.0.1", port))
+        except OSError:
+            return True
+    return False
+
+
+def wait_for(what: str, check, timeout: float, d: Daemon | None = None) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if check():
+            return
+        if d is not None and d.pidfile.exists() and running_pid(d) is None and time.monotonic() > deadline - timeout + 3:
+            break
+        time.sleep(0.2)
+    where = failure_logs(d) if d else ""
+    raise ClusterError(f"{what} did not come up within {timeout:.0f} s{where}")
+
+
+def run(argv: list[str], c: Cluster | None = None, check: bool = True, **kw) -> subprocess.CompletedProcess:
+    p = subprocess.run(argv, env=c.env() if c else None, text=True, capture_output=True, **kw)
+    if check and p.returncode != 0:
+        raise ClusterError(f"{' '.join(argv)} failed (exit {p.returncode}): {(p.stderr or p.stdout).strip()}")
+    return p
+
+
+def start(d: Daemon, argv: list[str], c: Cluster, user: str | None = None, foreground: bool = False) -> None:
+    """Start one daemon unless it already runs; fail with its log tail if it dies."""
+    if running_pid(d):
+        return
+    if d.port and port_busy(d.port):
+        raise ClusterError(f"port {d.port} needed by {d.name} is busy; stop what uses it "
+                           f"(ss -ltnp 'sport = :{d.port}') or set HAI_CLUSTER_PORT_BASE")
+    d.pidfile.unlink(missing_ok=True)
+    if user:
+        argv = ["runuser", "-u", user, "--", *argv]
+    log = open(console_path(d), "ab")
+    if foreground:  # daemons that do not fork: detach them ourselves
+        subprocess.Popen(argv, env=c.env(), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                         start_new_session=True)
+    else:
+        p = subprocess.run(argv, env=c.env(), stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+        if p.returncode != 0:
+            raise ClusterError(f"{d.name} failed to start (exit {p.returncode})\n--- tail of {d.logfile} ---\n"
+                               f"{log_tail(d.logfile)}")
+    wait_for(f"{d.name} (pid file {d.pidfile})", lambda: running_pid(d) is not None, 20, d)
+
+
+def stop(d: Daemon, timeout: float = 15) -> bool:
+    pid = running_pid(d)
+    if pid is None:
+        return False
+    os.kill(pid, signal.SIGTERM)
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline and running_pid(d) == pid:
+        time.sleep(0.1)
+    if running_pid(d) == pid:
+        os.kill(pid, signal.SIGKILL)
+    return True
+
+
+# ---------------------------------------------------------------- setup steps
+
+
+def preflight() -> None:
+    if os.geteuid() != 0:
+        raise ClusterError("contrib/localcluster/up must run as root (it installs packages and starts daemons)")
+    if not Path("/etc/debian_version").exists():
+        raise ClusterError("contrib/localcluster/up supports Debian 12 only (/etc/debian_version not found)")
+
+
+def install_packages() -> None:
+    missing = [p for p in PACKAGES
+               if run(["dpkg-query", "-W", "-f=${Status}", p], check=False).stdout != "install ok installed"]
+    if not missing:
+        return
+    print(f"installing Debian packages: {' '.join(missing)}", flush=True)
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    # Packages must not start their own daemons (ports, pid files): deny service starts.
+    policy_rc = Path("/usr/sbin/policy-rc.d")
+    had_policy = policy_rc.exists()
+    if not had_policy:
+        policy_rc.write_text("#!/bin/sh\nexit 101\n")
+        policy_rc.chmod(0o755)
+    try:
+        for argv in (["apt-get", "update", "-qq"], ["apt-get", "install", "-y", "-qq", *missing]):
+            p = subprocess.run(argv, env=env, text=True, capture_output=True)
+            if p.returncode != 0:
+                raise ClusterError(f"{' '.join(argv)} failed: {p.stderr.strip()[-800:]}")
+    finally:
+        if not had_policy:
+            policy_rc.unlink()
+
+
+def ensure_users(c: Cluster) -> None:
+    for user in TEST_USERS:
+        try:
+            pwd.getpwnam(user)
+        except KeyError:
+            run(["useradd", "--create-home", "--shell", "/bin/bash", user])
+
+
+def make_dirs(c: Cluster) -> None:
+    s = c.state
+    slurm = pwd.getpwnam(c.slurm_user)
+    munge = pwd.getpwnam("munge")
+    mysql = pwd.getpwnam("mysql")
+    for sub, owner, mode in [
+        ("", None, 0o755), ("etc", None, 0o755), ("log", slurm, 0o755), ("run", slurm, 0o755),
+        ("spool", None, 0o755), ("spool/ctld", slurm, 0o700), ("gpu", None, 0o755),
+        ("munge", munge, 0o755), ("mysql", mysql, 0o750), ("lib", None, 0o755),
+    ]:
+        p = s / sub
+        p.mkdir(parents=True, exist_ok=True)
+        p.chmod(mode)
+        if owner:
+            os.chown(p, owner.pw_uid, owner.pw_gid)
+    for i in range(c.gpus_per_node):
+        (s / "gpu" / f"nvidia{i}").touch()
+    key = s / "munge" / "munge.key"
+    if not key.exists():
+        key.write_bytes(secrets.token_bytes(1024))
+    os.chown(key, munge.pw_uid, munge.pw_gid)
+    key.chmod(0o400)
+    pw = s / "etc" / "db_password"
+    if not pw.exists():
+        pw.write_text(secrets.token_hex(16) + "\n")
+        pw.chmod(0o600)
+    c.db_password = pw.read_text().strip()
+
+
+def build_spank(c: Cluster) -> Path | None:
+    """Build the SPANK plugin into the state dir; None (plugin left out) if it cannot build."""
+    if not (REPO / "spank" / "Makefile").exists():
+        return None
+    out = c.state / "lib"
+    p = run(["make", "-s", "-C", str(REPO / "spank"), "install", f"LIBDIR={out}"], check=False)
+    if p.returncode != 0:
+        raise ClusterError(f"building the SPANK plugin failed:\n{(p.stderr or p.stdout).strip()[-1500:]}")
+    return out / "hai_spank.so"
+
+
+def write_if_changed(path: Path, text: str, mode: int = 0o644, owner: pwd.struct_passwd | None = None) -> bool:
+    changed = not path.exists() or path.read_text() != text
+    if changed:
+        tmp = path.with_suffix(path.suffix + ".tmp")
+        tmp.write_text(text)
+        tmp.chmod(mode)
+        if owner:
+            os.chown(tmp, owner.pw_uid, owner.pw_gid)
+        tmp.replace(path)
+    return changed
+
+
+def render_configs(c: Cluster) -> bool:
+    policy = default_policy(nodes=c.nodelist)
+    etc = c.state / "etc"
+    slurm = pwd.getpwnam(c.slurm_user)
+    spank_so = build_spank(c)
+    ctx = {"cluster": c, "policy": policy, "qos_weight": qos_weight(policy)}
+    changed = False
+    changed |= write_if_changed(etc / "slurm.conf", render("slurm/slurm.conf.j2", **ctx))
+    changed |= write_if_changed(etc / "gres.conf", render("slurm/gres.conf.j2", **ctx))
+    changed |= write_if_changed(etc / "job_submit.lua", render("slurm/job_submit.lua.j2", **ctx))
+    plug = render("slurm/plugstack.conf.j2", spank_so=spank_so, levels_arg=ladder_arg(policy.ladder),
+                  max_grace=300, master_port_base=40000, master_port_span=10000) if spank_so else ""
+    changed |= write_if_changed(etc / "plugstack.conf", plug)
+    write_if_changed(etc / "slurmdbd.conf", render("slurm/slurmdbd.conf.j2", **ctx), 0o600, slurm)
+    write_if_changed(etc / "env", f"export SLURM_CONF={c.slurm_conf}\n")
+    return changed
+
+
+def start_munge(c: Cluster) -> None:
+    d = daemons(c)[0]
+    s = c.state / "munge"
+    start(d, ["munged", f"--key-file={s / 'munge.key'}", f"--socket={c.munge_socket}",
+              f"--pid-file={d.pidfile}", f"--log-file={d.logfile}", f"--seed-file={s / 'munged.seed'}"],
+          c, user="munge")
+
+
+def mysql(c: Cluster, sql: str) -> None:
+    run(["mariadb", f"--socket={c.state / 'mysql' / 'mariadbd.sock'}", "-u", "root", "-e", sql])
+
+
+def start_mariadb(c: Cluster) -> None:
+    d = daemons(c)[1]
+    data = c.state / "mysql" / "data"
+    if not (data / "mysql").exists():
+        run(["mariadb-install-db", "--user=mysql", f"--datadir={data}", "--auth-root-authentication-method=socket",
+             "--skip-test-db"])
+    sock = c.state / "mysql" / "mariadbd.sock"
+    log = c.state / "log"
+    start(d, ["mariadbd", "--no-defaults", "--user=mysql", f"--datadir={data}", f"--socket={sock}",
+              f"--port={c.ports['mysql']}", "--bind-address=127.0.0.1", f"--pid-file={d.pidfile}",
+              f"--log-error={d.logfile}", "--innodb-buffer-pool-size=128M", "--innodb-lock-wait-timeout=900",
+              "--innodb-log-file-size=64M"], c, foreground=True)
+    os.chown(log / "mariadbd.log", pwd.getpwnam("mysql").pw_uid, -1) if (log / "mariadbd.log").exists() else None
+    wait_for("MariaDB socket", sock.exists, 30, d)
+    pw = c.db_password
+    mysql(c, "CREATE DATABASE IF NOT EXISTS slurm_acct_db;"
+             f"CREATE USER IF NOT EXISTS 'slurm'@'localhost' IDENTIFIED BY '{pw}';"
+             f"CREATE USER IF NOT EXISTS 'slurm'@'127.0.0.1' IDENTIFIED BY '{pw}';"
+             "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'localhost';"
+             "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';")
+
+
+def sacctmgr(c: Cluster, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return run(["sacctmgr", "-i", *args], c, check=check)
+
+
+def accounting_answers(c: Cluster) -> bool:
+    return run(["sacctmgr", "-n", "-P", "show", "cluster", "format=cluster"], c, check=False).returncode == 0
+
+
+def setup_accounting(c: Cluster) -> None:
+    """Cluster, account, users and the QOS ladder (idempotent: only what is missing)."""
+    if c.name not in run(["sacctmgr", "-n", "-P", "show", "cluster", "format=cluster"], c).stdout.split():
+        sacctmgr(c, "add", "cluster", c.name)
+    policy = default_policy(nodes=c.nodelist)
+    current = {}
+    for line in run(["sacctmgr", "-n", "-P", "show", "qos",
+                     "format=Name,Priority,Preempt,GraceTime,PreemptMode,MaxTRESPU,PreemptExemptTime"], c).stdout.splitlines():
+        f = line.split("|")
+        current[f[0]] = dict(zip(["name", "priority", "preempt", "gracetime", "preemptmode", "maxtrespu",
+                                  "preemptexempttime"], f))
+    desired = desired_qos(policy)
+    # Preempt= may only name QOS that exist: create all first, then set.
+    for change in plan(desired, current):
+        if change[0] == "add":
+            sacctmgr(c, *change)
+    for change in plan(desired, current):
+        if change[0] != "add":
+            sacctmgr(c, *change)
+    qos_names = ",".join(q.name for q in desired)
+    accounts = run(["sacctmgr", "-n", "-P", "show", "account", "format=account"], c).stdout.split()
+    if ACCOUNT not in accounts:
+        sacctmgr(c, "add", "account", ACCOUNT, f"cluster={c.name}", "description=slurm-hai", "organization=hai")
+    users = run(["sacctmgr", "-n", "-P", "show", "assoc", f"cluster={c.name}", f"account={ACCOUNT}",
+                 "format=user"], c).stdout.split()
+    for user in ["root", *TEST_USERS]:
+        if user not in users:
+            sacctmgr(c, "add", "user", user, f"account={ACCOUNT}", f"cluster={c.name}")
+        sacctmgr(c, "modify", "user", "where", f"name={user}", "set", f"defaultaccount={ACCOUNT}", check=False)
+    sacctmgr(c, "modify", "account", "where", f"name={ACCOUNT}", f"cluster={c.name}", "set",
+             f"qos={qos_names}", f"defaultqos={policy.level(policy.default_level).qos}")
+    sacctmgr(c, "modify", "user", "where", f"account={ACCOUNT}", f"cluster={c.name}", "set",
+             f"qos={qos_names}", f"defaultqos={policy.level(policy.default_level).qos}")
+
+
+def nodes_idle(c: Cluster) -> bool:
+    p = run(["sinfo", "-h", "-N", "-o", "%N %t"], c, check=False)
+    states = dict(line.split() for line in p.stdout.splitlines() if line.strip())
+    return p.returncode == 0 and all(states.get(n) in ("idle", "alloc", "mix", "comp") for n in NODES)
+
+
+def up() -> None:
+    t0 = time.monotonic()
+    preflight()
+    install_packages()
+    c = cluster_from_env()
+    ensure_users(c)
+    make_dirs(c)
+    changed = render_configs(c)
+    ds = daemons(c)
+    start_munge(c)
+    start_mariadb(c)
+    slurm = pwd.getpwnam(c.slurm_user)
+    for f in (c.state / "log").glob("*.log"):
+        os.chown(f, slurm.pw_uid, slurm.pw_gid) if f.name.startswith("slurm") else None
+    start(ds[2], ["slurmdbd"], c)
+    wait_for("slurmdbd answering sacctmgr", lambda: accounting_answers(c), 30, ds[2])
+    setup_accounting(c)
+    was_running = running_pid(ds[3]) is not None
+    start(ds[3], ["slurmctld", "-f", str(c.slurm_conf)], c)
+    for d, node in zip(ds[4:], c.nodes):
+        (c.state / "spool" / f"d-{node.name}").mkdir(exist_ok=True)
+        start(d, ["slurmd", "-f", str(c.slurm_conf), "-N", node.name], c)
+    if was_running and changed:
+        run(["scontrol", "reconfigure"], c)
+    wait_for("slurmctld answering", lambda: run(["scontrol", "ping"], c, check=False).returncode == 0, 30, ds[3])
+    down_nodes = run(["sinfo", "-h", "-N", "-t", "down,drain,inval", "-o", "%N"], c, check=False).stdout.split()
+    if down_nodes:
+        run(["scontrol", "update", f"nodename={','.join(down_nodes)}", "state=resume"], c, check=False)
+    wait_for("all nodes idle in sinfo", lambda: nodes_idle(c), 60, ds[-1])
+    print(f"local Slurm cluster '{c.name}' is up ({len(NODES)} nodes x {c.gpus_per_node} GPUs) "
+          f"in {time.monotonic() - t0:.1f} s")
+    print(f"use it with: export SLURM_CONF={c.slurm_conf}")
+
+
+def down() -> None:
+    c = cluster_from_env()
+    stopped = [d.name for d in reversed(daemons(c)) if stop(d)]
+    print(f"stopped: {', '.join(stopped) if stopped else 'nothing was running'}")
+
+
+def status() -> int:
+    c = cluster_from_env()
+    all_up = True
+    print(f"state dir: {c.state}")
+    for d in daemons(c):
+        pid = running_pid(d)
+        all_up &= pid is not None
+        print(f"  {d.name:<12} {'running pid ' + str(pid) if pid else 'not running'}")
+    if all_up:
+        print(f"SLURM_CONF={c.slurm_conf}")
+        print(run(["sinfo", "-N", "-o", "%N %t %G"], c, check=False).stdout.rstrip())
+    print("cluster is up" if all_up else "cluster is down (run contrib/localcluster/up)")
+    return 0 if all_up else 1
+
+
+def main(argv: list[str]) -> int:
+    command = argv[1] if len(argv) > 1 else "status"
+    try:
+        if command == "up":
+            up()
+        elif command == "down":
+            down()
+        elif command == "status":
+            return status()
+        else:
+            print(f"usage: {argv[0]} up|down|status", file=sys.stderr)
+            return 2
+    except ClusterError as e:
+        print(f"localcluster {command}: {e}", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv))
