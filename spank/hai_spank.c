@@ -1,0 +1,751 @@
+/*
+ * hai_spank.c - SPANK plugin of slurm-hai (HAI Platform time-sharing on Slurm).
+ *
+ * Built for Slurm 22.05 (SPANK ABI is per major release: rebuild on upgrade).
+ *
+ * 1. OPTIONS (sbatch, salloc, srun):
+ *      --hai-priority=LEVEL  LEVEL = a level name of the ladder (any case), the
+ *                            number of a level (must equal one of the values),
+ *                            or AUTO (always accepted, any case).
+ *      --hai-grace=SECONDS   integer 1..max_grace.
+ *    A bad value is refused at submission (callback returns -1 with one
+ *    "hai: ..." error line). In sbatch/salloc/srun the canonical value goes to
+ *    the controller as job control env (spank_job_control_setenv):
+ *      HAI_PRIORITY=<LEVEL NAME in upper case, or AUTO>, HAI_GRACE=<seconds>,
+ *    which job_submit.lua sees in job_desc.spank_job_env as
+ *    "SPANK_HAI_PRIORITY=HIGH" and "SPANK_HAI_GRACE=60".
+ *    In slurmstepd (remote) the option callbacks never fail: values were
+ *    validated at submission and a changed ladder must not kill running jobs.
+ *
+ * 2. PLUGIN ARGUMENTS (plugstack.conf), all optional:
+ *      levels=EXTREME_HIGH:50,VERY_HIGH:40,HIGH:30,ABOVE_NORMAL:20,NORMAL:10,
+ *             UNDER_NORMAL:8,BELOW_NORMAL:5,LOW:0        (this is the default)
+ *      max_grace=300  master_port_base=2222  master_port_span=1   (defaults)
+ *    A bad argument is reported with slurm_error and its default is kept.
+ *
+ * 3. HAI ENVIRONMENT CONTRACT, set in every task of every step (remote context,
+ *    slurm_spank_user_init: once per node and step, into the step environment
+ *    every task is built from). Rules, in order:
+ *    a. extern step: nothing. If the step env has HAI_CONTRACT with a value
+ *       other than "spank" (a launcher owns the contract): leave everything.
+ *       HAI_CONTRACT=spank is our own mark inherited from an outer step (e.g.
+ *       the batch script running srun): recompute and overwrite.
+ *    b. RANK = NODE_RANK = node rank within the step (S_JOB_NODEID).
+ *    c. WORLD_SIZE = number of nodes of the step (S_JOB_NNODES).
+ *    d. master node = first host of the step's node list: SLURM_STEP_NODELIST,
+ *       or SLURM_JOB_NODELIST for the batch step (and when the former is
+ *       missing).
+ *    e. MASTER_IP = MASTER_ADDR = IPv4 address of the master node: its NodeAddr
+ *       in Slurm's node table (node names need not be in DNS; NodeAddr is what
+ *       slurmd itself is reached at); getaddrinfo(AF_INET) only when NodeAddr is
+ *       a host name (NodeAddr unset: the node name).
+ *       Where: srun (local context, slurm_spank_local_user_init) asks the
+ *       controller once per srun (step layout + node record: 2 small RPCs,
+ *       independent of the node count) and exports HAI_MASTER_NODE and
+ *       HAI_MASTER_IP to the tasks. slurmstepd uses HAI_MASTER_IP when
+ *       HAI_MASTER_NODE equals the master node of its step; otherwise (batch
+ *       step, no srun, stale value inherited from an outer step) it looks the
+ *       node up itself (1 RPC per node of that step; batch step: 1 per run).
+ *    f. MASTER_PORT = HAI_MASTER_PORT from the step env when set (1..65535),
+ *       else master_port_base + (SLURM_JOB_ID % master_port_span).
+ *    g. HAI_RESTART_COUNT = S_SLURM_RESTART_COUNT (0 before the first
+ *       restart); srun steps do not carry it, so the larger of it and
+ *       SLURM_RESTART_COUNT from the step env.
+ *    h. HAI_MASTER_NODE and HAI_MASTER_IP are set too; HAI_CONTRACT=spank is
+ *       set last, only when every value above could be computed. On failure
+ *       nothing new is set, an inherited HAI_CONTRACT=spank is removed (so a
+ *       launcher recomputes instead of trusting stale values) and an error is
+ *       logged.
+ *
+ * 4. Listed as "optional" in plugstack.conf: Slurm then ignores a failing
+ *    callback (it only logs our error), so a broken lookup never fails a job;
+ *    only a bad --hai-* value on the command line is fatal (by design).
+ *
+ * The plugin calls Slurm API functions (slurm_load_node_single, hostlists,
+ * ...) that srun, sbatch, salloc and slurmstepd already export from
+ * libslurmfull; it is deliberately not linked against libslurm.
+ */
+
+#include <arpa/inet.h>
+#include <ctype.h>
+#include <errno.h>
+#include <limits.h>
+#include <netdb.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <strings.h>
+#include <sys/socket.h>
+#include <sys/types.h>
+
+#include <slurm/slurm.h>
+#include <slurm/slurm_errno.h>
+#include <slurm/spank.h>
+
+SPANK_PLUGIN(hai_spank, 1);
+
+#define HAI_MAX_LEVELS 32
+#define HAI_NAME_LEN 32
+#define HAI_DEFAULT_LEVELS \
+	"EXTREME_HIGH:50,VERY_HIGH:40,HIGH:30,ABOVE_NORMAL:20,NORMAL:10," \
+	"UNDER_NORMAL:8,BELOW_NORMAL:5,LOW:0"
+#define HAI_DEFAULT_MAX_GRACE 300L
+#define HAI_DEFAULT_PORT_BASE 2222L
+#define HAI_DEFAULT_PORT_SPAN 1L
+#define HAI_CONTRACT_MARK "spank"
+
+struct hai_level {
+	char name[HAI_NAME_LEN];
+	long value;
+};
+
+/* The only state: plugin arguments and the values of our two options. */
+static struct {
+	struct hai_level levels[HAI_MAX_LEVELS];
+	int nlevels;
+	long max_grace;
+	long port_base;
+	long port_span;
+	char priority[HAI_NAME_LEN];	/* canonical --hai-priority, "" unset */
+	long grace;			/* --hai-grace, 0 unset */
+	char priority_usage[1024];
+	char grace_usage[128];
+} hai;
+
+/* ------------------------------------------------------------------------ */
+/* small parsers                                                             */
+
+/* Strict decimal integer in [lo, hi]; 0 on success. */
+static int _parse_long(const char *s, long lo, long hi, long *out)
+{
+	char *end = NULL;
+	long v;
+
+	if (!s || !*s || isspace((unsigned char) *s))
+		return -1;
+	errno = 0;
+	v = strtol(s, &end, 10);
+	if (errno || !end || *end != '\0' || v < lo || v > hi)
+		return -1;
+	*out = v;
+	return 0;
+}
+
+/* Parse "NAME:VALUE,NAME:VALUE,..." into a ladder; 0 on success. */
+static int _parse_levels(const char *spec, struct hai_level *lv, int *n)
+{
+	char *copy, *item, *save = NULL;
+	int count = 0, rc = 0;
+
+	if (!spec || !*spec)
+		return -1;
+	if (!(copy = strdup(spec)))
+		return -1;
+
+	for (item = strtok_r(copy, ",", &save); item && !rc;
+	     item = strtok_r(NULL, ",", &save)) {
+		char *colon = strchr(item, ':');
+		size_t len;
+		long value;
+		int i;
+
+		if (!colon || colon == item || count >= HAI_MAX_LEVELS) {
+			rc = -1;
+			break;
+		}
+		*colon = '\0';
+		len = strlen(item);
+		if (len >= HAI_NAME_LEN ||
+		    _parse_long(colon + 1, -1000000L, 1000000L, &value)) {
+			rc = -1;
+			break;
+		}
+		for (i = 0; i < (int) len; i++) {
+			unsigned char c = (unsigned char) item[i];
+			if (!isalnum(c) && c != '_') {
+				rc = -1;
+				break;
+			}
+			lv[count].name[i] = (char) toupper(c);
+		}
+		if (rc)
+			break;
+		lv[count].name[len] = '\0';
+		lv[count].value = value;
+		if (!strcmp(lv[count].name, "AUTO"))
+			rc = -1;
+		for (i = 0; i < count && !rc; i++) {
+			if (!strcmp(lv[i].name, lv[count].name) ||
+			    lv[i].value == value)
+				rc = -1;
+		}
+		count++;
+	}
+	free(copy);
+	if (!rc && count == 0)
+		rc = -1;
+	if (!rc)
+		*n = count;
+	return rc;
+}
+
+/* Canonical name of a --hai-priority value, or NULL if it is not valid. */
+static const char *_canonical_level(const char *arg)
+{
+	long value;
+	int i;
+
+	if (!arg || !*arg)
+		return NULL;
+	if (!strcasecmp(arg, "AUTO"))
+		return "AUTO";
+	for (i = 0; i < hai.nlevels; i++)
+		if (!strcasecmp(arg, hai.levels[i].name))
+			return hai.levels[i].name;
+	if (_parse_long(arg, LONG_MIN, LONG_MAX, &value) == 0)
+		for (i = 0; i < hai.nlevels; i++)
+			if (hai.levels[i].value == value)
+				return hai.levels[i].name;
+	return NULL;
+}
+
+static void _level_list(char *buf, size_t len)
+{
+	size_t used = 0;
+	int i;
+
+	buf[0] = '\0';
+	for (i = 0; i < hai.nlevels && used < len; i++) {
+		int n = snprintf(buf + used, len - used, "%s%s(%ld)",
+				 i ? ", " : "", hai.levels[i].name,
+				 hai.levels[i].value);
+		if (n < 0)
+			break;
+		used += (size_t) n;
+	}
+}
+
+/* ------------------------------------------------------------------------ */
+/* options                                                                   */
+
+static int _in_remote(void)
+{
+	return spank_context() == S_CTX_REMOTE;
+}
+
+static int _opt_priority(int val, const char *optarg, int remote)
+{
+	const char *name;
+	char list[768];
+
+	(void) val;
+	if (remote || _in_remote())
+		return 0;	/* validated at submission */
+	if (!(name = _canonical_level(optarg))) {
+		_level_list(list, sizeof(list));
+		slurm_error("hai: unknown priority level '%s'; use one of %s, "
+			    "or AUTO", optarg ? optarg : "", list);
+		return -1;
+	}
+	snprintf(hai.priority, sizeof(hai.priority), "%s", name);
+	return 0;
+}
+
+static int _opt_grace(int val, const char *optarg, int remote)
+{
+	long grace;
+
+	(void) val;
+	if (remote || _in_remote())
+		return 0;	/* validated at submission */
+	if (_parse_long(optarg, 1, hai.max_grace, &grace)) {
+		slurm_error("hai: invalid --hai-grace '%s'; use an integer "
+			    "number of seconds from 1 to %ld",
+			    optarg ? optarg : "", hai.max_grace);
+		return -1;
+	}
+	hai.grace = grace;
+	return 0;
+}
+
+static struct spank_option hai_opts[] = {
+	{ "hai-priority", "LEVEL", NULL, 1, 0, _opt_priority },
+	{ "hai-grace", "SECONDS", NULL, 1, 0, _opt_grace },
+	SPANK_OPTIONS_TABLE_END
+};
+
+/* ------------------------------------------------------------------------ */
+/* plugin arguments                                                          */
+
+static int _parse_args(int ac, char **av)
+{
+	int i, rc = 0;
+
+	if (_parse_levels(HAI_DEFAULT_LEVELS, hai.levels, &hai.nlevels)) {
+		slurm_error("hai: internal error: bad default level ladder");
+		return -1;
+	}
+	hai.max_grace = HAI_DEFAULT_MAX_GRACE;
+	hai.port_base = HAI_DEFAULT_PORT_BASE;
+	hai.port_span = HAI_DEFAULT_PORT_SPAN;
+
+	for (i = 0; i < ac; i++) {
+		const char *a = av[i];
+		long v;
+
+		if (!strncmp(a, "levels=", 7)) {
+			struct hai_level lv[HAI_MAX_LEVELS];
+			int n = 0;
+
+			if (_parse_levels(a + 7, lv, &n)) {
+				slurm_error("hai: bad plugin argument '%s' "
+					    "(want NAME:VALUE,... with unique "
+					    "names and values); using the "
+					    "default ladder", a);
+				rc = -1;
+				continue;
+			}
+			memcpy(hai.levels, lv, sizeof(lv));
+			hai.nlevels = n;
+		} else if (!strncmp(a, "max_grace=", 10)) {
+			if (_parse_long(a + 10, 1, 86400, &v)) {
+				slurm_error("hai: bad plugin argument '%s'; "
+					    "using max_grace=%ld", a,
+					    hai.max_grace);
+				rc = -1;
+				continue;
+			}
+			hai.max_grace = v;
+		} else if (!strncmp(a, "master_port_base=", 17)) {
+			if (_parse_long(a + 17, 1, 65535, &v)) {
+				slurm_error("hai: bad plugin argument '%s'; "
+					    "using master_port_base=%ld", a,
+					    hai.port_base);
+				rc = -1;
+				continue;
+			}
+			hai.port_base = v;
+		} else if (!strncmp(a, "master_port_span=", 17)) {
+			if (_parse_long(a + 17, 1, 65535, &v)) {
+				slurm_error("hai: bad plugin argument '%s'; "
+					    "using master_port_span=%ld", a,
+					    hai.port_span);
+				rc = -1;
+				continue;
+			}
+			hai.port_span = v;
+		} else {
+			slurm_error("hai: unknown plugin argument '%s'", a);
+			rc = -1;
+		}
+	}
+	if (hai.port_base + hai.port_span - 1 > 65535) {
+		slurm_error("hai: master_port_base=%ld + master_port_span=%ld "
+			    "exceeds port 65535; using master_port_span=1",
+			    hai.port_base, hai.port_span);
+		hai.port_span = 1;
+		rc = -1;
+	}
+	return rc;
+}
+
+int slurm_spank_init(spank_t sp, int ac, char **av)
+{
+	char list[768];
+	int rc, i;
+
+	rc = _parse_args(ac, av);
+
+	_level_list(list, sizeof(list));
+	snprintf(hai.priority_usage, sizeof(hai.priority_usage),
+		 "HAI priority level: %s, a level number, or AUTO", list);
+	snprintf(hai.grace_usage, sizeof(hai.grace_usage),
+		 "seconds a preempted job gets to checkpoint (1-%ld)",
+		 hai.max_grace);
+	hai_opts[0].usage = hai.priority_usage;
+	hai_opts[1].usage = hai.grace_usage;
+
+	for (i = 0; hai_opts[i].name; i++) {
+		spank_err_t err = spank_option_register(sp, &hai_opts[i]);
+		if (err != ESPANK_SUCCESS) {
+			slurm_error("hai: cannot register --%s: %s",
+				    hai_opts[i].name, spank_strerror(err));
+			rc = -1;
+		}
+	}
+	return rc;
+}
+
+/* sbatch / salloc / srun: pass the options to job_submit.lua. */
+int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
+{
+	spank_context_t ctx = spank_context();
+	spank_err_t err;
+	char buf[32];
+
+	(void) ac;
+	(void) av;
+	if (ctx != S_CTX_LOCAL && ctx != S_CTX_ALLOCATOR)
+		return 0;
+
+	if (hai.priority[0]) {
+		err = spank_job_control_setenv(sp, "HAI_PRIORITY",
+					       hai.priority, 1);
+		if (err != ESPANK_SUCCESS) {
+			slurm_error("hai: cannot pass --hai-priority to the "
+				    "controller: %s", spank_strerror(err));
+			return -1;
+		}
+	}
+	if (hai.grace > 0) {
+		snprintf(buf, sizeof(buf), "%ld", hai.grace);
+		err = spank_job_control_setenv(sp, "HAI_GRACE", buf, 1);
+		if (err != ESPANK_SUCCESS) {
+			slurm_error("hai: cannot pass --hai-grace to the "
+				    "controller: %s", spank_strerror(err));
+			return -1;
+		}
+	}
+	return 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* master node and address                                                   */
+
+/* First host of a Slurm host list, malloc'ed (free()), or NULL. */
+static char *_first_host(const char *nodelist)
+{
+	hostlist_t hl;
+	char *host;
+
+	if (!nodelist || !*nodelist)
+		return NULL;
+	if (!(hl = slurm_hostlist_create(nodelist)))
+		return NULL;
+	host = slurm_hostlist_shift(hl);
+	slurm_hostlist_destroy(hl);
+	return host;
+}
+
+static int _is_ipv4(const char *s)
+{
+	struct in_addr a;
+
+	return s && inet_pton(AF_INET, s, &a) == 1;
+}
+
+/* IPv4 text of addr (an IPv4 literal or a host name); 0 on success. */
+static int _to_ipv4(const char *addr, char *ip, size_t len)
+{
+	struct addrinfo hints, *res = NULL;
+	int rc;
+
+	if (_is_ipv4(addr)) {
+		if (strlen(addr) >= len)
+			return -1;
+		snprintf(ip, len, "%s", addr);
+		return 0;
+	}
+	memset(&hints, 0, sizeof(hints));
+	hints.ai_family = AF_INET;
+	hints.ai_socktype = SOCK_STREAM;
+	rc = getaddrinfo(addr, NULL, &hints, &res);
+	if (rc != 0 || !res) {
+		slurm_error("hai: cannot resolve '%s' to IPv4: %s", addr,
+			    rc ? gai_strerror(rc) : "no address");
+		if (res)
+			freeaddrinfo(res);
+		return -1;
+	}
+	rc = inet_ntop(AF_INET,
+		       &((struct sockaddr_in *) res->ai_addr)->sin_addr,
+		       ip, (socklen_t) len) ? 0 : -1;
+	freeaddrinfo(res);
+	if (rc)
+		slurm_error("hai: cannot format the address of '%s'", addr);
+	return rc;
+}
+
+/* IPv4 of a node through Slurm's node table (NodeAddr); 0 on success. */
+static int _node_ipv4(const char *node, char *ip, size_t len)
+{
+	node_info_msg_t *msg = NULL;
+	const char *addr;
+	char *name;
+	int rc;
+
+	if (!(name = strdup(node)))
+		return -1;
+	rc = slurm_load_node_single(&msg, name, SHOW_ALL);
+	free(name);
+	if (rc != SLURM_SUCCESS || !msg || msg->record_count < 1 ||
+	    !msg->node_array) {
+		slurm_error("hai: cannot look up node %s in Slurm: %s", node,
+			    rc != SLURM_SUCCESS ?
+			    slurm_strerror(slurm_get_errno()) : "not found");
+		if (msg)
+			slurm_free_node_info_msg(msg);
+		return -1;
+	}
+	addr = msg->node_array[0].node_addr;
+	if (!addr || !*addr)
+		addr = node;
+	rc = _to_ipv4(addr, ip, len);
+	slurm_free_node_info_msg(msg);
+	return rc;
+}
+
+/* srun: resolve the step's master once and export it to the tasks. */
+int slurm_spank_local_user_init(spank_t sp, int ac, char **av)
+{
+	slurm_step_layout_t *layout;
+	slurm_step_id_t id;
+	uint32_t jobid = 0, stepid = 0;
+	spank_err_t err;
+	char ip[INET_ADDRSTRLEN];
+	char *master;
+	int rc;
+
+	(void) ac;
+	(void) av;
+	if (spank_context() != S_CTX_LOCAL)
+		return 0;
+
+	if ((err = spank_get_item(sp, S_JOB_ID, &jobid)) != ESPANK_SUCCESS ||
+	    (err = spank_get_item(sp, S_JOB_STEPID, &stepid)) !=
+	    ESPANK_SUCCESS) {
+		slurm_error("hai: cannot get the job step id: %s",
+			    spank_strerror(err));
+		return -1;
+	}
+	id.job_id = jobid;
+	id.step_het_comp = NO_VAL;
+	id.step_id = stepid;
+	if (!(layout = slurm_job_step_layout_get(&id))) {
+		slurm_error("hai: cannot get the node list of step %u.%u: %s",
+			    jobid, stepid, slurm_strerror(slurm_get_errno()));
+		return -1;
+	}
+	master = _first_host(layout->node_list);
+	slurm_job_step_layout_free(layout);
+	if (!master) {
+		slurm_error("hai: step %u.%u has no first node", jobid,
+			    stepid);
+		return -1;
+	}
+	rc = _node_ipv4(master, ip, sizeof(ip));
+	if (!rc && (setenv("HAI_MASTER_NODE", master, 1) ||
+		    setenv("HAI_MASTER_IP", ip, 1))) {
+		slurm_error("hai: setenv: %s", strerror(errno));
+		rc = -1;
+	}
+	free(master);
+	return rc ? -1 : 0;
+}
+
+/* ------------------------------------------------------------------------ */
+/* remote: the environment contract                                          */
+
+/*
+ * Copy of variable var of the step env into a malloc'ed string (*out).
+ * Returns ESPANK_SUCCESS, ESPANK_ENV_NOEXIST (*out NULL) or an error.
+ */
+static spank_err_t _getenv_dup(spank_t sp, const char *var, char **out)
+{
+	size_t len = 256;
+	char *buf = NULL;
+	spank_err_t err;
+
+	*out = NULL;
+	for (;;) {
+		char *nbuf = realloc(buf, len);
+		if (!nbuf) {
+			free(buf);
+			return ESPANK_ERROR;
+		}
+		buf = nbuf;
+		err = spank_getenv(sp, var, buf, (int) len);
+		if (err != ESPANK_NOSPACE || len >= (1U << 24))
+			break;
+		len *= 2;
+	}
+	if (err == ESPANK_SUCCESS)
+		*out = buf;
+	else
+		free(buf);
+	return err;
+}
+
+struct hai_contract {
+	uint32_t rank, world, restarts;
+	long port;
+	char *master;			/* malloc'ed */
+	char ip[INET_ADDRSTRLEN];
+};
+
+/* Set one variable; logs and returns -1 on failure. */
+static int _set(spank_t sp, const char *var, const char *val)
+{
+	spank_err_t err = spank_setenv(sp, var, val, 1);
+
+	if (err != ESPANK_SUCCESS) {
+		slurm_error("hai: cannot set %s: %s", var,
+			    spank_strerror(err));
+		return -1;
+	}
+	return 0;
+}
+
+static int _set_num(spank_t sp, const char *var, long val)
+{
+	char buf[32];
+
+	snprintf(buf, sizeof(buf), "%ld", val);
+	return _set(sp, var, buf);
+}
+
+/* Compute the contract (rules b-g of the header); 0 on success. */
+static int _compute(spank_t sp, uint32_t jobid, uint32_t stepid,
+		    struct hai_contract *c)
+{
+	char *v = NULL, *nodelist = NULL, *env_node = NULL, *env_ip = NULL;
+	spank_err_t err;
+	long n;
+	int rc = -1;
+
+	if ((err = spank_get_item(sp, S_JOB_NODEID, &c->rank)) !=
+	    ESPANK_SUCCESS ||
+	    (err = spank_get_item(sp, S_JOB_NNODES, &c->world)) !=
+	    ESPANK_SUCCESS ||
+	    (err = spank_get_item(sp, S_SLURM_RESTART_COUNT, &c->restarts)) !=
+	    ESPANK_SUCCESS) {
+		slurm_error("hai: cannot get step info: %s",
+			    spank_strerror(err));
+		return -1;
+	}
+
+	/* g. restart count: srun steps only have it in the env */
+	err = _getenv_dup(sp, "SLURM_RESTART_COUNT", &v);
+	if (err == ESPANK_SUCCESS && !_parse_long(v, 0, UINT32_MAX, &n) &&
+	    (uint32_t) n > c->restarts)
+		c->restarts = (uint32_t) n;
+	free(v);
+	v = NULL;
+
+	/* f. port */
+	err = _getenv_dup(sp, "HAI_MASTER_PORT", &v);
+	if (err == ESPANK_SUCCESS) {
+		if (_parse_long(v, 1, 65535, &c->port)) {
+			slurm_error("hai: HAI_MASTER_PORT='%s' is not a port "
+				    "number", v);
+			goto out;
+		}
+	} else if (err == ESPANK_ENV_NOEXIST) {
+		c->port = hai.port_base + (long) (jobid % hai.port_span);
+	} else {
+		slurm_error("hai: cannot read HAI_MASTER_PORT: %s",
+			    spank_strerror(err));
+		goto out;
+	}
+
+	/* d. master node */
+	err = ESPANK_ENV_NOEXIST;
+	if (stepid != SLURM_BATCH_SCRIPT)
+		err = _getenv_dup(sp, "SLURM_STEP_NODELIST", &nodelist);
+	if (err == ESPANK_ENV_NOEXIST)
+		err = _getenv_dup(sp, "SLURM_JOB_NODELIST", &nodelist);
+	if (err != ESPANK_SUCCESS) {
+		slurm_error("hai: cannot read the node list of step %u.%u: %s",
+			    jobid, stepid, spank_strerror(err));
+		goto out;
+	}
+	if (!(c->master = _first_host(nodelist))) {
+		slurm_error("hai: bad node list '%s'", nodelist);
+		goto out;
+	}
+
+	/* e. master address: from srun when it is about this master */
+	if (_getenv_dup(sp, "HAI_MASTER_NODE", &env_node) == ESPANK_SUCCESS &&
+	    !strcmp(env_node, c->master) &&
+	    _getenv_dup(sp, "HAI_MASTER_IP", &env_ip) == ESPANK_SUCCESS &&
+	    _is_ipv4(env_ip) && strlen(env_ip) < sizeof(c->ip)) {
+		snprintf(c->ip, sizeof(c->ip), "%s", env_ip);
+	} else if (_node_ipv4(c->master, c->ip, sizeof(c->ip))) {
+		goto out;
+	}
+	rc = 0;
+out:
+	free(v);
+	free(nodelist);
+	free(env_node);
+	free(env_ip);
+	return rc;
+}
+
+int slurm_spank_user_init(spank_t sp, int ac, char **av)
+{
+	struct hai_contract c;
+	uint32_t jobid = 0, stepid = 0;
+	spank_err_t err;
+	char mark[16];
+	int inherited = 0, rc;
+
+	(void) ac;
+	(void) av;
+	if (spank_context() != S_CTX_REMOTE)
+		return 0;
+
+	if ((err = spank_get_item(sp, S_JOB_ID, &jobid)) != ESPANK_SUCCESS ||
+	    (err = spank_get_item(sp, S_JOB_STEPID, &stepid)) !=
+	    ESPANK_SUCCESS) {
+		slurm_error("hai: cannot get the job step id: %s",
+			    spank_strerror(err));
+		return -1;
+	}
+	if (stepid == SLURM_EXTERN_CONT)
+		return 0;
+
+	/* a. a launcher's own contract is left alone */
+	err = spank_getenv(sp, "HAI_CONTRACT", mark, sizeof(mark));
+	if (err == ESPANK_SUCCESS && !strcmp(mark, HAI_CONTRACT_MARK)) {
+		inherited = 1;
+	} else if (err == ESPANK_SUCCESS || err == ESPANK_NOSPACE) {
+		slurm_debug("hai: step %u.%u: HAI_CONTRACT set by the job; "
+			    "leaving the contract alone", jobid, stepid);
+		return 0;
+	} else if (err != ESPANK_ENV_NOEXIST) {
+		slurm_error("hai: cannot read HAI_CONTRACT: %s",
+			    spank_strerror(err));
+		return -1;
+	}
+
+	memset(&c, 0, sizeof(c));
+	rc = _compute(sp, jobid, stepid, &c);
+	if (!rc)
+		rc = _set_num(sp, "RANK", c.rank) ||
+		     _set_num(sp, "NODE_RANK", c.rank) ||
+		     _set_num(sp, "WORLD_SIZE", c.world) ||
+		     _set(sp, "MASTER_IP", c.ip) ||
+		     _set(sp, "MASTER_ADDR", c.ip) ||
+		     _set_num(sp, "MASTER_PORT", c.port) ||
+		     _set(sp, "HAI_MASTER_NODE", c.master) ||
+		     _set(sp, "HAI_MASTER_IP", c.ip) ||
+		     _set_num(sp, "HAI_RESTART_COUNT", c.restarts) ||
+		     _set(sp, "HAI_CONTRACT", HAI_CONTRACT_MARK);
+	if (rc) {
+		slurm_error("hai: step %u.%u: HAI environment contract not "
+			    "set", jobid, stepid);
+		if (inherited &&
+		    (err = spank_unsetenv(sp, "HAI_CONTRACT")) !=
+		    ESPANK_SUCCESS)
+			slurm_error("hai: cannot unset HAI_CONTRACT: %s",
+				    spank_strerror(err));
+	} else {
+		slurm_debug("hai: step %u.%u node %u/%u master %s (%s:%ld) "
+			    "restarts %u", jobid, stepid, c.rank, c.world,
+			    c.master, c.ip, c.port, c.restarts);
+	}
+	free(c.master);
+	return rc ? -1 : 0;
+}
