@@ -23,15 +23,19 @@
  *      max_grace=300  master_port_base=2222  master_port_span=1   (defaults)
  *    A bad argument is reported with slurm_error and its default is kept.
  *
- * 3. HAI ENVIRONMENT CONTRACT, set in every task of every step (remote context,
- *    slurm_spank_user_init: once per node and step, into the step environment
- *    every task is built from). Rules, in order:
+ * 3. HAI ENVIRONMENT CONTRACT, set in every task of every step (remote context:
+ *    slurm_spank_task_init, which sees the task's final environment; the
+ *    master's address is settled once per node and step before that, in
+ *    slurm_spank_user_init, in the step env the tasks inherit). Rules:
  *    a. extern step: nothing. If the step env has HAI_CONTRACT with a value
  *       other than "spank" (a launcher owns the contract): leave everything.
  *       HAI_CONTRACT=spank is our own mark inherited from an outer step (e.g.
  *       the batch script running srun): recompute and overwrite.
  *    b. RANK = NODE_RANK = node rank within the step (S_JOB_NODEID).
- *    c. WORLD_SIZE = number of nodes of the step (S_JOB_NNODES).
+ *    c. WORLD_SIZE = number of nodes of the step (S_JOB_NNODES). The batch
+ *       step (the job script, on the job's first node) reports 0 there: it
+ *       gets the job's node count (SLURM_JOB_NUM_NODES, else SLURM_NNODES),
+ *       the world its launcher starts with srun.
  *    d. master node = first host of the step's node list: SLURM_STEP_NODELIST,
  *       or SLURM_JOB_NODELIST for the batch step (and when the former is
  *       missing).
@@ -44,18 +48,19 @@
  *       independent of the node count) and exports HAI_MASTER_NODE and
  *       HAI_MASTER_IP to the tasks. slurmstepd uses HAI_MASTER_IP when
  *       HAI_MASTER_NODE equals the master node of its step; otherwise (batch
- *       step, no srun, stale value inherited from an outer step) it looks the
- *       node up itself (1 RPC per node of that step; batch step: 1 per run).
+ *       step, no srun, stale value inherited from an outer step) user_init
+ *       looks the node up itself (1 RPC per node of that step; batch step:
+ *       1 per run) and puts it in the step env for the tasks.
  *    f. MASTER_PORT = HAI_MASTER_PORT from the step env when set (1..65535),
  *       else master_port_base + (SLURM_JOB_ID % master_port_span).
  *    g. HAI_RESTART_COUNT = S_SLURM_RESTART_COUNT (0 before the first
- *       restart); srun steps do not carry it, so the larger of it and
- *       SLURM_RESTART_COUNT from the step env.
+ *       restart), or SLURM_RESTART_COUNT from the task env when larger:
+ *       Slurm 22.05 leaves the item at 0 even after a requeue (seen), while
+ *       the task env of the batch script and of its srun steps has the count.
  *    h. HAI_MASTER_NODE and HAI_MASTER_IP are set too; HAI_CONTRACT=spank is
  *       set last, only when every value above could be computed. On failure
- *       nothing new is set, an inherited HAI_CONTRACT=spank is removed (so a
- *       launcher recomputes instead of trusting stale values) and an error is
- *       logged.
+ *       an inherited HAI_CONTRACT=spank is removed (so a launcher recomputes
+ *       instead of trusting stale values) and an error is logged.
  *
  * 4. Listed as "optional" in plugstack.conf: Slurm then ignores a failing
  *    callback (it only logs our error), so a broken lookup never fails a job;
@@ -605,12 +610,61 @@ static int _set_num(spank_t sp, const char *var, long val)
 	return _set(sp, var, buf);
 }
 
+/*
+ * d/e. The step's master node (malloc'ed, *master) and its IPv4 (ip):
+ * HAI_MASTER_IP from the env when HAI_MASTER_NODE names this master, else a
+ * lookup in Slurm's node table. *fresh is set when a lookup was done.
+ */
+static int _master(spank_t sp, uint32_t jobid, uint32_t stepid,
+		   char **master, char *ip, size_t len, int *fresh)
+{
+	char *nodelist = NULL, *env_node = NULL, *env_ip = NULL;
+	spank_err_t err = ESPANK_ENV_NOEXIST;
+	int rc = -1;
+
+	*master = NULL;
+	*fresh = 0;
+	if (stepid != SLURM_BATCH_SCRIPT)
+		err = _getenv_dup(sp, "SLURM_STEP_NODELIST", &nodelist);
+	if (err == ESPANK_ENV_NOEXIST)
+		err = _getenv_dup(sp, "SLURM_JOB_NODELIST", &nodelist);
+	if (err != ESPANK_SUCCESS) {
+		slurm_error("hai: cannot read the node list of step %u.%u: %s",
+			    jobid, stepid, spank_strerror(err));
+		goto out;
+	}
+	if (!(*master = _first_host(nodelist))) {
+		slurm_error("hai: bad node list '%s'", nodelist);
+		goto out;
+	}
+	if (_getenv_dup(sp, "HAI_MASTER_NODE", &env_node) == ESPANK_SUCCESS &&
+	    !strcmp(env_node, *master) &&
+	    _getenv_dup(sp, "HAI_MASTER_IP", &env_ip) == ESPANK_SUCCESS &&
+	    _is_ipv4(env_ip) && strlen(env_ip) < len) {
+		snprintf(ip, len, "%s", env_ip);
+		rc = 0;
+	} else if (_node_ipv4(*master, ip, len) == 0) {
+		*fresh = 1;
+		rc = 0;
+	}
+out:
+	if (rc) {
+		free(*master);
+		*master = NULL;
+	}
+	free(nodelist);
+	free(env_node);
+	free(env_ip);
+	return rc;
+}
+
 /* Compute the contract (rules b-g of the header); 0 on success. */
 static int _compute(spank_t sp, uint32_t jobid, uint32_t stepid,
 		    struct hai_contract *c)
 {
-	char *v = NULL, *nodelist = NULL, *env_node = NULL, *env_ip = NULL;
+	char *v = NULL;
 	spank_err_t err;
+	int fresh;
 	long n;
 	int rc = -1;
 
@@ -625,7 +679,26 @@ static int _compute(spank_t sp, uint32_t jobid, uint32_t stepid,
 		return -1;
 	}
 
-	/* g. restart count: srun steps only have it in the env */
+	/* c. the batch step reports 0 nodes: it is the job's launcher on
+	 *    node 0, so its world is the job's node count */
+	if (stepid == SLURM_BATCH_SCRIPT || c->world == 0) {
+		err = _getenv_dup(sp, "SLURM_JOB_NUM_NODES", &v);
+		if (err == ESPANK_ENV_NOEXIST)
+			err = _getenv_dup(sp, "SLURM_NNODES", &v);
+		if (err != ESPANK_SUCCESS ||
+		    _parse_long(v, 1, UINT32_MAX, &n)) {
+			slurm_error("hai: cannot get the node count of job "
+				    "%u: %s", jobid, err != ESPANK_SUCCESS ?
+				    spank_strerror(err) : v);
+			goto out;
+		}
+		c->world = (uint32_t) n;
+		free(v);
+		v = NULL;
+	}
+
+	/* g. restart count (Slurm 22.05 leaves the item at 0; the task env
+	 *    has SLURM_RESTART_COUNT after a requeue) */
 	err = _getenv_dup(sp, "SLURM_RESTART_COUNT", &v);
 	if (err == ESPANK_SUCCESS && !_parse_long(v, 0, UINT32_MAX, &n) &&
 	    (uint32_t) n > c->restarts)
@@ -649,76 +722,89 @@ static int _compute(spank_t sp, uint32_t jobid, uint32_t stepid,
 		goto out;
 	}
 
-	/* d. master node */
-	err = ESPANK_ENV_NOEXIST;
-	if (stepid != SLURM_BATCH_SCRIPT)
-		err = _getenv_dup(sp, "SLURM_STEP_NODELIST", &nodelist);
-	if (err == ESPANK_ENV_NOEXIST)
-		err = _getenv_dup(sp, "SLURM_JOB_NODELIST", &nodelist);
-	if (err != ESPANK_SUCCESS) {
-		slurm_error("hai: cannot read the node list of step %u.%u: %s",
-			    jobid, stepid, spank_strerror(err));
-		goto out;
-	}
-	if (!(c->master = _first_host(nodelist))) {
-		slurm_error("hai: bad node list '%s'", nodelist);
-		goto out;
-	}
-
-	/* e. master address: from srun when it is about this master */
-	if (_getenv_dup(sp, "HAI_MASTER_NODE", &env_node) == ESPANK_SUCCESS &&
-	    !strcmp(env_node, c->master) &&
-	    _getenv_dup(sp, "HAI_MASTER_IP", &env_ip) == ESPANK_SUCCESS &&
-	    _is_ipv4(env_ip) && strlen(env_ip) < sizeof(c->ip)) {
-		snprintf(c->ip, sizeof(c->ip), "%s", env_ip);
-	} else if (_node_ipv4(c->master, c->ip, sizeof(c->ip))) {
-		goto out;
-	}
-	rc = 0;
+	/* d, e. master node and address */
+	rc = _master(sp, jobid, stepid, &c->master, c->ip, sizeof(c->ip),
+		     &fresh);
 out:
 	free(v);
-	free(nodelist);
-	free(env_node);
-	free(env_ip);
 	return rc;
 }
 
-int slurm_spank_user_init(spank_t sp, int ac, char **av)
+/*
+ * Common start of the remote callbacks: job and step id, and whether the
+ * contract is ours to set (rule a). Returns 1 to go on, 0 to leave the job
+ * alone, -1 on error. *inherited: HAI_CONTRACT=spank is already there.
+ */
+static int _remote_begin(spank_t sp, uint32_t *jobid, uint32_t *stepid,
+			 int *inherited)
 {
-	struct hai_contract c;
-	uint32_t jobid = 0, stepid = 0;
 	spank_err_t err;
 	char mark[16];
-	int inherited = 0, rc;
 
-	(void) ac;
-	(void) av;
+	*inherited = 0;
 	if (spank_context() != S_CTX_REMOTE)
 		return 0;
-
-	if ((err = spank_get_item(sp, S_JOB_ID, &jobid)) != ESPANK_SUCCESS ||
-	    (err = spank_get_item(sp, S_JOB_STEPID, &stepid)) !=
+	if ((err = spank_get_item(sp, S_JOB_ID, jobid)) != ESPANK_SUCCESS ||
+	    (err = spank_get_item(sp, S_JOB_STEPID, stepid)) !=
 	    ESPANK_SUCCESS) {
 		slurm_error("hai: cannot get the job step id: %s",
 			    spank_strerror(err));
 		return -1;
 	}
-	if (stepid == SLURM_EXTERN_CONT)
+	if (*stepid == SLURM_EXTERN_CONT)
 		return 0;
 
-	/* a. a launcher's own contract is left alone */
 	err = spank_getenv(sp, "HAI_CONTRACT", mark, sizeof(mark));
 	if (err == ESPANK_SUCCESS && !strcmp(mark, HAI_CONTRACT_MARK)) {
-		inherited = 1;
+		*inherited = 1;
 	} else if (err == ESPANK_SUCCESS || err == ESPANK_NOSPACE) {
 		slurm_debug("hai: step %u.%u: HAI_CONTRACT set by the job; "
-			    "leaving the contract alone", jobid, stepid);
+			    "leaving the contract alone", *jobid, *stepid);
 		return 0;
 	} else if (err != ESPANK_ENV_NOEXIST) {
 		slurm_error("hai: cannot read HAI_CONTRACT: %s",
 			    spank_strerror(err));
 		return -1;
 	}
+	return 1;
+}
+
+/*
+ * slurmstepd, once per node and step, before the tasks are forked: make sure
+ * HAI_MASTER_NODE/HAI_MASTER_IP in the step env belong to this step, so that
+ * the tasks (which inherit the step env) need no lookup of their own.
+ */
+int slurm_spank_user_init(spank_t sp, int ac, char **av)
+{
+	uint32_t jobid = 0, stepid = 0;
+	char ip[INET_ADDRSTRLEN];
+	char *master = NULL;
+	int inherited, fresh, rc;
+
+	(void) ac;
+	(void) av;
+	if ((rc = _remote_begin(sp, &jobid, &stepid, &inherited)) <= 0)
+		return rc;
+	rc = _master(sp, jobid, stepid, &master, ip, sizeof(ip), &fresh);
+	if (!rc && fresh)
+		rc = _set(sp, "HAI_MASTER_NODE", master) ||
+		     _set(sp, "HAI_MASTER_IP", ip);
+	free(master);
+	return rc ? -1 : 0;
+}
+
+/* slurmstepd, in every task: the contract itself. */
+int slurm_spank_task_init(spank_t sp, int ac, char **av)
+{
+	struct hai_contract c;
+	uint32_t jobid = 0, stepid = 0;
+	spank_err_t err;
+	int inherited, rc;
+
+	(void) ac;
+	(void) av;
+	if ((rc = _remote_begin(sp, &jobid, &stepid, &inherited)) <= 0)
+		return rc;
 
 	memset(&c, 0, sizeof(c));
 	rc = _compute(sp, jobid, stepid, &c);
