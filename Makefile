@@ -1,0 +1,44 @@
+# slurm-hai: the README's two commands.
+#   make demo   set up everything (packages, venv, local Slurm cluster) and run the demo
+#   make test   set up everything and run the whole test suite, cluster tests included
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PYTEST_ARGS ?=
+
+.PHONY: demo test setup venv cluster cluster-down bench clean
+
+demo: setup
+	$(PY) examples/demo.py
+
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+setup: venv cluster
+
+venv: $(VENV)/.installed
+
+# torch is pinned and installed first: an unpinned torch would pull several GB of CUDA wheels.
+$(VENV)/.installed: pyproject.toml
+	@python3 -m venv --help >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv)
+	@test -x $(PY) || python3 -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[torch,dev]'
+	@touch $@
+
+cluster: venv
+	contrib/localcluster/up
+
+cluster-down:
+	contrib/localcluster/down
+
+bench: setup
+	$(PY) benchmarks/checkpoint_bench.py
+	$(PY) benchmarks/suspend_bench.py
+	$(PY) benchmarks/policy_bench.py
+	$(PY) benchmarks/cluster_bench.py
+
+clean:
+	rm -rf $(VENV) build dist *.egg-info

@@ -1,0 +1,146 @@
+"""Shared fixtures: the live local Slurm cluster that the project boots itself.
+
+Cluster tests are marked `cluster`. They never skip: if the cluster cannot be booted the
+session fails, because a skipped cluster test would stand in for an unproven feature.
+Set HAI_CLUSTER_DIR / HAI_CLUSTER_PORT_BASE to use a second, private cluster instance.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import time
+from pathlib import Path
+from typing import Callable
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+STATE = Path(os.environ.get("HAI_CLUSTER_DIR", "/var/lib/slurm-hai/localcluster"))
+TEST_USERS = ("hai-alice", "hai-bob")
+
+
+def parse_scontrol(line: str) -> dict[str, str]:
+    """`scontrol show job -o` prints KEY=VALUE pairs; values may hold spaces."""
+    parts = re.split(r" (?=[A-Za-z/:]+=)", line.strip())
+    return dict(p.split("=", 1) for p in parts if "=" in p)
+
+
+class LiveCluster:
+    def __init__(self, state: Path) -> None:
+        self.state = state
+        self.conf = state / "etc" / "slurm.conf"
+        self.log_dir = state / "log"
+        self.users = TEST_USERS
+        bindir = str(Path(os.sys.executable).parent)
+        self.env = {**os.environ, "SLURM_CONF": str(self.conf), "PATH": f"{bindir}:{os.environ['PATH']}"}
+
+    def run(self, argv: list[str], *, user: str | None = None, check: bool = True, timeout: float = 60,
+            input: str | None = None, cwd: str | Path | None = None) -> subprocess.CompletedProcess:
+        if cwd is None:  # where sbatch writes slurm-%j.out by default: never the repository
+            cwd = f"/home/{user}" if user in self.users else self.shared_root()
+        if user:
+            # --preserve-environment keeps SLURM_CONF and PATH; HOME etc. are reset below.
+            argv = ["runuser", "-u", user, "--", "env", f"HOME=/home/{user}", f"USER={user}", f"LOGNAME={user}", *argv]
+        p = subprocess.run([str(a) for a in argv], env=self.env, text=True, capture_output=True, timeout=timeout,
+                           input=input, cwd=cwd)
+        if check and p.returncode != 0:
+            raise AssertionError(f"{' '.join(map(str, argv))} exited {p.returncode}:\n{p.stdout}\n{p.stderr}")
+        return p
+
+    def sbatch(self, *args: str, user: str | None = None, script: str | None = None) -> int:
+        argv = ["sbatch", "--parsable", *args]
+        p = self.run(argv, user=user, input=script)
+        return int(p.stdout.strip().split(";")[0])
+
+    def job(self, job_id: int) -> dict[str, str]:
+        p = self.run(["scontrol", "show", "job", "-o", str(job_id)], check=False)
+        return parse_scontrol(p.stdout) if p.returncode == 0 and p.stdout.strip() else {}
+
+    def wait_job(self, job_id: int, predicate: Callable[[dict[str, str]], bool], timeout: float, what: str,
+                 interval: float = 0.5) -> dict[str, str]:
+        deadline = time.monotonic() + timeout
+        info: dict[str, str] = {}
+        while time.monotonic() < deadline:
+            info = self.job(job_id)
+            if info and predicate(info):
+                return info
+            time.sleep(interval)
+        raise AssertionError(f"job {job_id}: timed out after {timeout} s waiting for {what}; last state: "
+                             f"{info.get('JobState')} reason={info.get('Reason')} restarts={info.get('Restarts')}")
+
+    def cancel_all(self) -> None:
+        self.run(["scancel", "--full", "--quiet", "--user=root"], check=False)
+        for user in self.users:
+            self.run(["scancel", "--full", "--quiet", f"--user={user}"], check=False)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            q = self.run(["squeue", "-h", "-o", "%i"], check=False).stdout.split()
+            busy = self.run(["sinfo", "-h", "-N", "-t", "alloc,mix,comp", "-o", "%N"], check=False).stdout.split()
+            if not q and not busy:
+                return
+            time.sleep(0.5)
+        raise AssertionError(f"cluster did not drain: jobs {q}, busy nodes {busy}")
+
+    @staticmethod
+    def shared_root() -> Path:
+        base = Path("/tmp/slurm-hai-tests")
+        base.mkdir(mode=0o755, exist_ok=True)
+        base.chmod(0o755)
+        return base
+
+    def shared_dir(self, name: str, owner: str | None = None) -> Path:
+        """A fresh directory all nodes (this host) see, owned by `owner` (root if None)."""
+        d = self.shared_root() / name
+        shutil.rmtree(d, ignore_errors=True)
+        d.mkdir(mode=0o700)
+        if owner:
+            shutil.chown(d, owner, owner)
+        return d
+
+
+@pytest.fixture(scope="session")
+def cluster() -> LiveCluster:
+    """Boot the local cluster (or reuse a healthy one). Fails, never skips."""
+    p = subprocess.run([str(REPO / "contrib" / "localcluster" / "up")], text=True, capture_output=True)
+    if p.returncode != 0:
+        pytest.fail(f"contrib/localcluster/up failed:\n{p.stdout}\n{p.stderr}", pytrace=False)
+    print(p.stdout.strip())
+    return LiveCluster(STATE)
+
+
+@pytest.fixture
+def live(cluster: LiveCluster, request: pytest.FixtureRequest) -> LiveCluster:
+    """The cluster with no job left from an earlier test, and none left behind by this one."""
+    cluster.cancel_all()
+    yield cluster
+    cluster.cancel_all()
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if "tests/cluster/" in str(item.fspath).replace(os.sep, "/"):
+            item.add_marker(pytest.mark.cluster)
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
+    counts = {"passed": 0, "failed": 0, "skipped": 0}
+    for outcome in counts:
+        for rep in terminalreporter.stats.get(outcome, []):
+            if "cluster" in getattr(rep, "keywords", {}) and rep.when in ("call", "setup"):
+                if outcome == "passed" and rep.when != "call":
+                    continue
+                counts[outcome] += 1
+    terminalreporter.write_line(
+        f"cluster tests executed on the live Slurm cluster: {counts['passed']} passed, "
+        f"{counts['failed']} failed, {counts['skipped']} skipped")
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    # In CI a run that executed no cluster test proves nothing about Slurm: fail it.
+    if os.environ.get("CI") and exitstatus == 0:
+        ran = [i for i in session.items if i.get_closest_marker("cluster")]
+        if not ran:
+            session.exitstatus = 1
