@@ -1,0 +1,271 @@
+"""The commit protocol for one checkpoint directory (one tier).
+
+A save writes into ``DIR/.staging-<step>-<host>-<pid>-<rand>/``, fsyncs every file,
+writes and fsyncs ``manifest.json`` last, fsyncs the staging directory, then (holding
+``DIR/.lock``) renames it to ``DIR/step-<step>`` and fsyncs ``DIR``. A reader only looks
+at ``step-*`` directories, so it never sees a partial checkpoint, whenever a crash hits.
+Deletion is the reverse: rename aside to ``.deleting-*`` first, then remove.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import secrets
+import shutil
+import socket
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from filelock import FileLock, Timeout
+
+from .errors import CheckpointError
+from .fileio import describe_os_error, fsync_dir
+from .manifest import (
+    DELETING_PREFIX,
+    LOCK_NAME,
+    MANIFEST_NAME,
+    QUARANTINE_DIR,
+    STAGING_PREFIX,
+    Manifest,
+    VerifyResult,
+    list_step_dirs,
+    step_dir_name,
+    verify_checkpoint,
+)
+
+log = logging.getLogger(__name__)
+
+_STAGING_RE = re.compile(r"^\.staging-(\d+)-(.+)-(\d+)-([0-9a-f]+)$")
+
+
+def pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # exists, owned by someone else
+    return True
+
+
+@dataclass(frozen=True)
+class StagingOwner:
+    host: str
+    pid: int
+
+
+def parse_staging_owner(name: str) -> StagingOwner | None:
+    match = _STAGING_RE.match(name)
+    return StagingOwner(match.group(2), int(match.group(3))) if match else None
+
+
+def _newest_mtime(path: Path) -> float:
+    """A writer on another host shows it is alive by its files growing."""
+    newest = path.lstat().st_mtime
+    for entry in os.scandir(path):
+        newest = max(newest, entry.stat(follow_symlinks=False).st_mtime)
+    return newest
+
+
+class CheckpointStore:
+    """Committed checkpoints of one directory: commit, verify, quarantine, retention."""
+
+    def __init__(self, root: str | os.PathLike[str], *, lock_timeout: float, stale_staging_age_s: float) -> None:
+        self.root = Path(root)
+        self.lock_timeout = lock_timeout
+        self.stale_staging_age_s = stale_staging_age_s
+        self.host = socket.gethostname()
+        try:
+            self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        except OSError as exc:
+            raise describe_os_error(exc, f"creating checkpoint directory {self.root}") from exc
+        # filelock counts re-entries per object, not per thread: the thread lock makes the
+        # background committer and the training thread exclude each other too.
+        self._thread_lock = threading.RLock()
+        self._file_lock = FileLock(str(self.root / LOCK_NAME), mode=0o600, thread_local=False)
+        # Full checksum verification is costly: remember results per (step dir, inode).
+        self._verified: dict[tuple[str, int], bool] = {}
+
+    def __repr__(self) -> str:
+        return f"CheckpointStore({str(self.root)!r})"
+
+    @contextmanager
+    def locked(self, timeout: float | None = None) -> Iterator[None]:
+        wait = self.lock_timeout if timeout is None else timeout
+        with self._thread_lock:
+            try:
+                self._file_lock.acquire(timeout=wait)
+            except Timeout:
+                raise CheckpointError(
+                    f"{self.root / LOCK_NAME} is held by another process for over {wait:.0f} s; "
+                    "is a second job writing checkpoints to the same directory?"
+                ) from None
+            try:
+                yield
+            finally:
+                self._file_lock.release()
+
+    # --- listing and verification -------------------------------------------------
+
+    def steps(self) -> dict[int, Path]:
+        return dict(list_step_dirs(self.root))
+
+    def step_path(self, step: int) -> Path:
+        return self.root / step_dir_name(step)
+
+    def _cache_key(self, step_dir: Path) -> tuple[str, int] | None:
+        try:
+            return (step_dir.name, (step_dir / MANIFEST_NAME).stat().st_ino)
+        except OSError:
+            return None
+
+    def verify(self, step_dir: Path) -> VerifyResult:
+        """Full verification (sizes + checksums), cached for this store's lifetime."""
+        key = self._cache_key(step_dir)
+        if key is not None and self._verified.get(key):
+            return VerifyResult(step_dir, None, None, [])
+        result = verify_checkpoint(step_dir)
+        if key is not None:
+            self._verified[key] = result.ok
+        return result
+
+    def mark_verified(self, step_dir: Path) -> None:
+        if (key := self._cache_key(step_dir)) is not None:
+            self._verified[key] = True
+
+    def is_valid(self, step_dir: Path) -> bool:
+        return self.verify(step_dir).ok
+
+    # --- writing ------------------------------------------------------------------
+
+    def new_staging(self, step: int) -> Path:
+        name = f"{STAGING_PREFIX}{step:012d}-{self.host}-{os.getpid()}-{secrets.token_hex(4)}"
+        path = self.root / name
+        try:
+            path.mkdir(mode=0o700)
+        except OSError as exc:
+            raise describe_os_error(exc, f"creating {path}") from exc
+        return path
+
+    def discard(self, staging: Path) -> None:
+        shutil.rmtree(staging, ignore_errors=True)
+
+    def commit(self, staging: Path, manifest: Manifest) -> Path | None:
+        """Publish a fully written staging dir as step-<step>; None if that step exists."""
+        target = self.step_path(manifest.step)
+        try:
+            fd = os.open(staging / MANIFEST_NAME, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+            try:
+                data = memoryview(manifest.to_json_bytes())
+                while data:
+                    data = data[os.write(fd, data) :]
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            for sub in [p for p in staging.rglob("*") if p.is_dir()] + [staging]:
+                fsync_dir(sub)
+        except OSError as exc:
+            self.discard(staging)
+            raise describe_os_error(exc, f"writing {staging / MANIFEST_NAME}") from exc
+        with self.locked():
+            if target.exists():
+                # Checkpoints are immutable: never replace a committed step.
+                self.discard(staging)
+                log.warning("step %d is already committed in %s; kept the existing one", manifest.step, self.root)
+                return None
+            try:
+                os.rename(staging, target)
+                fsync_dir(self.root)
+            except OSError as exc:
+                self.discard(staging)
+                raise describe_os_error(exc, f"committing {target}") from exc
+        self.mark_verified(target)
+        return target
+
+    # --- quarantine, retention, cleanup ------------------------------------------
+
+    def quarantine(self, step_dir: Path, reason: str) -> None:
+        """Move a bad checkpoint aside (kept for inspection) so nothing loads it again."""
+        stamp = time.strftime("%Y%m%dT%H%M%S", time.gmtime())
+        dest_dir = self.root / QUARANTINE_DIR
+        dest = dest_dir / f"{step_dir.name}-{stamp}-{secrets.token_hex(2)}"
+        try:
+            with self.locked(timeout=min(self.lock_timeout, 30.0)):
+                if not step_dir.exists():
+                    return
+                dest_dir.mkdir(mode=0o700, exist_ok=True)
+                os.rename(step_dir, dest)
+                fsync_dir(dest_dir)
+                fsync_dir(self.root)
+        except (OSError, CheckpointError) as exc:
+            log.error("checkpoint %s is bad (%s) and could not be quarantined: %s", step_dir, reason, exc)
+            return
+        log.error("checkpoint %s is bad (%s); quarantined to %s", step_dir, reason, dest)
+
+    def _remove(self, step_dir: Path) -> None:
+        aside = self.root / f"{DELETING_PREFIX}{step_dir.name}-{self.host}-{os.getpid()}-{secrets.token_hex(4)}"
+        try:
+            os.rename(step_dir, aside)
+        except FileNotFoundError:
+            return
+        fsync_dir(self.root)
+        shutil.rmtree(aside, ignore_errors=True)
+
+    def apply_retention(self, keep_last: int, protected: set[int]) -> None:
+        """Keep the newest keep_last VALID checkpoints, quarantine invalid ones among them,
+        delete older ones except protected steps (being loaded or written)."""
+        listed = list_step_dirs(self.root)
+        keep: list[Path] = []
+        doomed: list[Path] = []
+        for step, path in listed:
+            if len(keep) >= keep_last:
+                if step not in protected:
+                    doomed.append(path)
+                continue
+            result = self.verify(path)  # outside the lock: may read a lot
+            if result.ok:
+                keep.append(path)
+            elif step not in protected:
+                self.quarantine(path, "; ".join(str(p) for p in result.problems))
+        if not doomed:
+            return
+        with self.locked():
+            if not all(path.exists() for path in keep):
+                return  # someone else changed the directory meanwhile: decide next time
+            for path in doomed:
+                log.info("retention: removing %s (keep_last=%d)", path, keep_last)
+                self._remove(path)
+
+    def clean_stale(self, active: set[Path]) -> None:
+        """Remove staging dirs whose writer is dead (same host) or silent for too long,
+        and leftovers of interrupted deletions."""
+        now = time.time()
+        with os.scandir(self.root) as entries:
+            candidates = [
+                Path(e.path)
+                for e in entries
+                if e.name.startswith((STAGING_PREFIX, DELETING_PREFIX)) and e.is_dir(follow_symlinks=False)
+            ]
+        for path in candidates:
+            if path in active:
+                continue
+            owner = parse_staging_owner(path.name)
+            try:
+                age = now - _newest_mtime(path)
+            except FileNotFoundError:
+                continue
+            if path.name.startswith(DELETING_PREFIX):
+                stale = True
+            elif owner is not None and owner.host == self.host and owner.pid != os.getpid():
+                stale = not pid_alive(owner.pid) or age > self.stale_staging_age_s
+            else:
+                stale = age > self.stale_staging_age_s
+            if stale:
+                log.info("removing stale %s (age %.0f s)", path, age)
+                shutil.rmtree(path, ignore_errors=True)

@@ -1,0 +1,189 @@
+"""Write a file while hashing it, and read a file back only if its checksum matches.
+
+Hashing runs in a helper thread on the same memory the write (or read) uses, so it
+overlaps the I/O: both os.write/readinto and xxhash release the GIL.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import struct
+from collections.abc import Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
+from pathlib import Path
+
+import torch
+
+from .errors import CheckpointError, CorruptCheckpointError, Problem
+from .manifest import FileEntry, new_hasher
+from .serialize import FlatState, parse_header
+
+IO_CHUNK = 64 << 20  # big sequential writes; small enough to pipeline hashing
+_NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
+
+
+class OutOfSpaceError(CheckpointError):
+    """The file system filled up during a save (ENOSPC / EDQUOT)."""
+
+
+def describe_os_error(exc: OSError, action: str) -> CheckpointError:
+    """Turn an OSError into a CheckpointError that says what to do."""
+    if exc.errno in _NO_SPACE:
+        return OutOfSpaceError(
+            f"no space left while {action}; the previous checkpoints are intact. "
+            "Free space, lower keep_last, or move the checkpoint directory."
+        )
+    return CheckpointError(f"{action} failed: {exc.strerror or exc}")
+
+
+def fsync_dir(path: str | os.PathLike[str]) -> None:
+    """A rename or create is durable only once its directory is fsynced."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _write_all(fd: int, view: memoryview) -> None:
+    while view:
+        written = os.write(fd, view)
+        view = view[written:]
+
+
+def write_hashed_file(
+    path: Path, parts: Sequence[bytes | memoryview], *, known: FileEntry | None = None
+) -> FileEntry:
+    """Create path (0600, must not exist), write parts, fsync; return size + checksum.
+
+    With known (the same bytes were already hashed for another tier) the hash is skipped.
+    """
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+    size = 0
+    try:
+        if known is not None:
+            for part in parts:
+                view = memoryview(part).cast("B")
+                _write_all(fd, view)
+                size += len(view)
+            checksum = known.checksum
+        else:
+            hasher = new_hasher()
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-hash") as pool:
+                pending: list[Future[None]] = []
+                for part in parts:
+                    view = memoryview(part).cast("B")
+                    for start in range(0, len(view), IO_CHUNK):
+                        chunk = view[start : start + IO_CHUNK]
+                        pending.append(pool.submit(hasher.update, chunk))
+                        _write_all(fd, chunk)
+                        size += len(chunk)
+                for future in pending:
+                    future.result()
+            checksum = hasher.hexdigest()
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return FileEntry(size=size, checksum=checksum)
+
+
+class _VerifyingReader:
+    """Reads a file front to back into caller-provided memory while a helper thread hashes
+    every byte in order; check() then compares size and checksum with the manifest."""
+
+    def __init__(self, path: Path, entry: FileEntry, name: str) -> None:
+        self.where, self.name, self.entry = str(path.parent), name, entry
+        try:
+            self.fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+        except FileNotFoundError:
+            raise self.corrupt("missing") from None
+        except OSError as exc:
+            raise CheckpointError(f"cannot open {path}: {exc.strerror or exc}") from None
+        size = os.fstat(self.fd).st_size
+        if size != entry.size:
+            os.close(self.fd)
+            raise self.corrupt(f"size {size} bytes, manifest says {entry.size} (truncated or torn)")
+        os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        self.offset = 0
+        self.hasher = new_hasher()
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-hash")
+        self.pending: list[Future[None]] = []
+
+    def corrupt(self, reason: str) -> CorruptCheckpointError:
+        return CorruptCheckpointError(self.where, [Problem(self.name, reason)])
+
+    def read_into(self, view: memoryview) -> None:
+        for start in range(0, len(view), IO_CHUNK):
+            chunk = view[start : start + IO_CHUNK]
+            filled = 0
+            while filled < len(chunk):
+                try:
+                    got = os.readv(self.fd, [chunk[filled:]])
+                except OSError as exc:
+                    raise CheckpointError(f"reading {self.name} in {self.where}: {exc.strerror or exc}") from None
+                if got == 0:
+                    raise self.corrupt("file shrank while being read")
+                filled += got
+            self.pending.append(self.pool.submit(self.hasher.update, chunk))
+            self.offset += len(chunk)
+
+    def read_bytes(self, count: int) -> bytes:
+        if count > self.entry.size - self.offset:
+            raise self.corrupt("a length field points past the end of the file")
+        data = bytearray(count)
+        self.read_into(memoryview(data))
+        return bytes(data)
+
+    def check(self) -> None:
+        """Hash whatever was not read yet, then compare with the manifest."""
+        if self.offset < self.entry.size:
+            self.read_bytes(self.entry.size - self.offset)
+        for future in self.pending:
+            future.result()
+        digest = self.hasher.hexdigest()
+        if digest != self.entry.checksum:
+            raise self.corrupt(f"checksum mismatch: xxh3_128 {digest}, manifest says {self.entry.checksum}")
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+        os.close(self.fd)
+
+
+def read_verified_file(path: Path, entry: FileEntry, name: str) -> bytes:
+    """A small file's bytes, only if its size and checksum match the manifest."""
+    reader = _VerifyingReader(path, entry, name)
+    try:
+        data = reader.read_bytes(entry.size)
+        reader.check()
+    finally:
+        reader.close()
+    return data
+
+
+def read_tensor_file(path: Path, entry: FileEntry, name: str) -> FlatState:
+    """Read one of our safetensors files straight into freshly allocated tensors (one per
+    entry, so nothing aliases a shared buffer), verifying size and checksum of every byte.
+    The tensors are handed out only after the whole file matched the manifest."""
+    reader = _VerifyingReader(path, entry, name)
+    try:
+        (header_len,) = struct.unpack("<Q", reader.read_bytes(8))
+        header = reader.read_bytes(header_len)
+        data_start = 8 + header_len
+        try:
+            tree, slots = parse_header(header, entry.size - data_start)
+        except CheckpointError as exc:
+            reader.check()  # a checksum mismatch explains a garbled header best
+            raise reader.corrupt(str(exc)) from None
+        tensors = {}
+        for slot in slots:
+            if data_start + slot.begin > reader.offset:
+                reader.read_bytes(data_start + slot.begin - reader.offset)  # padding, hashed too
+            tensor = torch.empty(slot.shape, dtype=slot.dtype)
+            if slot.end > slot.begin:
+                reader.read_into(memoryview(tensor.view(-1).view(torch.uint8).numpy()).cast("B"))
+            tensors[slot.name] = tensor
+        reader.check()
+    finally:
+        reader.close()
+    return FlatState(tree, tensors)

@@ -1,0 +1,328 @@
+"""CheckpointManager: the one public entry point for saving and resuming.
+
+    mgr = CheckpointManager("/ckpt/run1", keep_last=3, fast_dir="/dev/shm/run1")
+    mgr.load(into=training_state)               # newest valid checkpoint, or None
+    h = mgr.save(step, training_state, blocking=False)
+    mgr.wait()                                   # before exiting
+
+Single process: tensors are copied into a reusable host buffer, then a background thread
+writes, checksums and commits them (fast tier first, then the durable one).
+Distributed (torch.distributed initialized, world size > 1): see sharded.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import platform
+import socket
+import threading
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .. import __version__
+from .commit import CheckpointStore
+from .errors import CheckpointError, CorruptCheckpointError, Problem
+from .fileio import describe_os_error, read_tensor_file, write_hashed_file
+from .manifest import LAYOUT_DCP, LAYOUT_SINGLE, FileEntry, Manifest, parse_step_dir_name, read_manifest
+from .serialize import flatten_state, is_stateful, unflatten_state
+from .staging import HostBuffer, SaveHandle, StagedFile, run_in_background, stage_files
+
+log = logging.getLogger(__name__)
+
+STATE_FILE = "state.safetensors"
+
+
+def rank_file_name(rank: int) -> str:
+    return f"rank-{rank:05d}.safetensors"
+
+
+def distributed_world() -> tuple[int, int] | None:
+    """(rank, world size) when torch.distributed runs with more than one process."""
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        return dist.get_rank(), dist.get_world_size()
+    return None
+
+
+def current_rank() -> int:
+    world = distributed_world()
+    return world[0] if world else 0
+
+
+def checkpoint_versions() -> dict[str, str]:
+    return {"slurm_hai": __version__, "torch": torch.__version__, "python": platform.python_version()}
+
+
+def restore_into(target: Any, loaded: Any, where: str = "") -> None:
+    """Hand loaded values to live objects: load_state_dict() for stateful objects, in-place
+    copy for tensors, recursing through dicts/lists that mirror the saved structure."""
+    if is_stateful(target):
+        target.load_state_dict(loaded)
+    elif isinstance(target, torch.Tensor):
+        with torch.no_grad():
+            target.copy_(loaded)
+    elif isinstance(target, Mapping):
+        if not isinstance(loaded, Mapping):
+            raise CheckpointError(f"{where or '<root>'}: checkpoint holds a {type(loaded).__name__}, not a dict")
+        for key, value in target.items():
+            if key not in loaded:
+                raise CheckpointError(f"{where}/{key}: not in the checkpoint; was it saved under another name?")
+            restore_into(value, loaded[key], f"{where}/{key}")
+    elif isinstance(target, (list, tuple)):
+        for i, (value, item) in enumerate(zip(target, loaded, strict=True)):
+            restore_into(value, item, f"{where}/{i}")
+
+
+class CheckpointManager:
+    """Atomic, verified, optionally async and two-tier checkpoints of one training run.
+
+    directory: the durable tier (shared file system). fast_dir: optional node-local tier
+    (e.g. /dev/shm/<job>), committed first and preferred when loading; it survives a
+    process crash, not a requeue onto another node. keep_last / fast_keep_last: how many
+    valid checkpoints each tier keeps. lock_timeout: how long a commit waits for
+    DIR/.lock. stale_staging_age_s: when a silent staging dir of a writer on another
+    host counts as abandoned.
+    """
+
+    def __init__(
+        self,
+        directory: str | os.PathLike[str],
+        *,
+        keep_last: int = 3,
+        fast_dir: str | os.PathLike[str] | None = None,
+        fast_keep_last: int = 1,
+        lock_timeout: float = 300.0,
+        stale_staging_age_s: float = 6 * 3600.0,
+    ) -> None:
+        if keep_last < 1 or fast_keep_last < 1:
+            raise CheckpointError("keep_last and fast_keep_last must be at least 1 (the newest valid one is always kept)")
+        self.keep_last = keep_last
+        self.fast_keep_last = fast_keep_last
+        store_args = {"lock_timeout": lock_timeout, "stale_staging_age_s": stale_staging_age_s}
+        self.durable = CheckpointStore(directory, **store_args)
+        self.fast = CheckpointStore(fast_dir, **store_args) if fast_dir is not None else None
+        self.loaded_step: int | None = None  # the step the last load() returned
+        self._buffer = HostBuffer()
+        self._inflight: SaveHandle | None = None
+        self._thread: threading.Thread | None = None
+        self._active_staging: set[Path] = set()
+        self._loading: set[int] = set()
+        if current_rank() == 0:
+            for store in self.stores:
+                store.clean_stale(self._active_staging)
+
+    @property
+    def stores(self) -> list[CheckpointStore]:
+        """Fast tier first: it is written first and read first."""
+        return [store for store in (self.fast, self.durable) if store is not None]
+
+    def _keep_for(self, store: CheckpointStore) -> int:
+        return self.fast_keep_last if store is self.fast else self.keep_last
+
+    # --- saving -------------------------------------------------------------------
+
+    def save(self, step: int, state: Any, *, blocking: bool = True) -> SaveHandle:
+        """Save state as checkpoint `step`. blocking=True returns once committed to every
+        tier; blocking=False returns once the tensors are copied to host memory (call
+        wait() or h.wait()). A step that is already committed is skipped with a warning."""
+        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+            raise CheckpointError(f"step must be a non-negative int, got {step!r}")
+        self.wait()  # at most one save in flight; raises the previous save's failure
+        if distributed_world() is not None:
+            from .sharded import save_sharded
+
+            return save_sharded(self, step, state)
+        handle = SaveHandle(step)
+        targets = self._stores_missing(step)
+        if not targets:
+            log.warning("step %d is already committed; not saving it again (checkpoints are immutable)", step)
+            handle.skipped = True
+            handle.finish()
+            return handle
+        global_part, rank_part = flatten_state(state)
+        files = [(STATE_FILE, global_part)]
+        if rank_part is not None:
+            files.append((rank_file_name(0), rank_part))
+        staged = stage_files(files, self._buffer)
+        self._inflight = handle
+        self._thread = run_in_background(handle, lambda: self._persist(step, staged, targets, handle))
+        if blocking:
+            self.wait()
+        return handle
+
+    def wait(self) -> None:
+        """Block until the in-flight save (if any) is committed; raise its failure once."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._inflight is not None:
+            handle, self._inflight = self._inflight, None
+            handle.raise_error()
+
+    def _stores_missing(self, step: int) -> list[CheckpointStore]:
+        """Tiers that still need this step; a bad existing copy is quarantined first."""
+        missing = []
+        for store in self.stores:
+            path = store.step_path(step)
+            if path.exists():
+                result = store.verify(path)
+                if result.ok:
+                    continue
+                store.quarantine(path, "; ".join(str(p) for p in result.problems))
+            missing.append(store)
+        return missing
+
+    def _persist(self, step: int, staged: list[StagedFile], targets: list[CheckpointStore], handle: SaveHandle) -> None:
+        known: dict[str, FileEntry] = {}  # checksums from the first tier, reused for the next
+        for store in targets:
+            known = self._write_tier(store, step, staged, known)
+            handle.mark_first_tier_done()
+            self._after_commit(store)
+
+    def _write_tier(
+        self, store: CheckpointStore, step: int, staged: list[StagedFile], known: dict[str, FileEntry]
+    ) -> dict[str, FileEntry]:
+        staging = store.new_staging(step)
+        self._active_staging.add(staging)
+        try:
+            entries = {
+                f.name: write_hashed_file(staging / f.name, [f.header, f.data], known=known.get(f.name))
+                for f in staged
+            }
+            manifest = Manifest(
+                step=step,
+                layout=LAYOUT_SINGLE,
+                world_size=1,
+                files=entries,
+                versions=checkpoint_versions(),
+                created_by={"host": socket.gethostname(), "pid": os.getpid()},
+            )
+            store.commit(staging, manifest)
+        except OSError as exc:
+            raise describe_os_error(exc, f"writing step {step} to {store.root}") from exc
+        finally:
+            self._active_staging.discard(staging)
+            if staging.exists():
+                store.discard(staging)
+        return entries
+
+    def _after_commit(self, store: CheckpointStore) -> None:
+        """Housekeeping never fails a committed save; it only logs."""
+        try:
+            store.clean_stale(self._active_staging)
+            store.apply_retention(self._keep_for(store), protected=set(self._loading))
+        except (OSError, CheckpointError) as exc:
+            log.error("checkpoint housekeeping in %s failed: %s", store.root, exc)
+
+    # --- finding and loading ----------------------------------------------------------
+
+    def _candidates(self, step: int | None = None) -> Iterator[tuple[int, CheckpointStore, Path]]:
+        """(step, store, path), newest step first, fast tier before durable at equal step."""
+        found = []
+        for order, store in enumerate(self.stores):
+            for found_step, path in store.steps().items():
+                if step is None or found_step == step:
+                    found.append((-found_step, order, store, path))
+        found.sort(key=lambda item: (item[0], item[1]))
+        for neg_step, _, store, path in found:
+            yield -neg_step, store, path
+
+    def latest_step(self) -> int | None:
+        """Newest committed checkpoint (any tier) whose files verify; bad ones are quarantined."""
+        if distributed_world() is not None:
+            from .sharded import broadcast_from_rank0
+
+            return broadcast_from_rank0(self._latest_step_local if current_rank() == 0 else None)
+        return self._latest_step_local()
+
+    def _latest_step_local(self) -> int | None:
+        for step, store, path in self._candidates():
+            result = store.verify(path)
+            if result.ok:
+                return step
+            if path.exists():
+                store.quarantine(path, "; ".join(str(p) for p in result.problems))
+        return None
+
+    def load(self, step: int | None = None, *, into: Any = None) -> Any:
+        """The newest valid checkpoint's state (or `step`'s), falling back past bad ones,
+        which are quarantined. Returns None when there is no checkpoint at all.
+
+        into: live objects mirroring the saved structure (a TrainingState, or a dict of
+        model/optimizer/...): each stateful object gets load_state_dict(), tensors are
+        copied in place. Tensors come back on the CPU.
+        """
+        self.wait()
+        if distributed_world() is not None:
+            from .sharded import load_distributed
+
+            return load_distributed(self, step, into)
+        for found_step, store, path in self._candidates(step):
+            self._loading.add(found_step)
+            try:
+                state = self._read(store, path, into)
+            except CorruptCheckpointError as exc:
+                store.quarantine(path, "; ".join(str(p) for p in exc.problems))
+                continue
+            except CheckpointError as exc:
+                log.warning("skipping checkpoint %s: %s", path, exc)
+                continue
+            finally:
+                self._loading.discard(found_step)
+            self.loaded_step = found_step
+            log.info("loaded checkpoint %s", path)
+            if into is not None:
+                restore_into(into, state)
+            return state
+        if step is not None:
+            dirs = ", ".join(str(s.root) for s in self.stores)
+            raise CheckpointError(f"no valid checkpoint for step {step} in {dirs}; `hai ckpt ls` lists what exists")
+        return None
+
+    def _read(self, store: CheckpointStore, path: Path, into: Any) -> Any:
+        try:
+            manifest = read_manifest(path)
+        except CheckpointError as exc:
+            raise CorruptCheckpointError(str(path), [Problem("manifest.json", str(exc))]) from None
+        if manifest.step != parse_step_dir_name(path.name):
+            raise CorruptCheckpointError(
+                str(path), [Problem("manifest.json", f"says step {manifest.step}, directory says otherwise")]
+            )
+        if manifest.layout == LAYOUT_DCP:
+            from .sharded import read_dcp_checkpoint
+
+            result = store.verify(path)
+            if not result.ok:
+                raise CorruptCheckpointError(str(path), result.problems)
+            return read_dcp_checkpoint(path, manifest, rank=0, into=into)
+        return read_single_checkpoint(path, manifest, rank=current_rank())
+
+
+def read_single_checkpoint(path: Path, manifest: Manifest, rank: int) -> Any:
+    """Read state.safetensors (+ this rank's per-rank file), verifying before parsing."""
+    if STATE_FILE not in manifest.files:
+        raise CorruptCheckpointError(str(path), [Problem(STATE_FILE, "not listed in the manifest")])
+    main = read_tensor_file(path / STATE_FILE, manifest.files[STATE_FILE], STATE_FILE)
+    per_rank = read_rank_file(path, manifest, rank)
+    return unflatten_state(main.tree, main.tensors, per_rank)
+
+
+def read_rank_file(path: Path, manifest: Manifest, rank: int) -> list[Any] | None:
+    """This rank's PerRank values, or None when the checkpoint has none for this rank
+    (it was saved with a smaller world size)."""
+    name = rank_file_name(rank)
+    entry = manifest.files.get(name)
+    if entry is None:
+        if any(n.startswith("rank-") for n in manifest.files):
+            log.warning("%s has no per-rank state for rank %d (saved with world size %d)", path, rank, manifest.world_size)
+        return None
+    flat = read_tensor_file(path / name, entry, name)
+    values = unflatten_state(flat.tree, flat.tensors)
+    if not isinstance(values, list):
+        raise CorruptCheckpointError(str(path), [Problem(name, "per-rank file does not hold a list")])
+    return values

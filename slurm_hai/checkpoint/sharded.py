@@ -1,0 +1,251 @@
+"""Distributed saves: torch.distributed.checkpoint (DCP) inside our commit protocol.
+
+With world size > 1 every rank calls save()/load()/latest_step() (they are collective):
+
+1. rank 0 creates ``DIR/.staging-...`` (checks the step is new) and broadcasts its path;
+2. all ranks run ``dcp.save`` of the tensors into ``staging/dcp/`` (DCP de-duplicates
+   replicated tensors and records shards, so any world size can load it later), write
+   their PerRank values to ``rank-<r>.safetensors``, and checksum the files they wrote;
+3. after an all-gather (the barrier), rank 0 checksums any file nobody claimed, writes
+   ``manifest.json`` and commits as usual; every rank learns the outcome.
+
+Only tensors go through DCP; the structure and plain values live in our JSON, so DCP
+never unpickles a value. DCP's ``.metadata`` is a pickle and its tensor payloads are read
+with ``torch.load(weights_only=True)``: we only let DCP read a checkpoint after every one
+of its files matched the checksum rank 0 recorded when committing it.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+from .errors import CheckpointError, CorruptCheckpointError, Problem
+from .fileio import read_verified_file, write_hashed_file
+from .manager import (
+    CheckpointManager,
+    checkpoint_versions,
+    distributed_world,
+    rank_file_name,
+    read_rank_file,
+    read_single_checkpoint,
+    restore_into,
+)
+from .manifest import LAYOUT_DCP, FileEntry, Manifest, check_file, hash_file, list_step_dirs, read_manifest
+from .serialize import flatten_state, unflatten_state
+from .staging import SaveHandle, stage_files
+
+log = logging.getLogger(__name__)
+
+DCP_DIR = "dcp"
+TREE_FILE = "tree.json"
+T = TypeVar("T")
+
+
+def _rank0_then_broadcast(compute: Callable[[], T]) -> T:
+    """Run compute on rank 0 only and give every rank its result (or its error), so that a
+    failure on rank 0 raises everywhere instead of leaving the others in a collective."""
+    payload: list[Any] = [None]
+    if dist.get_rank() == 0:
+        try:
+            payload[0] = ("ok", compute())
+        except Exception as exc:  # noqa: BLE001 - re-raised on every rank below
+            payload[0] = ("error", str(exc))
+    dist.broadcast_object_list(payload, src=0)
+    status, value = payload[0]
+    if status == "error":
+        raise CheckpointError(value if dist.get_rank() == 0 else f"rank 0: {value}")
+    return value
+
+
+def broadcast_from_rank0(compute: Callable[[], T] | None) -> T:
+    """latest_step() helper: rank 0 decides, every rank gets the same answer."""
+    return _rank0_then_broadcast(compute or (lambda: None))  # type: ignore[arg-type,return-value]
+
+
+def _all_gather(value: T) -> list[T]:
+    gathered: list[Any] = [None] * dist.get_world_size()
+    dist.all_gather_object(gathered, value)
+    return gathered
+
+
+def _owned_dcp_files(dcp_dir: Path, rank: int) -> list[Path]:
+    """Files DCP wrote for this rank (``__<rank>_<n>.distcp``); rank 0 also owns .metadata."""
+    owned = sorted(dcp_dir.glob(f"__{rank}_*.distcp"))
+    if rank == 0 and (dcp_dir / ".metadata").exists():
+        owned.append(dcp_dir / ".metadata")
+    return owned
+
+
+def _hash_files(staging: Path, paths: list[Path]) -> dict[str, FileEntry]:
+    entries = {}
+    for path in paths:
+        path.chmod(0o600)
+        size, checksum = hash_file(path)
+        entries[path.relative_to(staging).as_posix()] = FileEntry(size, checksum)
+    return entries
+
+
+def save_sharded(mgr: CheckpointManager, step: int, state: Any) -> SaveHandle:
+    """Collective save; returns once committed on every rank (or raises on every rank)."""
+    world = distributed_world()
+    assert world is not None
+    rank, world_size = world
+    store = mgr.durable
+    if mgr.fast is not None and rank == 0:
+        log.warning("fast_dir is not used for sharded saves: saving step %d to %s only", step, store.root)
+
+    def open_staging() -> str | None:
+        existing = store.step_path(step)
+        if existing.exists():
+            result = store.verify(existing)
+            if result.ok:
+                return None
+            store.quarantine(existing, "; ".join(str(p) for p in result.problems))
+        staging = store.new_staging(step)
+        (staging / DCP_DIR).mkdir(mode=0o700)
+        mgr._active_staging.add(staging)
+        return str(staging)
+
+    handle = SaveHandle(step)
+    staging_name = _rank0_then_broadcast(open_staging)
+    if staging_name is None:
+        log.warning("step %d is already committed; not saving it again", step)
+        handle.skipped = True
+        handle.finish()
+        return handle
+    staging = Path(staging_name)
+
+    entries: dict[str, FileEntry] = {}
+    local_error: str | None = None
+    try:
+        global_part, rank_part = flatten_state(state)
+        dcp.save(
+            global_part.tensors,
+            storage_writer=dcp.FileSystemWriter(str(staging / DCP_DIR), single_file_per_rank=True, sync_files=True),
+        )
+        if rank_part is not None:
+            (rank_staged,) = stage_files([(rank_file_name(rank), rank_part)], mgr._buffer)
+            entries[rank_staged.name] = write_hashed_file(staging / rank_staged.name, [rank_staged.header, rank_staged.data])
+        if rank == 0:
+            tree = json.dumps(global_part.tree, separators=(",", ":")).encode()
+            entries[TREE_FILE] = write_hashed_file(staging / TREE_FILE, [tree])
+        entries.update(_hash_files(staging, _owned_dcp_files(staging / DCP_DIR, rank)))
+    except BaseException as exc:  # noqa: BLE001 - DCP's CheckpointException is a BaseException
+        local_error = f"rank {rank}: {exc!r}"
+    reports = _all_gather((entries, local_error))
+
+    def commit() -> None:
+        try:
+            errors = [error for _, error in reports if error]
+            if errors:
+                raise CheckpointError(f"sharded save of step {step} failed: {'; '.join(errors)}")
+            files: dict[str, FileEntry] = {}
+            for rank_entries, _ in reports:
+                files.update(rank_entries)
+            unclaimed = [p for p in (staging / DCP_DIR).iterdir() if p.relative_to(staging).as_posix() not in files]
+            files.update(_hash_files(staging, unclaimed))
+            manifest = Manifest(
+                step=step,
+                layout=LAYOUT_DCP,
+                world_size=world_size,
+                files=files,
+                versions=checkpoint_versions(),
+                created_by={"host": store.host, "pid": os.getpid(), "world_size": world_size},
+            )
+            store.commit(staging, manifest)
+        finally:
+            mgr._active_staging.discard(staging)
+            if staging.exists():
+                store.discard(staging)
+        mgr._after_commit(store)
+
+    _rank0_then_broadcast(commit)
+    handle.finish()
+    return handle
+
+
+def _verify_distributed(path: Path) -> list[Problem]:
+    """Every rank checksums a share of the files; all ranks get the union of problems."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    try:
+        manifest = read_manifest(path)
+        names = sorted(manifest.files)[rank::world_size]
+        problems = [p for name in names for p in check_file(path, name, manifest.files[name], check_data=True)]
+    except CheckpointError as exc:
+        problems = [Problem("manifest.json", str(exc))]
+    merged: list[Problem] = []
+    for rank_problems in _all_gather(problems):
+        merged.extend(p for p in rank_problems if p not in merged)
+    return merged
+
+
+def load_distributed(mgr: CheckpointManager, step: int | None, into: Any) -> Any:
+    """Collective load of the newest checkpoint every rank can read (any saved world size)."""
+    store = mgr.durable
+    rank = dist.get_rank()
+    candidates = _rank0_then_broadcast(
+        lambda: [s for s, _ in list_step_dirs(store.root) if step is None or s == step]
+    )
+    for found_step in candidates:
+        path = store.step_path(found_step)
+        problems = _verify_distributed(path)
+        if problems:
+            if rank == 0:
+                store.quarantine(path, "; ".join(str(p) for p in problems))
+            continue
+        manifest = read_manifest(path)
+        try:
+            if manifest.layout == LAYOUT_DCP:
+                state = read_dcp_checkpoint(path, manifest, rank=rank, into=into, distributed=True)
+            else:
+                state = read_single_checkpoint(path, manifest, rank=rank)
+            error = None
+        except CheckpointError as exc:
+            state, error = None, f"rank {rank}: {exc}"
+        errors = [e for e in _all_gather(error) if e]
+        if errors:
+            log.warning("skipping checkpoint %s: %s", path, "; ".join(errors))
+            continue
+        mgr.loaded_step = found_step
+        if into is not None:
+            restore_into(into, state)
+        return state
+    if step is not None:
+        raise CheckpointError(f"no valid checkpoint for step {step} in {store.root}")
+    return None
+
+
+def read_dcp_checkpoint(path: Path, manifest: Manifest, *, rank: int, into: Any, distributed: bool = False) -> Any:
+    """Read a VERIFIED DCP-layout checkpoint into this process, whatever the world size.
+
+    Tensors found at the same name in `into` (a live model's parameters, DTensor shards)
+    are loaded in place so DCP reshards into them; the rest are allocated full size."""
+    if TREE_FILE not in manifest.files:
+        raise CorruptCheckpointError(str(path), [Problem(TREE_FILE, "not listed in the manifest")])
+    tree = json.loads(read_verified_file(path / TREE_FILE, manifest.files[TREE_FILE], TREE_FILE))
+    reader = dcp.FileSystemReader(str(path / DCP_DIR))
+    metadata = reader.read_metadata()  # a pickle, read only after its checksum matched
+    live = flatten_state(into)[0].tensors if into is not None else {}
+    targets: dict[str, torch.Tensor] = {}
+    for name, item in metadata.state_dict_metadata.items():
+        if not isinstance(item, TensorStorageMetadata):
+            raise CorruptCheckpointError(str(path), [Problem(f"{DCP_DIR}/.metadata", f"{name!r} is not a tensor")])
+        target = live.get(name)
+        if target is None or tuple(target.shape) != tuple(item.size) or target.dtype != item.properties.dtype:
+            target = torch.empty(tuple(item.size), dtype=item.properties.dtype)
+        targets[name] = target
+    try:
+        dcp.load(targets, storage_reader=reader, no_dist=not distributed)
+    except BaseException as exc:  # noqa: BLE001 - DCP's CheckpointException is a BaseException
+        raise CheckpointError(f"torch.distributed.checkpoint could not load {path}: {exc!r}") from exc
+    return unflatten_state(tree, targets, read_rank_file(path, manifest, rank))

@@ -1,0 +1,148 @@
+"""Copy the state into reusable host buffers, then persist it in a background thread.
+
+The blocking part of an async save is one copy of every tensor into a preallocated
+(pinned when CUDA is present) host buffer; allocating fresh memory each time costs
+several times a plain copy, so the buffer is kept and only grows.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from .errors import CheckpointError
+from .serialize import FlatState, build_header, plan_slots
+
+log = logging.getLogger(__name__)
+
+_FILE_ALIGN = 4096  # each file's data starts page-aligned in the host buffer
+
+
+@dataclass(frozen=True)
+class StagedFile:
+    """One checkpoint file, ready to write: header bytes then a slice of the host buffer."""
+
+    name: str
+    header: bytes
+    data: memoryview
+
+    @property
+    def size(self) -> int:
+        return len(self.header) + len(self.data)
+
+
+class HostBuffer:
+    """A single uint8 host buffer reused by every save (at most one save is in flight)."""
+
+    def __init__(self) -> None:
+        self._buffer: torch.Tensor | None = None
+
+    @property
+    def capacity(self) -> int:
+        return 0 if self._buffer is None else self._buffer.numel()
+
+    def reserve(self, nbytes: int) -> torch.Tensor:
+        if self._buffer is None or self._buffer.numel() < nbytes:
+            self._buffer = None  # let the old one go before allocating the bigger one
+            try:
+                self._buffer = torch.empty(nbytes, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
+            except RuntimeError as exc:
+                raise CheckpointError(
+                    f"cannot allocate a {nbytes / 2**30:.2f} GiB host staging buffer ({exc}); "
+                    "free host memory or save with fewer/smaller tensors per process"
+                ) from exc
+        return self._buffer[:nbytes]
+
+
+def stage_files(files: list[tuple[str, FlatState]], buffer: HostBuffer) -> list[StagedFile]:
+    """Copy every tensor into the host buffer; returns when the copies are done, so the
+    caller may modify its tensors right away."""
+    layouts = []
+    total = 0
+    for name, flat in files:
+        slots = plan_slots(flat.tensors)
+        start = -(-total // _FILE_ALIGN) * _FILE_ALIGN
+        data_len = slots[-1].end if slots else 0
+        layouts.append((name, flat, slots, start, data_len))
+        total = start + data_len
+    host = buffer.reserve(total)
+    from_cuda = False
+    with torch.no_grad():
+        for _, flat, slots, start, _ in layouts:
+            for slot in slots:
+                if slot.end == slot.begin:
+                    continue
+                source = flat.tensors[slot.name].detach()
+                target = host[start + slot.begin : start + slot.end].view(slot.dtype).view(slot.shape)
+                from_cuda |= source.is_cuda
+                target.copy_(source, non_blocking=source.is_cuda)
+    if from_cuda:
+        torch.cuda.synchronize()  # the copies must land before the caller touches its tensors
+    host_bytes = memoryview(host.numpy()).cast("B")
+    return [
+        StagedFile(name, build_header(slots, flat.tree), host_bytes[start : start + data_len])
+        for name, flat, slots, start, data_len in layouts
+    ]
+
+
+class SaveHandle:
+    """An in-flight save. wait() returns once committed, or raises its CheckpointError."""
+
+    def __init__(self, step: int) -> None:
+        self.step = step
+        self.skipped = False  # True when the step was already committed everywhere
+        self._done = threading.Event()
+        self._first_tier_done = threading.Event()
+        self._error: CheckpointError | None = None
+        self._reported = False
+
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout: float | None = None, *, durable: bool = True) -> None:
+        """Block until committed to every tier (durable=False: to the first, fast tier)."""
+        event = self._done if durable else self._first_tier_done
+        if not event.wait(timeout):
+            raise CheckpointError(f"save of step {self.step} still running after {timeout} s")
+        if self._done.is_set():
+            self.raise_error()
+
+    def raise_error(self) -> None:
+        """Raise this save's failure once; later calls stay silent (it has been reported)."""
+        if self._error is not None and not self._reported:
+            self._reported = True
+            raise self._error
+
+    def mark_first_tier_done(self) -> None:
+        self._first_tier_done.set()
+
+    def finish(self, error: CheckpointError | None = None) -> None:
+        self._error = error
+        self._first_tier_done.set()
+        self._done.set()
+
+
+def run_in_background(handle: SaveHandle, persist: Callable[[], None]) -> threading.Thread:
+    """Run persist() in a non-daemon thread (so interpreter exit waits for the commit) and
+    keep any failure on the handle for the next save/wait/load to raise."""
+
+    def target() -> None:
+        try:
+            persist()
+        except CheckpointError as exc:
+            handle.finish(exc)
+        except BaseException as exc:  # noqa: BLE001 - DCP raises BaseException subclasses
+            log.exception("background save of step %d failed", handle.step)
+            error = CheckpointError(f"background save of step {handle.step} failed: {exc!r}")
+            error.__cause__ = exc
+            handle.finish(error)
+        else:
+            handle.finish()
+
+    thread = threading.Thread(target=target, name=f"ckpt-save-{handle.step}", daemon=False)
+    thread.start()
+    return thread
