@@ -9,11 +9,13 @@
  *                            or AUTO (always accepted, any case).
  *      --hai-grace=SECONDS   integer 1..max_grace.
  *    A bad value is refused at submission (callback returns -1 with one
- *    "hai: ..." error line). In sbatch/salloc/srun the canonical value goes to
- *    the controller as job control env (spank_job_control_setenv):
- *      HAI_PRIORITY=<LEVEL NAME in upper case, or AUTO>, HAI_GRACE=<seconds>,
- *    which job_submit.lua sees in job_desc.spank_job_env as
- *    "SPANK_HAI_PRIORITY=HIGH" and "SPANK_HAI_GRACE=60".
+ *    "hai: ..." error line; Slurm adds its own "Invalid --hai-... argument"
+ *    line). In sbatch/salloc/srun the canonical value goes to the controller
+ *    as job control env (spank_job_control_setenv):
+ *      HAI_PRIORITY=<LEVEL NAME in upper case, or AUTO>, HAI_GRACE=<seconds>.
+ *    Seen on 22.05: job_submit.lua gets them in job_desc.spank_job_env as
+ *    "HAI_PRIORITY=HIGH" and "HAI_GRACE=60", without the SPANK_ prefix (the
+ *    table is indexed from 0: use pairs); prolog/epilog get SPANK_HAI_*.
  *    In slurmstepd (remote) the option callbacks never fail: values were
  *    validated at submission and a changed ladder must not kill running jobs.
  *
