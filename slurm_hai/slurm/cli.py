@@ -1,0 +1,101 @@
+"""The default backend: Slurm's own commands (sbatch, squeue --json, scontrol, scancel,
+sacct, sacctmgr). Works on 22.05 and later; every call is an argv list, never a shell line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from typing import Sequence
+
+from .base import SlurmError
+from .records import JobInfo, jobs_from_squeue_json
+
+TIMEOUT = float(os.environ.get("HAI_SLURM_TIMEOUT", "60"))
+
+
+def _run(argv: Sequence[str], input: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    try:
+        p = subprocess.run(list(argv), input=input, text=True, capture_output=True, timeout=TIMEOUT)
+    except FileNotFoundError:
+        raise SlurmError(f"{argv[0]} not found: install the Slurm client commands (slurm-client) "
+                         "or put them on PATH") from None
+    except subprocess.TimeoutExpired:
+        raise SlurmError(f"{argv[0]} did not answer within {TIMEOUT:.0f} s: is slurmctld up? "
+                         "(scontrol ping)") from None
+    if check and p.returncode != 0:
+        detail = " ".join((p.stderr or p.stdout).split()) or f"exit {p.returncode}"
+        raise SlurmError(f"{argv[0]}: {detail}")
+    return p
+
+
+class CliBackend:
+    name = "cli"
+
+    def submit(self, script: str, args: Sequence[str] = ()) -> int:
+        out = _run(["sbatch", "--parsable", *args], input=script).stdout.strip()
+        return int(out.split(";")[0])
+
+    def jobs(self, job_ids: Sequence[int] = (), user: str | None = None) -> list[JobInfo]:
+        argv = ["squeue", "--json"]
+        if job_ids:
+            argv.append("--jobs=" + ",".join(str(j) for j in job_ids))
+        if user:
+            argv.append(f"--user={user}")
+        p = _run(argv, check=False)
+        if p.returncode != 0:
+            if "Invalid job id" in p.stderr:
+                return []
+            raise SlurmError("squeue: " + " ".join(p.stderr.split()))
+        return jobs_from_squeue_json(json.loads(p.stdout))
+
+    def job(self, job_id: int) -> JobInfo | None:
+        found = [j for j in self.jobs([job_id]) if j.job_id == job_id]
+        return found[0] if found else None
+
+    def accounting(self, job_id: int) -> list[dict[str, str]]:
+        fields = ["JobID", "State", "ExitCode", "Start", "End", "NodeList", "QOS", "User"]
+        out = _run(["sacct", "-n", "-P", "-X", "-D", "-j", str(job_id), "-o", ",".join(fields)]).stdout
+        return [dict(zip(fields, line.split("|"))) for line in out.splitlines() if line.strip()]
+
+    def requeue(self, job_id: int) -> None:
+        _run(["scontrol", "requeue", str(job_id)])
+
+    def cancel(self, job_id: int, signal: str | None = None) -> None:
+        argv = ["scancel"]
+        if signal:
+            argv.append(f"--signal={signal}")
+        _run([*argv, str(job_id)])
+
+    def update_job(self, job_id: int, **fields: str) -> None:
+        _run(["scontrol", "update", f"JobId={job_id}", *(f"{k}={v}" for k, v in fields.items())])
+
+    def release(self, job_id: int) -> None:
+        _run(["scontrol", "release", str(job_id)])
+
+    def config(self) -> dict[str, str]:
+        out = _run(["scontrol", "show", "config"]).stdout
+        conf: dict[str, str] = {}
+        for line in out.splitlines():
+            key, sep, value = line.partition("=")
+            if sep:
+                conf[key.strip()] = value.strip()
+        return conf
+
+    def node_addr(self, node: str) -> str:
+        out = _run(["scontrol", "show", "node", "-o", node]).stdout
+        for part in out.split():
+            if part.startswith("NodeAddr="):
+                return part.split("=", 1)[1]
+        raise SlurmError(f"scontrol: node {node} has no NodeAddr")
+
+    def expand_hostlist(self, hostlist: str) -> list[str]:
+        return _run(["scontrol", "show", "hostnames", hostlist]).stdout.split()
+
+    def sacctmgr_show(self, entity: str, fields: Sequence[str], where: Sequence[str] = ()) -> list[dict[str, str]]:
+        out = _run(["sacctmgr", "-n", "-P", "show", entity, *where, "format=" + ",".join(fields)]).stdout
+        return [dict(zip(fields, line.split("|"))) for line in out.splitlines() if line.strip()]
+
+    def sacctmgr(self, args: Sequence[str]) -> None:
+        _run(["sacctmgr", "-i", *args])
