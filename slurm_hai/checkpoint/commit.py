@@ -208,22 +208,21 @@ class CheckpointStore:
             return
         log.error("checkpoint %s is bad (%s); quarantined to %s", step_dir, reason, dest)
 
-    def _remove(self, step_dir: Path) -> None:
+    def _move_aside(self, step_dir: Path) -> Path | None:
+        """Atomically take a checkpoint out of view; the slow rmtree happens later."""
         aside = self.root / f"{DELETING_PREFIX}{step_dir.name}-{self.host}-{os.getpid()}-{secrets.token_hex(4)}"
         try:
             os.rename(step_dir, aside)
         except FileNotFoundError:
-            return
-        fsync_dir(self.root)
-        shutil.rmtree(aside, ignore_errors=True)
+            return None
+        return aside
 
     def apply_retention(self, keep_last: int, protected: set[int]) -> None:
         """Keep the newest keep_last VALID checkpoints, quarantine invalid ones among them,
         delete older ones except protected steps (being loaded or written)."""
-        listed = list_step_dirs(self.root)
         keep: list[Path] = []
         doomed: list[Path] = []
-        for step, path in listed:
+        for step, path in list_step_dirs(self.root):
             if len(keep) >= keep_last:
                 if step not in protected:
                     doomed.append(path)
@@ -231,16 +230,19 @@ class CheckpointStore:
             result = self.verify(path)  # outside the lock: may read a lot
             if result.ok:
                 keep.append(path)
-            elif step not in protected:
+            elif step not in protected and path.exists():
                 self.quarantine(path, "; ".join(str(p) for p in result.problems))
         if not doomed:
             return
         with self.locked():
             if not all(path.exists() for path in keep):
                 return  # someone else changed the directory meanwhile: decide next time
-            for path in doomed:
-                log.info("retention: removing %s (keep_last=%d)", path, keep_last)
-                self._remove(path)
+            moved = [(path, self._move_aside(path)) for path in doomed]
+            fsync_dir(self.root)
+        for path, aside in moved:
+            if aside is not None:
+                log.info("retention: removed %s (keep_last=%d)", path.name, keep_last)
+                shutil.rmtree(aside, ignore_errors=True)
 
     def clean_stale(self, active: set[Path]) -> None:
         """Remove staging dirs whose writer is dead (same host) or silent for too long,

@@ -150,7 +150,9 @@ class CheckpointManager:
             files.append((rank_file_name(0), rank_part))
         staged = stage_files(files, self._buffer)
         self._inflight = handle
-        self._thread = run_in_background(handle, lambda: self._persist(step, staged, targets, handle))
+        self._thread = run_in_background(
+            handle, lambda: self._persist(step, staged, targets, handle), lambda: self._housekeeping(targets)
+        )
         if blocking:
             self.wait()
         return handle
@@ -179,10 +181,23 @@ class CheckpointManager:
 
     def _persist(self, step: int, staged: list[StagedFile], targets: list[CheckpointStore], handle: SaveHandle) -> None:
         known: dict[str, FileEntry] = {}  # checksums from the first tier, reused for the next
+        fast_error: CheckpointError | None = None
         for store in targets:
-            known = self._write_tier(store, step, staged, known)
+            try:
+                known = self._write_tier(store, step, staged, known)
+            except CheckpointError as exc:
+                if store is not self.fast:
+                    raise
+                # The fast tier only speeds up restarts: a full /dev/shm must not cost the
+                # durable checkpoint. Persist it, then report the fast-tier failure.
+                log.error("fast tier save of step %d failed, persisting to %s anyway: %s", step, self.durable.root, exc)
+                fast_error = exc
             handle.mark_first_tier_done()
-            self._after_commit(store)
+        if fast_error is not None:
+            raise CheckpointError(
+                f"step {step} is committed in {self.durable.root}, but the fast tier failed: {fast_error} "
+                "(the fast tier is optional: free space there or pass fast_dir=None)"
+            ) from fast_error
 
     def _write_tier(
         self, store: CheckpointStore, step: int, staged: list[StagedFile], known: dict[str, FileEntry]
@@ -211,13 +226,14 @@ class CheckpointManager:
                 store.discard(staging)
         return entries
 
-    def _after_commit(self, store: CheckpointStore) -> None:
-        """Housekeeping never fails a committed save; it only logs."""
-        try:
-            store.clean_stale(self._active_staging)
-            store.apply_retention(self._keep_for(store), protected=set(self._loading))
-        except (OSError, CheckpointError) as exc:
-            log.error("checkpoint housekeeping in %s failed: %s", store.root, exc)
+    def _housekeeping(self, stores: list[CheckpointStore]) -> None:
+        """Retention and stale-staging cleanup; never fails a save, only logs."""
+        for store in stores:
+            try:
+                store.clean_stale(self._active_staging)
+                store.apply_retention(self._keep_for(store), protected=set(self._loading))
+            except (OSError, CheckpointError) as exc:
+                log.error("checkpoint housekeeping in %s failed: %s", store.root, exc)
 
     # --- finding and loading ----------------------------------------------------------
 

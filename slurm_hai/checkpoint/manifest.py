@@ -143,7 +143,7 @@ def parse_manifest(raw: bytes) -> Manifest:
     try:
         fields = json.loads(raw)
     except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise CheckpointError(f"not valid JSON ({exc.msg if hasattr(exc, 'msg') else exc})")
+        raise CheckpointError(f"not valid JSON ({exc})") from None
     if not isinstance(fields, dict):
         raise CheckpointError("not a JSON object")
     if fields.get("format") != FORMAT_NAME:

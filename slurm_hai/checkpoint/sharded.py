@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -167,10 +168,11 @@ def save_sharded(mgr: CheckpointManager, step: int, state: Any) -> SaveHandle:
             mgr._active_staging.discard(staging)
             if staging.exists():
                 store.discard(staging)
-        mgr._after_commit(store)
 
     _rank0_then_broadcast(commit)
     handle.finish()
+    if rank == 0:
+        mgr._housekeeping([store])
     return handle
 
 
@@ -245,7 +247,10 @@ def read_dcp_checkpoint(path: Path, manifest: Manifest, *, rank: int, into: Any,
             target = torch.empty(tuple(item.size), dtype=item.properties.dtype)
         targets[name] = target
     try:
-        dcp.load(targets, storage_reader=reader, no_dist=not distributed)
+        with warnings.catch_warnings():
+            # no_dist is deliberate for a single process; DCP warns about it regardless
+            warnings.filterwarnings("ignore", message="torch.distributed is disabled")
+            dcp.load(targets, storage_reader=reader, no_dist=not distributed)
     except BaseException as exc:  # noqa: BLE001 - DCP's CheckpointException is a BaseException
         raise CheckpointError(f"torch.distributed.checkpoint could not load {path}: {exc!r}") from exc
     return unflatten_state(tree, targets, read_rank_file(path, manifest, rank))

@@ -126,9 +126,12 @@ class SaveHandle:
         self._done.set()
 
 
-def run_in_background(handle: SaveHandle, persist: Callable[[], None]) -> threading.Thread:
+def run_in_background(
+    handle: SaveHandle, persist: Callable[[], None], housekeeping: Callable[[], None]
+) -> threading.Thread:
     """Run persist() in a non-daemon thread (so interpreter exit waits for the commit) and
-    keep any failure on the handle for the next save/wait/load to raise."""
+    keep any failure on the handle for the next save/wait/load to raise. housekeeping()
+    (retention, cleanup) runs after the handle reports the commit: it never delays it."""
 
     def target() -> None:
         try:
@@ -142,6 +145,7 @@ def run_in_background(handle: SaveHandle, persist: Callable[[], None]) -> thread
             handle.finish(error)
         else:
             handle.finish()
+        housekeeping()
 
     thread = threading.Thread(target=target, name=f"ckpt-save-{handle.step}", daemon=False)
     thread.start()

@@ -148,3 +148,20 @@ def test_save_and_load_only_the_missing_tier(tmp_path):
     handle = CheckpointManager(durable, fast_dir=fast).save(8, state_for(8))
     assert not handle.skipped and (durable / step_dir_name(8)).exists()
     assert CheckpointManager(durable, fast_dir=fast).save(8, state_for(8)).skipped
+
+
+def test_a_failing_fast_tier_still_persists_to_durable_and_reports_it(tmp_path, monkeypatch):
+    durable, fast = tmp_path / "durable", tmp_path / "fast"
+    real = manager_module.write_hashed_file
+
+    def fast_tier_full(path, *args, **kwargs):
+        if fast in path.parents:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(path, *args, **kwargs)
+
+    monkeypatch.setattr(manager_module, "write_hashed_file", fast_tier_full)
+    mgr = CheckpointManager(durable, fast_dir=fast)
+    with pytest.raises(CheckpointError, match="committed in .*but the fast tier failed: no space left"):
+        mgr.save(1, state_for(1))
+    assert CheckpointManager(durable).load()["step"] == 1
+    assert not list(fast.glob("step-*")) and not list(fast.glob(".staging-*"))

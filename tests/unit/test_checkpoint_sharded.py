@@ -1,0 +1,130 @@
+"""Sharded saves: DCP inside our commit protocol, saved by 2 gloo ranks, loaded by 3 and 1."""
+
+from __future__ import annotations
+
+import os
+import socket
+from datetime import timedelta
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from safetensors.torch import load_file, save_file
+
+from slurm_hai.checkpoint import CheckpointManager, TrainingState, verify_checkpoint
+from slurm_hai.checkpoint.manifest import read_manifest, step_dir_name
+
+STEP = 5
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def init_gloo(rank: int, world_size: int, port: int) -> None:
+    torch.set_num_threads(1)
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size, timeout=timedelta(seconds=60)
+    )
+
+
+def make_state(seed: int) -> TrainingState:
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 5), torch.nn.Tanh(), torch.nn.Linear(5, 3))
+    return TrainingState(model, torch.optim.AdamW(model.parameters(), lr=0.05))
+
+
+def expected_values(state: TrainingState) -> dict[str, torch.Tensor]:
+    values = {f"model.{k}": v.clone() for k, v in state.model.state_dict().items()}
+    for index, param_state in state.optimizer.state_dict()["state"].items():
+        values.update({f"opt.{index}.{k}": v.reshape(-1).clone() for k, v in param_state.items()})
+    return values
+
+
+def _save_rank(rank: int, world_size: int, port: int, root: str) -> None:
+    init_gloo(rank, world_size, port)
+    try:
+        state = make_state(seed=0)  # replicas start equal, as under DDP
+        for _ in range(2):
+            loss = state.model(torch.randn(4, 6, generator=torch.Generator().manual_seed(rank))).square().mean()
+            state.optimizer.zero_grad()
+            loss.backward()
+            for param in state.model.parameters():  # what DDP does: average the gradients
+                dist.all_reduce(param.grad)
+                param.grad /= world_size
+            state.optimizer.step()
+        state.step = STEP
+        torch.manual_seed(100 + rank)  # per-rank RNG streams must come back per rank
+        mgr = CheckpointManager(root)
+        mgr.save(STEP, state)
+        expected = expected_values(state)
+        expected["next_random"] = torch.rand(4)
+        save_file(expected, str(Path(root).parent / f"expected-rank{rank}.safetensors"))
+        assert mgr.latest_step() == STEP
+    finally:
+        dist.destroy_process_group()
+
+
+def _load_rank(rank: int, world_size: int, port: int, root: str) -> None:
+    init_gloo(rank, world_size, port)
+    try:
+        state = make_state(seed=1234 + rank)
+        torch.manual_seed(555)
+        mgr = CheckpointManager(root)
+        assert mgr.latest_step() == STEP
+        mgr.load(into=state)
+        assert mgr.loaded_step == STEP and state.step == STEP
+        expected = load_file(str(Path(root).parent / "expected-rank0.safetensors"))
+        for name, value in expected_values(state).items():
+            assert torch.equal(value, expected[name]), (rank, name)
+        after = torch.rand(4)
+        if rank < 2:  # ranks that existed at save time get their own RNG stream back
+            mine = load_file(str(Path(root).parent / f"expected-rank{rank}.safetensors"))
+            assert torch.equal(after, mine["next_random"]), rank
+        else:  # a rank that did not exist at save time keeps its own RNG
+            assert torch.equal(after, torch.rand(4, generator=torch.Generator().manual_seed(555)))
+    finally:
+        dist.destroy_process_group()
+
+
+def spawn(fn, world_size: int, root: Path) -> None:
+    mp.start_processes(fn, args=(world_size, free_port(), str(root)), nprocs=world_size, start_method="fork")
+
+
+def test_two_rank_dcp_checkpoint_loads_into_three_ranks_and_into_one(tmp_path):
+    root = tmp_path / "ckpt"
+    spawn(_save_rank, 2, root)
+    step_dir = root / step_dir_name(STEP)
+    manifest = read_manifest(step_dir)
+    assert manifest.layout == "dcp" and manifest.world_size == 2
+    assert {"dcp/.metadata", "tree.json", "rank-00000.safetensors", "rank-00001.safetensors"} <= set(manifest.files)
+    assert verify_checkpoint(step_dir).ok
+    assert not list(root.glob(".staging-*"))
+    assert all(oct(p.stat().st_mode & 0o777) == ("0o700" if p.is_dir() else "0o600") for p in step_dir.rglob("*"))
+
+    spawn(_load_rank, 3, root)
+
+    # world size 1: no process group at all
+    state = make_state(seed=42)
+    mgr = CheckpointManager(root)
+    mgr.load(into=state)
+    expected = load_file(str(tmp_path / "expected-rank0.safetensors"))
+    for name, value in expected_values(state).items():
+        assert torch.equal(value, expected[name]), name
+    assert torch.equal(torch.rand(4), expected["next_random"])  # rank 0's RNG
+
+
+def test_a_corrupt_dcp_shard_is_detected_before_dcp_reads_it(tmp_path):
+    root = tmp_path / "ckpt"
+    spawn(_save_rank, 2, root)
+    shard = next((root / step_dir_name(STEP) / "dcp").glob("*.distcp"))
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    mgr = CheckpointManager(root)
+    assert mgr.load() is None  # the only checkpoint is bad: quarantined, fresh start
+    assert len(list((root / ".quarantine").iterdir())) == 1
