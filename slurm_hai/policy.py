@@ -1,13 +1,39 @@
 """The HAI scheduling policy: levels, quotas, grace, demotion, node groups (pure).
 
-Loaded from one TOML file (see docs/policy.md); `default_policy()` is HAI's.
+Loaded from one TOML file (every field: docs/policy.md); `default_policy()` is HAI's.
+`load_policy(path)` validates the whole file and raises `PolicyError` with one located
+message, e.g. ``policy.toml: [quota.users.alice] HIGH: expected a non-negative integer, got 'x'``.
+
+Quotas are per user, per level, in nodes running at once. A level without a quota is
+unlimited; 0 forbids the level. Overrides go user > account > default.
 """
 
 from __future__ import annotations
 
+import re
+import signal as _signal
+import sys
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Mapping
 
-from .levels import DEFAULT_LADDER, Level
+from .levels import AUTO, DEFAULT_LADDER, Level
+
+if sys.version_info >= (3, 11):
+    import tomllib
+else:  # pragma: no cover - exercised on 3.10 only
+    import tomli as tomllib
+
+UNLIMITED = "unlimited"
+LEVEL_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
+# Users and accounts end up in QOS names (see qos.variant_qos); keep them to what Slurm and
+# POSIX user names allow, without the '.' that separates a QOS name's parts.
+OWNER_NAME = re.compile(r"^[a-z_][a-z0-9_-]*\$?$")
+GROUP_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
+
+
+class PolicyError(ValueError):
+    """A policy file that cannot be used; the message names the file, table and key."""
 
 
 @dataclass(frozen=True)
@@ -19,6 +45,9 @@ class NodeGroup:
     priority_tier: int = 1
     levels: tuple[str, ...] = ()  # empty: every level
     default: bool = False
+
+    def accepts(self, level: str) -> bool:
+        return not self.levels or level in self.levels
 
 
 @dataclass(frozen=True)
@@ -38,6 +67,15 @@ class Policy:
     # level name -> default per-user node quota (missing: unlimited)
     quota: dict[str, int] = field(default_factory=dict)
     groups: tuple[NodeGroup, ...] = ()
+    # user -> level -> quota, account -> level -> quota; None means unlimited for that owner
+    user_quota: dict[str, dict[str, int | None]] = field(default_factory=dict)
+    account_quota: dict[str, dict[str, int | None]] = field(default_factory=dict)
+    # Slurm accounts whose associations `hai-admin apply` gives the ladder (QOS access, default QOS)
+    accounts: tuple[str, ...] = ()
+    allow_auto: bool = True
+    # what the daemon sends a job's steps when it preempts a demoted job (hai-submit's --signal)
+    notice_signal: str = "USR2"
+    source: str = field(default="<default>", compare=False)
 
     def level(self, name: str) -> Level:
         for lvl in self.ladder:
@@ -49,6 +87,270 @@ class Policy:
         """Levels that `lvl` may preempt: every strictly lower one, never its own."""
         return [other for other in self.ladder if other.value < lvl.value]
 
+    @property
+    def levels_high_to_low(self) -> tuple[Level, ...]:
+        return tuple(sorted(self.ladder, key=lambda lvl: -lvl.value))
+
+    def quota_for(self, level: str, user: str = "", account: str = "") -> int | None:
+        """Nodes `user` may run at once at `level` (None: unlimited); user > account > default."""
+        if user in self.user_quota and level in self.user_quota[user]:
+            return self.user_quota[user][level]
+        if account in self.account_quota and level in self.account_quota[account]:
+            return self.account_quota[account][level]
+        return self.quota.get(level)
+
+    def override_owner(self, level: str, user: str = "", account: str = "") -> tuple[str, str] | None:
+        """("u", user) or ("a", account) when an override decides `level` for them, else None."""
+        if user in self.user_quota and level in self.user_quota[user]:
+            return ("u", user)
+        if account in self.account_quota and level in self.account_quota[account]:
+            return ("a", account)
+        return None
+
+    def group(self, name: str) -> NodeGroup | None:
+        for g in self.groups:
+            if g.name == name:
+                return g
+        return None
+
+    @property
+    def default_group(self) -> NodeGroup | None:
+        for g in self.groups:
+            if g.default:
+                return g
+        return self.groups[0] if self.groups else None
+
 
 def default_policy(nodes: str = "ALL") -> Policy:
     return Policy(groups=(NodeGroup(name="gpu", nodes=nodes, default=True),))
+
+
+# ------------------------------------------------------------------ loading
+
+
+def load_policy(path: str | Path) -> Policy:
+    """Read and validate a policy file; every problem is a `PolicyError` naming its place."""
+    p = Path(path)
+    try:
+        raw = p.read_bytes()
+    except FileNotFoundError:
+        raise PolicyError(f"{path}: no such policy file") from None
+    except OSError as e:
+        raise PolicyError(f"{path}: cannot read: {e.strerror}") from None
+    try:
+        data = tomllib.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        raise PolicyError(f"{path}: not UTF-8 text") from None
+    except tomllib.TOMLDecodeError as e:
+        raise PolicyError(f"{path}: invalid TOML: {e}") from None
+    return parse_policy(data, source=str(path))
+
+
+def parse_policy(data: Mapping[str, Any], source: str = "policy.toml") -> Policy:
+    return _Parser(source).policy(data)
+
+
+TOP_KEYS = ("default_level", "grace_seconds", "min_run_seconds", "accounts", "allow_auto", "notice_signal",
+            "levels", "demotion", "quota", "groups")
+DEMOTION_KEYS = ("enabled", "from", "to", "after_seconds")
+GROUP_KEYS = ("nodes", "priority_tier", "levels", "default")
+DURATION = re.compile(r"^\s*(\d+)\s*(s|m|h|d)?\s*$")
+UNIT = {None: 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+class _Parser:
+    def __init__(self, source: str) -> None:
+        self.source = source
+
+    def error(self, table: str, key: str | None, message: str) -> PolicyError:
+        where = f"[{table}] " if table else ""
+        return PolicyError(f"{self.source}: {where}{key + ': ' if key else ''}{message}")
+
+    def known(self, table: str, mapping: Mapping[str, Any], keys: tuple[str, ...]) -> None:
+        for key in mapping:
+            if key not in keys:
+                raise self.error(table, key, f"unknown key (expected one of: {', '.join(keys)})")
+
+    def table(self, table: str, key: str, value: Any) -> Mapping[str, Any]:
+        if not isinstance(value, dict):
+            raise self.error(table, key, f"expected a table, got {value!r}")
+        return value
+
+    def integer(self, table: str, key: str, value: Any, low: int = 0, high: int | None = None) -> int:
+        if isinstance(value, bool) or not isinstance(value, int) or value < low or (high is not None and value > high):
+            what = "a non-negative integer" if low == 0 and high is None else f"an integer from {low} to {high}"
+            raise self.error(table, key, f"expected {what}, got {value!r}")
+        return value
+
+    def seconds(self, table: str, key: str, value: Any, high: int = 10 * 365 * 86400) -> int:
+        """A duration: integer seconds, or a string such as "90s", "30m", "2h"."""
+        if isinstance(value, str) and DURATION.match(value):
+            m = DURATION.match(value)
+            value = int(m.group(1)) * UNIT[m.group(2)]
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise self.error(table, key, f"expected seconds (a non-negative integer) or a duration like \"30m\", "
+                                         f"got {value!r}")
+        if value > high:
+            raise self.error(table, key, f"at most {high} seconds, got {value}")
+        return value
+
+    def boolean(self, table: str, key: str, value: Any) -> bool:
+        if not isinstance(value, bool):
+            raise self.error(table, key, f"expected true or false, got {value!r}")
+        return value
+
+    def string(self, table: str, key: str, value: Any) -> str:
+        if not isinstance(value, str) or not value.strip():
+            raise self.error(table, key, f"expected a non-empty string, got {value!r}")
+        return value.strip()
+
+    def level_name(self, table: str, key: str, value: Any, names: set[str]) -> str:
+        text = self.string(table, key, value).upper()
+        if text not in names:
+            raise self.error(table, key, f"unknown level {value!r} (levels: {', '.join(sorted(names))})")
+        return text
+
+    def policy(self, data: Mapping[str, Any]) -> Policy:
+        self.known("", data, TOP_KEYS)
+        ladder = self.ladder(data.get("levels"))
+        names = {lvl.name for lvl in ladder}
+        if "default_level" in data:
+            default_level = self.level_name("", "default_level", data["default_level"], names)
+        elif "NORMAL" in names:
+            default_level = "NORMAL"
+        else:
+            raise self.error("", "default_level", "required when the ladder has no NORMAL level")
+        grace = self.seconds("", "grace_seconds", data.get("grace_seconds", 5), high=86400)
+        min_run = self.seconds("", "min_run_seconds", data.get("min_run_seconds", 0))
+        accounts = self.owner_list("", "accounts", data.get("accounts", []))
+        allow_auto = self.boolean("", "allow_auto", data.get("allow_auto", True))
+        notice = self.signal_name("", "notice_signal", data.get("notice_signal", "USR2"))
+        demotion = self.demotion(data.get("demotion"), ladder)
+        quota, users, accts = self.quotas(data.get("quota", {}), names)
+        groups = self.groups(data.get("groups"), names)
+        return Policy(ladder=ladder, default_level=default_level, grace_seconds=grace, min_run_seconds=min_run,
+                      demotion=demotion, quota=quota, groups=groups, user_quota=users, account_quota=accts,
+                      accounts=accounts, allow_auto=allow_auto, notice_signal=notice, source=self.source)
+
+    def ladder(self, raw: Any) -> tuple[Level, ...]:
+        if raw is None:
+            return DEFAULT_LADDER
+        levels = self.table("", "levels", raw)
+        if not levels:
+            raise self.error("levels", None, "the ladder needs at least one level")
+        out: list[Level] = []
+        seen: dict[int, str] = {}
+        for name, value in levels.items():
+            if name.upper() == AUTO:
+                raise self.error("levels", name, "AUTO is not a level but a request (see allow_auto)")
+            if not LEVEL_NAME.match(name):
+                raise self.error("levels", name, "a level name is upper-case letters, digits and '_'")
+            number = self.integer("levels", name, value, 0, 1000)
+            if number in seen:
+                raise self.error("levels", name, f"value {number} is already used by {seen[number]}")
+            seen[number] = name
+            out.append(Level(number, name))
+        return tuple(sorted(out, key=lambda lvl: -lvl.value))
+
+    def owner_list(self, table: str, key: str, raw: Any) -> tuple[str, ...]:
+        if not isinstance(raw, list):
+            raise self.error(table, key, f"expected a list of names, got {raw!r}")
+        return tuple(self.owner(table, key, item) for item in raw)
+
+    def owner(self, table: str, key: str, value: Any) -> str:
+        if not isinstance(value, str) or not OWNER_NAME.match(value):
+            raise self.error(table, key, f"expected a user or account name (lower-case letters, digits, '_', '-'), "
+                                         f"got {value!r}")
+        return value
+
+    def signal_name(self, table: str, key: str, value: Any) -> str:
+        text = self.string(table, key, value).upper().removeprefix("SIG")
+        if not hasattr(_signal, "SIG" + text) or text in ("KILL", "STOP"):
+            raise self.error(table, key, f"expected a signal name such as USR2 or TERM, got {value!r}")
+        return text
+
+    def demotion(self, raw: Any, ladder: tuple[Level, ...]) -> Demotion | None:
+        names = {lvl.name for lvl in ladder}
+        if raw is False:
+            return None
+        if raw is None:
+            ok = {"ABOVE_NORMAL", "NORMAL"} <= names
+            return Demotion() if ok else None
+        t = self.table("", "demotion", raw)
+        self.known("demotion", t, DEMOTION_KEYS)
+        if not self.boolean("demotion", "enabled", t.get("enabled", True)):
+            return None
+        for key in ("from", "to"):
+            if key not in t and not {"ABOVE_NORMAL", "NORMAL"} <= names:
+                raise self.error("demotion", key, "required with a custom ladder")
+        source = self.level_name("demotion", "from", t.get("from", "ABOVE_NORMAL"), names)
+        target = self.level_name("demotion", "to", t.get("to", "NORMAL"), names)
+        values = {lvl.name: lvl.value for lvl in ladder}
+        if values[target] >= values[source]:
+            raise self.error("demotion", "to", f"{target} is not below {source}")
+        after = self.seconds("demotion", "after_seconds", t.get("after_seconds", 30 * 60))
+        if after == 0:
+            raise self.error("demotion", "after_seconds", "must be at least 1 second (or set enabled = false)")
+        return Demotion(source=source, target=target, after_seconds=after)
+
+    def quota_table(self, table: str, raw: Mapping[str, Any], names: set[str],
+                    allow_unlimited: bool) -> dict[str, int | None]:
+        out: dict[str, int | None] = {}
+        for key, value in raw.items():
+            name = key.upper()
+            if name not in names:
+                raise self.error(table, key, f"unknown level (levels: {', '.join(sorted(names))})")
+            if allow_unlimited and value == UNLIMITED:
+                out[name] = None
+                continue
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise self.error(table, key, f"expected a non-negative integer, got {value!r}")
+            out[name] = value
+        return out
+
+    def quotas(self, raw: Any, names: set[str]):
+        q = self.table("", "quota", raw)
+        defaults = {k: v for k, v in q.items() if k not in ("users", "accounts")}
+        base = {k: v for k, v in self.quota_table("quota", defaults, names, True).items() if v is not None}
+        overrides: list[dict[str, dict[str, int | None]]] = []
+        for kind in ("users", "accounts"):
+            sub = self.table("quota", kind, q.get(kind, {}))
+            out: dict[str, dict[str, int | None]] = {}
+            for owner, levels in sub.items():
+                table = f"quota.{kind}.{owner}"
+                self.owner(f"quota.{kind}", owner, owner)
+                out[owner] = self.quota_table(table, self.table(f"quota.{kind}", owner, levels), names, True)
+            overrides.append(out)
+        return base, overrides[0], overrides[1]
+
+    def groups(self, raw: Any, names: set[str]) -> tuple[NodeGroup, ...]:
+        if raw is None:
+            return (NodeGroup(name="gpu", nodes="ALL", default=True),)
+        t = self.table("", "groups", raw)
+        if not t:
+            raise self.error("groups", None, "at least one node group is needed")
+        out = []
+        for name, body in t.items():
+            table = f"groups.{name}"
+            if not GROUP_NAME.match(name):
+                raise self.error("groups", name, "a group (partition) name is letters, digits, '_' and '-'")
+            g = self.table("groups", name, body)
+            self.known(table, g, GROUP_KEYS)
+            if "nodes" not in g:
+                raise self.error(table, "nodes", "required (a Slurm hostlist such as \"gpu[001-064]\", or ALL)")
+            nodes = self.string(table, "nodes", g["nodes"])
+            if any(c.isspace() for c in nodes):
+                raise self.error(table, "nodes", f"a hostlist has no spaces, got {nodes!r}")
+            tier = self.integer(table, "priority_tier", g.get("priority_tier", 1), 0, 65533)
+            levels_raw = g.get("levels", [])
+            if not isinstance(levels_raw, list):
+                raise self.error(table, "levels", f"expected a list of level names, got {levels_raw!r}")
+            levels = tuple(self.level_name(table, "levels", lv, names) for lv in levels_raw)
+            default = self.boolean(table, "default", g.get("default", False))
+            out.append(NodeGroup(name=name, nodes=nodes, priority_tier=tier, levels=levels, default=default))
+        defaults = [g.name for g in out if g.default]
+        if len(defaults) > 1:
+            raise self.error("groups", None, f"only one group can be the default, got {', '.join(defaults)}")
+        if not defaults:
+            out[0] = NodeGroup(**{**out[0].__dict__, "default": True})
+        return tuple(out)

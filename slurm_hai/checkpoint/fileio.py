@@ -7,12 +7,13 @@ overlaps the I/O: both os.write/readinto and xxhash release the GIL.
 from __future__ import annotations
 
 import errno
+import fcntl
 import os
 import struct
-from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from .errors import CheckpointError, CorruptCheckpointError, Problem
@@ -20,6 +21,7 @@ from .manifest import FileEntry, new_hasher
 from .serialize import FlatState, parse_header
 
 IO_CHUNK = 64 << 20  # big sequential writes; small enough to pipeline hashing
+DIRECT_ALIGN = 4096  # O_DIRECT wants block-aligned memory, offsets and lengths
 _NO_SPACE = (errno.ENOSPC, errno.EDQUOT)
 
 
@@ -52,40 +54,73 @@ def _write_all(fd: int, view: memoryview) -> None:
         view = view[written:]
 
 
-def write_hashed_file(
-    path: Path, parts: Sequence[bytes | memoryview], *, known: FileEntry | None = None
-) -> FileEntry:
-    """Create path (0600, must not exist), write parts, fsync; return size + checksum.
+def _direct_io_prefix(view: memoryview) -> int:
+    """How many leading bytes can go out with O_DIRECT: the page-aligned part of a
+    page-aligned buffer (the host buffer is; small bytes objects are not)."""
+    if len(view) < DIRECT_ALIGN or np.frombuffer(view, dtype=np.uint8).ctypes.data % DIRECT_ALIGN:
+        return 0
+    return len(view) // DIRECT_ALIGN * DIRECT_ALIGN
 
-    With known (the same bytes were already hashed for another tier) the hash is skipped.
+
+def _open_new(path: Path, direct: bool) -> tuple[int, bool]:
+    """Create path (0600, must not exist); O_DIRECT when asked and the file system has it
+    (tmpfs refuses it with EINVAL)."""
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+    if direct:
+        try:
+            return os.open(path, flags | os.O_DIRECT, 0o600), True
+        except OSError as exc:
+            if exc.errno != errno.EINVAL:
+                raise
+            path.unlink(missing_ok=True)
+    return os.open(path, flags, 0o600), False
+
+
+def _clear_direct(fd: int) -> None:
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
+
+
+def write_hashed_file(path: Path, data: bytes | memoryview, *, known: FileEntry | None = None) -> FileEntry:
+    """Create path (0600, must not exist), write data, fsync; return size + checksum.
+
+    The page-aligned bulk goes out with O_DIRECT where the file system allows it: on the
+    VMs we measured, buffered writes + fsync vary 0.4-2.4 GB/s (page-cache allocation,
+    writeback) while O_DIRECT holds ~4 GB/s, and it does not evict the job's page cache.
+    The unaligned tail is written buffered. With known (the same bytes were already
+    hashed for another tier) hashing is skipped.
     """
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-    size = 0
+    view = memoryview(data).cast("B")
+    direct_len = _direct_io_prefix(view)
+    fd, direct = _open_new(path, direct=direct_len > 0)
     try:
-        if known is not None:
-            for part in parts:
-                view = memoryview(part).cast("B")
-                _write_all(fd, view)
-                size += len(view)
-            checksum = known.checksum
-        else:
-            hasher = new_hasher()
-            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-hash") as pool:
-                pending: list[Future[None]] = []
-                for part in parts:
-                    view = memoryview(part).cast("B")
-                    for start in range(0, len(view), IO_CHUNK):
-                        chunk = view[start : start + IO_CHUNK]
-                        pending.append(pool.submit(hasher.update, chunk))
-                        _write_all(fd, chunk)
-                        size += len(chunk)
-                for future in pending:
-                    future.result()
-            checksum = hasher.hexdigest()
+        hasher = None if known is not None else new_hasher()
+        with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-hash") as pool:
+            pending: list[Future[None]] = []
+            for start in range(0, len(view), IO_CHUNK):
+                chunk = view[start : start + IO_CHUNK]
+                if hasher is not None:
+                    pending.append(pool.submit(hasher.update, chunk))
+                if direct and start + len(chunk) > direct_len:
+                    _write_all(fd, chunk[: direct_len - start])
+                    _clear_direct(fd)  # O_DIRECT needs whole blocks: the tail goes buffered
+                    direct = False
+                    chunk = chunk[direct_len - start :]
+                try:
+                    _write_all(fd, chunk)
+                except OSError as exc:
+                    if not (direct and exc.errno == errno.EINVAL):
+                        raise
+                    _clear_direct(fd)  # the file system wants other alignment: go buffered
+                    direct = False
+                    os.lseek(fd, start, os.SEEK_SET)
+                    _write_all(fd, chunk)
+            for future in pending:
+                future.result()
         os.fsync(fd)
     finally:
         os.close(fd)
-    return FileEntry(size=size, checksum=checksum)
+    checksum = known.checksum if known is not None else hasher.hexdigest()
+    return FileEntry(size=len(view), checksum=checksum)
 
 
 class _VerifyingReader:

@@ -206,7 +206,7 @@ class CheckpointManager:
         self._active_staging.add(staging)
         try:
             entries = {
-                f.name: write_hashed_file(staging / f.name, [f.header, f.data], known=known.get(f.name))
+                f.name: write_hashed_file(staging / f.name, f.image, known=known.get(f.name))
                 for f in staged
             }
             manifest = Manifest(

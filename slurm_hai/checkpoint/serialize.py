@@ -209,8 +209,9 @@ def plan_slots(tensors: Mapping[str, torch.Tensor]) -> list[TensorSlot]:
     return slots
 
 
-def build_header(slots: list[TensorSlot], tree: Any) -> bytes:
-    """The safetensors header: u64 length + JSON, space-padded so data starts 8-aligned."""
+def build_header(slots: list[TensorSlot], tree: Any, align: int = 8) -> bytes:
+    """The safetensors header: u64 length + JSON, space-padded (allowed by the format) so
+    that the data starts at a multiple of align (4096 lets the data go out with O_DIRECT)."""
     header: dict[str, Any] = {
         "__metadata__": {"format": "pt", TREE_METADATA_KEY: json.dumps(tree, separators=(",", ":"))}
     }
@@ -221,7 +222,7 @@ def build_header(slots: list[TensorSlot], tree: Any) -> bytes:
             "data_offsets": [slot.begin, slot.end],
         }
     encoded = json.dumps(header, separators=(",", ":")).encode()
-    encoded += b" " * (-len(encoded) % 8)
+    encoded += b" " * (-(8 + len(encoded)) % align)
     return struct.pack("<Q", len(encoded)) + encoded
 
 

@@ -136,10 +136,10 @@ def save_sharded(mgr: CheckpointManager, step: int, state: Any) -> SaveHandle:
         )
         if rank_part is not None:
             (rank_staged,) = stage_files([(rank_file_name(rank), rank_part)], mgr._buffer)
-            entries[rank_staged.name] = write_hashed_file(staging / rank_staged.name, [rank_staged.header, rank_staged.data])
+            entries[rank_staged.name] = write_hashed_file(staging / rank_staged.name, rank_staged.image)
         if rank == 0:
             tree = json.dumps(global_part.tree, separators=(",", ":")).encode()
-            entries[TREE_FILE] = write_hashed_file(staging / TREE_FILE, [tree])
+            entries[TREE_FILE] = write_hashed_file(staging / TREE_FILE, tree)
         entries.update(_hash_files(staging, _owned_dcp_files(staging / DCP_DIR, rank)))
     except BaseException as exc:  # noqa: BLE001 - DCP's CheckpointException is a BaseException
         local_error = f"rank {rank}: {exc!r}"

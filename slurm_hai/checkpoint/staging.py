@@ -19,24 +19,20 @@ from .serialize import FlatState, build_header, plan_slots
 
 log = logging.getLogger(__name__)
 
-_FILE_ALIGN = 4096  # each file's data starts page-aligned in the host buffer
+PAGE = 4096  # file images start page-aligned in the host buffer, data page-aligned in the file
 
 
 @dataclass(frozen=True)
 class StagedFile:
-    """One checkpoint file, ready to write: header bytes then a slice of the host buffer."""
+    """One checkpoint file, ready to write: its complete bytes (header + tensor data) as a
+    page-aligned slice of the host buffer, so it can be written with O_DIRECT."""
 
     name: str
-    header: bytes
-    data: memoryview
-
-    @property
-    def size(self) -> int:
-        return len(self.header) + len(self.data)
+    image: memoryview
 
 
 class HostBuffer:
-    """A single uint8 host buffer reused by every save (at most one save is in flight)."""
+    """A single page-aligned uint8 host buffer reused by every save (one save in flight)."""
 
     def __init__(self) -> None:
         self._buffer: torch.Tensor | None = None
@@ -48,13 +44,16 @@ class HostBuffer:
     def reserve(self, nbytes: int) -> torch.Tensor:
         if self._buffer is None or self._buffer.numel() < nbytes:
             self._buffer = None  # let the old one go before allocating the bigger one
+            pinned = torch.cuda.is_available()  # pinned memory is page-aligned already
             try:
-                self._buffer = torch.empty(nbytes, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
+                raw = torch.empty(nbytes + (0 if pinned else PAGE), dtype=torch.uint8, pin_memory=pinned)
             except RuntimeError as exc:
                 raise CheckpointError(
                     f"cannot allocate a {nbytes / 2**30:.2f} GiB host staging buffer ({exc}); "
-                    "free host memory or save with fewer/smaller tensors per process"
+                    "free host memory or save fewer/smaller tensors per process"
                 ) from exc
+            skip = -raw.data_ptr() % PAGE
+            self._buffer = raw[skip : skip + nbytes]
         return self._buffer[:nbytes]
 
 
@@ -65,28 +64,28 @@ def stage_files(files: list[tuple[str, FlatState]], buffer: HostBuffer) -> list[
     total = 0
     for name, flat in files:
         slots = plan_slots(flat.tensors)
-        start = -(-total // _FILE_ALIGN) * _FILE_ALIGN
-        data_len = slots[-1].end if slots else 0
-        layouts.append((name, flat, slots, start, data_len))
-        total = start + data_len
+        header = build_header(slots, flat.tree, align=PAGE)
+        start = -(-total // PAGE) * PAGE
+        size = len(header) + (slots[-1].end if slots else 0)
+        layouts.append((name, flat, slots, header, start, size))
+        total = start + size
     host = buffer.reserve(total)
     from_cuda = False
     with torch.no_grad():
-        for _, flat, slots, start, _ in layouts:
+        for _, flat, slots, header, start, _ in layouts:
+            host[start : start + len(header)].copy_(torch.frombuffer(bytearray(header), dtype=torch.uint8))
+            data_start = start + len(header)
             for slot in slots:
                 if slot.end == slot.begin:
                     continue
                 source = flat.tensors[slot.name].detach()
-                target = host[start + slot.begin : start + slot.end].view(slot.dtype).view(slot.shape)
+                target = host[data_start + slot.begin : data_start + slot.end].view(slot.dtype).view(slot.shape)
                 from_cuda |= source.is_cuda
                 target.copy_(source, non_blocking=source.is_cuda)
     if from_cuda:
         torch.cuda.synchronize()  # the copies must land before the caller touches its tensors
     host_bytes = memoryview(host.numpy()).cast("B")
-    return [
-        StagedFile(name, build_header(slots, flat.tree), host_bytes[start : start + data_len])
-        for name, flat, slots, start, data_len in layouts
-    ]
+    return [StagedFile(name, host_bytes[start : start + size]) for name, _, _, _, start, size in layouts]
 
 
 class SaveHandle:

@@ -1,0 +1,118 @@
+"""The batch-script side of a job: runs once per run on the job's first node.
+
+It decides what a run's end means, which Slurm alone cannot:
+  * a run that was suspended (go_suspend, or forced after the grace) is requeued;
+  * success, a failure without --retries left, and `hai stop` are final: final.json is
+    written and a later rerun (Slurm requeues a job that ends during a grace period)
+    exits at once without running anything;
+  * a failure with retries left is requeued, counting the retry (never in a loop).
+
+`python -m slurm_hai.batch --job-dir DIR --grace S --retries N [--gpus G] -- CMD...`
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from .contract import master_node, restart_count, to_ipv4
+from .jobdir import JobDir
+from .slurm import SlurmError, backend
+
+
+def srun_argv(args: argparse.Namespace, cmd: list[str], nodes: str) -> list[str]:
+    argv = ["srun", f"--nodes={nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "--unbuffered",
+            f"--job-name={os.environ.get('SLURM_JOB_NAME', 'hai')}"]
+    if args.gpus:
+        argv.append(f"--gres=gpu:{args.gpus}")
+    argv += [sys.executable, "-m", "slurm_hai.launcher", f"--job-dir={args.job_dir}", f"--grace={args.grace}"]
+    if args.term_is_notice:
+        argv.append("--term-is-notice")
+    return [*argv, "--", *cmd]
+
+
+def wait_to_be_requeued() -> int:
+    """After a requeue Slurm ends this script with SIGTERM: die at once then (releasing the
+    node sooner), or leave after a while if that never comes."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    time.sleep(120)
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m slurm_hai.batch")
+    ap.add_argument("--job-dir", required=True)
+    ap.add_argument("--grace", type=float, default=5.0)
+    ap.add_argument("--retries", type=int, default=0)
+    ap.add_argument("--gpus", type=int, default=0)
+    ap.add_argument("--term-is-notice", action="store_true")
+    ap.add_argument("cmd", nargs=argparse.REMAINDER)
+    args = ap.parse_args(argv)
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    job_id = int(os.environ["SLURM_JOB_ID"])
+    run = restart_count(os.environ)
+    jobdir = JobDir(args.job_dir).create()
+
+    final = jobdir.final()
+    if final:
+        print(f"slurm-hai: job {job_id} already ended ({final['state']}); not running it again", flush=True)
+        jobdir.event("rerun_skipped", run=run, final=final["state"])
+        return 0
+    slurm = backend()
+    nodes = os.environ.get("SLURM_JOB_NUM_NODES", "1")
+    jobdir.event("start", run=run, nodes=os.environ.get("SLURM_JOB_NODELIST", ""), host=os.uname().nodename)
+    print(f"slurm-hai: job {job_id} run {run} on {os.environ.get('SLURM_JOB_NODELIST', '?')}", flush=True)
+    # The master's address, looked up once for all nodes (the SPANK plugin does the same).
+    if not os.environ.get("HAI_MASTER_IP"):
+        os.environ["HAI_MASTER_IP"] = to_ipv4(slurm.node_addr(master_node(os.environ)))
+
+    ending = []
+    signal.signal(signal.SIGTERM, lambda s, f: ending.append(s))  # Slurm ends the job: srun gets it too
+    step = subprocess.Popen(srun_argv(args, cmd, nodes), stdin=subprocess.DEVNULL)
+    while True:
+        try:
+            rc = step.wait()
+            break
+        except InterruptedError:
+            continue
+
+    how = jobdir.suspended(run)
+    if how:
+        jobdir.event("suspended", run=run, how=how)
+        print(f"slurm-hai: run {run} suspended ({how}); requeued", flush=True)
+        try:
+            slurm.requeue(job_id)  # go_suspend or the launcher already did; harmless if so
+        except SlurmError:
+            pass
+        return wait_to_be_requeued()
+    if rc == 0:
+        jobdir.set_final("succeeded", 0)
+        jobdir.event("finished", run=run, state="succeeded", exit_code=0)
+        return 0
+    # A killed step may be Slurm ending the job (cancel, forced requeue): that is not a
+    # failure of the user's code, so wait a moment for our own SIGTERM before judging.
+    deadline = time.monotonic() + 2
+    while not ending and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if ending:
+        jobdir.event("killed", run=run, exit_code=rc)
+        return rc
+    used = jobdir.retries_used()
+    if used < args.retries:
+        jobdir.set_retries_used(used + 1)
+        jobdir.event("retry", run=run, exit_code=rc, retry=used + 1, of=args.retries)
+        print(f"slurm-hai: run {run} failed (exit {rc}); retry {used + 1} of {args.retries}", flush=True)
+        slurm.requeue(job_id)
+        return wait_to_be_requeued()
+    jobdir.set_final("failed", rc, reason=f"exit code {rc}")
+    jobdir.event("finished", run=run, state="failed", exit_code=rc)
+    print(f"slurm-hai: run {run} failed (exit {rc}); not requeued (no retries left)", flush=True)
+    return rc
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""click front ends: `hai-submit` (submit.py), `hai` (user.py), `hai-admin` (admin.py)."""

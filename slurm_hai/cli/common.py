@@ -1,0 +1,76 @@
+"""What the click front ends share: one-line errors, tables, JSON, finding a job's files."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from pathlib import Path
+from typing import Callable, Iterable, Sequence
+
+import click
+
+from ..jobdir import JobDir, default_root
+from ..slurm import SlurmError, backend
+from ..slurm.records import JobInfo
+
+
+def one_line_errors(fn: Callable) -> Callable:
+    """Turn the errors a user can act on into `Error: ...` on one line, exit 1, no traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (SlurmError, ValueError, OSError) as e:
+            raise click.ClickException(" ".join(str(e).split())) from None
+
+    return wrapper
+
+
+def emit_json(data: object) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=True))
+
+
+def table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
+    rows = [[("-" if v is None else str(v)) for v in row] for row in rows]
+    widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(headers)]
+    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip()]
+    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in rows]
+    return "\n".join(lines)
+
+
+def job_dir_of(job_id: int, job: JobInfo | None) -> JobDir:
+    """The job's state directory: from the job's comment (hai-dir=ROOT), else our own root."""
+    root = job.tags.get("hai-dir") if job else None
+    return JobDir.for_job(job_id, root or default_root())
+
+
+def lookup(job_id: int) -> tuple[JobInfo | None, JobDir]:
+    job = backend().job(job_id)
+    jobdir = job_dir_of(job_id, job)
+    if job is None and not jobdir.path.is_dir():
+        raise click.ClickException(f"no job {job_id}: Slurm does not know it and there is no {jobdir.path}; "
+                                   "see `hai list`")
+    return job, jobdir
+
+
+def current_user() -> str:
+    import pwd
+
+    return pwd.getpwuid(os.getuid()).pw_name
+
+
+def check_owner(job: JobInfo | None, action: str) -> None:
+    """Only the job's owner (or root / the SlurmUser) may act on it; Slurm checks again."""
+    if job is not None and os.getuid() != 0 and job.user != current_user():
+        raise click.ClickException(f"job {job.job_id} belongs to {job.user}; only its owner or root may {action} it")
+
+
+def job_id_arg(value: str) -> int:
+    if not value.isdigit():
+        raise click.BadParameter(f"{value!r} is not a job id (a number, as printed by hai-submit)")
+    return int(value)
+
+
+__all__ = ["one_line_errors", "emit_json", "table", "lookup", "check_owner", "job_id_arg", "Path"]

@@ -1,0 +1,100 @@
+"""hai-submit: submit a training script as a HAI job (priority level, nodes, suspend protocol)."""
+
+from __future__ import annotations
+
+import getpass
+import json
+import sys
+import time
+
+import click
+
+from ..jobdir import JobDir, default_root, write_atomic
+from ..levels import AUTO, parse_level
+from ..slurm import backend
+from ..submit import JobRequest, RequestError, render_script, validate
+from .common import emit_json, one_line_errors
+
+
+def term_is_notice(slurm) -> bool:
+    """Without preempt_send_user_signal, Slurm's preemption notice is SIGTERM."""
+    return "preempt_send_user_signal" not in slurm.config().get("SlurmctldParameters", "")
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.argument("script")
+@click.argument("args", nargs=-1, type=click.UNPROCESSED)
+@click.option("--name", help="Job name (letters, digits, . _ -). Default: the script's name.")
+@click.option("-n", "--nodes", type=int, default=1, show_default=True, help="Number of nodes (whole nodes).")
+@click.option("-p", "--priority", default="NORMAL", show_default=True,
+              help="Level name or number (EXTREME_HIGH 50 ... LOW 0), or AUTO: the highest level "
+                   "where you still have quota.")
+@click.option("--gpus-per-node", type=int, default=8, show_default=True, help="GPUs per node (0 for CPU jobs).")
+@click.option("-g", "--group", help="Node group (Slurm partition). Default: the cluster's default group.")
+@click.option("-e", "env", multiple=True, metavar="KEY=VALUE", help="Environment variable for the job (repeatable).")
+@click.option("--time", "time_limit", metavar="TIME",
+              help="Time limit per run (MINUTES, HH:MM:SS, D-HH:MM:SS). Near the limit the job gets the "
+                   "suspend notice and continues in a new run.")
+@click.option("--grace", type=int, default=5, show_default=True,
+              help="Seconds between the suspend notice and a forced suspend.")
+@click.option("--retries", type=int, default=0, show_default=True,
+              help="Times a failed run (non-zero exit) is started again.")
+@click.option("--workdir", default=".", show_default=True, help="Working directory of the job.")
+@click.option("--python", "python", default=sys.executable, show_default="this interpreter",
+              help="Interpreter for a .py SCRIPT.")
+@click.option("-f", "--follow", is_flag=True, help="After submitting, stream the logs of rank 0 until the job ends.")
+@click.option("--dry-run", is_flag=True, help="Print the rendered sbatch script; submit nothing.")
+@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@one_line_errors
+def main(script, args, name, nodes, priority, gpus_per_node, group, env, time_limit, grace, retries, workdir,
+         python, follow, dry_run, as_json):
+    """Submit SCRIPT (with ARGS) as a HAI job.
+
+    The job runs SCRIPT once on every node (RANK = node rank, WORLD_SIZE = nodes,
+    MASTER_IP/MASTER_PORT of rank 0); start one process per GPU with
+    slurm_hai.multiprocessing.spawn. When a higher level needs the nodes, rank 0's
+    receive_suspend_command() turns True: commit a checkpoint and call go_suspend(). The
+    job is requeued and later runs SCRIPT again from the start (resume from your
+    checkpoint). Logs of every run: `hai logs JOB`.
+
+    \b
+    Examples:
+      hai-submit -n 2 -p HIGH train.py --lr 0.1
+      hai-submit --dry-run -p LOW --time 2:00:00 train.py
+    """
+    slurm = backend()
+    root = default_root()
+    level = parse_level(priority) if priority else None
+    if level == AUTO:
+        from ..scheduling import resolve_auto_for_user  # needs the policy and the live queue
+
+        priority = resolve_auto_for_user(getpass.getuser(), nodes, slurm)
+    req = JobRequest(script=script, args=list(args), name=name, nodes=nodes, priority=priority,
+                     gpus_per_node=gpus_per_node, group=group, env=list(env), time=time_limit, grace=grace,
+                     retries=retries, workdir=workdir, python=python, job_root=str(root))
+    try:
+        context = validate(req)
+    except RequestError as e:
+        raise click.UsageError(str(e)) from None
+    text = render_script(context, term_is_notice=term_is_notice(slurm) if not dry_run else False)
+    if dry_run:
+        click.echo(text, nl=False)
+        return
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    job_id = slurm.submit(text)
+    jobdir = JobDir.for_job(job_id, root).create()
+    request = {k: context[k] for k in ("name", "nodes", "gpus", "level", "partition", "time", "grace", "retries",
+                                        "workdir", "command")}
+    write_atomic(jobdir.path / "job.json", json.dumps({**request, "job_id": job_id, "user": getpass.getuser()}))
+    jobdir.event("submit", level=context["level"], nodes=nodes)
+    if as_json:
+        emit_json({"job_id": job_id, "name": context["name"], "level": context["level"], "nodes": nodes,
+                   "job_dir": str(jobdir.path)})
+    else:
+        click.echo(f"Submitted job {job_id} ({context['name']}: {nodes} node(s) at {context['level']}); "
+                   f"follow it with `hai logs -f {job_id}`")
+    if follow:
+        from .user import follow_logs
+
+        time.sleep(0.5)
+        follow_logs(job_id, rank=0, restart=None)

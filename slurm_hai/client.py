@@ -1,0 +1,96 @@
+"""The in-job HAI client API: the suspend protocol and the whole-life state.
+
+    receive_suspend_command() -> bool   poll every step; True once a suspend notice arrived
+                                        (only in processes on the rank-0 node)
+    go_suspend()                        commit done: requeue now; never returns
+    get_whole_life_state() -> int       one integer kept across restarts
+    set_whole_life_state(int)
+    restart_count() -> int              0 on the first run, then 1, 2, ...
+
+Imports only the standard library (no torch, click or jinja2): training code imports it.
+The launcher on the rank-0 node owns a one-byte flag file (HAI_SUSPEND_FLAG, node-local,
+private to the job's user); it writes b"1" when the notice arrives. The client maps it
+once and then reads one byte per call, well under a microsecond.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import sys
+import time
+
+__all__ = ["receive_suspend_command", "go_suspend", "get_whole_life_state", "set_whole_life_state",
+           "restart_count"]
+
+_flag: mmap.mmap | bool | None = None  # None: not opened yet; False: no flag on this node
+
+
+def _open_flag() -> mmap.mmap | bool:
+    path = os.environ.get("HAI_SUSPEND_FLAG")
+    if not path:
+        return False
+    try:
+        fd = os.open(path, os.O_RDONLY)
+    except OSError:
+        return False
+    try:
+        return mmap.mmap(fd, 1, prot=mmap.PROT_READ)
+    except (OSError, ValueError):
+        return False
+    finally:
+        os.close(fd)
+
+
+def receive_suspend_command() -> bool:
+    global _flag
+    if _flag is None:
+        _flag = _open_flag()
+    return _flag is not False and _flag[0] == 49  # b"1"
+
+
+def _job_dir():
+    from .jobdir import JobDir
+
+    path = os.environ.get("HAI_JOB_DIR")
+    if not path:
+        raise RuntimeError("HAI_JOB_DIR is not set: run the script with hai-submit or `hai run-local`")
+    return JobDir(path)
+
+
+def restart_count() -> int:
+    from .contract import restart_count as from_env
+
+    return from_env(os.environ)
+
+
+def get_whole_life_state() -> int:
+    return _job_dir().whole_life_state()
+
+
+def set_whole_life_state(value: int) -> None:
+    _job_dir().set_whole_life_state(int(value))
+
+
+def go_suspend() -> None:
+    """Tell the scheduler this job may be interrupted now: it is requeued at once and its
+    processes are stopped; this call does not return. Any rank on any node may call it."""
+    jobdir = _job_dir()
+    run = restart_count()
+    if jobdir.mark_suspend(run, "go_suspend"):
+        jobdir.event("go_suspend", run=run, host=os.uname().nodename, pid=os.getpid())
+    job_id = os.environ.get("SLURM_JOB_ID")
+    if job_id and not os.environ.get("HAI_SIMULATE"):
+        from .slurm import SlurmError, backend
+
+        try:
+            backend().requeue(int(job_id))
+        except SlurmError as e:  # already requeued by another rank, or being killed
+            print(f"slurm-hai: go_suspend: {e}", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # The requeue (or the local simulator) stops this process; wait for it.
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        time.sleep(1)
+    os._exit(0)

@@ -1,0 +1,149 @@
+"""The per-job state directory: markers, events, logs, whole-life state (stdlib only).
+
+Layout (docs/design.md), private to the job's user (0700 dirs, 0600 files), on a file
+system every node of the job sees (by default ~/.hai/jobs/<job id>):
+
+    job.json              what hai-submit asked for (name, level, nodes, command, ...)
+    events.jsonl          one JSON object per line: submit, start, notice, suspend, ...
+    logs/rank-<R>.log     the user's output on node rank R, all runs appended, each
+                          run opened by a "==== slurm-hai run K ..." line
+    batch.log             the batch script's own output (Slurm's --output)
+    whole_life_state      one integer kept across restarts
+    suspend.<K>           run K ended by a suspend (go_suspend or forced), not a failure
+    retries_used          how many --retries were spent
+    final.json            the job ended for good: {"state": succeeded|failed|stopped, ...}
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+FINAL_STATES = ("succeeded", "failed", "stopped")
+
+
+def default_root() -> Path:
+    return Path(os.environ.get("HAI_HOME") or Path.home() / ".hai") / "jobs"
+
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write-then-rename with fsync, so a reader sees the old or the new text, never half."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, text.encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, path)
+    dfd = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+class JobDir:
+    def __init__(self, path: str | Path) -> None:
+        self.path = Path(path)
+
+    @classmethod
+    def for_job(cls, job_id: int | str, root: str | Path | None = None) -> "JobDir":
+        return cls((Path(root) if root else default_root()) / str(job_id))
+
+    def create(self) -> "JobDir":
+        old = os.umask(0o077)
+        try:
+            (self.path / "logs").mkdir(parents=True, exist_ok=True)
+        finally:
+            os.umask(old)
+        self.path.chmod(0o700)
+        return self
+
+    # -- events -------------------------------------------------------------------
+    def event(self, name: str, **fields: object) -> None:
+        rec = {"t": round(time.time(), 3), "event": name, **fields}
+        fd = os.open(self.path / "events.jsonl", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            os.write(fd, (json.dumps(rec, sort_keys=True) + "\n").encode())
+        finally:
+            os.close(fd)
+
+    def events(self) -> list[dict]:
+        try:
+            lines = (self.path / "events.jsonl").read_text().splitlines()
+        except FileNotFoundError:
+            return []
+        out = []
+        for line in lines:
+            try:
+                out.append(json.loads(line))
+            except ValueError:
+                continue  # a line cut by a crash mid-write
+        return out
+
+    # -- markers ------------------------------------------------------------------
+    def suspend_marker(self, run: int) -> Path:
+        return self.path / f"suspend.{run}"
+
+    def mark_suspend(self, run: int, how: str) -> bool:
+        """Record that run `run` ends by a suspend; False if it was already marked."""
+        try:
+            fd = os.open(self.suspend_marker(run), os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            return False
+        try:
+            os.write(fd, how.encode())
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        return True
+
+    def suspended(self, run: int) -> str | None:
+        try:
+            return self.suspend_marker(run).read_text() or "suspend"
+        except FileNotFoundError:
+            return None
+
+    def final(self) -> dict | None:
+        try:
+            return json.loads((self.path / "final.json").read_text())
+        except (FileNotFoundError, ValueError):
+            return None
+
+    def set_final(self, state: str, exit_code: int, reason: str = "") -> None:
+        assert state in FINAL_STATES
+        if self.final() is None:
+            write_atomic(self.path / "final.json",
+                         json.dumps({"state": state, "exit_code": exit_code, "reason": reason, "t": time.time()}))
+
+    def retries_used(self) -> int:
+        try:
+            return int((self.path / "retries_used").read_text())
+        except (FileNotFoundError, ValueError):
+            return 0
+
+    def set_retries_used(self, n: int) -> None:
+        write_atomic(self.path / "retries_used", str(n))
+
+    # -- whole-life state ---------------------------------------------------------
+    def whole_life_state(self) -> int:
+        try:
+            return int((self.path / "whole_life_state").read_text())
+        except (FileNotFoundError, ValueError):
+            return 0
+
+    def set_whole_life_state(self, value: int) -> None:
+        write_atomic(self.path / "whole_life_state", str(int(value)))
+
+    # -- logs / request -----------------------------------------------------------
+    def rank_log(self, rank: int) -> Path:
+        return self.path / "logs" / f"rank-{rank}.log"
+
+    def request(self) -> dict:
+        try:
+            return json.loads((self.path / "job.json").read_text())
+        except (FileNotFoundError, ValueError):
+            return {}

@@ -1,0 +1,182 @@
+"""The per-node launcher: one per node under srun (started by the batch script).
+
+It sets the HAI environment contract, runs the user's command once on this node with its
+output appended to logs/rank-<R>.log, and turns Slurm's signals into the HAI protocol:
+
+  SIGUSR2   the suspend notice (preemption grace with preempt_send_user_signal, the time
+            limit approaching via --signal, or `hai suspend`). On the rank-0 node it sets the
+            flag that receive_suspend_command() reads; other nodes ignore it. If the job does
+            not go_suspend() within the grace time, rank 0 suspends it by force (requeue).
+  SIGTERM   the end: Slurm is killing the step (requeue, cancel). The command's process
+            group gets SIGTERM, then SIGKILL. On clusters without preempt_send_user_signal
+            the first SIGTERM is the notice instead (--term-is-notice), as srun would
+            otherwise turn it into SIGKILL for every task.
+
+Signal handlers only record the signal; the main loop acts (no work in handlers).
+
+`python -m slurm_hai.launcher --job-dir DIR --grace S [--term-is-notice] -- CMD...`
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable
+
+from .contract import node_contract
+from .jobdir import JobDir
+
+TERM_TO_KILL_SECONDS = 3.0
+
+
+def flag_path(job_id: str, run: int) -> Path:
+    """Node-local flag file, in a directory private to the job's user."""
+    base = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(os.environ.get("TMPDIR", "/tmp"))
+    d = base / f"slurm-hai-{os.getuid()}"
+    d.mkdir(mode=0o700, exist_ok=True)
+    if d.stat().st_uid != os.getuid() or d.stat().st_mode & 0o077:
+        raise SystemExit(f"slurm-hai: {d} is not private to uid {os.getuid()}; remove it")
+    return d / f"{job_id}.{run}.suspend"
+
+
+class NodeRun:
+    """One run of the user's command on one node, and the suspend protocol around it."""
+
+    def __init__(self, cmd: list[str], env: dict[str, str], jobdir: JobDir, run: int, rank: int, grace: float,
+                 term_is_notice: bool, force_suspend: Callable[[], None], flag: Path | None) -> None:
+        self.cmd, self.env, self.jobdir, self.run, self.rank = cmd, env, jobdir, run, rank
+        self.grace, self.term_is_notice, self.force_suspend, self.flag = grace, term_is_notice, force_suspend, flag
+        self.ignores_term = term_is_notice
+        self.noticed_at: float | None = None
+        self.forced = False
+        self.ending_at: float | None = None
+        self.pending: list[int] = []
+        self.child: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        if self.flag is not None:
+            fd = os.open(self.flag, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
+            os.write(fd, b"0")
+            os.close(fd)
+            self.env["HAI_SUSPEND_FLAG"] = str(self.flag)
+        else:
+            self.env.pop("HAI_SUSPEND_FLAG", None)
+        log_path = self.jobdir.rank_log(self.rank)
+        log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        os.write(log, f"==== slurm-hai run {self.run} rank {self.rank} on {os.uname().nodename} at {stamp} ====\n".encode())
+        try:
+            self.child = subprocess.Popen(self.cmd, env=self.env, stdin=subprocess.DEVNULL, stdout=log,
+                                          stderr=subprocess.STDOUT, start_new_session=True,
+                                          preexec_fn=self._ignore_notice_signals)
+        except OSError as e:
+            os.write(log, f"slurm-hai: cannot start {self.cmd[0]!r}: {e}\n".encode())
+            raise SystemExit(127)
+        finally:
+            os.close(log)
+
+    def _ignore_notice_signals(self) -> None:
+        """In the child, before exec: Slurm signals every process of the step, not only the
+        launcher, so the notice signal must not kill the user's processes (ignored
+        dispositions survive exec and are inherited by the processes they spawn)."""
+        signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+        if self.term_is_notice:
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+
+    def notice(self, source: str) -> None:
+        if self.flag is None or self.noticed_at is not None:
+            return
+        with open(self.flag, "r+b", buffering=0) as f:
+            f.write(b"1")
+        self.noticed_at = time.monotonic()
+        self.jobdir.event("notice", run=self.run, source=source, grace=self.grace)
+
+    def end(self) -> None:
+        """Slurm is ending the step: stop the command's process group, TERM then KILL."""
+        if self.ending_at is None and self.child is not None:
+            self.ending_at = time.monotonic()
+            # With --term-is-notice the command ignores SIGTERM: only SIGKILL ends it.
+            self._signal_group(signal.SIGKILL if self.ignores_term else signal.SIGTERM)
+
+    def _signal_group(self, sig: int) -> None:
+        try:
+            os.killpg(self.child.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def handle(self, sig: int) -> None:
+        if sig == signal.SIGUSR2:
+            self.notice("signal")
+        elif sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            if (self.term_is_notice and self.noticed_at is None and self.jobdir.suspended(self.run) is None
+                    and sig == signal.SIGTERM):
+                self.term_is_notice = False  # only the first one
+                self.notice("sigterm")
+            else:
+                self.end()
+
+    def tick(self) -> None:
+        while self.pending:
+            self.handle(self.pending.pop(0))
+        now = time.monotonic()
+        if (self.noticed_at is not None and not self.forced and now - self.noticed_at >= self.grace
+                and self.jobdir.suspended(self.run) is None):
+            self.forced = True
+            self.jobdir.mark_suspend(self.run, "forced")
+            self.jobdir.event("forced_suspend", run=self.run, after=round(now - self.noticed_at, 3))
+            try:
+                self.force_suspend()
+            except Exception as e:  # noqa: BLE001 - keep supervising; Slurm's own grace still applies
+                self.jobdir.event("forced_suspend_failed", run=self.run, error=str(e))
+        if self.ending_at is not None and now - self.ending_at >= TERM_TO_KILL_SECONDS:
+            self._signal_group(signal.SIGKILL)
+
+    def wait(self) -> int:
+        for sig in (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, lambda s, _f: self.pending.append(s))
+        try:
+            while True:
+                try:
+                    rc = self.child.wait(timeout=0.05)
+                    break
+                except subprocess.TimeoutExpired:
+                    self.tick()
+        finally:
+            if self.flag is not None:
+                self.flag.unlink(missing_ok=True)
+        return rc if rc >= 0 else 128 - rc
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m slurm_hai.launcher")
+    ap.add_argument("--job-dir", required=True)
+    ap.add_argument("--grace", type=float, default=5.0)
+    ap.add_argument("--term-is-notice", action="store_true")
+    ap.add_argument("cmd", nargs=argparse.REMAINDER)
+    args = ap.parse_args(argv)
+    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    if not cmd:
+        ap.error("no command given after --")
+    from .slurm import backend
+
+    slurm = backend()
+    env = dict(os.environ)
+    env.update(node_contract(env, slurm.node_addr))
+    env["HAI_JOB_DIR"] = args.job_dir
+    rank, run = int(env["RANK"]), int(env["HAI_RESTART_COUNT"])
+    job_id = env.get("SLURM_JOB_ID", "0")
+    jobdir = JobDir(args.job_dir)
+    node = NodeRun(cmd, env, jobdir, run, rank, args.grace, args.term_is_notice,
+                   force_suspend=lambda: slurm.requeue(int(job_id)),
+                   flag=flag_path(job_id, run) if rank == 0 else None)
+    node.start()
+    return node.wait()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,103 @@
+"""What `hai-submit` asks Slurm for: a validated request rendered into an sbatch script.
+
+Pure apart from rendering: every user value is checked here, before it reaches a template.
+Values that go into `#SBATCH` lines must be free of whitespace and quotes (sbatch reads
+those lines itself, not through a shell); values that reach the shell are quoted.
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .levels import AUTO, Level, parse_level
+from .render import render
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+TIME_RE = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^(\d+-\d+)$|^UNLIMITED$|^INFINITE$", re.I)
+GROUP_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+RESERVED_ENV = {"SLURM_", "HAI_JOB_DIR", "HAI_SUSPEND_FLAG", "HAI_CONTRACT"}
+MAX_GRACE = 300
+NOTICE_MARGIN = 30
+
+
+class RequestError(ValueError):
+    """A bad hai-submit value; the message says what to do."""
+
+
+@dataclass
+class JobRequest:
+    script: str
+    args: list[str] = field(default_factory=list)
+    name: str | None = None
+    nodes: int = 1
+    priority: str = "NORMAL"
+    gpus_per_node: int = 8
+    group: str | None = None
+    env: list[str] = field(default_factory=list)  # KEY=VALUE
+    time: str | None = None
+    grace: int = 5
+    retries: int = 0
+    workdir: str = "."
+    python: str = sys.executable
+    job_root: str = ""
+
+
+def _safe_path(value: str, what: str) -> str:
+    if not value or any(c.isspace() for c in value) or any(c in value for c in "'\"\\`$;&|<>%"):
+        raise RequestError(f"{what} {value!r} must be a path without spaces, quotes or shell characters")
+    return value
+
+
+def validate(req: JobRequest) -> dict:
+    """Check every field; return the template context. Raises RequestError."""
+    name = req.name or Path(req.script).stem or "hai-job"
+    if not NAME_RE.match(name):
+        raise RequestError(f"job name {name!r} may only use letters, digits, '.', '_' and '-' (at most 64); "
+                           "pass --name")
+    if not 1 <= req.nodes <= 10000:
+        raise RequestError(f"--nodes must be between 1 and 10000, got {req.nodes}")
+    if not 0 <= req.gpus_per_node <= 64:
+        raise RequestError(f"--gpus-per-node must be between 0 and 64, got {req.gpus_per_node}")
+    try:
+        level = parse_level(req.priority)
+    except ValueError as e:
+        raise RequestError(str(e)) from None
+    if level == AUTO:
+        raise RequestError("AUTO must be resolved to a level before rendering")
+    assert isinstance(level, Level)
+    if req.group is not None and not GROUP_RE.match(req.group):
+        raise RequestError(f"--group {req.group!r} is not a valid node group (partition) name")
+    if req.time is not None and not TIME_RE.match(req.time):
+        raise RequestError(f"--time {req.time!r} is not a Slurm time (MINUTES, HH:MM:SS, D-HH:MM:SS)")
+    if not 1 <= req.grace <= MAX_GRACE:
+        raise RequestError(f"--grace must be between 1 and {MAX_GRACE} seconds, got {req.grace}")
+    if not 0 <= req.retries <= 100:
+        raise RequestError(f"--retries must be between 0 and 100, got {req.retries}")
+    env = []
+    for item in req.env:
+        key, sep, value = item.partition("=")
+        if not sep or not ENV_KEY_RE.match(key):
+            raise RequestError(f"-e {item!r}: expected KEY=VALUE with KEY a shell variable name")
+        if key.startswith("SLURM_") or key in RESERVED_ENV:
+            raise RequestError(f"-e {key}: this variable is set by Slurm or slurm-hai; choose another name")
+        env.append((key, value))
+    workdir = str(Path(req.workdir).resolve())
+    _safe_path(workdir, "--workdir")
+    _safe_path(req.job_root, "job directory root (HAI_HOME)")
+    script = Path(req.script)
+    command = [req.python, str(script.resolve()), *req.args] if script.suffix == ".py" else [
+        str(script.resolve()) if script.exists() else req.script, *req.args]
+    return {
+        "name": name, "nodes": req.nodes, "gpus": req.gpus_per_node, "qos": level.qos, "level": level.name,
+        "partition": req.group, "time": req.time, "grace": req.grace, "retries": req.retries,
+        "notice_seconds": req.grace + NOTICE_MARGIN, "workdir": workdir, "job_root": req.job_root,
+        "env": env, "python": sys.executable, "command": command,
+    }
+
+
+def render_script(context: dict, term_is_notice: bool) -> str:
+    return render("job/sbatch.sh.j2", term_is_notice=term_is_notice, **context)
