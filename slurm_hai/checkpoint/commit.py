@@ -41,35 +41,48 @@ from .manifest import (
 
 log = logging.getLogger(__name__)
 
-_STAGING_RE = re.compile(r"^\.staging-(\d+)-(.+)-(\d+)-([0-9a-f]+)$")
+_STAGING_RE = re.compile(r"^\.staging-(\d+)-(.+)-(\d+)-(\d+)-([0-9a-f]+)$")
 
 
-def pid_alive(pid: int) -> bool:
+def process_start_ticks(pid: int) -> int:
+    """When a process started (clock ticks since boot; 0 if unknown). With the pid it
+    names one process for good, even when pids are reused (containers restart at low pids)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat.rsplit(")", 1)[1].split()[19])
+    except (OSError, IndexError, ValueError):
+        return 0
+
+
+def writer_alive(pid: int, start_ticks: int) -> bool:
+    """Is the process that created a staging dir (on this host) still running?"""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True  # exists, owned by someone else
-    return True
+        pass  # exists, owned by someone else
+    return start_ticks == 0 or process_start_ticks(pid) in (0, start_ticks)
 
 
 @dataclass(frozen=True)
 class StagingOwner:
     host: str
     pid: int
+    start_ticks: int
 
 
 def parse_staging_owner(name: str) -> StagingOwner | None:
     match = _STAGING_RE.match(name)
-    return StagingOwner(match.group(2), int(match.group(3))) if match else None
+    return StagingOwner(match.group(2), int(match.group(3)), int(match.group(4))) if match else None
 
 
 def _newest_mtime(path: Path) -> float:
-    """A writer on another host shows it is alive by its files growing."""
+    """A writer on another host shows it is alive by its files growing (DCP shards too)."""
     newest = path.lstat().st_mtime
-    for entry in os.scandir(path):
-        newest = max(newest, entry.stat(follow_symlinks=False).st_mtime)
+    for parent, _, names in os.walk(path):
+        for name in names:
+            newest = max(newest, os.lstat(os.path.join(parent, name)).st_mtime)
     return newest
 
 
@@ -81,6 +94,7 @@ class CheckpointStore:
         self.lock_timeout = lock_timeout
         self.stale_staging_age_s = stale_staging_age_s
         self.host = socket.gethostname()
+        self._start_ticks = process_start_ticks(os.getpid())
         try:
             self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as exc:
@@ -139,13 +153,10 @@ class CheckpointStore:
         if (key := self._cache_key(step_dir)) is not None:
             self._verified[key] = True
 
-    def is_valid(self, step_dir: Path) -> bool:
-        return self.verify(step_dir).ok
-
     # --- writing ------------------------------------------------------------------
 
     def new_staging(self, step: int) -> Path:
-        name = f"{STAGING_PREFIX}{step:012d}-{self.host}-{os.getpid()}-{secrets.token_hex(4)}"
+        name = f"{STAGING_PREFIX}{step:012d}-{self.host}-{os.getpid()}-{self._start_ticks}-{secrets.token_hex(4)}"
         path = self.root / name
         try:
             path.mkdir(mode=0o700)
@@ -264,8 +275,8 @@ class CheckpointStore:
                 continue
             if path.name.startswith(DELETING_PREFIX):
                 stale = True
-            elif owner is not None and owner.host == self.host and owner.pid != os.getpid():
-                stale = not pid_alive(owner.pid) or age > self.stale_staging_age_s
+            elif owner is not None and owner.host == self.host:
+                stale = not writer_alive(owner.pid, owner.start_ticks) or age > self.stale_staging_age_s
             else:
                 stale = age > self.stale_staging_age_s
             if stale:

@@ -13,6 +13,7 @@ Distributed (torch.distributed initialized, world size > 1): see sharded.py.
 from __future__ import annotations
 
 import logging
+import operator
 import os
 import platform
 import socket
@@ -130,8 +131,12 @@ class CheckpointManager:
         """Save state as checkpoint `step`. blocking=True returns once committed to every
         tier; blocking=False returns once the tensors are copied to host memory (call
         wait() or h.wait()). A step that is already committed is skipped with a warning."""
-        if isinstance(step, bool) or not isinstance(step, int) or step < 0:
-            raise CheckpointError(f"step must be a non-negative int, got {step!r}")
+        try:
+            step = operator.index(step)  # ints, numpy ints, 0-d integer tensors
+        except TypeError:
+            raise CheckpointError(f"step must be an integer, got {step!r}") from None
+        if step < 0 or isinstance(step, bool):
+            raise CheckpointError(f"step must be a non-negative integer, got {step!r}")
         self.wait()  # at most one save in flight; raises the previous save's failure
         if distributed_world() is not None:
             from .sharded import save_sharded

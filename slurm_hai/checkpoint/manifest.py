@@ -58,11 +58,14 @@ def list_step_dirs(root: str | os.PathLike[str]) -> list[tuple[int, Path]]:
     """Committed checkpoint directories under root, newest step first."""
     root = Path(root)
     found = []
-    with os.scandir(root) as entries:
-        for entry in entries:
-            step = parse_step_dir_name(entry.name)
-            if step is not None and entry.is_dir(follow_symlinks=False):
-                found.append((step, root / entry.name))
+    try:
+        entries = list(os.scandir(root))
+    except FileNotFoundError:  # e.g. a node-local fast tier wiped at job end
+        return []
+    for entry in entries:
+        step = parse_step_dir_name(entry.name)
+        if step is not None and entry.is_dir(follow_symlinks=False):
+            found.append((step, root / entry.name))
     found.sort(reverse=True)
     return found
 

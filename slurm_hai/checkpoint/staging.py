@@ -37,10 +37,6 @@ class HostBuffer:
     def __init__(self) -> None:
         self._buffer: torch.Tensor | None = None
 
-    @property
-    def capacity(self) -> int:
-        return 0 if self._buffer is None else self._buffer.numel()
-
     def reserve(self, nbytes: int) -> torch.Tensor:
         if self._buffer is None or self._buffer.numel() < nbytes:
             self._buffer = None  # let the old one go before allocating the bigger one

@@ -19,7 +19,7 @@ from filelock import FileLock
 
 from slurm_hai.checkpoint import CheckpointError, CheckpointManager, verify_checkpoint
 from slurm_hai.checkpoint import fileio
-from slurm_hai.checkpoint.commit import CheckpointStore
+from slurm_hai.checkpoint.commit import CheckpointStore, process_start_ticks
 from slurm_hai.checkpoint.manifest import MANIFEST_NAME, QUARANTINE_DIR, step_dir_name
 
 FORK = multiprocessing.get_context("fork")
@@ -140,13 +140,16 @@ def dead_pid() -> int:
 def test_stale_staging_dirs_of_dead_or_silent_writers_are_removed(tmp_path):
     host = socket.gethostname()
     sleeper = subprocess.Popen(["sleep", "30"])
+    me, my_start = os.getpid(), process_start_ticks(os.getpid())
     try:
         dirs = {
-            "dead": tmp_path / f".staging-000000000001-{host}-{dead_pid()}-aaaa",
-            "live": tmp_path / f".staging-000000000002-{host}-{sleeper.pid}-bbbb",
-            "remote_old": tmp_path / ".staging-000000000003-other-node-7-cccc",
-            "remote_new": tmp_path / ".staging-000000000004-other-node-8-dddd",
-            "deleting": tmp_path / f".deleting-step-000000000005-{host}-1-eeee",
+            "dead": tmp_path / f".staging-000000000001-{host}-{dead_pid()}-0-aaaa",
+            "live": tmp_path / f".staging-000000000002-{host}-{sleeper.pid}-{process_start_ticks(sleeper.pid)}-bbbb",
+            "pid_reused": tmp_path / f".staging-000000000003-{host}-{me}-{my_start - 1}-cccc",
+            "same_process": tmp_path / f".staging-000000000004-{host}-{me}-{my_start}-dddd",
+            "remote_old": tmp_path / ".staging-000000000005-other-node-7-100-eeee",
+            "remote_new": tmp_path / ".staging-000000000006-other-node-8-100-ffff",
+            "deleting": tmp_path / f".deleting-step-000000000007-{host}-1-0000",
         }
         for path in dirs.values():
             path.mkdir()
@@ -156,7 +159,7 @@ def test_stale_staging_dirs_of_dead_or_silent_writers_are_removed(tmp_path):
             os.utime(path, (old, old))
         CheckpointStore(tmp_path, lock_timeout=5, stale_staging_age_s=3600).clean_stale(active=set())
         left = {name for name, path in dirs.items() if path.exists()}
-        assert left == {"live", "remote_new"}
+        assert left == {"live", "same_process", "remote_new"}
     finally:
         sleeper.kill()
         sleeper.wait()

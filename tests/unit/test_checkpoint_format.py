@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import errno
+import fcntl
 import json
 import math
+import os
 
 import numpy as np
 import pytest
@@ -165,3 +168,43 @@ def test_verify_reports_a_missing_manifest(tmp_path):
     (tmp_path / step_dir_name(3)).mkdir()
     result = verify_checkpoint(tmp_path / step_dir_name(3))
     assert not result.ok and result.problems[0].file == "manifest.json"
+
+
+def aligned_bytes(size: int) -> memoryview:
+    from slurm_hai.checkpoint.staging import HostBuffer
+
+    buffer = HostBuffer().reserve(size)
+    buffer.copy_(torch.randint(0, 256, (size,), dtype=torch.uint8))
+    return memoryview(buffer.numpy())
+
+
+@pytest.mark.parametrize("size", [100, 4096, 3 * 8192 + 123])
+def test_writer_chunks_direct_io_and_tail_into_the_exact_bytes(tmp_path, monkeypatch, size):
+    from slurm_hai.checkpoint import fileio
+    from slurm_hai.checkpoint.manifest import hash_file
+
+    monkeypatch.setattr(fileio, "IO_CHUNK", 8192)
+    data = aligned_bytes(size)
+    entry = fileio.write_hashed_file(tmp_path / "f", data)
+    assert (tmp_path / "f").read_bytes() == data.tobytes()
+    assert (entry.size, entry.checksum) == hash_file(tmp_path / "f")
+
+
+def test_writer_falls_back_to_buffered_io_when_direct_io_is_refused(tmp_path, monkeypatch):
+    from slurm_hai.checkpoint import fileio
+    from slurm_hai.checkpoint.manifest import hash_file
+
+    real_write_all, refused = fileio._write_all, []
+
+    def refuse_direct_io_once(fd, view):
+        if not refused and os.O_DIRECT & fcntl.fcntl(fd, fcntl.F_GETFL):
+            refused.append(True)
+            raise OSError(errno.EINVAL, "Invalid argument")
+        real_write_all(fd, view)
+
+    monkeypatch.setattr(fileio, "_write_all", refuse_direct_io_once)
+    monkeypatch.setattr(fileio, "IO_CHUNK", 8192)
+    data = aligned_bytes(5 * 8192)
+    entry = fileio.write_hashed_file(tmp_path / "f", data)
+    assert refused, "O_DIRECT was never attempted on this file system"
+    assert (tmp_path / "f").read_bytes() == data.tobytes() and entry.checksum == hash_file(tmp_path / "f")[1]
