@@ -162,3 +162,171 @@ def describe(spec: QosSpec) -> str:
     quota = "unlimited" if spec.max_nodes_per_user is None else f"{spec.max_nodes_per_user} nodes"
     who = f" for {spec.owner}" if spec.owner else ""
     return f"level {spec.level}{who}: quota {quota} per user"
+
+
+# ------------------------------------------------------------------ the whole plan
+
+
+@dataclass(frozen=True)
+class Change:
+    """One command that brings Slurm closer to the policy, and why."""
+
+    tool: str  # "sacctmgr" (run as `sacctmgr -i ARGS`) or "scontrol"
+    args: tuple[str, ...]
+    why: str
+
+    def argv(self) -> list[str]:
+        return [self.tool, *(["-i"] if self.tool == "sacctmgr" else []), *self.args]
+
+
+@dataclass
+class ClusterState:
+    """What Slurm has now, as read by `slurm_hai.apply.read_state` (or empty: a new cluster)."""
+
+    qos: dict[str, dict[str, str]] = field(default_factory=dict)  # name -> SHOW_FIELDS
+    assocs: list[dict[str, str]] = field(default_factory=list)  # Cluster, Account, User, Partition, QOS, DefaultQOS
+    partitions: dict[str, dict[str, str]] | None = None  # None: partitions not looked at
+    nodes: dict[str, frozenset[str]] = field(default_factory=dict)  # hostlist -> node names (expanded)
+
+
+ASSOC_FIELDS = ("Cluster", "Account", "User", "Partition", "QOS", "DefaultQOS")
+
+
+def group_allow_qos(policy: Policy, group) -> str:
+    """AllowQos= for a node group: ALL, or the QOS (base and variants) of its levels."""
+    if not group.levels:
+        return "ALL"
+    names = [spec.name for spec in desired_qos(policy) if spec.level in group.levels]
+    return ",".join(sorted(names))
+
+
+def _set_of(text: str) -> set[str]:
+    return {item.strip().lower() for item in text.split(",") if item.strip()}
+
+
+def plan_changes(policy: Policy, state: ClusterState) -> list[Change]:
+    """Every sacctmgr/scontrol command, in order, that makes `state` match `policy`.
+
+    Order: new QOS, QOS settings (Preempt= may only name QOS that exist), association
+    access (which QOS each user/account may use, default QOS), stale override QOS removal,
+    then partitions (AllowQos= may only name QOS that exist). [] when nothing is to change.
+    """
+    specs = desired_qos(policy)
+    by_name = {s.name: s for s in specs}
+    changes: list[Change] = []
+    for args in plan(specs, state.qos):
+        spec = by_name[args[2] if args[0] == "add" else args[3].split("=", 1)[1]]
+        if args[0] == "add":
+            why = f"new QOS: {describe(spec)}"
+        else:
+            have = {k.lower(): v for k, v in state.qos.get(spec.name, {}).items()}
+            diffs = [f"{a.split('=', 1)[0]} {have.get(a.split('=', 1)[0].lower()) or '(none)'} -> "
+                     f"{spec.settings()[a.split('=', 1)[0]][0] or '(none)'}" for a in args[5:]]
+            why = f"{spec.name}: " + "; ".join(diffs)
+        changes.append(Change("sacctmgr", tuple(args), why))
+
+    ladder_qos = {lvl.qos for lvl in policy.ladder}
+    desired_names = set(by_name)
+    # Associations in the accounts the policy names; when it names none, only those of the
+    # users and accounts that have a quota override (they need their variant QOS).
+    def in_scope(row: dict[str, str]) -> bool:
+        if policy.accounts:
+            return row.get("Account", "") in policy.accounts
+        return row.get("User", "") in policy.user_quota or row.get("Account", "") in policy.account_quota
+
+    rows = sorted((r for r in state.assocs if in_scope(r)),
+                  key=lambda r: (r.get("User", "") != "", r.get("Cluster", ""), r.get("Account", ""), r.get("User", "")))
+    for row in rows:
+        user, account = row.get("User", ""), row.get("Account", "")
+        have = _set_of(row.get("QOS", ""))
+        # keep the site's own QOS; replace ours (bases and variants) by the ones this owner uses
+        site = {q for q in have if parse_qos(q)[0] not in ladder_qos}
+        want = site | {qos_for(policy, lvl.name, user, account) for lvl in policy.ladder}
+        default = qos_for(policy, policy.default_level, user, account)
+        default_now = row.get("DefaultQOS", "").lower()
+        if want == have and default_now == default:
+            continue
+        if user:
+            entity = "user"
+            where = ["where", f"cluster={row.get('Cluster', '')}", f"account={account}", f"name={user}"]
+            if row.get("Partition"):
+                where.append(f"partition={row['Partition']}")
+            who = f"user {user} in account {account}"
+        else:
+            entity, where, who = "account", ["where", f"cluster={row.get('Cluster', '')}", f"name={account}"], \
+                f"account {account}"
+        added, removed = sorted(want - have), sorted(have - want)
+        detail = [f"+{','.join(added)}" if added else "", f"-{','.join(removed)}" if removed else "",
+                  f"default {default_now or '(none)'} -> {default}" if default_now != default else ""]
+        changes.append(Change("sacctmgr", ("modify", entity, *where, "set", f"qos={','.join(sorted(want))}",
+                                           f"defaultqos={default}"),
+                              f"QOS access of {who}: " + ", ".join(d for d in detail if d)))
+
+    for name in sorted(state.qos):
+        base, kind, owner = parse_qos(name)
+        if kind and base in ladder_qos and name not in desired_names:
+            changes.append(Change("sacctmgr", ("delete", "qos", "where", f"name={name}"),
+                                  f"override gone from the policy: {name}"))
+
+    if state.partitions is not None:
+        for group in policy.groups:
+            changes.extend(_partition_changes(policy, group, state))
+    return changes
+
+
+def _partition_changes(policy: Policy, group, state: ClusterState) -> list[Change]:
+    want = {"PriorityTier": str(group.priority_tier), "AllowQos": group_allow_qos(policy, group),
+            "Default": "YES" if group.default else "NO"}
+    have = state.partitions.get(group.name) if state.partitions is not None else None
+    if have is None:
+        args = ("create", f"PartitionName={group.name}", f"Nodes={group.nodes}",
+                *(f"{k}={v}" for k, v in want.items()), "OverSubscribe=EXCLUSIVE", "MaxTime=INFINITE", "State=UP")
+        return [Change("scontrol", args, f"new node group {group.name} ({group.nodes})")]
+    sets, diffs = [], []
+    for key, value in want.items():
+        now = have.get(key, "")
+        same = _set_of(now) == _set_of(value) if key == "AllowQos" else now.upper() == value.upper()
+        if not same:
+            sets.append(f"{key}={value}")
+            diffs.append(f"{key} {now or '(none)'} -> {value}")
+    if group.nodes.upper() != "ALL":
+        now_nodes = state.nodes.get(have.get("Nodes", ""), frozenset())
+        want_nodes = state.nodes.get(group.nodes)
+        if want_nodes is not None and now_nodes != want_nodes:
+            sets.append(f"Nodes={group.nodes}")
+            diffs.append(f"Nodes {have.get('Nodes') or '(none)'} -> {group.nodes}")
+    if not sets:
+        return []
+    return [Change("scontrol", ("update", f"PartitionName={group.name}", *sets),
+                   f"node group {group.name}: " + "; ".join(diffs))]
+
+
+# ------------------------------------------------------------------ what the templates get
+
+
+def template_context(policy: Policy) -> dict[str, object]:
+    """Everything templates/slurm/*.j2 need from a policy, already checked and computed.
+
+    Values are names validated by the policy loader ([A-Z0-9_] levels, [a-z0-9_-] owners,
+    partition names) and integers, so they go into Lua strings and config lines as they are.
+    """
+    def lua_quota(value: int | None) -> int:
+        return -1 if value is None else value  # -1: unlimited (an override of a limited default)
+
+    overrides = {}
+    for kind, table in (("u", policy.user_quota), ("a", policy.account_quota)):
+        overrides[kind] = {
+            owner: [(lvl, variant_qos(policy.level(lvl), kind, owner), lua_quota(n)) for lvl, n in sorted(levels.items())]
+            for owner, levels in sorted(table.items())
+        }
+    groups = [{"name": g.name, "nodes": g.nodes, "priority_tier": g.priority_tier, "default": g.default,
+               "allow_qos": group_allow_qos(policy, g)} for g in policy.groups]
+    return {
+        "policy": policy,
+        "qos_weight": qos_weight(policy),
+        "levels_high_to_low": policy.levels_high_to_low,
+        "default_quota": {lvl.name: policy.quota[lvl.name] for lvl in policy.ladder if lvl.name in policy.quota},
+        "user_overrides": overrides["u"],
+        "account_overrides": overrides["a"],
+        "node_groups": groups,
+    }

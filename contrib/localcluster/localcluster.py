@@ -26,10 +26,17 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
+from slurm_hai.apply import apply_policy  # noqa: E402
 from slurm_hai.levels import ladder_arg  # noqa: E402
-from slurm_hai.policy import default_policy  # noqa: E402
-from slurm_hai.qos import desired_qos, plan, qos_weight  # noqa: E402
+from slurm_hai.policy import Policy, PolicyError, load_policy  # noqa: E402
+from slurm_hai.qos import template_context  # noqa: E402
 from slurm_hai.render import render  # noqa: E402
+from slurm_hai.slurm import SlurmError  # noqa: E402
+from slurm_hai.slurm.cli import CliBackend  # noqa: E402
+
+# The local cluster's policy; `up` renders the configs from it and applies it with the same
+# code as `hai-admin apply`. A copy lands in $HAI_CLUSTER_DIR/etc/policy.toml for the daemon.
+POLICY_FILE = Path(__file__).resolve().with_name("policy.toml")
 
 PACKAGES = ["munge", "mariadb-server", "slurmdbd", "slurmctld", "slurmd", "slurm-client",
             "libslurm-dev", "slurm-wlm-basic-plugins", "lua5.3", "make", "gcc"]
@@ -305,21 +312,30 @@ def write_if_changed(path: Path, text: str, mode: int = 0o644, owner: pwd.struct
     return changed
 
 
+def local_policy() -> Policy:
+    try:
+        return load_policy(POLICY_FILE)
+    except PolicyError as e:
+        raise ClusterError(str(e)) from None
+
+
 def render_configs(c: Cluster) -> bool:
-    policy = default_policy(nodes=c.nodelist)
+    policy = local_policy()
     etc = c.state / "etc"
     slurm = pwd.getpwnam(c.slurm_user)
     spank_so = build_spank(c)
-    ctx = {"cluster": c, "policy": policy, "qos_weight": qos_weight(policy)}
+    ctx = {"cluster": c, **template_context(policy)}
     changed = False
     changed |= write_if_changed(etc / "slurm.conf", render("slurm/slurm.conf.j2", **ctx))
     changed |= write_if_changed(etc / "gres.conf", render("slurm/gres.conf.j2", **ctx))
-    changed |= write_if_changed(etc / "job_submit.lua", render("slurm/job_submit.lua.j2", **ctx))
+    # slurmctld reloads job_submit.lua by itself when the file changes
+    write_if_changed(etc / "job_submit.lua", render("slurm/job_submit.lua.j2", **ctx))
     plug = render("slurm/plugstack.conf.j2", spank_so=spank_so, levels_arg=ladder_arg(policy.ladder),
                   max_grace=300, master_port_base=40000, master_port_span=10000) if spank_so else ""
     changed |= write_if_changed(etc / "plugstack.conf", plug)
     write_if_changed(etc / "slurmdbd.conf", render("slurm/slurmdbd.conf.j2", **ctx), 0o600, slurm)
-    write_if_changed(etc / "env", f"export SLURM_CONF={c.slurm_conf}\n")
+    write_if_changed(etc / "policy.toml", POLICY_FILE.read_text())
+    write_if_changed(etc / "env", f"export SLURM_CONF={c.slurm_conf}\nexport HAI_POLICY={etc / 'policy.toml'}\n")
     return changed
 
 
@@ -366,25 +382,11 @@ def accounting_answers(c: Cluster) -> bool:
 
 
 def setup_accounting(c: Cluster) -> None:
-    """Cluster, account, users and the QOS ladder (idempotent: only what is missing)."""
+    """Cluster, account and users (what only a test cluster needs), then the policy's QOS
+    ladder and QOS access through `slurm_hai.apply.apply_policy`, as `hai-admin apply` does.
+    Idempotent and quick on a cluster that is already set up (reads, no changes)."""
     if c.name not in run(["sacctmgr", "-n", "-P", "show", "cluster", "format=cluster"], c).stdout.split():
         sacctmgr(c, "add", "cluster", c.name)
-    policy = default_policy(nodes=c.nodelist)
-    current = {}
-    for line in run(["sacctmgr", "-n", "-P", "show", "qos",
-                     "format=Name,Priority,Preempt,GraceTime,PreemptMode,MaxTRESPU,PreemptExemptTime"], c).stdout.splitlines():
-        f = line.split("|")
-        current[f[0]] = dict(zip(["name", "priority", "preempt", "gracetime", "preemptmode", "maxtrespu",
-                                  "preemptexempttime"], f))
-    desired = desired_qos(policy)
-    # Preempt= may only name QOS that exist: create all first, then set.
-    for change in plan(desired, current):
-        if change[0] == "add":
-            sacctmgr(c, *change)
-    for change in plan(desired, current):
-        if change[0] != "add":
-            sacctmgr(c, *change)
-    qos_names = ",".join(q.name for q in desired)
     accounts = run(["sacctmgr", "-n", "-P", "show", "account", "format=account"], c).stdout.split()
     if ACCOUNT not in accounts:
         sacctmgr(c, "add", "account", ACCOUNT, f"cluster={c.name}", "description=slurm-hai", "organization=hai")
@@ -393,11 +395,19 @@ def setup_accounting(c: Cluster) -> None:
     for user in ["root", *TEST_USERS]:
         if user not in users:
             sacctmgr(c, "add", "user", user, f"account={ACCOUNT}", f"cluster={c.name}")
-        sacctmgr(c, "modify", "user", "where", f"name={user}", "set", f"defaultaccount={ACCOUNT}", check=False)
-    sacctmgr(c, "modify", "account", "where", f"name={ACCOUNT}", f"cluster={c.name}", "set",
-             f"qos={qos_names}", f"defaultqos={policy.level(policy.default_level).qos}")
-    sacctmgr(c, "modify", "user", "where", f"account={ACCOUNT}", f"cluster={c.name}", "set",
-             f"qos={qos_names}", f"defaultqos={policy.level(policy.default_level).qos}")
+    defaults = dict(line.split("|", 1) for line in run(["sacctmgr", "-n", "-P", "show", "user",
+                                                        "format=user,defaultaccount"], c).stdout.splitlines() if line)
+    for user in ["root", *TEST_USERS]:
+        if defaults.get(user) != ACCOUNT:
+            sacctmgr(c, "modify", "user", "where", f"name={user}", "set", f"defaultaccount={ACCOUNT}")
+    # slurmctld may not run yet: partitions come from the rendered slurm.conf, not scontrol.
+    os.environ["SLURM_CONF"] = str(c.slurm_conf)
+    try:
+        done = apply_policy(local_policy(), CliBackend(), partitions=False)
+    except SlurmError as e:
+        raise ClusterError(f"applying {POLICY_FILE}: {e}") from None
+    if done:
+        print(f"policy {POLICY_FILE.name}: {len(done)} accounting change(s) applied", flush=True)
 
 
 def nodes_idle(c: Cluster) -> bool:

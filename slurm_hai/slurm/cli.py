@@ -99,3 +99,27 @@ class CliBackend:
 
     def sacctmgr(self, args: Sequence[str]) -> None:
         _run(["sacctmgr", "-i", *args])
+
+    def partitions(self) -> list[dict[str, str]]:
+        """`scontrol show partition -o`: one dict of KEY=VALUE per partition."""
+        out = _run(["scontrol", "show", "partition", "-o"]).stdout
+        parts = []
+        for line in out.splitlines():
+            fields = dict(item.split("=", 1) for item in line.split() if "=" in item)
+            if "PartitionName" in fields:
+                parts.append(fields)
+        return parts
+
+    def idle_nodes(self) -> dict[str, int]:
+        """Partition -> number of its nodes that are idle now."""
+        out = _run(["sinfo", "-h", "-o", "%R %t %D"]).stdout
+        idle: dict[str, int] = {}
+        for line in out.splitlines():
+            part, state, count = (line.split() + ["", "", "0"])[:3]
+            idle.setdefault(part, 0)
+            if state == "idle":
+                idle[part] += int(count)
+        return idle
+
+    def scontrol(self, args: Sequence[str]) -> str:
+        return _run(["scontrol", *args]).stdout

@@ -29,6 +29,8 @@ class JobInfo:
     comment: str = ""
     admin_comment: str = ""
     account: str = ""
+    preempt_time: int = 0  # when Slurm (last) chose this job for preemption; 0 if never
+    end_time: int = 0  # for a finished job, when it ended (for a running one, its time limit)
     extra: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
@@ -73,6 +75,8 @@ def job_from_squeue(rec: dict) -> JobInfo:
         comment=rec.get("comment", "") or "",
         admin_comment=rec.get("admin_comment", "") or "",
         account=rec.get("account", "") or "",
+        preempt_time=int(rec.get("preempt_time") or 0),
+        end_time=int(rec.get("end_time") or 0),
     )
 
 
