@@ -130,7 +130,10 @@ class CheckpointManager:
     def save(self, step: int, state: Any, *, blocking: bool = True) -> SaveHandle:
         """Save state as checkpoint `step`. blocking=True returns once committed to every
         tier; blocking=False returns once the tensors are copied to host memory (call
-        wait() or h.wait()). A step that is already committed is skipped with a warning."""
+        wait() or h.wait()). A step that is already committed is skipped with a warning.
+
+        In a distributed job (world size > 1) every rank must call save(); it is a
+        collective, synchronous DCP save into the durable tier (see sharded.py)."""
         try:
             step = operator.index(step)  # ints, numpy ints, 0-d integer tensors
         except TypeError:

@@ -117,6 +117,17 @@ def save_sharded(mgr: CheckpointManager, step: int, state: Any) -> SaveHandle:
         mgr._active_staging.add(staging)
         return str(staging)
 
+    # Flatten first and agree on the outcome: a rank that failed here and skipped dcp.save
+    # would leave the others waiting in DCP's collectives.
+    try:
+        global_part, rank_part = flatten_state(state)
+        flatten_error = None
+    except CheckpointError as exc:
+        flatten_error = f"rank {rank}: {exc}"
+    flatten_errors = [error for error in _all_gather(flatten_error) if error]
+    if flatten_errors:
+        raise CheckpointError("; ".join(flatten_errors))
+
     handle = SaveHandle(step)
     staging_name = _rank0_then_broadcast(open_staging)
     if staging_name is None:
@@ -129,7 +140,6 @@ def save_sharded(mgr: CheckpointManager, step: int, state: Any) -> SaveHandle:
     entries: dict[str, FileEntry] = {}
     local_error: str | None = None
     try:
-        global_part, rank_part = flatten_state(state)
         dcp.save(
             global_part.tensors,
             storage_writer=dcp.FileSystemWriter(str(staging / DCP_DIR), single_file_per_rank=True, sync_files=True),
