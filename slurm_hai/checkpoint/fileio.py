@@ -6,6 +6,7 @@ overlaps the I/O: both os.write/readinto and xxhash release the GIL.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import os
@@ -80,6 +81,21 @@ def _clear_direct(fd: int) -> None:
     fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) & ~os.O_DIRECT)
 
 
+def _write_direct(fd: int, part: memoryview, offset: int) -> bool:
+    """Write with O_DIRECT; if the file system wants another alignment (EINVAL), switch the
+    file to buffered I/O and write the part again. Returns whether O_DIRECT is still on."""
+    try:
+        _write_all(fd, part)
+        return True
+    except OSError as exc:
+        if exc.errno != errno.EINVAL:
+            raise
+    _clear_direct(fd)
+    os.lseek(fd, offset, os.SEEK_SET)
+    _write_all(fd, part)
+    return False
+
+
 def write_hashed_file(path: Path, data: bytes | memoryview, *, known: FileEntry | None = None) -> FileEntry:
     """Create path (0600, must not exist), write data, fsync; return size + checksum.
 
@@ -100,20 +116,14 @@ def write_hashed_file(path: Path, data: bytes | memoryview, *, known: FileEntry 
                 chunk = view[start : start + IO_CHUNK]
                 if hasher is not None:
                     pending.append(pool.submit(hasher.update, chunk))
-                if direct and start + len(chunk) > direct_len:
-                    _write_all(fd, chunk[: direct_len - start])
-                    _clear_direct(fd)  # O_DIRECT needs whole blocks: the tail goes buffered
-                    direct = False
-                    chunk = chunk[direct_len - start :]
-                try:
-                    _write_all(fd, chunk)
-                except OSError as exc:
-                    if not (direct and exc.errno == errno.EINVAL):
-                        raise
-                    _clear_direct(fd)  # the file system wants other alignment: go buffered
-                    direct = False
-                    os.lseek(fd, start, os.SEEK_SET)
-                    _write_all(fd, chunk)
+                aligned = max(0, min(len(chunk), direct_len - start)) if direct else 0
+                if aligned:
+                    direct = _write_direct(fd, chunk[:aligned], start)
+                if aligned < len(chunk):
+                    if direct:
+                        _clear_direct(fd)  # O_DIRECT needs whole blocks: the tail goes buffered
+                        direct = False
+                    _write_all(fd, chunk[aligned:])
             for future in pending:
                 future.result()
         os.fsync(fd)
@@ -139,7 +149,8 @@ class _VerifyingReader:
         if size != entry.size:
             os.close(self.fd)
             raise self.corrupt(f"size {size} bytes, manifest says {entry.size} (truncated or torn)")
-        os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        with contextlib.suppress(OSError):  # only a read-ahead hint
+            os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
         self.offset = 0
         self.hasher = new_hasher()
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-hash")

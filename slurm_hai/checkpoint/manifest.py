@@ -16,6 +16,7 @@ Layout of a checkpoint root (see docs/checkpoint.md)::
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -206,7 +207,8 @@ def hash_file(path: str | os.PathLike[str]) -> tuple[int, str]:
     chunk = bytearray(_HASH_CHUNK)
     view = memoryview(chunk)
     with open(path, "rb", buffering=0) as fh:
-        os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
+        with contextlib.suppress(OSError):  # only a read-ahead hint
+            os.posix_fadvise(fh.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
         while n := fh.readinto(chunk):
             hasher.update(view[:n])
             size += n

@@ -208,3 +208,18 @@ def test_writer_falls_back_to_buffered_io_when_direct_io_is_refused(tmp_path, mo
     entry = fileio.write_hashed_file(tmp_path / "f", data)
     assert refused, "O_DIRECT was never attempted on this file system"
     assert (tmp_path / "f").read_bytes() == data.tobytes() and entry.checksum == hash_file(tmp_path / "f")[1]
+
+
+def test_loading_our_format_never_unpickles(tmp_path, monkeypatch):
+    import pickle
+
+    model = torch.nn.Linear(3, 2)
+    CheckpointManager(tmp_path).save(1, {"model": model, "meta": {"lr": 0.1}})
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("pickle/torch.load used on our own format")
+
+    for module, name in [(pickle, "load"), (pickle, "loads"), (torch, "load")]:
+        monkeypatch.setattr(module, name, forbidden)
+    loaded = CheckpointManager(tmp_path).load()
+    assert torch.equal(loaded["model"]["weight"], model.weight) and loaded["meta"] == {"lr": 0.1}

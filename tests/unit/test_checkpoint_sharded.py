@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import os
+import pickle
 import socket
 from datetime import timedelta
 from pathlib import Path
 
+import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -118,13 +120,17 @@ def test_two_rank_dcp_checkpoint_loads_into_three_ranks_and_into_one(tmp_path):
     assert torch.equal(torch.rand(4), expected["next_random"])  # rank 0's RNG
 
 
-def test_a_corrupt_dcp_shard_is_detected_before_dcp_reads_it(tmp_path):
+@pytest.mark.parametrize("damaged", [".metadata", "__0_0.distcp"])
+def test_a_corrupt_dcp_file_is_caught_before_dcp_unpickles_anything(tmp_path, monkeypatch, damaged):
     root = tmp_path / "ckpt"
     spawn(_save_rank, 2, root)
-    shard = next((root / step_dir_name(STEP) / "dcp").glob("*.distcp"))
-    data = bytearray(shard.read_bytes())
+    target = root / step_dir_name(STEP) / "dcp" / damaged
+    data = bytearray(target.read_bytes())
     data[len(data) // 2] ^= 0xFF
-    shard.write_bytes(bytes(data))
-    mgr = CheckpointManager(root)
-    assert mgr.load() is None  # the only checkpoint is bad: quarantined, fresh start
+    target.write_bytes(bytes(data))
+    unpickled = []
+    monkeypatch.setattr(pickle, "load", lambda *a, **k: unpickled.append(a))
+    monkeypatch.setattr(torch, "load", lambda *a, **k: unpickled.append(a))
+    assert CheckpointManager(root).load() is None  # the only checkpoint is bad: a fresh start
+    assert unpickled == []
     assert len(list((root / ".quarantine").iterdir())) == 1
