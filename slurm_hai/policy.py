@@ -10,6 +10,7 @@ unlimited; 0 forbids the level. Overrides go user > account > default.
 
 from __future__ import annotations
 
+import os
 import re
 import signal as _signal
 import sys
@@ -126,6 +127,27 @@ def default_policy(nodes: str = "ALL") -> Policy:
 
 
 # ------------------------------------------------------------------ loading
+
+SYSTEM_POLICY = Path("/etc/slurm-hai/policy.toml")
+
+
+def policy_path() -> Path | None:
+    """Where this host's policy is: $HAI_POLICY, else policy.toml beside $SLURM_CONF, else
+    /etc/slurm-hai/policy.toml; None when there is none."""
+    if os.environ.get("HAI_POLICY"):
+        return Path(os.environ["HAI_POLICY"])
+    candidates = []
+    if os.environ.get("SLURM_CONF"):
+        candidates.append(Path(os.environ["SLURM_CONF"]).with_name("policy.toml"))
+    candidates.append(SYSTEM_POLICY)
+    return next((p for p in candidates if p.is_file()), None)
+
+
+def find_policy() -> Policy:
+    """This host's policy (see `policy_path`), or HAI's default when there is none."""
+    path = policy_path()
+    return load_policy(path) if path else default_policy()
+
 
 
 def load_policy(path: str | Path) -> Policy:

@@ -159,7 +159,8 @@ def plan(desired: list[QosSpec], current: dict[str, dict[str, str]]) -> list[lis
 
 
 def describe(spec: QosSpec) -> str:
-    quota = "unlimited" if spec.max_nodes_per_user is None else f"{spec.max_nodes_per_user} nodes"
+    n = spec.max_nodes_per_user
+    quota = "unlimited" if n is None else f"{n} node{'' if n == 1 else 's'}"
     who = f" for {spec.owner}" if spec.owner else ""
     return f"level {spec.level}{who}: quota {quota} per user"
 
@@ -218,10 +219,19 @@ def plan_changes(policy: Policy, state: ClusterState) -> list[Change]:
         spec = by_name[args[2] if args[0] == "add" else args[3].split("=", 1)[1]]
         if args[0] == "add":
             why = f"new QOS: {describe(spec)}"
+        elif spec.name not in state.qos:
+            why = f"{spec.name}: settings of the new QOS"
         else:
-            have = {k.lower(): v for k, v in state.qos.get(spec.name, {}).items()}
-            diffs = [f"{a.split('=', 1)[0]} {have.get(a.split('=', 1)[0].lower()) or '(none)'} -> "
-                     f"{spec.settings()[a.split('=', 1)[0]][0] or '(none)'}" for a in args[5:]]
+            have = {k.lower(): v for k, v in state.qos[spec.name].items()}
+            diffs = []
+            for arg in args[5:]:
+                key = arg.split("=", 1)[0]
+                now, want = _normal(key, have.get(key.lower(), "")), spec.settings()[key][0]
+                if key in ("Preempt", "Flags"):
+                    added, removed = sorted(_set_of(want) - _set_of(now)), sorted(_set_of(now) - _set_of(want))
+                    diffs.append(f"{key} " + " ".join([f"+{x}" for x in added] + [f"-{x}" for x in removed]))
+                else:
+                    diffs.append(f"{key} {now or '(none)'} -> {want or '(none)'}")
             why = f"{spec.name}: " + "; ".join(diffs)
         changes.append(Change("sacctmgr", tuple(args), why))
 
@@ -330,3 +340,22 @@ def template_context(policy: Policy) -> dict[str, object]:
         "account_overrides": overrides["a"],
         "node_groups": groups,
     }
+
+
+def offline_access_changes(policy: Policy) -> list[Change]:
+    """QOS access for `hai-admin render`'s script, written without reading the database:
+    the policy's accounts and their users get the ladder, then each override owner its variants."""
+    def grant(user: str, account: str) -> tuple[str, str]:
+        names = sorted({qos_for(policy, lvl.name, user, account) for lvl in policy.ladder})
+        return f"qos={','.join(names)}", f"defaultqos={qos_for(policy, policy.default_level, user, account)}"
+
+    changes = []
+    for account in policy.accounts:
+        changes.append(Change("sacctmgr", ("modify", "account", "where", f"name={account}", "set", *grant("", account)),
+                              f"account {account} uses the ladder"))
+        changes.append(Change("sacctmgr", ("modify", "user", "where", f"account={account}", "set",
+                                           *grant("", account)), f"users of account {account} use the ladder"))
+    for user in sorted(policy.user_quota):
+        changes.append(Change("sacctmgr", ("modify", "user", "where", f"name={user}", "set", *grant(user, "")),
+                              f"user {user} uses their quota override QOS"))
+    return changes

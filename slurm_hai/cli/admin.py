@@ -1,0 +1,328 @@
+"""hai-admin: put the HAI time-sharing policy on a Slurm cluster and keep it there."""
+
+from __future__ import annotations
+
+import functools
+import json
+import logging
+import signal
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Callable
+
+import click
+
+from ..policy import Policy, PolicyError, load_policy, policy_path
+from ..slurm import SlurmError
+
+CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
+DEFAULT_SPANK_SO = "/usr/lib/x86_64-linux-gnu/slurm-wlm/hai_spank.so"
+
+
+def _errors(fn: Callable) -> Callable:
+    """Errors a person can act on: one line `Error: ...`, exit 1, no traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except (PolicyError, SlurmError, OSError) as e:
+            raise click.ClickException(" ".join(str(e).split())) from None
+
+    return wrapper
+
+
+def _policy_option(fn: Callable) -> Callable:
+    return click.option(
+        "--policy", "-p", "policy_file", metavar="FILE", envvar="HAI_POLICY", show_envvar=True,
+        help="The policy file (TOML, see docs/policy.md). Default: policy.toml beside $SLURM_CONF, "
+             "else /etc/slurm-hai/policy.toml.")(fn)
+
+
+def _load(policy_file: str | None) -> tuple[Policy, Path]:
+    path = Path(policy_file) if policy_file else policy_path()
+    if path is None:
+        raise click.UsageError("no policy file: pass --policy FILE (or set HAI_POLICY); "
+                               "contrib/localcluster/policy.toml is an example")
+    return load_policy(path), path
+
+
+@click.group(context_settings=CONTEXT)
+@click.version_option(package_name="slurm-hai", prog_name="hai-admin")
+def main() -> None:
+    """Put the HAI time-sharing policy on a Slurm cluster and keep it there.
+
+    \b
+    The policy is one TOML file (docs/policy.md): priority levels, per-user node quotas
+    per level (with per-user and per-account overrides), grace time, demotion, node groups.
+    Slurm enforces most of it through one QOS per level; the policy daemon does the rest.
+
+    \b
+    Typical use, on the slurmctld host, as root (or the SlurmUser):
+      hai-admin check  --policy /etc/slurm-hai/policy.toml
+      hai-admin render --policy /etc/slurm-hai/policy.toml --out /etc/slurm/hai
+      hai-admin plan   --policy /etc/slurm-hai/policy.toml
+      hai-admin apply  --policy /etc/slurm-hai/policy.toml
+      hai-admin daemon --policy /etc/slurm-hai/policy.toml    (or contrib/systemd/hai-policyd.service)
+
+    \b
+    Exit status: 0 done (plan: nothing to change), 1 error, 2 bad usage,
+    3 plan found changes to make, 4 another daemon holds the lock.
+    """
+
+
+@main.command()
+@_policy_option
+@click.option("--json", "as_json", is_flag=True, help="Print the parsed policy as JSON.")
+@_errors
+def check(policy_file: str | None, as_json: bool) -> None:
+    """Validate a policy file and summarise it.
+
+    Every problem is reported with its place, e.g.
+    `policy.toml: [quota.users.alice] HIGH: expected a non-negative integer, got 'x'`.
+    """
+    policy, path = _load(policy_file)
+    if as_json:
+        click.echo(json.dumps(_policy_json(policy), indent=2))
+        return
+    click.echo(f"{path}: valid")
+    for lvl in policy.levels_high_to_low:
+        q = policy.quota.get(lvl.name)
+        click.echo(f"  {lvl.name:<14} {lvl.value:>4}  qos {lvl.qos:<14} quota "
+                   f"{'unlimited' if q is None else f'{q} node(s)'} per user"
+                   f"{'  (default level)' if lvl.name == policy.default_level else ''}")
+    for kind, table in (("user", policy.user_quota), ("account", policy.account_quota)):
+        for owner, levels in sorted(table.items()):
+            items = ", ".join(f"{k}={'unlimited' if v is None else v}" for k, v in levels.items())
+            click.echo(f"  override for {kind} {owner}: {items}")
+    d = policy.demotion
+    click.echo(f"  grace {policy.grace_seconds} s, minimum run {policy.min_run_seconds} s, "
+               + (f"demotion {d.source} -> {d.target} after {d.after_seconds} s" if d else "no demotion"))
+    for g in policy.groups:
+        click.echo(f"  node group {g.name}: nodes {g.nodes}, PriorityTier {g.priority_tier}, levels "
+                   f"{', '.join(g.levels) if g.levels else 'all'}{' (default)' if g.default else ''}")
+
+
+def _policy_json(policy: Policy) -> dict:
+    d = policy.demotion
+    return {
+        "source": policy.source,
+        "levels": {lvl.name: lvl.value for lvl in policy.ladder},
+        "default_level": policy.default_level,
+        "grace_seconds": policy.grace_seconds,
+        "min_run_seconds": policy.min_run_seconds,
+        "demotion": {"from": d.source, "to": d.target, "after_seconds": d.after_seconds} if d else None,
+        "quota": policy.quota,
+        "user_quota": policy.user_quota,
+        "account_quota": policy.account_quota,
+        "accounts": list(policy.accounts),
+        "allow_auto": policy.allow_auto,
+        "notice_signal": policy.notice_signal,
+        "groups": [{"name": g.name, "nodes": g.nodes, "priority_tier": g.priority_tier, "levels": list(g.levels),
+                    "default": g.default} for g in policy.groups],
+    }
+
+
+@main.command()
+@_policy_option
+@click.option("--out", "-o", "out_dir", metavar="DIR", default=".", show_default=True,
+              type=click.Path(file_okay=False), help="Directory to write the files into (created if missing).")
+@click.option("--spank-plugin", metavar="PATH", default=DEFAULT_SPANK_SO, show_default=True,
+              help="Where hai_spank.so is installed on the cluster (for plugstack.conf).")
+@_errors
+def render(policy_file: str | None, out_dir: str, spank_plugin: str) -> None:
+    """Write the Slurm configuration that carries the policy.
+
+    \b
+    Files written into DIR:
+      hai-policy.conf   slurm.conf fragment: preemption, priority weights (Include it)
+      partitions.conf   the node groups as partitions (Include it, replacing your own)
+      qos-ladder.sh     sacctmgr commands that create the QOS ladder on an empty database
+      job_submit.lua    level -> QOS mapping, quota refusal, AUTO (JobSubmitPlugins=lua)
+      plugstack.conf    the hai_spank.so line (--hai-priority and friends)
+
+    On a running cluster prefer `hai-admin apply` for the QOS part: it compares with
+    what Slurm has. slurmctld re-reads job_submit.lua by itself when it changes; the
+    slurm.conf fragments need `scontrol reconfigure` (PreemptType: a restart).
+    """
+    from ..levels import ladder_arg
+    from ..qos import ClusterState, offline_access_changes, plan_changes, template_context
+    from ..render import render as render_template
+
+    policy, _ = _load(policy_file)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    ctx = template_context(policy)
+    changes = plan_changes(policy, ClusterState())
+    files = {
+        "hai-policy.conf": render_template("slurm/hai-policy.conf.j2", **ctx),
+        "partitions.conf": render_template("slurm/partitions.conf.j2", **ctx),
+        "qos-ladder.sh": render_template("slurm/qos-ladder.sh.j2", changes=changes,
+                                         access=offline_access_changes(policy), **ctx),
+        "job_submit.lua": render_template("slurm/job_submit.lua.j2", **ctx),
+        "plugstack.conf": render_template("slurm/plugstack.conf.j2", spank_so=spank_plugin,
+                                          levels_arg=ladder_arg(policy.ladder), max_grace=300,
+                                          master_port_base=40000, master_port_span=10000),
+    }
+    for name, text in files.items():
+        path = out / name
+        path.write_text(text)
+        if name.endswith(".sh"):
+            path.chmod(0o755)
+        click.echo(f"wrote {path}")
+
+
+def _plan(policy: Policy, partitions: bool):
+    from ..apply import plan_policy
+    from ..slurm import backend
+
+    return plan_policy(policy, backend(), partitions=partitions)
+
+
+def _show(changes, as_json: bool) -> None:
+    import shlex
+
+    if as_json:
+        click.echo(json.dumps([{"argv": c.argv(), "why": c.why} for c in changes], indent=2))
+        return
+    for c in changes:
+        click.echo(f"{shlex.join(c.argv())}\n    # {c.why}")
+
+
+@main.command()
+@_policy_option
+@click.option("--no-partitions", is_flag=True, help="Leave partitions alone (compare QOS and associations only).")
+@click.option("--json", "as_json", is_flag=True, help="Print the changes as JSON: [{argv, why}].")
+@_errors
+def plan(policy_file: str | None, no_partitions: bool, as_json: bool) -> None:
+    """Show exactly which sacctmgr/scontrol commands `apply` would run.
+
+    Compares the policy with the live cluster: the QOS ladder (priority, Preempt, grace,
+    per-user node quota, DenyOnLimit), the quota-override QOS, which QOS each association
+    of the policy's accounts may use and its default QOS, and the partitions (PriorityTier,
+    AllowQos, Default, Nodes). Changes nothing. Exit status 0: nothing to change, 3: changes.
+    """
+    policy, _ = _load(policy_file)
+    changes = _plan(policy, not no_partitions)
+    if not changes:
+        if as_json:
+            click.echo("[]")
+        else:
+            click.echo("no change: the cluster matches the policy")
+        return
+    _show(changes, as_json)
+    if not as_json:
+        click.echo(f"{len(changes)} change(s); run `hai-admin apply` to make them")
+    sys.exit(3)
+
+
+@main.command()
+@_policy_option
+@click.option("--no-partitions", is_flag=True, help="Leave partitions alone (QOS and associations only).")
+@click.option("--quiet", "-q", is_flag=True, help="Print only a summary line.")
+@_errors
+def apply(policy_file: str | None, no_partitions: bool, quiet: bool) -> None:
+    """Make the changes that `plan` shows; running it again changes nothing.
+
+    Partition changes made with scontrol last until slurmctld restarts: install the
+    `render` output (partitions.conf) to keep them.
+    """
+    from ..apply import apply_policy
+    from ..slurm import backend
+
+    policy, path = _load(policy_file)
+
+    def report(change) -> None:
+        if not quiet:
+            import shlex
+
+            click.echo(f"{shlex.join(change.argv())}    # {change.why}")
+
+    done = apply_policy(policy, backend(), partitions=not no_partitions, report=report)
+    click.echo(f"{len(done)} change(s) applied from {path}" if done else "no change: the cluster matches the policy")
+
+
+@main.command()
+@_policy_option
+@click.option("--once", is_flag=True, help="Run one cycle and exit (for cron or a test).")
+@click.option("--interval", "-i", type=click.FloatRange(min=0.1), default=2.0, show_default=True, metavar="S",
+              help="Seconds between cycles.")
+@click.option("--lock", "lock_file", metavar="FILE", default=None,
+              help="Lock file that makes one daemon the leader. [default: /run/slurm-hai/hai-policyd.lock]")
+@click.option("--wait-for-lock", is_flag=True, help="If another daemon leads, stand by until it stops "
+              "(instead of exiting with status 4).")
+@click.option("--dry-run", "-n", is_flag=True, help="Log what would be done, do nothing.")
+@click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
+              show_default=True, help="Logging threshold (one line per action at info).")
+@_errors
+def daemon(policy_file: str | None, once: bool, interval: float, lock_file: str | None, wait_for_lock: bool,
+           dry_run: bool, log_level: str) -> None:
+    """Run the policy loop: what Slurm cannot do alone.
+
+    \b
+    Every cycle it reads the queue (squeue --json) and:
+      - requeues a preempted job still running after its grace time (Slurm looks every 30 s);
+      - requeues a preempted job that died of its suspend notice (Slurm 22.05 ends it FAILED);
+      - marks an ABOVE_NORMAL job demoted to NORMAL after its time, and preempts demoted jobs
+        for a waiting job of a level Slurm will not let preempt them (notice, grace, requeue);
+      - gives a requeued job back its submit-time level;
+      - moves a pending AUTO job to the highest level where its user has quota left;
+      - starts a requeued job held back by Slurm's requeue delay (BeginTime) at once;
+      - releases a job held by Slurm's requeue limit (JobHoldMaxRequeue);
+      - sets priorities that keep each level's pending jobs in submission order, so a
+        requeued job keeps its place ahead of later jobs.
+
+    \b
+    Each action is logged on one line with the job id and the reason. Only one daemon
+    leads (lock file); Slurm errors are logged and retried with back-off. The policy file
+    is re-read when it changes. SIGTERM/SIGINT stop it after the current cycle.
+    """
+    from ..daemon import DEFAULT_LOCK, LockBusy, PolicyDaemon, leader_lock, write_pid
+    from ..slurm import backend
+
+    logging.basicConfig(level=getattr(logging, log_level.upper()), stream=sys.stderr,
+                        format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.Formatter.converter = time.localtime
+    policy, path = _load(policy_file)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    lock_path = Path(lock_file) if lock_file else DEFAULT_LOCK
+    try:
+        lock = leader_lock(lock_path, wait=wait_for_lock, stop=stop)
+    except LockBusy as e:
+        click.echo(f"hai-admin daemon: {e}", err=True)
+        sys.exit(4)
+    try:
+        write_pid(lock_path)
+        d = PolicyDaemon(backend(), policy=policy, policy_path=path, interval=interval, dry_run=dry_run)
+        code = d.run(once=once, stop=stop)
+    finally:
+        lock.release()
+    sys.exit(code)
+
+
+@main.command()
+@_policy_option
+@click.argument("job_ids", nargs=-1, type=int)
+@_errors
+def explain(policy_file: str | None, job_ids: tuple[int, ...]) -> None:
+    """Say in words why jobs wait (all pending and running jobs when none is given)."""
+    from ..scheduling import explain as explain_job
+    from ..slurm import backend
+
+    policy, _ = _load(policy_file)
+    jobs = backend().jobs()
+    wanted = [j for j in jobs if (j.job_id in job_ids if job_ids else j.state in ("PENDING", "RUNNING"))]
+    missing = set(job_ids) - {j.job_id for j in wanted}
+    if missing:
+        raise click.ClickException(f"no such job in the queue: {', '.join(map(str, sorted(missing)))}")
+    now = time.time()
+    for j in sorted(wanted, key=lambda j: j.job_id):
+        click.echo(f"{j.job_id:>8}  {j.user:<12} {explain_job(j, jobs, policy, now)}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

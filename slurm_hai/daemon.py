@@ -1,0 +1,184 @@
+"""The policy daemon's loop (I/O): read the queue, decide (slurm_hai.scheduling), act, log.
+
+One leader at a time: the daemon holds an exclusive lock on a lock file (filelock) for as
+long as it runs; a second one exits with a message, or waits as a standby (`wait_for_lock`).
+A Slurm that does not answer (slurmctld restarting) is logged and retried with back-off;
+one action that fails is logged and the cycle goes on. The policy file is re-read when it
+changes (a broken edit is logged and the previous policy kept).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
+import filelock
+
+from .policy import Policy, PolicyError, load_policy
+from .scheduling import Action, decide
+from .slurm import Backend, SlurmError
+
+log = logging.getLogger("hai-policyd")
+
+DEFAULT_LOCK = Path("/run/slurm-hai/hai-policyd.lock")
+MAX_BACKOFF = 60.0
+# An action that failed is not tried again for this long (e.g. requeue of a job Slurm purged).
+RETRY_AFTER = 30.0
+
+
+class LockBusy(Exception):
+    """Another daemon holds the lock."""
+
+
+@dataclass
+class CycleResult:
+    jobs: int
+    actions: list[Action]
+    failed: int
+    seconds: float
+
+
+class PolicyDaemon:
+    def __init__(self, backend: Backend, policy: Policy | None = None, policy_path: str | Path | None = None,
+                 interval: float = 2.0, dry_run: bool = False, clock: Callable[[], float] = time.time) -> None:
+        if policy is None and policy_path is None:
+            raise ValueError("a policy or a policy file is needed")
+        self.backend = backend
+        self.policy_path = Path(policy_path) if policy_path else None
+        self.policy = policy if policy is not None else load_policy(self.policy_path)
+        self._mtime = self._policy_mtime()
+        self.interval = interval
+        self.dry_run = dry_run
+        self.clock = clock
+        self._failed: dict[tuple[int, str], float] = {}
+
+    # ------------------------------------------------------------ one cycle
+
+    def _policy_mtime(self) -> float | None:
+        try:
+            return self.policy_path.stat().st_mtime if self.policy_path else None
+        except OSError:
+            return None
+
+    def reload_if_changed(self) -> None:
+        mtime = self._policy_mtime()
+        if mtime is None or mtime == self._mtime:
+            return
+        self._mtime = mtime
+        try:
+            self.policy = load_policy(self.policy_path)
+        except PolicyError as e:
+            log.error("policy not reloaded, keeping the previous one: %s", e)
+            return
+        log.info("policy reloaded from %s", self.policy_path)
+
+    def cycle(self) -> CycleResult:
+        """Read the queue, decide, act. Raises SlurmError when the queue cannot be read."""
+        t0 = time.monotonic()
+        self.reload_if_changed()
+        jobs = self.backend.jobs()
+        now = self.clock()
+        actions = decide(jobs, self.policy, now, idle_nodes=self.backend.idle_nodes)
+        failed = 0
+        for action in actions:
+            key = (action.job_id, action.rule)
+            if self._failed.get(key, 0) > now:
+                continue
+            if self.dry_run:
+                log.info("would: %s", action.describe())
+                continue
+            try:
+                self.execute(action)
+            except SlurmError as e:
+                failed += 1
+                self._failed[key] = now + RETRY_AFTER
+                log.error("job %s: %s failed [%s]: %s", action.job_id, action.kind, action.rule, e)
+            else:
+                log.info("%s", action.describe())
+        self._failed = {k: t for k, t in self._failed.items() if t > now}
+        return CycleResult(len(jobs), actions, failed, time.monotonic() - t0)
+
+    def execute(self, action: Action) -> None:
+        b, jid = self.backend, action.job_id
+        if action.kind == "update":
+            b.update_job(jid, **action.field_dict())
+        elif action.kind == "requeue":
+            b.requeue(jid)
+        elif action.kind == "release":
+            b.release(jid)
+        elif action.kind == "hold":
+            b.update_job(jid, Priority="0")
+        elif action.kind == "signal":
+            b.cancel(jid, signal=action.field_dict()["signal"])
+        else:  # pragma: no cover - decide() makes no other kind
+            raise SlurmError(f"unknown action {action.kind}")
+
+    # ------------------------------------------------------------ the loop
+
+    def run(self, once: bool = False, stop: threading.Event | None = None) -> int:
+        """Cycle until `stop` is set (or once). Returns 0, or 1 if a single cycle failed."""
+        stop = stop or threading.Event()
+        backoff = self.interval
+        log.info("policy daemon started: policy %s, interval %.1f s%s", self.policy_path or self.policy.source,
+                 self.interval, ", dry run" if self.dry_run else "")
+        while True:
+            try:
+                result = self.cycle()
+            except SlurmError as e:
+                if once:
+                    log.error("cycle failed: %s", e)
+                    return 1
+                backoff = min(MAX_BACKOFF, backoff * 2)
+                log.warning("Slurm did not answer (%s); retrying in %.0f s", e, backoff)
+                if stop.wait(backoff):
+                    break
+                continue
+            if backoff != self.interval:
+                log.info("Slurm answers again")
+                backoff = self.interval
+            log.debug("cycle: %d jobs, %d actions, %d failed, %.3f s", result.jobs, len(result.actions),
+                      result.failed, result.seconds)
+            if once or stop.wait(self.interval):
+                break
+        return 0
+
+
+def leader_lock(path: str | Path, wait: bool = False, stop: threading.Event | None = None) -> filelock.BaseFileLock:
+    """Take the daemon's lock (the caller releases it). Raises LockBusy when another daemon
+    holds it and `wait` is false; with `wait`, stands by until it is free (or `stop`)."""
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        pass
+    lock = filelock.FileLock(str(path))
+    try:
+        lock.acquire(timeout=0)
+        return lock
+    except filelock.Timeout:
+        if not wait:
+            raise LockBusy(f"another hai-admin daemon holds {path} (pid in {path}.pid); "
+                           "stop it first, or pass --wait-for-lock to stand by") from None
+    log.info("another daemon holds %s; standing by", path)
+    while not (stop and stop.is_set()):
+        try:
+            lock.acquire(timeout=1)
+            log.info("took over the lock %s", path)
+            return lock
+        except filelock.Timeout:
+            continue
+    raise LockBusy(f"stopped while waiting for {path}")
+
+
+def write_pid(lock_path: str | Path) -> Path:
+    pid_file = Path(f"{lock_path}.pid")
+    try:
+        pid_file.write_text(f"{os.getpid()}\n")
+    except OSError:
+        pass
+    return pid_file

@@ -1,0 +1,517 @@
+"""What the policy daemon does, decided from a snapshot of the queue (pure; no I/O).
+
+Slurm enforces most of the HAI rules by itself once the QOS ladder is in place (higher
+level preempts lower, same level never, per-user quotas, refusal of a job larger than its
+quota). `decide(jobs, policy, now)` covers what it cannot do alone and returns the actions
+for slurm_hai.daemon to carry out:
+
+- force-requeue   a job preempted by Slurm that still runs after its grace time (Slurm's own
+                  check runs only every 30 s);
+- requeue-failed  a job that died of its suspend notice during its grace time (Slurm 22.05
+                  marks it FAILED instead of requeueing it);
+- demote          mark a running ABOVE_NORMAL job that has run `after_seconds` as demoted
+                  (admin comment `hai-demoted=NORMAL`); a running job's QOS cannot change;
+- yield           preempt demoted jobs for a waiting job of a level that Slurm will not let
+                  preempt them (their QOS is still ABOVE_NORMAL): suspend notice, grace,
+                  requeue, held until that job runs (admin comment `hai-yield=JOB@TIME`);
+- restore-level   give a requeued job back its submit-time level (admin comment `hai-level`);
+- auto            put a pending AUTO job at the highest level where its user has quota left;
+- start-now       a requeued job held back for `cred_expire` (reason BeginTime): start it now;
+- release         a job held by Slurm's requeue limit (JobHoldMaxRequeue);
+- fcfs            explicit priorities that keep each level's pending jobs in submission
+                  (job id) order, so a requeued job keeps its place ahead of later jobs.
+
+`explain(job, jobs, policy)` says in words why a job waits (for `hai status`).
+"""
+
+from __future__ import annotations
+
+import time
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, Mapping, Sequence
+
+from .levels import AUTO, Level
+from .policy import NodeGroup, Policy
+from .qos import LEVEL_STRIDE, level_base, level_of_qos, qos_for
+from .slurm.records import JobInfo
+
+LEVEL_TAG = "hai-level"
+DEMOTED_TAG = "hai-demoted"
+YIELD_TAG = "hai-yield"
+ACTIVE = ("RUNNING", "SUSPENDED")
+WAITING_FOR_NODES = ("Resources", "Priority", "None")
+QUOTA_REASONS = ("QOSMaxNodePerUserLimit", "QOSMaxTRESPerUserLimit", "QOSMaxGRESPerUser", "QOSMaxCpuPerUserLimit")
+# A requeued job whose eligible time is this close to its (reset) submit time is held back by
+# Slurm's requeue delay (cred_expire, 120 s by default), not by a --begin of its owner.
+REQUEUE_DELAY_MAX = 300
+# How long a preempted demoted job stays held for the job it yields to, after its grace time.
+YIELD_TIMEOUT = 120
+# A job that FAILED this long after Slurm asked it to suspend did not die of the notice.
+FAILED_IN_GRACE_SLACK = 60
+MAX_PRIORITY_UPDATES = 500
+
+
+@dataclass(frozen=True)
+class Action:
+    """One thing to do to one job; `why` is the log line's reason."""
+
+    kind: str  # update | requeue | release | signal | hold
+    job_id: int
+    rule: str
+    why: str
+    fields: tuple[tuple[str, str], ...] = ()
+
+    def field_dict(self) -> dict[str, str]:
+        return dict(self.fields)
+
+    def describe(self) -> str:
+        what = self.kind if not self.fields else f"{self.kind} " + " ".join(f"{k}={v}" for k, v in self.fields)
+        return f"job {self.job_id}: {what} [{self.rule}] {self.why}"
+
+
+# ------------------------------------------------------------------ admin comment tags
+
+
+def tags_of(job: JobInfo) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for part in job.admin_comment.replace(";", " ").split():
+        key, sep, value = part.partition("=")
+        if sep:
+            out[key] = value
+    return out
+
+
+def with_tags(comment: str, set_: Mapping[str, str] = {}, drop: Iterable[str] = ()) -> str:
+    """`comment` with tags set or dropped, other words kept in order."""
+    drop = set(drop) | set(set_)
+    words = [w for w in comment.replace(";", " ").split() if w.partition("=")[0] not in drop]
+    return " ".join(words + [f"{k}={v}" for k, v in set_.items()])
+
+
+def parse_yield(value: str) -> tuple[int, int] | None:
+    """`JOB@EPOCH` -> (job id, epoch)."""
+    job, _, at = value.partition("@")
+    return (int(job), int(at)) if job.isdigit() and at.isdigit() else None
+
+
+# ------------------------------------------------------------------ the snapshot
+
+
+class Snapshot:
+    """The queue seen through the policy: levels, usage, pending lines (built once per cycle)."""
+
+    def __init__(self, jobs: Sequence[JobInfo], policy: Policy, now: float) -> None:
+        self.jobs = jobs
+        self.policy = policy
+        self.now = now
+        self.by_id = {j.job_id: j for j in jobs}
+        cache: dict[str, Level | None] = {}
+        self.level: dict[int, Level | None] = {}
+        self.tags: dict[int, dict[str, str]] = {}
+        self.used: dict[tuple[str, str], int] = defaultdict(int)
+        demotion = policy.demotion
+        self.demoted_level = policy.level(demotion.target) if demotion else None
+        for j in jobs:
+            if j.qos not in cache:
+                cache[j.qos] = level_of_qos(policy, j.qos)
+            lvl = cache[j.qos]
+            self.level[j.job_id] = lvl
+            self.tags[j.job_id] = tags_of(j) if j.admin_comment else {}
+            if j.state in ACTIVE and lvl is not None:
+                self.used[(j.user, lvl.name)] += j.num_nodes
+
+    def submit_level(self, job: JobInfo) -> str | None:
+        """The level the job was submitted at (AUTO for AUTO), from job_submit.lua's stamp."""
+        tag = self.tags[job.job_id].get(LEVEL_TAG)
+        if tag:
+            return tag
+        lvl = self.level[job.job_id]
+        return lvl.name if lvl else None
+
+    def is_demoted(self, job: JobInfo) -> bool:
+        d = self.policy.demotion
+        lvl = self.level[job.job_id]
+        return (d is not None and lvl is not None and lvl.name == d.source and job.state in ACTIVE
+                and job.start_time > 0 and self.now - job.start_time >= d.after_seconds)
+
+    def effective_level(self, job: JobInfo) -> Level | None:
+        return self.demoted_level if self.is_demoted(job) else self.level[job.job_id]
+
+    def group_of(self, job: JobInfo) -> NodeGroup | None:
+        for name in job.partition.split(","):
+            g = self.policy.group(name)
+            if g:
+                return g
+        return self.policy.default_group if not job.partition else None
+
+
+def is_held(job: JobInfo) -> bool:
+    return job.state == "PENDING" and (job.priority == 0 or job.reason.startswith("JobHeld")
+                                       or job.reason == "JobHoldMaxRequeue")
+
+
+def auto_level(policy: Policy, user: str, account: str, nodes: int, used: Mapping[tuple[str, str], int],
+               group: NodeGroup | None = None) -> str:
+    """AUTO: the highest level where `user` still has quota for `nodes` more nodes.
+
+    When no level has room now: the highest level whose quota can ever hold the job (it
+    waits there for its quota), else the lowest level.
+    """
+    candidates = [lvl for lvl in policy.levels_high_to_low if group is None or group.accepts(lvl.name)]
+    for lvl in candidates:
+        q = policy.quota_for(lvl.name, user, account)
+        if q is None or used.get((user, lvl.name), 0) + nodes <= q:
+            return lvl.name
+    for lvl in candidates:
+        q = policy.quota_for(lvl.name, user, account)
+        if q is None or nodes <= q:
+            return lvl.name
+    return (candidates or list(policy.levels_high_to_low))[-1].name
+
+
+# ------------------------------------------------------------------ decide
+
+
+class _Plan:
+    """Actions collected per job; updates to one job are merged into one scontrol call."""
+
+    def __init__(self) -> None:
+        self.first: list[Action] = []
+        self.updates: dict[int, tuple[dict[str, str], list[str], list[str]]] = {}
+        self.after: list[Action] = []
+        self.touched: set[int] = set()
+
+    def add(self, action: Action) -> None:
+        self.touched.add(action.job_id)
+        self.first.append(action)
+
+    def update(self, job_id: int, rule: str, why: str, **fields: str) -> None:
+        self.touched.add(job_id)
+        f, rules, whys = self.updates.setdefault(job_id, ({}, [], []))
+        f.update(fields)
+        rules.append(rule)
+        whys.append(why)
+
+    def then(self, action: Action) -> None:
+        self.touched.add(action.job_id)
+        self.after.append(action)
+
+    def actions(self) -> list[Action]:
+        merged = [Action("update", job_id, "+".join(rules), "; ".join(whys), tuple(f.items()))
+                  for job_id, (f, rules, whys) in self.updates.items()]
+        return self.first + merged + self.after
+
+
+def decide(jobs: Sequence[JobInfo], policy: Policy, now: float | None = None, *,
+           idle_nodes: Mapping[str, int] | Callable[[], Mapping[str, int]] | None = None,
+           max_priority_updates: int = MAX_PRIORITY_UPDATES) -> list[Action]:
+    """The actions one daemon cycle takes for this queue snapshot (see the module doc)."""
+    now = time.time() if now is None else now
+    snap = Snapshot(jobs, policy, now)
+    plan = _Plan()
+    level_changes: set[int] = set()
+    grace = policy.grace_seconds
+    for job in jobs:
+        state = job.state
+        if state == "RUNNING":
+            _running(job, snap, plan, grace)
+        elif state == "PENDING":
+            _pending(job, snap, plan, level_changes)
+        elif state == "FAILED":
+            pt = job.preempt_time
+            if pt and job.start_time and pt >= job.start_time and pt <= job.end_time <= pt + grace + FAILED_IN_GRACE_SLACK:
+                plan.add(Action("requeue", job.job_id, "requeue-failed",
+                                f"died {job.end_time - pt} s after its suspend notice (grace {grace} s): "
+                                "a preempted job is requeued, not ended"))
+    _yield_for_demoted(snap, plan, idle_nodes, level_changes)
+    _fcfs(snap, plan, level_changes, max_priority_updates)
+    return plan.actions()
+
+
+def _running(job: JobInfo, snap: Snapshot, plan: _Plan, grace: int) -> None:
+    now, policy = snap.now, snap.policy
+    pt = job.preempt_time
+    if pt and pt >= job.start_time and now - pt >= grace:
+        plan.add(Action("requeue", job.job_id, "force-requeue",
+                        f"ignored its suspend notice: preempted {now - pt:.0f} s ago, grace {grace} s"))
+        return
+    tags = snap.tags[job.job_id]
+    y = parse_yield(tags.get(YIELD_TAG, ""))
+    if y:
+        waiting, at = y
+        other = snap.by_id.get(waiting)
+        if other is None or other.state != "PENDING":
+            plan.update(job.job_id, "yield", f"job {waiting} no longer waits for its nodes: preemption called off",
+                        AdminComment=with_tags(job.admin_comment, drop=[YIELD_TAG]))
+        elif now - at >= grace:
+            plan.add(Action("requeue", job.job_id, "yield",
+                            f"demoted, gives its nodes to job {waiting}: grace of {grace} s is over"))
+            plan.then(Action("hold", job.job_id, "yield", f"held until job {waiting} runs"))
+        return
+    demoted = snap.is_demoted(job)
+    if demoted and DEMOTED_TAG not in tags:
+        d = policy.demotion
+        plan.update(job.job_id, "demote",
+                    f"{d.source} -> {d.target} after {now - job.start_time:.0f} s running (limit {d.after_seconds} s)",
+                    AdminComment=with_tags(job.admin_comment, {DEMOTED_TAG: d.target}))
+    elif not demoted and DEMOTED_TAG in tags:  # requeued and running again since it was demoted
+        plan.update(job.job_id, "restore-level", "runs again after a requeue: no longer demoted",
+                    AdminComment=with_tags(job.admin_comment, drop=[DEMOTED_TAG]))
+
+
+def _pending(job: JobInfo, snap: Snapshot, plan: _Plan, level_changes: set[int]) -> None:
+    now, policy = snap.now, snap.policy
+    tags = snap.tags[job.job_id]
+    jid = job.job_id
+    if job.reason == "JobHoldMaxRequeue":
+        plan.add(Action("release", jid, "release",
+                        f"held by Slurm's requeue limit after {job.restart_count} restarts; a preempted job "
+                        "must never stay held"))
+        return
+    y = parse_yield(tags.get(YIELD_TAG, ""))
+    if y:
+        waiting, at = y
+        other = snap.by_id.get(waiting)
+        still = other is not None and other.state == "PENDING" and now - at < policy.grace_seconds + YIELD_TIMEOUT
+        if still:
+            if not is_held(job):
+                plan.add(Action("hold", jid, "yield", f"requeued for job {waiting}: held until that job runs"))
+            return
+        if other is None:
+            why = f"job {waiting} is gone"
+        elif other.state != "PENDING":
+            why = f"job {waiting} got its nodes"
+        else:
+            why = f"job {waiting} still waits {YIELD_TIMEOUT} s after the grace time: stop yielding"
+        plan.update(jid, "yield", why, AdminComment=with_tags(job.admin_comment, drop=[YIELD_TAG]))
+        if is_held(job) and job.reason == "JobHeldAdmin":
+            plan.then(Action("release", jid, "yield", f"released: it yielded to job {waiting}"))
+        return
+    if DEMOTED_TAG in tags:
+        plan.update(jid, "restore-level", "requeued: no longer demoted",
+                    AdminComment=with_tags(job.admin_comment, drop=[DEMOTED_TAG]))
+    if is_held(job):
+        return
+    lvl = snap.level[jid]
+    submit = snap.submit_level(job)
+    if submit == AUTO and policy.allow_auto:
+        best = auto_level(policy, job.user, job.account, job.num_nodes, snap.used, snap.group_of(job))
+        if lvl is None or best != lvl.name:
+            plan.update(jid, "auto", f"AUTO: {best} is the highest level where {job.user} has quota for "
+                        f"{job.num_nodes} node(s) now (was {lvl.name if lvl else job.qos})",
+                        QOS=qos_for(policy, best, job.user, job.account))
+            level_changes.add(jid)
+        snap.used[(job.user, best)] += job.num_nodes  # the next AUTO job of this user sees it taken
+    elif job.restart_count > 0 and submit and lvl is not None and submit != lvl.name and _is_level(policy, submit):
+        plan.update(jid, "restore-level", f"requeued: back at its submit-time level {submit} (was {lvl.name})",
+                    QOS=qos_for(policy, submit, job.user, job.account))
+        level_changes.add(jid)
+    if (job.restart_count > 0 and job.reason == "BeginTime" and job.eligible_time > now
+            and 0 <= job.eligible_time - job.submit_time <= REQUEUE_DELAY_MAX):
+        plan.update(jid, "start-now", f"requeued {now - job.submit_time:.0f} s ago, Slurm holds it back until "
+                    f"+{job.eligible_time - now:.0f} s: eligible now", StartTime="now")
+
+
+def _is_level(policy: Policy, name: str) -> bool:
+    return any(lvl.name == name for lvl in policy.ladder)
+
+
+def _yield_for_demoted(snap: Snapshot, plan: _Plan,
+                       idle_nodes: Mapping[str, int] | Callable[[], Mapping[str, int]] | None,
+                       level_changes: set[int]) -> None:
+    """Preempt demoted jobs for the first waiting job of each group whose level Slurm will not
+    let preempt them (a level above the demotion target, up to the demotion source)."""
+    policy, now = snap.policy, snap.now
+    d = policy.demotion
+    if d is None:
+        return
+    src, tgt = policy.level(d.source), policy.level(d.target)
+    demoted = [j for j in snap.jobs if j.state == "RUNNING" and snap.is_demoted(j)]
+    if not demoted:
+        return
+    busy: set[str] = set()  # partitions with a preemption in flight: one at a time
+    for j in snap.jobs:
+        if YIELD_TAG in snap.tags[j.job_id]:
+            busy.update(j.partition.split(","))
+    heads: dict[str, JobInfo] = {}
+    for j in snap.jobs:
+        if j.state != "PENDING" or is_held(j) or j.job_id in level_changes or YIELD_TAG in snap.tags[j.job_id]:
+            continue
+        lvl = snap.level[j.job_id]
+        if lvl is None:
+            continue
+        for part in j.partition.split(","):
+            h = heads.get(part)
+            if h is None or (lvl.value, -j.job_id) > (snap.level[h.job_id].value, -h.job_id):
+                heads[part] = j
+    idle: Mapping[str, int] | None = None
+    for part, head in sorted(heads.items()):
+        hl = snap.level[head.job_id]
+        if part in busy or head.reason not in WAITING_FOR_NODES or not (tgt.value < hl.value <= src.value):
+            continue
+        victims = [j for j in demoted if j.partition == part and YIELD_TAG not in snap.tags[j.job_id]
+                   and j.job_id not in plan.touched and now - j.start_time >= policy.min_run_seconds
+                   and snap.level[j.job_id].value >= hl.value]
+        if not victims:
+            continue
+        if idle is None:
+            idle = (idle_nodes() if callable(idle_nodes) else idle_nodes) or {}
+        # nodes Slurm can give the head job by itself: idle ones, and those of lower levels it preempts
+        own = idle.get(part, 0) + sum(j.num_nodes for j in snap.jobs if j.state in ACTIVE and j.partition == part
+                                      and snap.level[j.job_id] is not None
+                                      and snap.level[j.job_id].value < hl.value)
+        need = head.num_nodes - own
+        if need <= 0 or sum(v.num_nodes for v in victims) < need:
+            continue
+        victims.sort(key=lambda v: -v.start_time)  # the most recent run loses the least work
+        for v in victims:
+            if need <= 0:
+                break
+            need -= v.num_nodes
+            plan.add(Action("signal", v.job_id, "yield",
+                            f"demoted to {tgt.name} after {now - v.start_time:.0f} s; job {head.job_id} "
+                            f"({hl.name}) needs its nodes: suspend notice, forced off after {policy.grace_seconds} s",
+                            (("signal", policy.notice_signal),)))
+            plan.update(v.job_id, "yield", f"yields to job {head.job_id}",
+                        AdminComment=with_tags(v.admin_comment, {YIELD_TAG: f"{head.job_id}@{int(now)}"}))
+        busy.add(part)
+
+
+def _fcfs(snap: Snapshot, plan: _Plan, level_changes: set[int], cap: int) -> None:
+    """Explicit priorities so that each level's pending jobs (per partition) run in job id order.
+
+    Slurm orders by priority, then submit time, then job id, and a requeue resets the submit
+    time. Going from the last job to the first, a job keeps its priority when it already sorts
+    before the next one, else it gets the next one's priority + 1 (within its level's band).
+    """
+    groups: dict[tuple[str, str], list[JobInfo]] = defaultdict(list)
+    for j in snap.jobs:
+        if j.state != "PENDING" or is_held(j) or j.job_id in level_changes or YIELD_TAG in snap.tags[j.job_id]:
+            continue
+        lvl = snap.level[j.job_id]
+        if lvl is not None:
+            groups[(j.partition, lvl.name)].append(j)
+    updates: list[tuple[int, int, int]] = []  # (priority, job id, old)
+    for (part, name), members in groups.items():
+        base = level_base(snap.policy.level(name))
+        members.sort(key=lambda j: j.job_id)
+        for j, p in zip(members, fcfs_priorities(members, base)):
+            if p != j.priority:
+                updates.append((p, j.job_id, j.priority))
+    updates.sort(key=lambda u: (-u[0], u[1]))  # the head of the line first
+    for p, jid, old in updates[:cap]:
+        plan.update(jid, "fcfs", f"keeps its place in line (priority {old} -> {p})", Priority=str(p))
+
+
+def fcfs_priorities(members: Sequence[JobInfo], base: int) -> list[int]:
+    """Priorities for `members` (sorted by job id) that make Slurm run them in that order."""
+    lo, hi = base - 1, base + LEVEL_STRIDE - 2  # Slurm's own rounding may give base - 1
+    out = [0] * len(members)
+    nxt: tuple[int, int, int] | None = None
+    for i in range(len(members) - 1, -1, -1):
+        j = members[i]
+        p = j.priority
+        if not (lo <= p <= hi and (nxt is None or (-p, j.submit_time, j.job_id) < nxt)):
+            p = base if nxt is None else max(base, -nxt[0] + 1)
+            if p > hi:  # more jobs than the band holds: number them from the top, the rest share base
+                return [max(base, hi - k) for k in range(len(members))]
+        out[i] = p
+        nxt = (-p, j.submit_time, j.job_id)
+    return out
+
+
+# ------------------------------------------------------------------ for hai-submit and hai status
+
+
+def resolve_auto_for_user(user: str, nodes: int, slurm, policy: Policy | None = None, account: str = "") -> str:
+    """AUTO for a job about to be submitted: the level name to submit it at (reads the queue)."""
+    if policy is None:
+        from .policy import find_policy
+
+        policy = find_policy()
+    used: dict[tuple[str, str], int] = defaultdict(int)
+    for j in slurm.jobs(user=user):
+        lvl = level_of_qos(policy, j.qos)
+        if j.state in ACTIVE and lvl is not None:
+            used[(j.user, lvl.name)] += j.num_nodes
+    return auto_level(policy, user, account, nodes, used, policy.default_group)
+
+
+def _ago(seconds: float) -> str:
+    s = int(max(0, seconds))
+    if s < 120:
+        return f"{s} s"
+    if s < 7200:
+        return f"{s // 60} min"
+    return f"{s // 3600} h {s % 3600 // 60} min"
+
+
+def _nodes(n: int) -> str:
+    return f"{n} node" if n == 1 else f"{n} nodes"
+
+
+def explain(job: JobInfo, jobs: Sequence[JobInfo], policy: Policy, now: float | None = None) -> str:
+    """Why `job` is where it is, in words (for `hai status`); `jobs` is the whole queue."""
+    now = time.time() if now is None else now
+    snap = Snapshot(jobs if any(j.job_id == job.job_id for j in jobs) else [*jobs, job], policy, now)
+    lvl = snap.level.get(job.job_id)
+    name = lvl.name if lvl else (job.qos or "?")
+    tags = snap.tags[job.job_id]
+    if job.state == "RUNNING":
+        if job.preempt_time and job.preempt_time >= job.start_time:
+            return (f"running at {name}, asked to suspend {_ago(now - job.preempt_time)} ago "
+                    f"(forced off after {policy.grace_seconds} s)")
+        y = parse_yield(tags.get(YIELD_TAG, ""))
+        if y:
+            return (f"running, demoted; asked to give its nodes to job {y[0]} {_ago(now - y[1])} ago "
+                    f"(forced off after {policy.grace_seconds} s)")
+        if snap.is_demoted(job):
+            d = policy.demotion
+            return (f"running at {d.source} for {_ago(now - job.start_time)}: counts as {d.target} "
+                    f"(demoted after {_ago(d.after_seconds)}), so a {d.source} job may take its nodes")
+        return f"running at {name} on {_nodes(job.num_nodes)} for {_ago(now - job.start_time)}"
+    if job.state != "PENDING":
+        return job.state.lower().replace("_", " ")
+    auto = "AUTO, now " if snap.submit_level(job) == AUTO else ""
+    reason = job.reason
+    y = parse_yield(tags.get(YIELD_TAG, ""))
+    if y:
+        return f"gave its nodes to job {y[0]} (it had been demoted); waits until that job runs"
+    if reason in QUOTA_REASONS and lvl is not None:
+        q = policy.quota_for(lvl.name, job.user, job.account)
+        used = snap.used.get((job.user, lvl.name), 0)
+        return f"{auto}over quota at {lvl.name}: {used}/{q if q is not None else '-'} nodes in use"
+    if reason == "JobHoldMaxRequeue":
+        return (f"held by Slurm's requeue limit after {job.restart_count} restarts "
+                "(the policy daemon releases it)")
+    if reason == "BeginTime":
+        wait = job.eligible_time - now
+        if job.restart_count > 0:
+            return f"held back after requeue (restarts in ~{max(0, round(wait))} s)"
+        return f"starts no earlier than in {_ago(wait)} (--begin)"
+    if reason == "JobHeldUser":
+        return f"held by its owner (scontrol release {job.job_id})"
+    if reason == "JobHeldAdmin" or job.priority == 0:
+        return "held by an administrator"
+    if reason in ("Dependency", "DependencyNeverSatisfied"):
+        return "waiting for its dependency" if reason == "Dependency" else "its dependency can never be satisfied"
+    if reason in WAITING_FOR_NODES and lvl is not None:
+        return f"{auto}waiting for {_nodes(job.num_nodes)} at {lvl.name} (position {_position(job, snap)} in line)"
+    return f"{auto}pending at {name}: {reason}"
+
+
+def _position(job: JobInfo, snap: Snapshot) -> int:
+    """1 + the pending jobs of the same group that Slurm would start before `job`."""
+    mine = snap.level[job.job_id]
+    parts = set(job.partition.split(","))
+    ahead = 0
+    for j in snap.jobs:
+        if j.job_id == job.job_id or j.state != "PENDING" or is_held(j) or not parts & set(j.partition.split(",")):
+            continue
+        lvl = snap.level[j.job_id]
+        if lvl is None:
+            continue
+        if lvl.value > mine.value or (lvl.value == mine.value and j.job_id < job.job_id):
+            ahead += 1
+    return ahead + 1
