@@ -1,6 +1,6 @@
 """The commit protocol for one checkpoint directory (one tier).
 
-A save writes into ``DIR/.staging-<step>-<host>-<pid>-<rand>/``, fsyncs every file,
+A save writes into ``DIR/.staging-<step>-<host>-<pid>-<start>-<rand>/``, fsyncs every file,
 writes and fsyncs ``manifest.json`` last, fsyncs the staging directory, then (holding
 ``DIR/.lock``) renames it to ``DIR/step-<step>`` and fsyncs ``DIR``. A reader only looks
 at ``step-*`` directories, so it never sees a partial checkpoint, whenever a crash hits.

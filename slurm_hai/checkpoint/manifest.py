@@ -10,7 +10,7 @@ Layout of a checkpoint root (see docs/checkpoint.md)::
         state.safetensors             global state (single-process layout)
         rank-00000.safetensors        per-rank state (RNG), one file per rank
         dcp/.metadata, dcp/*.distcp   model/optimizer via torch DCP (sharded layout)
-    DIR/.staging-<step>-<host>-<pid>-<rand>/   a save in progress (never read)
+    DIR/.staging-<step>-<host>-<pid>-<start>-<rand>/   a save in progress (never read)
     DIR/.quarantine/step-...-<time>/  checkpoints that failed verification
 """
 
