@@ -5,6 +5,9 @@ SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 VENV ?= .venv
 PY := $(VENV)/bin/python
+# Debian's interpreter: jobs run as other users, who must be able to execute the venv's
+# Python (an interpreter under /root, e.g. pyenv's, is not reachable for them).
+BASE_PYTHON ?= /usr/bin/python3
 PYTEST_ARGS ?=
 
 .PHONY: demo test setup venv cluster cluster-down bench clean
@@ -21,8 +24,9 @@ venv: $(VENV)/.installed
 
 # torch is pinned and installed first: an unpinned torch would pull several GB of CUDA wheels.
 $(VENV)/.installed: pyproject.toml
-	@python3 -m venv --help >/dev/null 2>&1 || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3-venv)
-	@test -x $(PY) || python3 -m venv $(VENV)
+	@test -x $(BASE_PYTHON) && $(BASE_PYTHON) -c 'import ensurepip, venv' 2>/dev/null || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3 python3-venv python3-dev)
+	@test -x $(PY) || $(BASE_PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[torch,dev]'

@@ -48,8 +48,10 @@ def hai_state(job: JobInfo | None, final: dict | None, suspended_runs: int) -> s
         return f"finished-{final['state']}"
     if job is None:
         return "unknown"
-    if job.state in ("RUNNING", "COMPLETING", "CONFIGURING"):
+    if job.state in ("RUNNING", "CONFIGURING"):
         return "running"
+    if job.state == "COMPLETING":  # not final (no final.json): the run is ending for a requeue
+        return "suspended"
     if job.state in ("PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SUSPENDED", "PREEMPTED"):
         return "suspended" if (job.restart_count > 0 or suspended_runs > 0) else "waiting"
     if job.state == "COMPLETED":

@@ -64,7 +64,10 @@ def main(script, args, name, nodes, priority, gpus_per_node, group, env, time_li
     """
     slurm = backend()
     root = default_root()
-    level = parse_level(priority) if priority else None
+    try:
+        level = parse_level(priority)
+    except ValueError as e:
+        raise click.UsageError(str(e)) from None
     if level == AUTO:
         from ..scheduling import resolve_auto_for_user  # needs the policy and the live queue
 

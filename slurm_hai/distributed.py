@@ -1,0 +1,31 @@
+"""torch.distributed under the HAI contract (RANK and WORLD_SIZE count nodes, not processes).
+
+    init_process_group("gloo")   # or "nccl"; inside a process started by spawn()
+    get_rank(), get_world_size()  # global, over all processes of all nodes
+"""
+
+from __future__ import annotations
+
+import os
+
+
+def get_rank() -> int:
+    return int(os.environ.get("HAI_GLOBAL_RANK", os.environ.get("RANK", "0")))
+
+
+def get_world_size() -> int:
+    return int(os.environ.get("HAI_GLOBAL_WORLD_SIZE", os.environ.get("WORLD_SIZE", "1")))
+
+
+def init_process_group(backend: str = "gloo", timeout_seconds: float = 300) -> None:
+    import datetime
+
+    import torch.distributed as dist
+
+    dist.init_process_group(
+        backend,
+        init_method=f"tcp://{os.environ.get('MASTER_IP', '127.0.0.1')}:{os.environ.get('MASTER_PORT', '2222')}",
+        world_size=get_world_size(),
+        rank=get_rank(),
+        timeout=datetime.timedelta(seconds=timeout_seconds),
+    )

@@ -1,0 +1,85 @@
+"""One process per GPU on this node, HAI style: `spawn(fn, args=(), nprocs=N, bind_numa=False)`.
+
+Each process runs fn(local_rank, *args) with LOCAL_RANK, LOCAL_WORLD_SIZE and the global
+rank HAI_GLOBAL_RANK = RANK * nprocs + local_rank (RANK is the node rank of the HAI
+contract) and HAI_GLOBAL_WORLD_SIZE = WORLD_SIZE * nprocs in its environment. If one
+process fails, the others are stopped (SIGTERM, then SIGKILL) and spawn exits with its code.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import sys
+import time
+from multiprocessing.connection import wait
+from pathlib import Path
+from typing import Callable
+
+STOP_GRACE_SECONDS = 5.0
+
+
+def _numa_cpus(index: int, nprocs: int) -> set[int] | None:
+    nodes = sorted(Path("/sys/devices/system/node").glob("node[0-9]*"))
+    if not nodes:
+        return None
+    node = nodes[index * len(nodes) // nprocs]
+    cpus: set[int] = set()
+    for part in (node / "cpulist").read_text().strip().split(","):
+        lo, _, hi = part.partition("-")
+        cpus.update(range(int(lo), int(hi or lo) + 1))
+    return cpus & os.sched_getaffinity(0) or None
+
+
+def _entry(fn: Callable, local_rank: int, nprocs: int, args: tuple, bind_numa: bool) -> None:
+    node_rank = int(os.environ.get("RANK", "0"))
+    nodes = int(os.environ.get("WORLD_SIZE", "1"))
+    os.environ.update(LOCAL_RANK=str(local_rank), LOCAL_WORLD_SIZE=str(nprocs),
+                      HAI_GLOBAL_RANK=str(node_rank * nprocs + local_rank),
+                      HAI_GLOBAL_WORLD_SIZE=str(nodes * nprocs))
+    if bind_numa:
+        cpus = _numa_cpus(local_rank, nprocs)
+        if cpus:
+            os.sched_setaffinity(0, cpus)
+    fn(local_rank, *args)
+
+
+def default_nprocs() -> int:
+    for key in ("SLURM_GPUS_ON_NODE", "HAI_GPUS_PER_NODE"):
+        if os.environ.get(key, "").isdigit() and int(os.environ[key]) > 0:
+            return int(os.environ[key])
+    return 1
+
+
+def spawn(fn: Callable, args: tuple = (), nprocs: int | None = None, bind_numa: bool = False) -> None:
+    """Run fn(local_rank, *args) in `nprocs` processes; return when all succeeded."""
+    nprocs = nprocs or default_nprocs()
+    ctx = mp.get_context("spawn")
+    procs = [ctx.Process(target=_entry, args=(fn, i, nprocs, tuple(args), bind_numa), name=f"hai-rank{i}")
+             for i in range(nprocs)]
+    for p in procs:
+        p.start()
+    live = {p.sentinel: p for p in procs}
+    failed = None
+    while live and failed is None:
+        for sentinel in wait(list(live)):
+            p = live.pop(sentinel)
+            p.join()
+            if p.exitcode != 0:
+                failed = p
+                break
+    if failed is not None:
+        for p in live.values():
+            if p.is_alive():
+                p.terminate()
+        deadline = time.monotonic() + STOP_GRACE_SECONDS
+        for p in live.values():
+            p.join(max(0.0, deadline - time.monotonic()))
+            if p.is_alive():
+                os.kill(p.pid, signal.SIGKILL)
+                p.join()
+        code = failed.exitcode if failed.exitcode > 0 else 128 - failed.exitcode
+        print(f"slurm-hai spawn: local rank {procs.index(failed)} exited with {failed.exitcode}; "
+              f"stopped the other {nprocs - 1}", file=sys.stderr, flush=True)
+        sys.exit(code)
