@@ -132,6 +132,8 @@ def run_in_background(
         try:
             persist()
         except CheckpointError as exc:
+            # Logged now as well: a job that exits without another save/wait/load still shows it.
+            log.error("background save of step %d failed: %s", handle.step, exc)
             handle.finish(exc)
         except BaseException as exc:  # noqa: BLE001 - DCP raises BaseException subclasses
             log.exception("background save of step %d failed", handle.step)
