@@ -1,0 +1,161 @@
+"""Pure logic of the job side: levels, hostlists, the env contract, submit validation, states."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+
+from slurm_hai.contract import master_port, node_contract
+from slurm_hai.hostlist import expand
+from slurm_hai.jobdir import JobDir
+from slurm_hai.jobstate import hai_state
+from slurm_hai.levels import AUTO, LevelError, parse_level
+from slurm_hai.slurm.records import JobInfo
+from slurm_hai.submit import JobRequest, RequestError, render_script, validate
+
+
+@pytest.mark.parametrize("text,name", [("high", "HIGH"), ("30", "HIGH"), (" Low ", "LOW"), ("0", "LOW"),
+                                       ("above_normal", "ABOVE_NORMAL")])
+def test_levels_parse_by_name_or_number(text, name):
+    assert parse_level(text).name == name
+
+
+def test_auto_and_unknown_levels():
+    assert parse_level("auto") == AUTO and parse_level("-1") == AUTO
+    with pytest.raises(LevelError, match="unknown priority level '31'"):
+        parse_level("31")
+
+
+@pytest.mark.parametrize("text,hosts", [
+    ("n1", ["n1"]), ("n[1-3]", ["n1", "n2", "n3"]), ("n[1,3-4],gpu07", ["n1", "n3", "n4", "gpu07"]),
+    ("gpu[08-10]", ["gpu08", "gpu09", "gpu10"]), ("a[1-2]b[1-2]", ["a1b1", "a1b2", "a2b1", "a2b2"]),
+])
+def test_hostlist_expansion(text, hosts):
+    assert expand(text) == hosts
+
+
+def test_contract_computed_from_slurm_variables():
+    env = {"SLURM_NODEID": "1", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "gpu[07-08]",
+           "SLURM_JOB_ID": "1234", "SLURM_RESTART_COUNT": "3"}
+    c = node_contract(env, node_addr={"gpu07": "10.0.0.7", "gpu08": "10.0.0.8"}.__getitem__)
+    assert c == {"MASTER_IP": "10.0.0.7", "MASTER_ADDR": "10.0.0.7", "MASTER_PORT": "2222", "WORLD_SIZE": "2",
+                 "RANK": "1", "NODE_RANK": "1", "HAI_RESTART_COUNT": "3", "HAI_CONTRACT": "launcher"}
+
+
+def test_contract_from_the_spank_plugin_is_taken_as_is():
+    env = {"HAI_CONTRACT": "spank", "MASTER_IP": "1.2.3.4", "MASTER_ADDR": "1.2.3.4", "MASTER_PORT": "40001",
+           "WORLD_SIZE": "4", "RANK": "2", "NODE_RANK": "2", "HAI_RESTART_COUNT": "1"}
+    assert node_contract(env, node_addr=lambda n: pytest.fail("must not look up"))["MASTER_PORT"] == "40001"
+
+
+def test_master_port_spreads_jobs_over_the_span():
+    assert master_port({"SLURM_JOB_ID": "7"}) == 2222
+    assert master_port({"SLURM_JOB_ID": "7", "HAI_MASTER_PORT_BASE": "40000", "HAI_MASTER_PORT_SPAN": "100"}) == 40007
+    assert master_port({"SLURM_JOB_ID": "7", "HAI_MASTER_PORT": "5000"}) == 5000
+
+
+def _request(**kw) -> JobRequest:
+    return JobRequest(script="train.py", job_root="/home/u/.hai/jobs", **kw)
+
+
+def test_render_quotes_every_shell_value():
+    ctx = validate(_request(args=["a b", "$(touch /tmp/pwned)", "x;y"], env=["MSG=it's $HOME"]))
+    text = render_script(ctx, term_is_notice=False)
+    assert "'$(touch /tmp/pwned)'" in text and "'a b'" in text and "'x;y'" in text
+    assert "export MSG='it'\"'\"'s $HOME'" in text
+    assert "#SBATCH --qos=normal" in text and "#SBATCH --signal=USR2@35" in text
+    # the rendered script, run by bash -n, parses
+    subprocess.run(["bash", "-n"], input=text, text=True, check=True)
+
+
+@pytest.mark.parametrize("kw,msg", [
+    ({"name": "x; rm -rf ~"}, "job name"), ({"name": "$(id)"}, "job name"), ({"nodes": 0}, "--nodes"),
+    ({"priority": "URGENT"}, "unknown priority"), ({"env": ["NOEQUALS"]}, "KEY=VALUE"),
+    ({"env": ["SLURM_JOB_ID=1"]}, "set by Slurm"), ({"time": "1h"}, "--time"), ({"grace": 301}, "--grace"),
+    ({"retries": -1}, "--retries"), ({"group": "a b"}, "--group"), ({"workdir": "/tmp/a b"}, "--workdir"),
+])
+def test_bad_requests_are_refused(kw, msg):
+    with pytest.raises(RequestError, match=msg.replace("$", r"\$")):
+        validate(_request(**kw))
+
+
+def _job(state: str, restarts: int = 0) -> JobInfo:
+    return JobInfo(job_id=1, name="j", user="u", state=state, reason="None", qos="low", partition="gpu",
+                   num_nodes=1, node_list="n1", restart_count=restarts, submit_time=0, start_time=0,
+                   eligible_time=0, priority=1)
+
+
+@pytest.mark.parametrize("state,restarts,final,expected", [
+    ("PENDING", 0, None, "waiting"), ("PENDING", 2, None, "suspended"), ("RUNNING", 1, None, "running"),
+    ("COMPLETING", 1, None, "suspended"), ("COMPLETED", 1, {"state": "succeeded"}, "finished-succeeded"),
+    ("PENDING", 1, {"state": "stopped"}, "finished-stopped"), ("FAILED", 0, None, "finished-failed"),
+    ("CANCELLED", 0, None, "finished-stopped"),
+])
+def test_hai_state(state, restarts, final, expected):
+    assert hai_state(_job(state, restarts), final, 0) == expected
+
+
+def test_jobdir_is_private_and_final_is_written_once(tmp_path):
+    jd = JobDir(tmp_path / "j").create()
+    assert (tmp_path / "j").stat().st_mode & 0o777 == 0o700
+    jd.set_final("succeeded", 0)
+    jd.set_final("failed", 1)
+    assert jd.final()["state"] == "succeeded"
+    assert jd.mark_suspend(0, "go_suspend") and not jd.mark_suspend(0, "forced")
+    assert jd.suspended(0) == "go_suspend" and jd.suspended(1) is None
+    jd.set_whole_life_state(7)
+    assert jd.whole_life_state() == 7
+    assert (tmp_path / "j" / "whole_life_state").stat().st_mode & 0o777 == 0o600
+
+
+def test_client_imports_nothing_heavy():
+    code = ("import sys, slurm_hai.client as c; c.receive_suspend_command(); "
+            "print(sorted(m for m in ('torch', 'click', 'jinja2', 'numpy') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], text=True, capture_output=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_receive_suspend_command_sees_the_flag_and_only_the_flag(tmp_path):
+    flag = tmp_path / "flag"
+    flag.write_bytes(b"0")
+    code = ("import sys, time, slurm_hai.client as c\n"
+            "assert c.receive_suspend_command() is False\n"
+            "print('polling', flush=True)\n"
+            "while not c.receive_suspend_command(): time.sleep(0.01)\n"
+            "print('seen')\n")
+    p = subprocess.Popen([sys.executable, "-c", code], env={**os.environ, "HAI_SUSPEND_FLAG": str(flag)},
+                         stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().strip() == "polling"
+    time.sleep(0.2)
+    assert p.poll() is None
+    with open(flag, "r+b", buffering=0) as f:
+        f.write(b"1")
+    assert p.stdout.readline().strip() == "seen"
+    assert p.wait(5) == 0
+    no_flag = subprocess.run([sys.executable, "-c", "import slurm_hai.client as c; print(c.receive_suspend_command())"],
+                             env={k: v for k, v in os.environ.items() if k != "HAI_SUSPEND_FLAG"},
+                             text=True, capture_output=True)
+    assert no_flag.stdout.strip() == "False"
+
+
+def test_local_simulation_restarts_and_keeps_whole_life_state(tmp_path):
+    script = tmp_path / "sim.py"
+    script.write_text(
+        "import time, slurm_hai.client as c\n"
+        "r = c.restart_count(); s = c.get_whole_life_state()\n"
+        "print('run', r, 'state', s, flush=True)\n"
+        "while r < 2:\n"
+        "    if c.receive_suspend_command():\n"
+        "        c.set_whole_life_state(s + 10); c.go_suspend()\n"
+        "    time.sleep(0.01)\n")
+    jd = tmp_path / "state"
+    p = subprocess.run([os.path.join(os.path.dirname(sys.executable), "hai"), "run-local", str(script),
+                        "--suspend-after", "0.3", "--restarts", "2", "--job-dir", str(jd)],
+                       text=True, capture_output=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    log = (jd / "logs" / "rank-0.log").read_text()
+    assert "run 0 state 0" in log and "run 1 state 10" in log and "run 2 state 20" in log
