@@ -84,10 +84,11 @@ class LiveCluster:
             time.sleep(0.5)
         raise AssertionError(f"cluster did not drain: jobs {q}, busy nodes {busy}")
 
-    @staticmethod
-    def shared_root() -> Path:
-        base = Path("/tmp/slurm-hai-tests")
-        base.mkdir(mode=0o755, exist_ok=True)
+    def shared_root(self) -> Path:
+        """/tmp/slurm-hai-tests/<cluster instance>: tests of two instances never share files."""
+        base = Path("/tmp/slurm-hai-tests") / self.state.name
+        base.mkdir(mode=0o755, parents=True, exist_ok=True)
+        base.parent.chmod(0o755)
         base.chmod(0o755)
         return base
 
