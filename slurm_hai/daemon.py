@@ -156,7 +156,7 @@ def leader_lock(path: str | Path, wait: bool = False, stop: threading.Event | No
         path.parent.mkdir(parents=True, exist_ok=True)
     except OSError:
         pass
-    lock = filelock.FileLock(str(path))
+    lock = filelock.FileLock(str(path), thread_local=False)  # released by whichever thread stops it
     try:
         lock.acquire(timeout=0)
         return lock

@@ -266,11 +266,11 @@ def plan_changes(policy: Policy, state: ClusterState) -> list[Change]:
             entity, where, who = "account", ["where", f"cluster={row.get('Cluster', '')}", f"name={account}"], \
                 f"account {account}"
         added, removed = sorted(want - have), sorted(have - want)
-        detail = [f"+{','.join(added)}" if added else "", f"-{','.join(removed)}" if removed else "",
-                  f"default {default_now or '(none)'} -> {default}" if default_now != default else ""]
+        detail = " ".join([f"+{q}" for q in added] + [f"-{q}" for q in removed])
+        if default_now != default:
+            detail += f"{'; ' if detail else ''}default {default_now or '(none)'} -> {default}"
         changes.append(Change("sacctmgr", ("modify", entity, *where, "set", f"qos={','.join(sorted(want))}",
-                                           f"defaultqos={default}"),
-                              f"QOS access of {who}: " + ", ".join(d for d in detail if d)))
+                                           f"defaultqos={default}"), f"QOS access of {who}: {detail}"))
 
     for name in sorted(state.qos):
         base, kind, owner = parse_qos(name)

@@ -284,7 +284,7 @@ def _pending(job: JobInfo, snap: Snapshot, plan: _Plan, level_changes: set[int])
             why = f"job {waiting} got its nodes"
         else:
             why = f"job {waiting} still waits {YIELD_TIMEOUT} s after the grace time: stop yielding"
-        plan.update(jid, "yield", why, AdminComment=with_tags(job.admin_comment, drop=[YIELD_TAG]))
+        plan.update(jid, "yield", why, AdminComment=with_tags(job.admin_comment, drop=[YIELD_TAG, DEMOTED_TAG]))
         if is_held(job) and job.reason == "JobHeldAdmin":
             plan.then(Action("release", jid, "yield", f"released: it yielded to job {waiting}"))
         return

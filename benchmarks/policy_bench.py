@@ -1,0 +1,141 @@
+"""Policy daemon benchmark: one decision cycle over a large synthetic queue.
+
+    .venv/bin/python benchmarks/policy_bench.py --jobs 1000 10000 50000 --repeats 5
+
+The queue is synthetic `squeue --json` output (Slurm 22.05, OpenAPI v0.0.38): each record is
+a full job record as squeue prints it (about 2.7 KB), with a realistic mix of running and
+pending jobs over every level, requeued jobs out of submission order, AUTO jobs, demoted
+jobs, quota waits and held jobs. A cycle is what the daemon does between `squeue --json`
+returning and the first scontrol call: parse the JSON, build JobInfo records, decide.
+Rows are medians over --repeats; the target is <= 1 s per cycle at 10,000 jobs.
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import platform
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout too
+
+from slurm_hai.policy import load_policy  # noqa: E402
+from slurm_hai.qos import level_base  # noqa: E402
+from slurm_hai.scheduling import decide  # noqa: E402
+from slurm_hai.slurm.records import jobs_from_squeue_json  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+NOW = 1_800_000_000
+
+# One record as squeue --json prints it on the local 22.05 cluster (fields trimmed of nothing).
+TEMPLATE = {
+    "account": "hai", "accrue_time": 0, "admin_comment": "", "array_job_id": 0, "array_task_id": None,
+    "array_max_tasks": 0, "array_task_string": "", "association_id": 4, "batch_features": "", "batch_flag": True,
+    "batch_host": "", "flags": ["JOB_ACCRUE_OVER"], "burst_buffer": "", "burst_buffer_state": "", "cluster": "hai",
+    "cluster_features": "", "command": "/home/u/train.sh", "comment": "hai-dir=/home/u/.hai/jobs", "container": "",
+    "contiguous": False, "core_spec": None, "thread_spec": None, "cores_per_socket": None, "billable_tres": 2.0,
+    "cpus_per_task": None, "cpu_frequency_minimum": None, "cpu_frequency_maximum": None,
+    "cpu_frequency_governor": None, "cpus_per_tres": "", "deadline": 0, "delay_boot": 0, "dependency": "",
+    "derived_exit_code": 0, "eligible_time": 0, "end_time": 0, "excluded_nodes": "", "exit_code": 0,
+    "features": "", "federation_origin": "", "federation_siblings_active": "", "federation_siblings_viable": "",
+    "gres_detail": [], "group_id": 1000, "group_name": "u", "job_id": 0,
+    "job_resources": {"nodes": "", "allocated_cores": 1, "allocated_hosts": 1, "allocated_nodes": [
+        {"sockets": {"0": {"cores": {"0": "allocated"}}, "1": {"cores": {"0": "allocated"}}}, "nodename": "n1",
+         "cpus_used": 0, "memory_used": 0, "memory_allocated": 0}]},
+    "job_state": "PENDING", "last_sched_evaluation": 0, "licenses": "", "max_cpus": 0, "max_nodes": 0,
+    "mcs_label": "", "memory_per_tres": "", "name": "train", "nodes": "", "nice": None, "tasks_per_core": None,
+    "tasks_per_node": 0, "tasks_per_socket": None, "tasks_per_board": 0, "cpus": 2, "node_count": 1, "tasks": 1,
+    "het_job_id": 0, "het_job_id_set": "", "het_job_offset": 0, "partition": "gpu", "prefer": "",
+    "memory_per_node": None, "memory_per_cpu": None, "minimum_cpus_per_node": 1, "minimum_tmp_disk_per_node": 0,
+    "preempt_time": 0, "pre_sus_time": 0, "priority": 0, "profile": None, "qos": "normal", "reboot": False,
+    "required_nodes": "", "requeue": True, "resize_time": 0, "restart_cnt": 0, "resv_name": "", "shared": "none",
+    "show_flags": ["SHOW_ALL", "SHOW_DETAIL", "SHOW_LOCAL"], "sockets_per_board": 0, "sockets_per_node": None,
+    "start_time": 0, "state_description": "", "state_reason": "Priority", "standard_error": "",
+    "standard_input": "/dev/null", "standard_output": "/home/u/batch-%j.log", "submit_time": 0, "suspend_time": 0,
+    "system_comment": "", "time_limit": None, "time_minimum": 0, "threads_per_core": None, "tres_bind": "",
+    "tres_freq": "", "tres_per_job": "", "tres_per_node": "gres:gpu:8", "tres_per_socket": "", "tres_per_task": "",
+    "tres_req_str": "cpu=1,mem=1000M,node=1,billing=1", "tres_alloc_str": "", "user_id": 1000, "user_name": "u",
+    "wckey": "", "current_working_directory": "/home/u",
+}
+
+
+def synthetic_queue(n: int, policy, seed: int = 1) -> str:
+    rnd = random.Random(seed)
+    levels = list(policy.ladder)
+    users = [f"user{i:03d}" for i in range(200)] + ["hai-bob"]
+    demote_after = policy.demotion.after_seconds if policy.demotion else 1800
+    jobs = []
+    for i in range(n):
+        rec = copy.deepcopy(TEMPLATE)
+        jid = 100_000 + i
+        lvl = rnd.choice(levels)
+        user = rnd.choice(users)
+        auto = rnd.random() < 0.05
+        rec.update(job_id=jid, user_name=user, qos=lvl.qos, node_count=rnd.choice([1, 1, 2, 4, 8]),
+                   admin_comment=f"hai-level={'AUTO' if auto else lvl.name}",
+                   submit_time=NOW - 86_400 + i, eligible_time=NOW - 86_400 + i, priority=level_base(lvl))
+        r = rnd.random()
+        if r < 0.3:  # running; some above-normal ones past their demotion time
+            rec.update(job_state="RUNNING", state_reason="None", start_time=NOW - rnd.randint(10, 2 * demote_after),
+                       nodes="n[1-2]", batch_host="n1")
+            if rnd.random() < 0.01:
+                rec["preempt_time"] = NOW - rnd.randint(0, 20)
+        else:
+            reason = rnd.choices(["Priority", "Resources", "QOSMaxNodePerUserLimit", "BeginTime", "JobHeldUser",
+                                  "Dependency"], [60, 10, 15, 5, 5, 5])[0]
+            rec["state_reason"] = reason
+            if rnd.random() < 0.1:  # requeued: submit time reset, place to be restored
+                rec.update(restart_cnt=rnd.randint(1, 4), submit_time=NOW - rnd.randint(1, 60))
+                rec["eligible_time"] = rec["submit_time"] + 5
+            if reason == "JobHeldUser":
+                rec["priority"] = 0
+        jobs.append(rec)
+    return json.dumps({"meta": {"plugin": {"type": "openapi/v0.0.38"}}, "errors": [], "jobs": jobs})
+
+
+def cycle(text: str, policy) -> tuple[float, float, float, int]:
+    t0 = time.perf_counter()
+    doc = json.loads(text)
+    t1 = time.perf_counter()
+    jobs = jobs_from_squeue_json(doc)
+    t2 = time.perf_counter()
+    actions = decide(jobs, policy, NOW, idle_nodes={"gpu": 0})
+    t3 = time.perf_counter()
+    return t1 - t0, t2 - t1, t3 - t2, len(actions)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--jobs", type=int, nargs="+", default=[1000, 10000, 50000])
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--policy", default=str(REPO / "contrib" / "localcluster" / "policy.toml"))
+    args = ap.parse_args()
+    policy = load_policy(args.policy)
+    print(f"policy daemon cycle, median of {args.repeats} runs; Python {platform.python_version()}, "
+          f"{platform.machine()}, policy {Path(args.policy).name}")
+    header = f"{'jobs':>7}  {'JSON MB':>7}  {'json.loads':>10}  {'JobInfo':>8}  {'decide':>8}  {'cycle':>8}  " \
+             f"{'actions':>7}  target"
+    print(header)
+    print("-" * len(header))
+    worst = 0.0
+    for n in args.jobs:
+        text = synthetic_queue(n, policy)
+        runs = [cycle(text, policy) for _ in range(args.repeats)]
+        parse, build, dec = (statistics.median(r[i] for r in runs) for i in range(3))
+        total = statistics.median(sum(r[:3]) for r in runs)
+        target = "<= 1 s" if n == 10000 else ""
+        ok = " ok" if n == 10000 and total <= 1.0 else (" MISSED" if n == 10000 else "")
+        if n == 10000:
+            worst = total
+        print(f"{n:>7}  {len(text) / 1e6:>7.1f}  {parse * 1e3:>8.0f}ms  {build * 1e3:>6.0f}ms  {dec * 1e3:>6.0f}ms  "
+              f"{total * 1e3:>6.0f}ms  {runs[0][3]:>7}  {target}{ok}")
+    return 0 if worst <= 1.0 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

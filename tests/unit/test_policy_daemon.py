@@ -1,0 +1,241 @@
+"""The policy daemon's I/O loop with a fake Slurm, its leader lock, and the hai-admin CLI."""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from slurm_hai.cli.admin import main as admin
+from slurm_hai.daemon import LockBusy, PolicyDaemon, leader_lock
+from slurm_hai.policy import load_policy
+from slurm_hai.slurm import SlurmError
+from slurm_hai.slurm.records import JobInfo
+
+REPO = Path(__file__).resolve().parents[2]
+LOCAL = REPO / "contrib" / "localcluster" / "policy.toml"
+NOW = 1_800_000_000
+
+
+def job(job_id: int, **kw) -> JobInfo:
+    d = dict(job_id=job_id, name="j", user="hai-alice", state="PENDING", reason="Priority", qos="normal",
+             partition="gpu", num_nodes=1, node_list="", restart_count=0, submit_time=NOW - 100 + job_id,
+             start_time=0, eligible_time=NOW - 100, priority=11_000_000, admin_comment="hai-level=NORMAL")
+    d.update(kw)
+    return JobInfo(**d)
+
+
+class FakeSlurm:
+    name = "fake"
+
+    def __init__(self, jobs=(), fail_jobs: int = 0, fail_on: set[tuple[str, int]] = frozenset()):
+        self.queue = list(jobs)
+        self.calls: list[tuple] = []
+        self.fail_jobs = fail_jobs
+        self.fail_on = set(fail_on)
+
+    def jobs(self, job_ids=(), user=None):
+        if self.fail_jobs:
+            self.fail_jobs -= 1
+            raise SlurmError("squeue: slurm_load_jobs error: Unable to contact slurm controller")
+        return list(self.queue)
+
+    def _call(self, kind, job_id, *rest):
+        self.calls.append((kind, job_id, *rest))
+        if (kind, job_id) in self.fail_on:
+            raise SlurmError(f"scontrol: {kind} {job_id} refused")
+
+    def update_job(self, job_id, **fields):
+        self._call("update", job_id, fields)
+
+    def requeue(self, job_id):
+        self._call("requeue", job_id)
+
+    def release(self, job_id):
+        self._call("release", job_id)
+
+    def cancel(self, job_id, signal=None):
+        self._call("signal", job_id, signal)
+
+    def idle_nodes(self):
+        return {"gpu": 0}
+
+
+def test_cycle_carries_out_and_logs_each_action(caplog):
+    slurm = FakeSlurm([job(1, state="RUNNING", qos="low", start_time=NOW - 60, preempt_time=NOW - 10,
+                           reason="None"),
+                       job(2, reason="JobHoldMaxRequeue", priority=0)])
+    d = PolicyDaemon(slurm, policy=load_policy(LOCAL), clock=lambda: NOW)
+    with caplog.at_level(logging.INFO, logger="hai-policyd"):
+        result = d.cycle()
+    assert slurm.calls == [("requeue", 1), ("release", 2)]
+    assert result.jobs == 2 and result.failed == 0
+    lines = [r.getMessage() for r in caplog.records]
+    assert any(line.startswith("job 1: requeue [force-requeue] ignored its suspend notice") for line in lines)
+    assert any(line.startswith("job 2: release [release] held by Slurm's requeue limit") for line in lines)
+
+
+def test_failed_action_is_logged_and_not_retried_at_once(caplog):
+    held = job(2, reason="JobHoldMaxRequeue", priority=0)
+    slurm = FakeSlurm([held, job(3, reason="JobHoldMaxRequeue", priority=0)], fail_on={("release", 2)})
+    clock = [NOW]
+    d = PolicyDaemon(slurm, policy=load_policy(LOCAL), clock=lambda: clock[0])
+    with caplog.at_level(logging.INFO, logger="hai-policyd"):
+        assert d.cycle().failed == 1
+    assert slurm.calls == [("release", 2), ("release", 3)]  # the failure does not stop the cycle
+    assert any("job 2: release failed [release]: scontrol: release 2 refused" in r.getMessage()
+               for r in caplog.records)
+    d.cycle()
+    assert slurm.calls.count(("release", 2)) == 1
+    clock[0] += 31
+    d.cycle()
+    assert slurm.calls.count(("release", 2)) == 2
+
+
+def test_dry_run_changes_nothing(caplog):
+    slurm = FakeSlurm([job(2, reason="JobHoldMaxRequeue", priority=0)])
+    d = PolicyDaemon(slurm, policy=load_policy(LOCAL), dry_run=True, clock=lambda: NOW)
+    with caplog.at_level(logging.INFO, logger="hai-policyd"):
+        d.cycle()
+    assert slurm.calls == []
+    assert any(r.getMessage().startswith("would: job 2: release") for r in caplog.records)
+
+
+def test_slurm_down_is_retried_with_backoff(caplog, monkeypatch):
+    slurm = FakeSlurm([job(2, reason="JobHoldMaxRequeue", priority=0)], fail_jobs=2)
+    d = PolicyDaemon(slurm, policy=load_policy(LOCAL), interval=0.01, clock=lambda: NOW)
+    stop = threading.Event()
+    waits: list[float] = []
+
+    def fake_wait(timeout):
+        waits.append(timeout)
+        if slurm.calls:
+            return True  # stop once it acted
+        return False
+
+    monkeypatch.setattr(stop, "wait", fake_wait)
+    with caplog.at_level(logging.INFO, logger="hai-policyd"):
+        assert d.run(stop=stop) == 0
+    assert waits[:2] == [0.02, 0.04]  # doubled each time
+    assert slurm.calls == [("release", 2)]
+    msgs = [r.getMessage() for r in caplog.records]
+    assert any("Slurm did not answer (squeue: slurm_load_jobs error" in m for m in msgs)
+    assert "Slurm answers again" in msgs
+
+
+def test_once_reports_a_failed_cycle():
+    d = PolicyDaemon(FakeSlurm(fail_jobs=1), policy=load_policy(LOCAL))
+    assert d.run(once=True) == 1
+
+
+def test_policy_is_reloaded_when_the_file_changes(tmp_path, caplog):
+    path = tmp_path / "policy.toml"
+    path.write_text("grace_seconds = 5\n")
+    d = PolicyDaemon(FakeSlurm(), policy_path=path)
+    path.write_text("grace_seconds = 9\n")
+    future = time.time() + 10
+    import os
+
+    os.utime(path, (future, future))
+    with caplog.at_level(logging.INFO, logger="hai-policyd"):
+        d.cycle()
+    assert d.policy.grace_seconds == 9
+    path.write_text("grace_seconds = 'x'\n")
+    os.utime(path, (future + 10, future + 10))
+    with caplog.at_level(logging.INFO, logger="hai-policyd"):
+        d.cycle()
+    assert d.policy.grace_seconds == 9  # a broken edit keeps the previous policy
+    assert any("policy not reloaded" in r.getMessage() for r in caplog.records)
+
+
+def test_only_one_leader(tmp_path):
+    path = tmp_path / "run" / "policyd.lock"
+    first = leader_lock(path)
+    try:
+        with pytest.raises(LockBusy, match="another hai-admin daemon holds"):
+            leader_lock(path)
+        got = []
+        stop = threading.Event()
+        t = threading.Thread(target=lambda: got.append(leader_lock(path, wait=True, stop=stop)))
+        t.start()
+        time.sleep(0.3)
+        assert got == []  # standing by
+    finally:
+        first.release()
+    t.join(5)
+    assert len(got) == 1 and got[0].is_locked
+    got[0].release()
+
+
+# ------------------------------------------------------------------ hai-admin CLI (no cluster needed)
+
+
+def test_admin_help_reads_like_a_man_page():
+    r = CliRunner().invoke(admin, ["--help"])
+    assert r.exit_code == 0
+    for word in ("render", "plan", "apply", "daemon", "check", "Exit status"):
+        assert word in r.output
+    r = CliRunner().invoke(admin, ["daemon", "--help"])
+    assert "JobHoldMaxRequeue" in r.output and "--once" in r.output and "--interval" in r.output
+
+
+def test_admin_check_and_bad_policy_is_one_line(tmp_path):
+    r = CliRunner().invoke(admin, ["check", "--policy", str(LOCAL)])
+    assert r.exit_code == 0 and "override for user hai-bob" in r.output
+    bad = tmp_path / "policy.toml"
+    bad.write_text('[quota.users.alice]\nHIGH = "x"\n')
+    r = CliRunner().invoke(admin, ["check", "--policy", str(bad)])
+    assert r.exit_code == 1
+    assert r.output == f"Error: {bad}: [quota.users.alice] HIGH: expected a non-negative integer, got 'x'\n"
+    r = CliRunner().invoke(admin, ["plan", "--policy", str(tmp_path / "missing.toml")])
+    assert r.exit_code == 1 and r.output.count("\n") == 1 and "no such policy file" in r.output
+
+
+def test_admin_without_policy_is_a_usage_error(tmp_path, monkeypatch):
+    monkeypatch.delenv("HAI_POLICY", raising=False)
+    monkeypatch.setenv("SLURM_CONF", str(tmp_path / "slurm.conf"))
+    monkeypatch.setattr("slurm_hai.policy.SYSTEM_POLICY", tmp_path / "none.toml")
+    r = CliRunner().invoke(admin, ["plan"])
+    assert r.exit_code == 2 and "no policy file: pass --policy FILE" in r.output
+
+
+def test_admin_render_writes_every_file(tmp_path):
+    r = CliRunner().invoke(admin, ["render", "--policy", str(LOCAL), "--out", str(tmp_path / "out")])
+    assert r.exit_code == 0, r.output
+    names = sorted(p.name for p in (tmp_path / "out").iterdir())
+    assert names == ["hai-policy.conf", "job_submit.lua", "partitions.conf", "plugstack.conf", "qos-ladder.sh"]
+    assert "PartitionName=gpu" in (tmp_path / "out" / "partitions.conf").read_text()
+    assert "levels=EXTREME_HIGH:50," in (tmp_path / "out" / "plugstack.conf").read_text()
+
+
+def test_admin_daemon_exits_4_when_another_leads(tmp_path):
+    lock = leader_lock(tmp_path / "l.lock")
+    try:
+        r = CliRunner().invoke(admin, ["daemon", "--policy", str(LOCAL), "--once", "--lock", str(tmp_path / "l.lock")])
+    finally:
+        lock.release()
+    assert r.exit_code == 4 and "another hai-admin daemon holds" in r.output
+
+
+def test_plan_exit_status_says_whether_changes_are_due(monkeypatch):
+    from slurm_hai.qos import Change
+
+    monkeypatch.setattr("slurm_hai.cli.admin._plan", lambda policy, partitions: [])
+    r = CliRunner().invoke(admin, ["plan", "--policy", str(LOCAL)])
+    assert r.exit_code == 0 and "no change" in r.output
+    change = Change("sacctmgr", ("modify", "qos", "where", "name=high", "set", "GraceTime=5"), "high: GraceTime")
+    monkeypatch.setattr("slurm_hai.cli.admin._plan", lambda policy, partitions: [change])
+    r = CliRunner().invoke(admin, ["plan", "--policy", str(LOCAL)])
+    assert r.exit_code == 3
+    assert r.output.splitlines()[:2] == ["sacctmgr -i modify qos where name=high set GraceTime=5",
+                                         "    # high: GraceTime"]
+
+
+def test_replace_keeps_jobinfo_frozen():
+    j = job(1)
+    assert replace(j, priority=5).priority == 5 and j.priority == 11_000_000

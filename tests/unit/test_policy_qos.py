@@ -1,0 +1,313 @@
+"""The QOS ladder, quota-override variants, the plan against a cluster state, and the
+rendered Slurm files (job_submit.lua run under a real Lua with a stub `slurm` table)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from slurm_hai.policy import default_policy, load_policy, parse_policy
+from slurm_hai.qos import (SHOW_FIELDS, ClusterState, desired_qos, level_of_qos, offline_access_changes, parse_qos,
+                           plan, plan_changes, qos_for, qos_weight, template_context)
+from slurm_hai.render import render
+
+REPO = Path(__file__).resolve().parents[2]
+LOCAL = load_policy(REPO / "contrib" / "localcluster" / "policy.toml")
+
+
+def shown(policy) -> dict[str, dict[str, str]]:
+    """What `sacctmgr show qos` would print once the policy is applied."""
+    out = {}
+    for spec in desired_qos(policy):
+        row = {"name": spec.name}
+        row.update({k.lower(): v[0] for k, v in spec.settings().items()})
+        out[spec.name] = row
+    return out
+
+
+def assocs_for(policy, users=("root", "hai-alice", "hai-bob"), account="hai", cluster="hai"):
+    ladder = ",".join(sorted(lvl.qos for lvl in policy.ladder))
+    rows = [{"Cluster": cluster, "Account": account, "User": "", "Partition": "", "QOS": ladder, "DefaultQOS": "normal"}]
+    rows += [{"Cluster": cluster, "Account": account, "User": u, "Partition": "", "QOS": ladder, "DefaultQOS": "normal"}
+             for u in users]
+    return rows
+
+
+def applied(policy, changes_state: ClusterState) -> ClusterState:
+    """The state after the plan's association changes (QOS as desired)."""
+    state = ClusterState(qos=shown(policy), assocs=[dict(r) for r in changes_state.assocs],
+                         partitions=changes_state.partitions, nodes=changes_state.nodes)
+    for c in plan_changes(policy, changes_state):
+        if c.args[:2] in (("modify", "user"), ("modify", "account")):
+            where = dict(a.split("=", 1) for a in c.args[3:c.args.index("set")])
+            sets = dict(a.split("=", 1) for a in c.args[c.args.index("set") + 1:])
+            for row in state.assocs:
+                user_match = row["User"] == where.get("name") if c.args[1] == "user" else row["User"] == ""
+                acct = where.get("account") if c.args[1] == "user" else where.get("name")
+                if user_match and row["Account"] == acct:
+                    row["QOS"], row["DefaultQOS"] = sets["qos"], sets["defaultqos"]
+    return state
+
+
+def test_one_qos_per_level_preempts_only_lower_levels():
+    specs = {s.name: s for s in desired_qos(default_policy())}
+    assert list(specs) == ["extreme_high", "very_high", "high", "above_normal", "normal", "under_normal",
+                           "below_normal", "low"]
+    assert specs["high"].priority == 31
+    assert specs["high"].preempt == ("above_normal", "below_normal", "low", "normal", "under_normal")
+    assert specs["low"].preempt == ()
+    for spec in specs.values():
+        assert spec.name not in spec.preempt  # the same level never preempts
+        assert spec.flags == ("DenyOnLimit",)
+        assert spec.grace_seconds == 5
+
+
+def test_quota_overrides_are_variant_qos_with_the_level_relations():
+    specs = {s.name: s for s in desired_qos(LOCAL)}
+    bob = specs["normal.u.hai-bob"]
+    assert bob.max_nodes_per_user == 2 and bob.priority == specs["normal"].priority
+    assert bob.preempt == specs["normal"].preempt
+    # every higher level preempts the variant, the same level does not
+    assert "normal.u.hai-bob" in specs["above_normal"].preempt
+    assert "normal.u.hai-bob" in specs["high.u.hai-bob"].preempt
+    assert "normal.u.hai-bob" not in specs["normal"].preempt
+    assert "high.u.hai-bob" not in specs["high"].preempt
+    assert specs["very_high.u.hai-bob"].max_nodes_per_user == 0
+    assert specs["normal"].max_nodes_per_user == 4 and specs["low"].max_nodes_per_user is None
+
+
+def test_qos_names_map_back_to_levels():
+    assert qos_for(LOCAL, "NORMAL", "hai-bob", "hai") == "normal.u.hai-bob"
+    assert qos_for(LOCAL, "NORMAL", "hai-alice", "hai") == "normal"
+    assert qos_for(LOCAL, "LOW", "hai-bob", "hai") == "low"
+    assert level_of_qos(LOCAL, "normal.u.hai-bob").name == "NORMAL"
+    assert level_of_qos(LOCAL, "above_normal.a.lab").name == "ABOVE_NORMAL"
+    assert level_of_qos(LOCAL, "site_special") is None
+    assert parse_qos("high.u.a.b") == ("high", "u", "a.b")
+    assert parse_qos("high") == ("high", "", "")
+    p = parse_policy({"quota": {"accounts": {"lab": {"HIGH": 3}}, "users": {"ann": {"HIGH": 1}}}})
+    assert qos_for(p, "HIGH", "bob", "lab") == "high.a.lab"
+    assert qos_for(p, "HIGH", "ann", "lab") == "high.u.ann"
+
+
+def test_priority_weight_gives_each_level_its_band():
+    assert qos_weight(default_policy()) == 51_000_000
+
+
+def test_plan_creates_everything_on_an_empty_database():
+    cmds = plan(desired_qos(default_policy()), {})
+    adds = [c for c in cmds if c[0] == "add"]
+    assert len(adds) == 8 and cmds[:8] == adds  # Preempt= may only name QOS that exist
+    high = next(c for c in cmds if c[:4] == ["modify", "qos", "where", "name=high"])
+    assert "Preempt=above_normal,below_normal,low,normal,under_normal" in high
+    assert "Flags=DenyOnLimit" in high and "GraceTime=5" in high
+    assert not any(a.startswith("MaxTRESPU") for a in high)  # no quota in the default policy: none to set
+    low = next(c for c in cmds if c[:4] == ["modify", "qos", "where", "name=low"])
+    assert not any(a.startswith("Preempt=") for a in low)  # LOW preempts nothing: nothing to set
+
+
+def test_plan_is_empty_when_the_cluster_matches():
+    assert plan(desired_qos(LOCAL), shown(LOCAL)) == []
+    state = ClusterState(qos=shown(LOCAL), assocs=assocs_for(LOCAL))
+    after = applied(LOCAL, state)
+    assert plan_changes(LOCAL, after) == []
+
+
+def test_plan_changes_only_what_differs():
+    current = shown(LOCAL)
+    current["high"]["gracetime"] = "00:00:10"
+    current["normal"]["maxtrespu"] = ""
+    current["low"]["preempt"] = "normal"
+    changes = plan_changes(LOCAL, ClusterState(qos=current))
+    assert [c.args for c in changes] == [
+        ("modify", "qos", "where", "name=high", "set", "GraceTime=5"),
+        ("modify", "qos", "where", "name=normal", "set", "MaxTRESPU=node=4"),
+        ("modify", "qos", "where", "name=low", "set", "Preempt=''"),
+    ]
+    assert changes[0].why == "high: GraceTime 00:00:10 -> 00:00:05"
+    assert changes[2].why == "low: Preempt -normal"
+    assert changes[0].argv()[:2] == ["sacctmgr", "-i"]
+
+
+def test_association_access_uses_variants_and_keeps_site_qos():
+    rows = assocs_for(LOCAL)
+    rows[2]["QOS"] += ",site_special"  # hai-alice has a QOS of the site's own
+    changes = plan_changes(LOCAL, ClusterState(qos=shown(LOCAL), assocs=rows))
+    assert len(changes) == 1  # only hai-bob needs his variants; the account and others match
+    (bob,) = changes
+    assert bob.args[:7] == ("modify", "user", "where", "cluster=hai", "account=hai", "name=hai-bob", "set")
+    qos = set(bob.args[7].removeprefix("qos=").split(","))
+    assert {"normal.u.hai-bob", "high.u.hai-bob", "low", "under_normal"} <= qos
+    assert "normal" not in qos and "high" not in qos
+    assert bob.args[8] == "defaultqos=normal.u.hai-bob"
+    assert "+normal.u.hai-bob" in bob.why.split() and "-normal" in bob.why.split()
+    assert bob.why.endswith("; default normal -> normal.u.hai-bob")
+
+
+def test_stale_override_qos_is_removed_after_access_changes():
+    state = ClusterState(qos=shown(LOCAL), assocs=assocs_for(LOCAL))
+    state = applied(LOCAL, state)
+    without_bob = parse_policy({**_local_dict(), "quota": {"NORMAL": 4}})
+    changes = plan_changes(without_bob, state)
+    kinds = [c.args[:2] for c in changes]
+    deletes = [c.args[3] for c in changes if c.args[0] == "delete"]
+    assert sorted(deletes) == sorted(f"name={lvl}.u.hai-bob" for lvl in
+                                     ("extreme_high", "very_high", "high", "above_normal", "normal"))
+    assert kinds.index(("modify", "user")) < kinds.index(("delete", "qos"))
+    # the site's own QOS are never deleted
+    state.qos["site_special"] = {"name": "site_special"}
+    assert not any("site_special" in " ".join(c.args) for c in plan_changes(without_bob, state))
+
+
+def _local_dict() -> dict:
+    import tomllib
+
+    return tomllib.loads((REPO / "contrib" / "localcluster" / "policy.toml").read_text())
+
+
+def test_partitions_are_compared_and_created():
+    p = parse_policy({"groups": {"gpu": {"nodes": "n[1-4]", "priority_tier": 2, "levels": ["HIGH", "LOW"]},
+                                 "cpu": {"nodes": "c1"}}})
+    have = {"gpu": {"PartitionName": "gpu", "PriorityTier": "1", "AllowQos": "ALL", "Default": "YES",
+                    "Nodes": "n[1-4]"}}
+    state = ClusterState(qos=shown(p), partitions=have, nodes={"n[1-4]": frozenset({"n1", "n2", "n3", "n4"}),
+                                                                "c1": frozenset({"c1"})})
+    changes = plan_changes(p, state)
+    assert [c.tool for c in changes] == ["scontrol", "scontrol"]
+    assert changes[0].args == ("update", "PartitionName=gpu", "PriorityTier=2", "AllowQos=high,low")
+    assert changes[1].args[:3] == ("create", "PartitionName=cpu", "Nodes=c1")
+    have["gpu"].update(PriorityTier="2", AllowQos="low,high")
+    have["cpu"] = {"PartitionName": "cpu", "PriorityTier": "1", "AllowQos": "ALL", "Default": "NO", "Nodes": "c1"}
+    assert plan_changes(p, state) == []
+    have["gpu"]["Nodes"] = "n[1-2]"
+    state.nodes["n[1-2]"] = frozenset({"n1", "n2"})
+    assert plan_changes(p, state)[0].args == ("update", "PartitionName=gpu", "Nodes=n[1-4]")
+
+
+def test_partitions_not_read_are_left_alone():
+    assert all(c.tool == "sacctmgr" for c in plan_changes(LOCAL, ClusterState()))
+
+
+def test_show_fields_cover_every_setting():
+    spec = desired_qos(LOCAL)[0]
+    assert set(spec.settings()) | {"Name"} == set(SHOW_FIELDS)
+
+
+# ------------------------------------------------------------------ rendered files
+
+
+def test_rendered_slurm_conf_fragments():
+    ctx = template_context(LOCAL)
+    conf = render("slurm/hai-policy.conf.j2", **ctx)
+    assert "PreemptType=preempt/qos" in conf and "PriorityWeightQOS=51000000" in conf
+    assert "KillWait=5" in conf
+    parts = render("slurm/partitions.conf.j2", **ctx)
+    assert "PartitionName=gpu Nodes=n[1-4] Default=YES PriorityTier=1 AllowQos=ALL OverSubscribe=EXCLUSIVE" in parts
+    p = parse_policy({"groups": {"big": {"nodes": "b[1-8]", "levels": ["HIGH"]}},
+                      "quota": {"users": {"ann": {"HIGH": 1}}}})
+    parts = render("slurm/partitions.conf.j2", **template_context(p))
+    assert "AllowQos=high,high.u.ann" in parts
+
+
+def test_qos_script_is_valid_shell_and_idempotent_on_adds(tmp_path):
+    ctx = template_context(LOCAL)
+    text = render("slurm/qos-ladder.sh.j2", changes=plan_changes(LOCAL, ClusterState()),
+                  access=offline_access_changes(LOCAL), **ctx)
+    path = tmp_path / "qos.sh"
+    path.write_text(text)
+    assert subprocess.run(["sh", "-n", str(path)]).returncode == 0
+    assert "grep -qxF normal.u.hai-bob || sacctmgr -i add qos normal.u.hai-bob" in text
+    assert "sacctmgr -i modify account where name=hai set" in text
+    assert "sacctmgr -i modify user where name=hai-bob set" in text
+
+
+LUA = shutil.which("lua5.3") or shutil.which("lua")
+
+LUA_HARNESS = r"""
+local results = {}
+slurm = { SUCCESS = 0, ERROR = -1,
+          log_user = function(fmt, ...) results.msg = string.format(fmt, ...) end,
+          log_info = function() end }
+dofile(arg[1])
+local cases = %s
+local out = {}
+for i, c in ipairs(cases) do
+  results.msg = nil
+  local job = { user_name = c.user, account = c.account, default_account = "hai", min_nodes = c.nodes,
+                qos = c.qos, spank_job_env = c.env }
+  local rc = slurm_job_submit(job, {}, 1000)
+  out[i] = string.format('{"rc": %%d, "qos": "%%s", "comment": "%%s", "msg": "%%s"}', rc, job.qos or "",
+                         job.admin_comment or "", results.msg or "")
+end
+print("[" .. table.concat(out, ",") .. "]")
+"""
+
+
+def run_lua(tmp_path: Path, policy, cases: list[dict]) -> list[dict]:
+    script = tmp_path / "job_submit.lua"
+    script.write_text(render("slurm/job_submit.lua.j2", **template_context(policy)))
+    lua_cases = "{" + ",".join(
+        "{" + ",".join(f"{k} = {_lua(v)}" for k, v in c.items()) + "}" for c in cases) + "}"
+    harness = tmp_path / "harness.lua"
+    harness.write_text(LUA_HARNESS % lua_cases)
+    p = subprocess.run([LUA, str(harness), str(script)], text=True, capture_output=True, check=True)
+    return json.loads(p.stdout)
+
+
+def _lua(v) -> str:
+    if isinstance(v, str):
+        return json.dumps(v)
+    if isinstance(v, list):
+        return "{" + ",".join(_lua(x) for x in v) + "}"
+    return str(v)
+
+
+@pytest.mark.skipif(LUA is None, reason="no lua interpreter (apt-get install lua5.3)")
+def test_job_submit_lua_maps_levels_quotas_and_auto(tmp_path):
+    no_val = 4294967294
+    got = run_lua(tmp_path, LOCAL, [
+        {"user": "hai-alice", "nodes": 2, "qos": "high"},                        # 1 --qos=level
+        {"user": "hai-bob", "nodes": 1, "qos": "high"},                          # 2 -> bob's variant
+        {"user": "hai-bob", "nodes": 2, "qos": "high"},                          # 3 over bob's whole quota
+        {"user": "hai-bob", "nodes": 1, "qos": "very_high"},                     # 4 quota 0
+        {"user": "hai-alice", "nodes": no_val},                                   # 5 default level
+        {"user": "hai-bob", "nodes": 1, "env": ["HAI_PRIORITY=ABOVE_NORMAL"]},   # 6 SPANK option
+        {"user": "hai-bob", "nodes": 1, "qos": "auto"},                          # 7 AUTO -> HIGH for bob
+        {"user": "hai-alice", "nodes": 2, "env": ["HAI_PRIORITY=AUTO"]},         # 8 AUTO 2 nodes -> VERY_HIGH
+        {"user": "hai-bob", "nodes": 3, "qos": "auto"},                          # 9 AUTO 3 nodes -> UNDER_NORMAL
+        {"user": "hai-alice", "nodes": 1, "qos": "site_special"},                # 10 not ours
+        {"user": "hai-alice", "nodes": 1, "env": ["HAI_PRIORITY=BOGUS"]},        # 11 unknown level
+        {"user": "hai-alice", "nodes": 5, "qos": "normal"},                      # 12 over quota 4
+    ])
+    assert got[0] == {"rc": 0, "qos": "high", "comment": "hai-level=HIGH", "msg": ""}
+    assert got[1] == {"rc": 0, "qos": "high.u.hai-bob", "comment": "hai-level=HIGH", "msg": ""}
+    assert got[2]["rc"] == -1
+    assert got[2]["msg"] == ("hai: 2 nodes at HIGH exceed your quota of 1 nodes at that level; ask for at most 1 "
+                             "or use a lower level")
+    assert got[3]["rc"] == -1 and "your quota at VERY_HIGH is 0 nodes" in got[3]["msg"]
+    assert got[4] == {"rc": 0, "qos": "normal", "comment": "hai-level=NORMAL", "msg": ""}
+    assert got[5]["qos"] == "above_normal.u.hai-bob" and got[5]["comment"] == "hai-level=ABOVE_NORMAL"
+    assert got[6] == {"rc": 0, "qos": "high.u.hai-bob", "comment": "hai-level=AUTO", "msg": ""}
+    assert got[7]["qos"] == "very_high" and got[7]["comment"] == "hai-level=AUTO"
+    assert got[8]["qos"] == "under_normal"
+    assert got[9] == {"rc": 0, "qos": "site_special", "comment": "", "msg": ""}
+    assert got[10]["rc"] == -1 and got[10]["msg"].startswith("hai: unknown priority level 'BOGUS'; use one of ")
+    assert got[10]["msg"].endswith("or AUTO")
+    assert got[11]["rc"] == -1 and "5 nodes at NORMAL exceed your quota of 4 nodes" in got[11]["msg"]
+
+
+@pytest.mark.skipif(LUA is None, reason="no lua interpreter (apt-get install lua5.3)")
+def test_job_submit_lua_account_override_and_auto_off(tmp_path):
+    p = parse_policy({"allow_auto": False, "quota": {"NORMAL": 2, "accounts": {"lab": {"NORMAL": "unlimited"}}}})
+    got = run_lua(tmp_path, p, [
+        {"user": "ann", "account": "lab", "nodes": 9, "qos": "normal"},
+        {"user": "ann", "nodes": 3, "qos": "normal"},
+        {"user": "ann", "nodes": 1, "qos": "auto"},
+    ])
+    assert got[0]["rc"] == 0 and got[0]["qos"] == "normal.a.lab"
+    assert got[1]["rc"] == -1
+    assert got[2]["rc"] == -1 and "AUTO is not allowed" in got[2]["msg"]

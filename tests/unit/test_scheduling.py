@@ -1,0 +1,401 @@
+"""The policy daemon's decisions (slurm_hai.scheduling), one rule at a time, and explain()."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from slurm_hai.policy import load_policy, parse_policy
+from slurm_hai.qos import LEVEL_STRIDE
+from slurm_hai.scheduling import (Action, auto_level, decide, explain, fcfs_priorities, resolve_auto_for_user,
+                                  tags_of, with_tags)
+from slurm_hai.slurm.records import JobInfo
+
+REPO = Path(__file__).resolve().parents[2]
+POLICY = load_policy(REPO / "contrib" / "localcluster" / "policy.toml")
+NOW = 1_800_000_000
+BASE = {"HIGH": 31 * LEVEL_STRIDE, "ABOVE_NORMAL": 21 * LEVEL_STRIDE, "NORMAL": 11 * LEVEL_STRIDE,
+        "LOW": LEVEL_STRIDE}
+
+
+def job(job_id: int, state: str = "PENDING", qos: str = "normal", user: str = "hai-alice", nodes: int = 1,
+        reason: str | None = None, level: str | None = None, **kw) -> JobInfo:
+    lvl_name = level or qos.split(".")[0].upper()
+    defaults = dict(
+        job_id=job_id, name="j", user=user, state=state,
+        reason=reason if reason is not None else ("None" if state == "RUNNING" else "Priority"),
+        qos=qos, partition="gpu", num_nodes=nodes, node_list="", restart_count=0,
+        submit_time=NOW - 1000 + job_id, start_time=NOW - 100 if state == "RUNNING" else 0,
+        eligible_time=NOW - 1000 + job_id, priority=BASE.get(qos.split(".")[0].upper(), 11 * LEVEL_STRIDE),
+        admin_comment=f"hai-level={lvl_name}", account="hai",
+    )
+    defaults.update(kw)
+    return JobInfo(**defaults)
+
+
+def by_rule(actions: list[Action], rule: str) -> list[Action]:
+    return [a for a in actions if rule in a.rule.split("+")]
+
+
+def fields(actions: list[Action], job_id: int) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for a in actions:
+        if a.job_id == job_id and a.kind == "update":
+            out.update(a.field_dict())
+    return out
+
+
+# ------------------------------------------------------------------ quiet queue
+
+
+def test_nothing_to_do_for_a_plain_queue():
+    jobs = [job(1, "RUNNING", "high"), job(2, "RUNNING", "normal"), job(3), job(4), job(5, qos="low")]
+    assert decide(jobs, POLICY, NOW) == []
+
+
+# ------------------------------------------------------------------ (g) force a job that ignores its notice
+
+
+def test_preempted_job_still_running_after_grace_is_requeued():
+    jobs = [job(1, "RUNNING", "low", start_time=NOW - 60, preempt_time=NOW - 6)]
+    (a,) = decide(jobs, POLICY, NOW)
+    assert (a.kind, a.job_id, a.rule) == ("requeue", 1, "force-requeue")
+    assert "ignored its suspend notice: preempted 6 s ago, grace 5 s" in a.why
+
+
+def test_preempted_job_within_grace_is_left_alone():
+    jobs = [job(1, "RUNNING", "low", start_time=NOW - 60, preempt_time=NOW - 3)]
+    assert decide(jobs, POLICY, NOW) == []
+
+
+def test_old_preempt_time_of_an_earlier_run_is_ignored():
+    jobs = [job(1, "RUNNING", "low", start_time=NOW - 60, preempt_time=NOW - 500, restart_count=1)]
+    assert decide(jobs, POLICY, NOW) == []
+
+
+def test_job_that_died_of_its_notice_is_requeued_not_left_failed():
+    died = job(1, "FAILED", "low", start_time=NOW - 60, preempt_time=NOW - 10, end_time=NOW - 9)
+    (a,) = decide([died], POLICY, NOW)
+    assert (a.kind, a.rule) == ("requeue", "requeue-failed")
+    # a failure before any preemption, or long after it, is a real failure
+    assert decide([replace(died, preempt_time=0)], POLICY, NOW) == []
+    assert decide([replace(died, end_time=NOW - 10 + 500)], POLICY, NOW + 600) == []
+    assert decide([replace(died, state="COMPLETED")], POLICY, NOW) == []
+
+
+# ------------------------------------------------------------------ (e) requeue limit
+
+
+def test_job_held_by_requeue_limit_is_released():
+    (a,) = decide([job(1, reason="JobHoldMaxRequeue", priority=0, restart_count=5)], POLICY, NOW)
+    assert (a.kind, a.job_id, a.rule) == ("release", 1, "release")
+
+
+# ------------------------------------------------------------------ (d) requeue delay
+
+
+def test_requeued_job_held_back_by_begin_time_starts_now():
+    j = job(1, reason="BeginTime", restart_count=1, submit_time=NOW - 2, eligible_time=NOW + 3)
+    actions = decide([j], POLICY, NOW)
+    assert fields(actions, 1) == {"StartTime": "now"}
+    assert by_rule(actions, "start-now")
+
+
+def test_begin_time_of_the_owner_is_respected():
+    first_run = job(1, reason="BeginTime", submit_time=NOW - 2, eligible_time=NOW + 3)
+    user_begin = job(2, reason="BeginTime", restart_count=1, submit_time=NOW - 2, eligible_time=NOW + 3600)
+    assert decide([first_run, user_begin], POLICY, NOW) == []
+
+
+# ------------------------------------------------------------------ (b) submit-time level back
+
+
+def test_requeued_job_gets_its_submit_time_level_back():
+    moved = job(1, qos="normal", level="ABOVE_NORMAL", restart_count=1)
+    bob = job(2, qos="low", user="hai-bob", level="HIGH", restart_count=2)
+    actions = decide([moved, bob], POLICY, NOW)
+    assert fields(actions, 1) == {"QOS": "above_normal"}
+    assert fields(actions, 2) == {"QOS": "high.u.hai-bob"}  # the user's quota variant of the level
+    assert "back at its submit-time level ABOVE_NORMAL (was NORMAL)" in by_rule(actions, "restore-level")[0].why
+
+
+def test_level_is_not_touched_before_a_requeue():
+    assert decide([job(1, qos="normal", level="ABOVE_NORMAL")], POLICY, NOW) == []
+
+
+# ------------------------------------------------------------------ (a) demotion
+
+
+def test_above_normal_is_marked_demoted_after_its_time():
+    p = replace(POLICY, demotion=replace(POLICY.demotion, after_seconds=60))
+    young = job(1, "RUNNING", "above_normal", start_time=NOW - 59)
+    old = job(2, "RUNNING", "above_normal", start_time=NOW - 61)
+    actions = decide([young, old], p, NOW)
+    assert [a.job_id for a in actions] == [2]
+    assert fields(actions, 2) == {"AdminComment": "hai-level=ABOVE_NORMAL hai-demoted=NORMAL"}
+    assert "ABOVE_NORMAL -> NORMAL after 61 s running" in actions[0].why
+    # once marked, nothing more to do while it runs
+    marked = replace(old, admin_comment="hai-level=ABOVE_NORMAL hai-demoted=NORMAL")
+    assert decide([young, marked], p, NOW) == []
+
+
+def test_demoted_mark_is_dropped_after_a_requeue():
+    p = replace(POLICY, demotion=replace(POLICY.demotion, after_seconds=60))
+    pending = job(1, qos="above_normal", restart_count=1, admin_comment="hai-level=ABOVE_NORMAL hai-demoted=NORMAL")
+    assert fields(decide([pending], p, NOW), 1) == {"AdminComment": "hai-level=ABOVE_NORMAL"}
+    rerun = replace(pending, state="RUNNING", start_time=NOW - 5, reason="None")
+    assert fields(decide([rerun], p, NOW), 1) == {"AdminComment": "hai-level=ABOVE_NORMAL"}
+
+
+def demoted_scene(**head_kw):
+    p = replace(POLICY, demotion=replace(POLICY.demotion, after_seconds=60))
+    d1 = job(1, "RUNNING", "above_normal", nodes=2, start_time=NOW - 300,
+             admin_comment="hai-level=ABOVE_NORMAL hai-demoted=NORMAL")
+    d2 = job(2, "RUNNING", "above_normal", nodes=2, start_time=NOW - 200,
+             admin_comment="hai-level=ABOVE_NORMAL hai-demoted=NORMAL")
+    head = job(3, qos="above_normal", user="hai-bob", nodes=2, reason="Resources", **head_kw)
+    return p, [d1, d2, head]
+
+
+def test_demoted_job_yields_to_a_waiting_job_of_its_former_level():
+    p, jobs = demoted_scene()
+    actions = decide(jobs, p, NOW, idle_nodes={"gpu": 0})
+    signal = [a for a in actions if a.kind == "signal"]
+    assert [(a.job_id, a.field_dict()) for a in signal] == [(2, {"signal": "USR2"})]  # most recent run first
+    assert fields(actions, 2) == {"AdminComment": f"hai-level=ABOVE_NORMAL hai-demoted=NORMAL hai-yield=3@{NOW}"}
+    assert "job 3 (ABOVE_NORMAL) needs its nodes" in signal[0].why
+
+
+def test_no_yield_when_idle_nodes_suffice_or_the_level_preempts_by_itself():
+    p, jobs = demoted_scene()
+    assert not [a for a in decide(jobs, p, NOW, idle_nodes={"gpu": 2}) if a.kind == "signal"]
+    # a HIGH job: Slurm preempts ABOVE_NORMAL by itself
+    high = replace(jobs[2], qos="high", admin_comment="hai-level=HIGH", priority=BASE["HIGH"])
+    assert not [a for a in decide([*jobs[:2], high], p, NOW, idle_nodes={}) if a.kind == "signal"]
+    # a NORMAL job never preempts (demoted jobs count as NORMAL)
+    normal = replace(jobs[2], qos="normal", admin_comment="hai-level=NORMAL", priority=BASE["NORMAL"])
+    assert not [a for a in decide([*jobs[:2], normal], p, NOW, idle_nodes={}) if a.kind == "signal"]
+
+
+def test_idle_nodes_are_read_only_when_needed():
+    calls = []
+
+    def idle():
+        calls.append(1)
+        return {"gpu": 0}
+
+    decide([job(1), job(2, "RUNNING")], POLICY, NOW, idle_nodes=idle)
+    assert calls == []
+    p, jobs = demoted_scene()
+    decide(jobs, p, NOW, idle_nodes=idle)
+    assert calls == [1]
+
+
+def test_yielding_job_is_requeued_after_grace_and_held_until_the_waiting_job_runs():
+    p, jobs = demoted_scene()
+    victim = replace(jobs[1], admin_comment=f"{jobs[1].admin_comment} hai-yield=3@{NOW - 2}")
+    assert [a for a in decide([jobs[0], victim, jobs[2]], p, NOW) if a.job_id == 2] == []  # within grace
+    actions = decide([jobs[0], victim, jobs[2]], p, NOW + 4)
+    mine = [(a.kind, a.rule) for a in actions if a.job_id == 2]
+    assert mine == [("requeue", "yield"), ("hold", "yield")]
+    # requeued by itself (cooperative) but not held yet: hold it
+    pending = replace(victim, state="PENDING", reason="BeginTime", restart_count=1, priority=BASE["ABOVE_NORMAL"])
+    assert [(a.kind, a.job_id) for a in decide([jobs[0], pending, jobs[2]], p, NOW + 4)] == [("hold", 2)]
+    # held: nothing else happens to it while job 3 waits (no start-now, no fcfs)
+    held = replace(pending, reason="JobHeldAdmin", priority=0)
+    assert [a for a in decide([jobs[0], held, jobs[2]], p, NOW + 4) if a.job_id == 2] == []
+    # job 3 runs: release, drop the tag
+    running = replace(jobs[2], state="RUNNING", reason="None", start_time=NOW + 5)
+    actions = decide([jobs[0], held, running], p, NOW + 6)
+    assert [(a.kind, a.job_id) for a in actions] == [("update", 2), ("release", 2)]
+    assert fields(actions, 2)["AdminComment"] == "hai-level=ABOVE_NORMAL"
+
+
+def test_yield_is_called_off_when_the_waiting_job_is_gone():
+    p, jobs = demoted_scene()
+    victim = replace(jobs[1], admin_comment=f"{jobs[1].admin_comment} hai-yield=3@{NOW - 2}")
+    actions = decide([jobs[0], victim], p, NOW)
+    assert [(a.kind, a.job_id) for a in actions] == [("update", 2)]
+    assert "preemption called off" in actions[0].why
+
+
+def test_one_preemption_in_flight_per_group():
+    p, jobs = demoted_scene()
+    victim = replace(jobs[1], admin_comment=f"{jobs[1].admin_comment} hai-yield=3@{NOW - 1}")
+    other = job(4, qos="above_normal", nodes=4, reason="Resources")
+    assert not [a for a in decide([jobs[0], victim, jobs[2], other], p, NOW, idle_nodes={}) if a.kind == "signal"]
+
+
+# ------------------------------------------------------------------ (f) AUTO
+
+
+def test_auto_takes_the_highest_level_with_quota_left():
+    used = {("hai-bob", "HIGH"): 1}
+    assert auto_level(POLICY, "hai-bob", "hai", 1, {}) == "HIGH"
+    assert auto_level(POLICY, "hai-bob", "hai", 1, used) == "ABOVE_NORMAL"
+    assert auto_level(POLICY, "hai-bob", "hai", 2, used) == "NORMAL"
+    assert auto_level(POLICY, "hai-bob", "hai", 3, used) == "UNDER_NORMAL"  # unlimited
+    assert auto_level(POLICY, "hai-alice", "hai", 1, {}) == "EXTREME_HIGH"
+    tight = parse_policy({"quota": {lvl: 1 for lvl in ("EXTREME_HIGH", "VERY_HIGH", "HIGH", "ABOVE_NORMAL", "NORMAL",
+                                                        "UNDER_NORMAL", "BELOW_NORMAL", "LOW")}})
+    full = {("u", lvl.name): 1 for lvl in tight.ladder}
+    assert auto_level(tight, "u", "", 1, full) == "EXTREME_HIGH"  # none has room: wait at the highest that fits
+
+
+def test_pending_auto_jobs_move_to_levels_with_room_in_turn():
+    running = job(1, "RUNNING", "high.u.hai-bob", user="hai-bob", level="AUTO")
+    a2 = job(2, qos="high.u.hai-bob", user="hai-bob", level="AUTO", reason="QOSMaxNodePerUserLimit")
+    a3 = job(3, qos="high.u.hai-bob", user="hai-bob", level="AUTO", reason="QOSMaxNodePerUserLimit")
+    actions = decide([running, a2, a3], POLICY, NOW)
+    assert fields(actions, 2) == {"QOS": "above_normal.u.hai-bob"}
+    assert fields(actions, 3) == {"QOS": "normal.u.hai-bob"}
+    assert "AUTO: ABOVE_NORMAL is the highest level where hai-bob has quota" in by_rule(actions, "auto")[0].why
+
+
+def test_auto_job_moves_back_up_when_quota_frees():
+    a2 = job(2, qos="normal.u.hai-bob", user="hai-bob", level="AUTO", reason="Resources")
+    assert fields(decide([a2], POLICY, NOW), 2) == {"QOS": "high.u.hai-bob"}
+
+
+def test_auto_job_already_right_is_left_alone():
+    assert decide([job(2, qos="high.u.hai-bob", user="hai-bob", level="AUTO", priority=BASE["HIGH"])],
+                  POLICY, NOW) == []
+
+
+def test_resolve_auto_for_user_reads_the_queue():
+    class FakeSlurm:
+        def jobs(self, job_ids=(), user=None):
+            return [job(1, "RUNNING", "high.u.hai-bob", user="hai-bob")]
+
+    assert resolve_auto_for_user("hai-bob", 1, FakeSlurm(), POLICY, "hai") == "ABOVE_NORMAL"
+
+
+# ------------------------------------------------------------------ (c) FCFS across requeues
+
+
+def test_requeued_job_keeps_its_place_ahead_of_later_jobs():
+    base = BASE["NORMAL"]
+    early = job(10, priority=base)
+    requeued = job(11, priority=base, restart_count=1, submit_time=NOW - 1)  # submit time reset by the requeue
+    later = [job(i, priority=base) for i in range(12, 15)]
+    actions = decide([early, requeued, *later], POLICY, NOW)
+    prio = {a.job_id: int(a.field_dict()["Priority"]) for a in by_rule(actions, "fcfs")}
+    assert prio == {11: base + 1, 10: base + 2}  # later jobs keep Slurm's own priority
+    # the order Slurm then uses: priority desc, submit time, job id
+    after = [replace(j, priority=prio.get(j.job_id, j.priority)) for j in [early, requeued, *later]]
+    order = sorted(after, key=lambda j: (-j.priority, j.submit_time, j.job_id))
+    assert [j.job_id for j in order] == [10, 11, 12, 13, 14]
+    assert decide(after, POLICY, NOW) == []  # stable: nothing more to change
+
+
+def test_fcfs_is_per_level_and_partition():
+    a = job(1, qos="high", priority=BASE["HIGH"], restart_count=1, submit_time=NOW)
+    b = job(2, qos="high", priority=BASE["HIGH"])
+    c = job(3, priority=BASE["NORMAL"], restart_count=1, submit_time=NOW)
+    d = job(4, priority=BASE["NORMAL"], partition="other")
+    prio = {x.job_id: int(x.field_dict()["Priority"]) for x in decide([a, b, c, d], POLICY, NOW)}
+    assert prio == {1: BASE["HIGH"] + 1}
+
+
+def test_fcfs_fixes_a_priority_outside_its_level_band():
+    moved = job(1, priority=BASE["HIGH"] + 3)  # explicit priority kept from an earlier level
+    assert fields(decide([moved], POLICY, NOW), 1) == {"Priority": str(BASE["NORMAL"])}
+
+
+def test_fcfs_skips_held_jobs_and_caps_updates():
+    base = BASE["NORMAL"]
+    jobs = [job(i, priority=base, submit_time=NOW - i) for i in range(1, 50)]  # every submit time reversed
+    jobs.append(job(99, priority=0, reason="JobHeldUser"))
+    actions = decide(jobs, POLICY, NOW, max_priority_updates=10)
+    assert len(actions) == 10 and 99 not in {a.job_id for a in actions}
+    assert max(int(a.field_dict()["Priority"]) for a in actions) == base + 48  # the head of the line first
+
+
+def test_fcfs_priorities_overflowing_the_band_stay_in_it():
+    members = [job(i, priority=0, submit_time=NOW - i) for i in range(5)]
+    out = fcfs_priorities(members, 100)
+    assert out == sorted(out, reverse=True)
+    small_band = fcfs_priorities(members, LEVEL_STRIDE)
+    assert all(LEVEL_STRIDE <= p < 2 * LEVEL_STRIDE - 1 for p in small_band)
+
+
+def test_accepts_slurm_rounding_below_the_base():
+    # Slurm computes e.g. 30999999 for HIGH (float rounding): already in order, nothing to do
+    jobs = [job(1, qos="high", priority=BASE["HIGH"] - 1), job(2, qos="high", priority=BASE["HIGH"] - 1)]
+    assert decide(jobs, POLICY, NOW) == []
+
+
+# ------------------------------------------------------------------ merging, tags
+
+
+def test_updates_to_one_job_are_merged_into_one_call():
+    j = job(1, qos="normal", level="HIGH", restart_count=1, reason="BeginTime", submit_time=NOW - 1,
+            eligible_time=NOW + 4)
+    actions = decide([j], POLICY, NOW)
+    assert len(actions) == 1
+    assert actions[0].field_dict() == {"QOS": "high", "StartTime": "now"}
+    assert actions[0].rule == "restore-level+start-now"
+    assert actions[0].describe().startswith("job 1: update QOS=high StartTime=now [restore-level+start-now] ")
+
+
+def test_tags_round_trip():
+    assert with_tags("hai-level=HIGH other", {"hai-demoted": "NORMAL"}) == "hai-level=HIGH other hai-demoted=NORMAL"
+    assert with_tags("hai-level=HIGH hai-demoted=NORMAL", drop=["hai-demoted"]) == "hai-level=HIGH"
+    assert tags_of(job(1, admin_comment="hai-level=AUTO;hai-yield=3@5")) == {"hai-level": "AUTO", "hai-yield": "3@5"}
+
+
+# ------------------------------------------------------------------ explain
+
+
+def test_explain_over_quota():
+    running = [job(i, "RUNNING", nodes=2) for i in (1, 2)]
+    waiting = job(3, reason="QOSMaxNodePerUserLimit")
+    assert explain(waiting, [*running, waiting], POLICY, NOW) == "over quota at NORMAL: 4/4 nodes in use"
+    bob = job(4, qos="normal.u.hai-bob", user="hai-bob", reason="QOSMaxNodePerUserLimit")
+    bob_run = job(5, "RUNNING", qos="normal.u.hai-bob", user="hai-bob", nodes=2)
+    assert explain(bob, [bob, bob_run], POLICY, NOW) == "over quota at NORMAL: 2/2 nodes in use"
+
+
+def test_explain_waiting_for_nodes_with_position():
+    jobs = [job(1, "RUNNING", nodes=4), job(2, qos="high", nodes=2, reason="Resources"),
+            job(3, nodes=1), job(4, nodes=3, reason="Priority"), job(5, qos="low")]
+    assert explain(jobs[1], jobs, POLICY, NOW) == "waiting for 2 nodes at HIGH (position 1 in line)"
+    assert explain(jobs[3], jobs, POLICY, NOW) == "waiting for 3 nodes at NORMAL (position 3 in line)"
+    assert explain(jobs[4], jobs, POLICY, NOW) == "waiting for 1 node at LOW (position 4 in line)"
+
+
+def test_explain_requeue_delay_and_holds():
+    j = job(1, reason="BeginTime", restart_count=1, submit_time=NOW - 1, eligible_time=NOW + 4)
+    assert explain(j, [j], POLICY, NOW) == "held back after requeue (restarts in ~4 s)"
+    h = job(2, reason="JobHoldMaxRequeue", priority=0, restart_count=6)
+    assert explain(h, [h], POLICY, NOW) == ("held by Slurm's requeue limit after 6 restarts "
+                                            "(the policy daemon releases it)")
+    u = job(3, reason="JobHeldUser", priority=0)
+    assert explain(u, [u], POLICY, NOW) == "held by its owner (scontrol release 3)"
+    y = job(4, reason="JobHeldAdmin", priority=0, admin_comment="hai-level=ABOVE_NORMAL hai-yield=9@1")
+    assert "gave its nodes to job 9" in explain(y, [y], POLICY, NOW)
+
+
+def test_explain_running_demoted_and_preempted():
+    d = job(1, "RUNNING", "above_normal", start_time=NOW - 3600)
+    assert explain(d, [d], POLICY, NOW).startswith("running at ABOVE_NORMAL for 60 min: counts as NORMAL")
+    p = job(2, "RUNNING", "low", start_time=NOW - 60, preempt_time=NOW - 2)
+    assert explain(p, [p], POLICY, NOW) == "running at LOW, asked to suspend 2 s ago (forced off after 5 s)"
+    r = job(3, "RUNNING", "high", nodes=2, start_time=NOW - 30)
+    assert explain(r, [r], POLICY, NOW) == "running at HIGH on 2 nodes for 30 s"
+
+
+def test_explain_auto_and_other_reasons():
+    a = job(1, qos="high.u.hai-bob", user="hai-bob", level="AUTO", reason="Resources")
+    assert explain(a, [a], POLICY, NOW) == "AUTO, now waiting for 1 node at HIGH (position 1 in line)"
+    o = job(2, reason="ReqNodeNotAvail")
+    assert explain(o, [o], POLICY, NOW) == "pending at NORMAL: ReqNodeNotAvail"
+    assert explain(job(3, "COMPLETED"), [], POLICY, NOW) == "completed"
+
+
+@pytest.mark.parametrize("n", [0, 1, 3])
+def test_decide_is_deterministic(n):
+    jobs = [job(i, priority=BASE["NORMAL"], submit_time=NOW - i) for i in range(n)]
+    assert decide(jobs, POLICY, NOW) == decide(list(jobs), POLICY, NOW)
