@@ -71,3 +71,31 @@ def test_accounting_and_qos_are_enforced(live):
         time.sleep(1)
         acct = live.run(["sacct", "-n", "-X", "-P", "-j", str(job), "-o", "User,QOS,Account,State"]).stdout
     assert acct.strip() == expected
+
+
+def test_localcluster_down_up_twice_and_status(live):
+    """down stops exactly the daemons it started; up brings the same cluster back; up is idempotent."""
+    import os
+    import subprocess
+    from pathlib import Path
+
+    here = Path(__file__).resolve().parents[2] / "contrib" / "localcluster"
+
+    def script(name: str) -> subprocess.CompletedProcess:
+        return subprocess.run([str(here / name)], text=True, capture_output=True, env=os.environ, timeout=300)
+
+    pids_before = {p.name: p.read_text().strip() for p in (live.state / "run").glob("*.pid")}
+    down = script("down")
+    assert down.returncode == 0 and "slurmctld" in down.stdout
+    st = script("status")
+    assert st.returncode == 1 and "cluster is down" in st.stdout
+    for pid in pids_before.values():
+        assert not Path(f"/proc/{pid}").exists()
+    for _ in range(2):
+        up = script("up")
+        assert up.returncode == 0, up.stderr
+        assert "is up (4 nodes x 8 GPUs)" in up.stdout
+    st = script("status")
+    assert st.returncode == 0 and "cluster is up" in st.stdout and st.stdout.count("idle") == 4
+    job = live.sbatch("-N4", "--wrap", "true")
+    live.wait_job(job, lambda j: j["JobState"] == "COMPLETED", 60, "a job on the rebooted cluster")
