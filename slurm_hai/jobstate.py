@@ -75,16 +75,19 @@ def level_of(job: JobInfo | None, request: dict) -> str:
     return request.get("level", "?")
 
 
-def status(job_id: int, job: JobInfo | None, final: dict | None, request: dict, suspended_runs: int) -> HaiStatus:
+def status(job_id: int, job: JobInfo | None, final: dict | None, request: dict, suspended_runs: int,
+           explained: str | None = None) -> HaiStatus:
+    """`explained`: the policy's account of a live job (scheduling.explain), if there is one."""
     return HaiStatus(
         job_id=job_id,
         name=job.name if job else request.get("name", "?"),
         user=job.user if job else request.get("user", "?"),
         state=hai_state(job, final, suspended_runs),
-        reason=reason_in_words(job, final),
+        reason=explained if (explained and not final) else reason_in_words(job, final),
         level=level_of(job, request),
         nodes=job.num_nodes if job else int(request.get("nodes", 0)),
         node_list=job.node_list if job else "",
         restarts=job.restart_count if job else 0,
-        exit_code=final.get("exit_code") if final else (job.exit_code if job else None),
+        exit_code=final.get("exit_code") if final else (
+            job.exit_code if job and job.state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING") else None),
     )

@@ -28,10 +28,17 @@ def main():
     """
 
 
-def _status_of(job_id: int):
+def _status_of(job_id: int, queue: list | None = None):
+    """The HAI status of one job; `queue` (every job Slurm knows) lets the policy explain it."""
+    from ..policy import find_policy
+    from ..scheduling import explain
+
     job, jobdir = lookup(job_id)
     runs = sum(1 for e in jobdir.events() if e.get("event") == "suspended")
-    return hai_status(job_id, job, jobdir.final(), jobdir.request(), runs), job, jobdir
+    explained = None
+    if job is not None and job.state in ("PENDING", "RUNNING"):
+        explained = explain(job, queue if queue is not None else backend().jobs(), find_policy())
+    return hai_status(job_id, job, jobdir.final(), jobdir.request(), runs, explained), job, jobdir
 
 
 @main.command()
@@ -53,11 +60,10 @@ def status(job, as_json):
 def _list(all_users: bool, as_json: bool) -> None:
     import getpass
 
-    jobs = backend().jobs(user=None if all_users else getpass.getuser())
-    rows = []
-    for j in sorted(jobs, key=lambda j: j.job_id):
-        st, _, _ = _status_of(j.job_id)
-        rows.append(st)
+    queue = backend().jobs()
+    me = getpass.getuser()
+    rows = [_status_of(j.job_id, queue)[0] for j in sorted(queue, key=lambda j: j.job_id)
+            if all_users or j.user == me]
     if as_json:
         emit_json([r.as_dict() for r in rows])
         return
