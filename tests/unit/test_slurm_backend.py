@@ -1,0 +1,60 @@
+"""The Slurm access layer without a cluster: parsing, backend choice, error messages."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from slurm_hai.slurm import SlurmError, backend
+from slurm_hai.slurm import cli as cli_backend
+from slurm_hai.slurm import pyslurm_backend
+from slurm_hai.slurm.records import job_from_squeue, jobs_from_squeue_json
+
+SQUEUE = {"jobs": [{
+    "job_id": 7, "name": "train", "user_name": "alice", "job_state": "PENDING", "state_reason": "BeginTime",
+    "qos": "high", "partition": "gpu", "node_count": 2, "nodes": "", "restart_cnt": 3, "submit_time": 100,
+    "start_time": 0, "eligible_time": 110, "priority": 31000000, "exit_code": 15 << 8 | 0,
+    "batch_host": "", "comment": "hai-dir=/home/alice/.hai/jobs", "admin_comment": "hai-level=HIGH",
+    "account": "hai"}]}
+
+
+def test_squeue_json_becomes_jobinfo():
+    (job,) = jobs_from_squeue_json(SQUEUE)
+    assert (job.job_id, job.user, job.state, job.restart_count, job.num_nodes) == (7, "alice", "PENDING", 3, 2)
+    assert job.tags == {"hai-dir": "/home/alice/.hai/jobs", "hai-level": "HIGH"}
+    assert job.exit_code == 15
+    assert job_from_squeue({**SQUEUE["jobs"][0], "exit_code": 9}).exit_code == 128 + 9  # killed by SIGKILL
+
+
+def test_pyslurm_is_not_chosen_without_a_matching_pyslurm(monkeypatch):
+    monkeypatch.setattr(pyslurm_backend, "why_not", lambda: "pyslurm is not installed")
+    monkeypatch.setenv("HAI_SLURM_BACKEND", "auto")
+    assert backend().name == "cli"
+    monkeypatch.setenv("HAI_SLURM_BACKEND", "pyslurm")
+    with pytest.raises(SlurmError, match="pyslurm is not installed; unset it"):
+        backend()
+
+
+def test_missing_slurm_commands_are_one_line_errors(monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    with pytest.raises(SlurmError, match=r"^squeue not found: install the Slurm client commands"):
+        cli_backend.CliBackend().jobs()
+
+
+def test_failed_command_message_is_one_line(tmp_path, monkeypatch):
+    fake = tmp_path / "scontrol"
+    fake.write_text("#!/bin/sh\necho 'scontrol: error: Invalid job id specified' >&2\necho second line >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(SlurmError) as e:
+        cli_backend.CliBackend().requeue(5)
+    assert "\n" not in str(e.value) and "Invalid job id specified" in str(e.value)
+
+
+def test_squeue_output_is_parsed(tmp_path, monkeypatch):
+    fake = tmp_path / "squeue"
+    fake.write_text(f"#!/bin/sh\ncat <<'EOF'\n{json.dumps(SQUEUE)}\nEOF\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert [j.job_id for j in cli_backend.CliBackend().jobs(user="alice")] == [7]
