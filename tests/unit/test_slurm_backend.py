@@ -54,7 +54,7 @@ def test_failed_command_message_is_one_line(tmp_path, monkeypatch):
 
 def test_squeue_output_is_parsed(tmp_path, monkeypatch):
     fake = tmp_path / "squeue"
-    fake.write_text(f"#!/bin/sh\ncat <<'EOF'\n{json.dumps(SQUEUE)}\nEOF\n")
+    fake.write_text(f"#!/bin/sh\necho '{json.dumps(SQUEUE)}'\n")
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", str(tmp_path))
     assert [j.job_id for j in cli_backend.CliBackend().jobs(user="alice")] == [7]
