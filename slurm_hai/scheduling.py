@@ -219,14 +219,26 @@ def decide(jobs: Sequence[JobInfo], policy: Policy, now: float | None = None, *,
         elif state == "PENDING":
             _pending(job, snap, plan, level_changes)
         elif state == "FAILED":
-            pt = job.preempt_time
-            if pt and job.start_time and pt >= job.start_time and pt <= job.end_time <= pt + grace + FAILED_IN_GRACE_SLACK:
-                plan.add(Action("requeue", job.job_id, "requeue-failed",
-                                f"died {job.end_time - pt} s after its suspend notice (grace {grace} s): "
-                                "a preempted job is requeued, not ended"))
+            _failed(job, snap, plan, grace)
     _yield_for_demoted(snap, plan, idle_nodes, level_changes)
     _fcfs(snap, plan, level_changes, max_priority_updates)
     return plan.actions()
+
+
+def _failed(job: JobInfo, snap: Snapshot, plan: _Plan, grace: int) -> None:
+    """A job that died of its suspend notice (Slurm's preemption or the daemon's yield)."""
+    if not job.start_time:
+        return
+    notices = [job.preempt_time] if job.preempt_time >= job.start_time else []
+    y = parse_yield(snap.tags[job.job_id].get(YIELD_TAG, ""))
+    if y and y[1] >= job.start_time:
+        notices.append(y[1])
+    for at in notices:
+        if at and at <= job.end_time <= at + grace + FAILED_IN_GRACE_SLACK:
+            plan.add(Action("requeue", job.job_id, "requeue-failed",
+                            f"died {job.end_time - at} s after its suspend notice (grace {grace} s): "
+                            "a preempted job is requeued, not ended"))
+            return
 
 
 def _running(job: JobInfo, snap: Snapshot, plan: _Plan, grace: int) -> None:
@@ -332,7 +344,7 @@ def _yield_for_demoted(snap: Snapshot, plan: _Plan,
         return
     busy: set[str] = set()  # partitions with a preemption in flight: one at a time
     for j in snap.jobs:
-        if YIELD_TAG in snap.tags[j.job_id]:
+        if YIELD_TAG in snap.tags[j.job_id] and j.state in ("RUNNING", "PENDING", "COMPLETING"):
             busy.update(j.partition.split(","))
     heads: dict[str, JobInfo] = {}
     for j in snap.jobs:

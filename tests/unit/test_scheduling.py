@@ -213,12 +213,26 @@ def test_yielding_job_is_requeued_after_grace_and_held_until_the_waiting_job_run
     assert fields(actions, 2)["AdminComment"] == "hai-level=ABOVE_NORMAL"
 
 
+def test_yielding_job_that_died_of_the_notice_is_requeued():
+    p, jobs = demoted_scene()
+    dead = replace(jobs[1], state="FAILED", end_time=NOW + 1,
+                   admin_comment=f"{jobs[1].admin_comment} hai-yield=3@{NOW - 1}")
+    actions = decide([jobs[0], dead, jobs[2]], p, NOW + 2)
+    assert [(a.kind, a.job_id, a.rule) for a in actions if a.job_id == 2] == [("requeue", 2, "requeue-failed")]
+
+
 def test_yield_is_called_off_when_the_waiting_job_is_gone():
     p, jobs = demoted_scene()
     victim = replace(jobs[1], admin_comment=f"{jobs[1].admin_comment} hai-yield=3@{NOW - 2}")
     actions = decide([jobs[0], victim], p, NOW)
     assert [(a.kind, a.job_id) for a in actions] == [("update", 2)]
     assert "preemption called off" in actions[0].why
+
+
+def test_a_finished_job_with_an_old_yield_tag_blocks_nothing():
+    p, jobs = demoted_scene()
+    old = job(9, "CANCELLED", "above_normal", admin_comment="hai-level=ABOVE_NORMAL hai-yield=8@1")
+    assert [a.job_id for a in decide([old, *jobs], p, NOW, idle_nodes={}) if a.kind == "signal"] == [2]
 
 
 def test_one_preemption_in_flight_per_group():

@@ -1,0 +1,283 @@
+"""The HAI scheduling rules on the live local Slurm cluster, with the policy daemon running.
+
+The module applies a test policy (the local cluster's policy.toml with a demotion after
+DEMOTE_AFTER seconds) with `hai-admin apply`, runs `hai-admin daemon` beside the tests, and
+restores the cluster's own policy at the end. Jobs are plain sbatch; users hai-alice and
+hai-bob (bob has the tight per-user quotas of contrib/localcluster/policy.toml).
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pytest
+
+if TYPE_CHECKING:  # the fixtures come from tests/conftest.py
+    from conftest import LiveCluster
+
+pytestmark = pytest.mark.cluster
+
+REPO = Path(__file__).resolve().parents[2]
+LOCAL_POLICY = REPO / "contrib" / "localcluster" / "policy.toml"
+ADMIN = [sys.executable, "-m", "slurm_hai.cli.admin"]
+GRACE = 5  # grace_seconds of the local policy
+DEMOTE_AFTER = 10
+ALICE, BOB = "hai-alice", "hai-bob"
+# a step that dies of its suspend notice (SIGTERM, or USR2 from the daemon): the batch shell then ends
+PLAIN = "srun sleep 600"
+# a step that ignores its suspend notice
+STUBBORN = "srun bash -c \"trap '' TERM USR2; exec sleep 600\""
+
+
+def admin(c: LiveCluster, *args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return c.run([*ADMIN, *args], check=check, cwd=REPO)
+
+
+@pytest.fixture(scope="module")
+def policy_file(cluster: LiveCluster, tmp_path_factory) -> Path:
+    text = LOCAL_POLICY.read_text().replace('after_seconds = "30m"', f"after_seconds = {DEMOTE_AFTER}")
+    assert f"after_seconds = {DEMOTE_AFTER}" in text
+    path = tmp_path_factory.mktemp("policy") / "policy.toml"
+    path.write_text(text)
+    admin(cluster, "apply", "--quiet", "--policy", str(path))
+    yield path
+    admin(cluster, "apply", "--quiet", "--policy", str(LOCAL_POLICY))
+
+
+@pytest.fixture(scope="module")
+def daemon(cluster: LiveCluster, policy_file: Path, tmp_path_factory):
+    """`hai-admin daemon` running beside the tests; yields a function returning its log."""
+    d = tmp_path_factory.mktemp("daemon")
+    log = d / "daemon.log"
+    with log.open("w") as out:
+        proc = subprocess.Popen([*ADMIN, "daemon", "--policy", str(policy_file), "--interval", "0.5",
+                                 "--lock", str(d / "policyd.lock")], env=cluster.env, cwd=REPO,
+                                stdout=out, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 20
+    while "policy daemon started" not in log.read_text():
+        assert proc.poll() is None, f"the daemon exited {proc.returncode}:\n{log.read_text()}"
+        assert time.monotonic() < deadline, f"the daemon did not start:\n{log.read_text()}"
+        time.sleep(0.2)
+    yield lambda: log.read_text()
+    proc.terminate()
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+    text = log.read_text()
+    assert "Traceback" not in text, text
+
+
+@pytest.fixture
+def rules(live: LiveCluster, daemon):
+    """The cluster with no jobs, the daemon running; yields (cluster, daemon log)."""
+    yield live, daemon
+
+
+def sbatch(c: LiveCluster, *args: str, user: str = ALICE, wrap: str = PLAIN) -> int:
+    return c.sbatch("-o", "/dev/null", "--requeue", *args, "--wrap", wrap, user=user)
+
+
+def state(c: LiveCluster, job: int) -> str:
+    return c.job(job).get("JobState", "")
+
+
+def running(c: LiveCluster, job: int, timeout: float = 30, what: str = "to run") -> dict[str, str]:
+    return c.wait_job(job, lambda j: j["JobState"] == "RUNNING", timeout, what)
+
+
+def explain(c: LiveCluster, policy: Path, job: int) -> str:
+    out = admin(c, "explain", "--policy", str(policy), str(job)).stdout
+    return out.split(None, 2)[2].strip()
+
+
+def wait_for(predicate, timeout: float, what: str, interval: float = 0.3):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
+
+
+def daemon_lines(log: str, job: int, rule: str) -> list[str]:
+    return [line for line in log.splitlines() if re.search(rf"job {job}: \w+.* \[[\w+-]*{rule}[\w+-]*\]", line)]
+
+
+# ----------------------------------------------------------------- rule 1
+
+
+def test_higher_level_preempts_lower_which_is_requeued_not_cancelled(rules):
+    c, log = rules
+    low = sbatch(c, "-N4", "--qos=low")
+    running(c, low)
+    high = sbatch(c, "-N2", "--qos=high", wrap="sleep 4")
+    c.wait_job(high, lambda j: j["JobState"] in ("RUNNING", "COMPLETED"), 40, "the HIGH job to take the nodes")
+    # the LOW job died of its notice: it is requeued (same id, one restart), never cancelled
+    info = c.wait_job(low, lambda j: j["Restarts"] == "1", 20, "the LOW job's requeue")
+    assert info["JobState"] in ("PENDING", "RUNNING", "CONFIGURING"), info
+    assert info["QOS"] == "low"
+    running(c, low, 40, "the LOW job to run again once the HIGH job is done")
+    assert state(c, high) == "COMPLETED"
+    assert daemon_lines(log(), low, "requeue-failed"), log()
+
+
+# ----------------------------------------------------------------- rule 2
+
+
+def test_same_level_never_preempts_whichever_user(rules, policy_file):
+    c, log = rules
+    first = sbatch(c, "-N4", "--qos=normal", user=ALICE)
+    running(c, first)
+    by_bob = sbatch(c, "-N1", "--qos=normal", user=BOB)
+    by_alice = sbatch(c, "-N1", "--qos=normal", user=ALICE)
+    time.sleep(GRACE + 4)  # longer than the grace time and several scheduling passes
+    info = c.job(first)
+    assert info["JobState"] == "RUNNING" and info["Restarts"] == "0" and not info.get("PreemptTime", "None") \
+        .startswith("20"), info
+    assert state(c, by_bob) == "PENDING" and state(c, by_alice) == "PENDING"
+    assert c.job(by_bob)["QOS"] == "normal.u.hai-bob"  # the same level, through bob's quota variant
+    assert explain(c, policy_file, by_bob) == "waiting for 1 node at NORMAL (position 1 in line)"
+    assert not [line for line in log().splitlines() if f"job {first}:" in line]
+
+
+# ----------------------------------------------------------------- rule 3
+
+
+def test_fcfs_within_a_level_and_a_requeued_job_keeps_its_place(rules):
+    c, log = rules
+    first = sbatch(c, "-N4", "--qos=normal", user="root")
+    running(c, first)
+    later = [sbatch(c, "-N4", "--qos=normal", user="root") for _ in range(2)]
+    # a HIGH job takes two of the nodes: `first` is requeued, its submit time reset
+    high = sbatch(c, "-N2", "--qos=high", user=ALICE, wrap="sleep 6")
+    c.wait_job(first, lambda j: j["Restarts"] == "1", 40, "the NORMAL job's requeue")
+    running(c, high, 30)
+    # with the daemon the requeued job is first in its level again: it runs before the later ones
+    running(c, first, 60, "the requeued job to run before the later submissions")
+    assert [state(c, j) for j in later] == ["PENDING", "PENDING"]
+    prio = {j: int(c.job(j)["Priority"]) for j in later}
+    assert prio[later[0]] >= prio[later[1]]  # the later ones keep their own order (then by submit time)
+    assert daemon_lines(log(), first, "fcfs"), log()
+
+
+# ----------------------------------------------------------------- rule 4
+
+
+def test_quota_per_user_per_level(rules, policy_file):
+    c, _ = rules
+    # larger than bob's whole NORMAL quota (2 nodes): refused at submission, with a clear message
+    p = c.run(["sbatch", "-N3", "--qos=normal", "-o", "/dev/null", "--wrap", "true"], user=BOB, check=False)
+    assert p.returncode != 0
+    assert "hai: 3 nodes at NORMAL exceed your quota of 2 nodes at that level" in p.stderr, p.stderr
+    # within the quota but beyond what is left of it: waits, although nodes are free
+    held = sbatch(c, "-N2", "--qos=normal", user=BOB)
+    running(c, held)
+    over = sbatch(c, "-N1", "--qos=normal", user=BOB)
+    c.wait_job(over, lambda j: j["Reason"] == "QOSMaxNodePerUserLimit", 15, "the quota reason")
+    assert explain(c, policy_file, over) == "over quota at NORMAL: 2/2 nodes in use"
+    # alice's NORMAL quota is 4 nodes: the whole cluster
+    alice = sbatch(c, "-N2", "--qos=normal", user=ALICE)
+    running(c, alice)  # bob's quota is his own
+    c.run(["scancel", str(held)])
+    running(c, over, 30, "bob's job to run once his quota frees")
+
+
+def test_quota_refusal_four_of_four(rules, policy_file):
+    c, _ = rules
+    big = sbatch(c, "-N4", "--qos=normal", user=ALICE)
+    running(c, big)
+    more = sbatch(c, "-N1", "--qos=normal", user=ALICE)
+    c.wait_job(more, lambda j: j["Reason"] == "QOSMaxNodePerUserLimit", 15, "the quota reason")
+    assert explain(c, policy_file, more) == "over quota at NORMAL: 4/4 nodes in use"
+
+
+# ----------------------------------------------------------------- rule 5
+
+
+def test_auto_runs_at_the_highest_level_with_quota_left(rules):
+    c, log = rules
+    # bob: EXTREME_HIGH 0, VERY_HIGH 0, HIGH 1, ABOVE_NORMAL 1, NORMAL 2 nodes
+    first = c.sbatch("-o", "/dev/null", "-N1", "--hai-priority=AUTO", "--wrap", PLAIN, user=BOB)
+    running(c, first)
+    second = sbatch(c, "-N1", "--qos=auto", user=BOB)
+    third = sbatch(c, "-N2", "--qos=auto", user=BOB)
+    for job in (second, third):
+        running(c, job, 30, "the AUTO job to run at a level with quota")
+    assert [c.job(j)["QOS"] for j in (first, second, third)] == \
+        ["high.u.hai-bob", "above_normal.u.hai-bob", "normal.u.hai-bob"]
+    assert all(c.job(j)["AdminComment"].strip() == "hai-level=AUTO" for j in (first, second, third))
+    assert daemon_lines(log(), second, "auto"), log()
+
+
+# ----------------------------------------------------------------- rule 6
+
+
+def test_above_normal_is_demoted_after_its_time_and_back_at_its_level_after_requeue(rules, policy_file):
+    c, log = rules
+    # two nodes held by a HIGH job that nothing here can preempt; two by alice at ABOVE_NORMAL
+    blocker = sbatch(c, "-N2", "--qos=high", user="root")
+    running(c, blocker)
+    demoted = sbatch(c, "-N2", "--qos=above_normal", user=ALICE)
+    started = time.monotonic()
+    running(c, demoted)
+    waiting = sbatch(c, "-N1", "--qos=above_normal", user=BOB)
+    # before its time the same level cannot take its nodes
+    time.sleep(max(0.0, DEMOTE_AFTER - 3 - (time.monotonic() - started)))
+    assert state(c, demoted) == "RUNNING" and state(c, waiting) == "PENDING"
+    # after DEMOTE_AFTER seconds it counts as NORMAL: bob's ABOVE_NORMAL job gets its nodes
+    c.wait_job(demoted, lambda j: "hai-demoted=NORMAL" in j.get("AdminComment", "") or j["Restarts"] != "0",
+               DEMOTE_AFTER + 10, "the demotion mark")
+    running(c, waiting, DEMOTE_AFTER + GRACE + 30, "bob's ABOVE_NORMAL job to take the demoted job's nodes")
+    info = c.wait_job(demoted, lambda j: j["Restarts"] == "1" and j["Reason"] != "JobHeldAdmin"
+                      and "hai-yield" not in j["AdminComment"], 20, "the demoted job to be requeued and released")
+    # back at its submit-time level, no longer demoted, waiting for nodes
+    assert info["QOS"] == "above_normal" and info["AdminComment"].strip() == "hai-level=ABOVE_NORMAL", info
+    assert info["JobState"] == "PENDING"
+    assert state(c, blocker) == "RUNNING"
+    text = log()
+    assert daemon_lines(text, demoted, "demote") and daemon_lines(text, demoted, "yield"), text
+    # a requeued job whose level was changed gets its submit-time level back
+    c.run(["scontrol", "update", f"JobId={demoted}", "QOS=low"])
+    c.wait_job(demoted, lambda j: j["QOS"] == "above_normal", 15, "the submit-time level back")
+
+
+# ----------------------------------------------------------------- rule 7
+
+
+def test_job_ignoring_its_suspend_notice_is_forced_off_after_grace(rules):
+    c, log = rules
+    stubborn = sbatch(c, "-N4", "--qos=low", wrap=STUBBORN)
+    running(c, stubborn)
+    submitted = time.monotonic()
+    high = sbatch(c, "-N2", "--qos=high", user=ALICE, wrap="sleep 2")
+    c.wait_job(stubborn, lambda j: j.get("PreemptTime", "None") != "None", 20, "the preemption")
+    c.wait_job(stubborn, lambda j: j["JobState"] != "RUNNING", 30, "the job to be forced off")
+    forced_after = time.monotonic() - submitted
+    # the daemon requeued it right after the grace time (Slurm alone would wait up to 30 s more)
+    assert forced_after < GRACE + 8, forced_after
+    assert daemon_lines(log(), stubborn, "force-requeue"), log()
+    c.wait_job(high, lambda j: j["JobState"] in ("RUNNING", "COMPLETED"), 40, "the HIGH job to run")
+    info = c.wait_job(stubborn, lambda j: j["Restarts"] == "1", 20, "the requeue")
+    assert info["JobState"] != "CANCELLED"
+
+
+# ----------------------------------------------------------------- requeue limit
+
+
+def test_job_preempted_many_times_is_never_left_held(rules):
+    c, log = rules
+    low = sbatch(c, "-N4", "--qos=low")
+    for n in range(1, 7):
+        running(c, low, 40, f"run {n}")
+        high = sbatch(c, "-N1", "--qos=high", user=ALICE, wrap="true")
+        c.wait_job(low, lambda j, n=n: int(j["Restarts"]) >= n, 30, f"preemption {n}")
+        c.wait_job(high, lambda j: j["JobState"] == "COMPLETED", 40, "the HIGH job to finish")
+    info = running(c, low, 40, "the last run")
+    assert info["Restarts"] == "6" and info["Reason"] != "JobHoldMaxRequeue"
