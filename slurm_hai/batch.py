@@ -55,7 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     job_id = int(os.environ["SLURM_JOB_ID"])
     run = restart_count(os.environ)
-    jobdir = JobDir(args.job_dir).create()
+    token = os.environ.get("HAI_SUBMIT_TOKEN")  # set by hai-submit; absent for older scripts
+    jobdir = JobDir(args.job_dir).claim(token) if token else JobDir(args.job_dir).create()
 
     final = jobdir.final()
     if final:

@@ -9,6 +9,7 @@ system every node of the job sees (by default ~/.hai/jobs/<job id>):
                           run opened by a "==== slurm-hai run K ..." line
     batch.log             the batch script's own output (Slurm's --output)
     whole_life_state      one integer kept across restarts
+    submit_token          which submission owns this directory (see JobDir.claim)
     suspend.<K>           run K ended by a suspend (go_suspend or forced), not a failure
     retries_used          how many --retries were spent
     final.json            the job ended for good: {"state": succeeded|failed|stopped, ...}
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import time
 from pathlib import Path
 
@@ -60,6 +62,35 @@ class JobDir:
         finally:
             os.umask(old)
         self.path.chmod(0o700)
+        return self
+
+    def claim(self, token: str) -> "JobDir":
+        """Create the directory for the submission `token` (hai-submit and the batch script
+        both call this). A directory left by an older job with the same id (Slurm reuses ids
+        when its state is reset; several clusters may share one HAI_HOME) is moved aside to
+        .stale-<id>-<time>-<rand>, never merged into: its final.json would stop the new job."""
+        token_file = self.path / "submit_token"
+        try:
+            owner = token_file.read_text().strip()
+        except FileNotFoundError:
+            owner = None
+        stale = owner != token if owner is not None else self.path.is_dir() and any(
+            (self.path / name).exists() for name in ("job.json", "final.json", "events.jsonl"))
+        if stale:
+            aside = self.path.with_name(f".stale-{self.path.name}-{int(time.time())}-{secrets.token_hex(3)}")
+            try:
+                os.rename(self.path, aside)
+            except FileNotFoundError:
+                pass  # the other side (hai-submit or the batch script) moved it first
+        self.create()
+        try:
+            fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except FileExistsError:
+            return self
+        try:
+            os.write(fd, token.encode())
+        finally:
+            os.close(fd)
         return self
 
     # -- events -------------------------------------------------------------------

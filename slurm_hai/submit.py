@@ -19,7 +19,7 @@ NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 TIME_RE = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^(\d+-\d+)$|^UNLIMITED$|^INFINITE$", re.I)
 GROUP_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-RESERVED_ENV = {"SLURM_", "HAI_JOB_DIR", "HAI_SUSPEND_FLAG", "HAI_CONTRACT"}
+RESERVED_ENV = {"SLURM_", "HAI_JOB_DIR", "HAI_SUSPEND_FLAG", "HAI_CONTRACT", "HAI_SUBMIT_TOKEN"}
 MAX_GRACE = 300
 NOTICE_MARGIN = 30
 

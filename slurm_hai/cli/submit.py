@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import getpass
 import json
+import secrets
 import sys
 import time
 
@@ -79,13 +80,17 @@ def main(script, args, name, nodes, priority, gpus_per_node, group, env, time_li
         context = validate(req)
     except RequestError as e:
         raise click.UsageError(str(e)) from None
+    # Ties this submission to its job directory, so a directory left by an older job with
+    # the same id is never taken for this job's (JobDir.claim).
+    token = secrets.token_hex(8)
+    context["env"] = [*context["env"], ("HAI_SUBMIT_TOKEN", token)]
     text = render_script(context, term_is_notice=term_is_notice(slurm) if not dry_run else False)
     if dry_run:
         click.echo(text, nl=False)
         return
     root.mkdir(mode=0o700, parents=True, exist_ok=True)
     job_id = slurm.submit(text)
-    jobdir = JobDir.for_job(job_id, root).create()
+    jobdir = JobDir.for_job(job_id, root).claim(token)
     request = {k: context[k] for k in ("name", "nodes", "gpus", "level", "partition", "time", "grace", "retries",
                                         "workdir", "command")}
     write_atomic(jobdir.path / "job.json", json.dumps({**request, "job_id": job_id, "user": getpass.getuser()}))
