@@ -207,15 +207,26 @@ def start(d: Daemon, argv: list[str], c: Cluster, user: str | None = None, foreg
 
 
 def stop(d: Daemon, timeout: float = 15) -> bool:
+    """SIGTERM the daemon of the pid file and wait for that process (not its pid file,
+    which daemons remove early) to be gone; SIGKILL after `timeout`."""
     pid = running_pid(d)
     if pid is None:
         return False
+
+    def alive() -> bool:
+        try:
+            return os.path.basename(os.readlink(f"/proc/{pid}/exe")).startswith(d.binary)
+        except OSError:
+            return False
+
     os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline and running_pid(d) == pid:
+    while time.monotonic() < deadline and alive():
         time.sleep(0.1)
-    if running_pid(d) == pid:
+    if alive():
         os.kill(pid, signal.SIGKILL)
+        while alive():
+            time.sleep(0.05)
     return True
 
 

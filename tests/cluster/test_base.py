@@ -89,8 +89,8 @@ def test_localcluster_down_up_twice_and_status(live):
     assert down.returncode == 0 and "slurmctld" in down.stdout
     st = script("status")
     assert st.returncode == 1 and "cluster is down" in st.stdout
-    for pid in pids_before.values():
-        assert not Path(f"/proc/{pid}").exists()
+    for name, pid in pids_before.items():  # gone (a zombie waiting for init to reap it has no exe)
+        assert not Path(f"/proc/{pid}/exe").exists(), f"{name} (pid {pid}) still runs after down"
     for _ in range(2):
         up = script("up")
         assert up.returncode == 0, up.stderr
