@@ -35,10 +35,14 @@ def srun_argv(args: argparse.Namespace, cmd: list[str], nodes: str) -> list[str]
     return [*argv, "--", *cmd]
 
 
-def wait_to_be_requeued() -> int:
+def wait_to_be_requeued(ending: list[int]) -> int:
     """After a requeue Slurm ends this script with SIGTERM: die at once then (releasing the
-    node sooner), or leave after a while if that never comes."""
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    node sooner), or leave after a while if that never comes. If that SIGTERM already came
+    while the step was still ending (go_suspend's requeue), leave now: waiting would hold
+    the nodes until Slurm's SIGKILL, KillWait seconds later."""
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # first, so no SIGTERM falls between the two
+    if ending:
+        return 0
     time.sleep(120)
     return 0
 
@@ -89,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
             slurm.requeue(job_id)  # go_suspend or the launcher already did; harmless if so
         except SlurmError:
             pass
-        return wait_to_be_requeued()
+        return wait_to_be_requeued(ending)
     if rc == 0:
         jobdir.set_final("succeeded", 0)
         jobdir.event("finished", run=run, state="succeeded", exit_code=0)
@@ -108,7 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         jobdir.event("retry", run=run, exit_code=rc, retry=used + 1, of=args.retries)
         print(f"slurm-hai: run {run} failed (exit {rc}); retry {used + 1} of {args.retries}", flush=True)
         slurm.requeue(job_id)
-        return wait_to_be_requeued()
+        return wait_to_be_requeued(ending)
     jobdir.set_final("failed", rc, reason=f"exit code {rc}")
     jobdir.event("finished", run=run, state="failed", exit_code=rc)
     print(f"slurm-hai: run {run} failed (exit {rc}); not requeued (no retries left)", flush=True)
