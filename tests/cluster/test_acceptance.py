@@ -447,3 +447,14 @@ def test_smoke_script_shared_with_slurm_docker_cluster_passes_here(story):
                        timeout=240, cwd=d)
     assert p.returncode == 0, p.stdout + p.stderr
     assert "SMOKE PASSED" in p.stdout
+
+
+def test_slurm_docker_rendered_policy_is_up_to_date(tmp_path):
+    """contrib/slurm-docker/rendered/ is what `hai-admin render` makes of its policy.toml."""
+    here = REPO / "contrib" / "slurm-docker"
+    subprocess.run([sys.executable, "-m", "slurm_hai.cli.admin", "render", "--policy", str(here / "policy.toml"),
+                    "--out", str(tmp_path), "--spank-plugin", "/usr/lib64/slurm/hai_spank.so"],
+                   check=True, capture_output=True, cwd=REPO)
+    for path in tmp_path.iterdir():
+        assert (here / "rendered" / path.name).read_text() == path.read_text(), (
+            f"contrib/slurm-docker/rendered/{path.name} is stale: re-render it (see contrib/slurm-docker/README.md)")

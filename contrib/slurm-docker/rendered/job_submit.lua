@@ -1,0 +1,157 @@
+-- job_submit.lua rendered by slurm-hai (templates/slurm/job_submit.lua.j2) from policy.toml.
+-- Runs inside slurmctld under its locks: keep it small and fast (table look-ups only).
+--  * maps the SPANK option --hai-priority (job env HAI_PRIORITY), or --qos=<level>, to the
+--    level's QOS, or to the user's (account's) quota-override variant of it (<level>.u.<user>,
+--    <level>.a.<account>), which carries that owner's node quota;
+--  * refuses a job larger than the owner's whole quota at its level with a clear message
+--    (the QOS's DenyOnLimit would refuse it too, with a vague one);
+--  * AUTO (--hai-priority=AUTO or --qos=auto): the highest level whose quota can ever hold
+--    the job; the policy daemon moves it down while that level's quota is in use;
+--  * stamps the submit-time level into admin_comment ("hai-level=NAME"), which users cannot
+--    change, so the policy daemon can give a requeued job back its level.
+
+local NO_VAL = 4294967294
+local default_level = "NORMAL"
+local allow_auto = true
+
+-- highest level first
+local order = {
+  "EXTREME_HIGH",
+  "VERY_HIGH",
+  "HIGH",
+  "ABOVE_NORMAL",
+  "NORMAL",
+  "UNDER_NORMAL",
+  "BELOW_NORMAL",
+  "LOW",
+}
+local levels = {
+  ["EXTREME_HIGH"] = "extreme_high",
+  ["VERY_HIGH"] = "very_high",
+  ["HIGH"] = "high",
+  ["ABOVE_NORMAL"] = "above_normal",
+  ["NORMAL"] = "normal",
+  ["UNDER_NORMAL"] = "under_normal",
+  ["BELOW_NORMAL"] = "below_normal",
+  ["LOW"] = "low",
+}
+local qos_level = {
+  ["extreme_high"] = "EXTREME_HIGH",
+  ["very_high"] = "VERY_HIGH",
+  ["high"] = "HIGH",
+  ["above_normal"] = "ABOVE_NORMAL",
+  ["normal"] = "NORMAL",
+  ["under_normal"] = "UNDER_NORMAL",
+  ["below_normal"] = "BELOW_NORMAL",
+  ["low"] = "LOW",
+}
+-- per-user node quota per level; a level not listed is unlimited
+local quota = {
+  ["EXTREME_HIGH"] = 1,
+  ["VERY_HIGH"] = 2,
+  ["HIGH"] = 2,
+}
+-- overrides: owner -> level -> {variant QOS, quota (-1: unlimited)}
+local user_override = {
+}
+local account_override = {
+}
+
+local function spank_env(job_desc, name)
+  local env = job_desc.spank_job_env
+  if env == nil then return nil end
+  -- 22.05 hands SPANK job-control variables to job_submit without the SPANK_ prefix
+  local prefix = name .. "="
+  for _, entry in pairs(env) do
+    if type(entry) == "string" and string.sub(entry, 1, #prefix) == prefix then
+      return string.sub(entry, #prefix + 1)
+    end
+  end
+  return nil
+end
+
+-- the QOS and the quota (nil: unlimited) of `level` for this user/account
+local function placement(user, account, level)
+  local o = user ~= nil and user_override[user] and user_override[user][level]
+  if not o then o = account ~= nil and account_override[account] and account_override[account][level] end
+  if o then
+    if o[2] < 0 then return o[1], nil end
+    return o[1], o[2]
+  end
+  return levels[level], quota[level]
+end
+
+local function level_of_qos(qos)
+  if qos == nil then return nil end
+  local base = string.match(string.lower(qos), "^([^.]+)")
+  return qos_level[base]
+end
+
+local function choices()
+  local out = {}
+  for _, name in ipairs(order) do table.insert(out, name) end
+  return table.concat(out, ", ")
+end
+
+function slurm_job_submit(job_desc, part_list, submit_uid)
+  local wanted = spank_env(job_desc, "HAI_PRIORITY")
+  if wanted == nil and job_desc.qos ~= nil then
+    if string.lower(job_desc.qos) == "auto" then
+      wanted = "AUTO"
+    else
+      wanted = level_of_qos(job_desc.qos)
+      -- a QOS outside the ladder (the site's own) is left to Slurm
+      if wanted == nil then return slurm.SUCCESS end
+    end
+  end
+  if wanted == nil then wanted = default_level end
+  wanted = string.upper(wanted)
+
+  local user = job_desc.user_name
+  local account = job_desc.account
+  if account == nil then account = job_desc.default_account end
+  local nodes = job_desc.min_nodes
+  if nodes == nil or nodes == 0 or nodes >= NO_VAL then nodes = 1 end
+
+  local level = wanted
+  if wanted == "AUTO" then
+    if not allow_auto then
+      slurm.log_user("hai: priority AUTO is not allowed on this cluster; use one of %s", choices())
+      return slurm.ERROR
+    end
+    level = nil
+    for _, name in ipairs(order) do
+      local _, q = placement(user, account, name)
+      if q == nil or q >= nodes then level = name; break end
+    end
+    if level == nil then
+      slurm.log_user("hai: %d nodes exceed your quota at every level; ask for fewer nodes", nodes)
+      return slurm.ERROR
+    end
+  elseif levels[wanted] == nil then
+    slurm.log_user("hai: unknown priority level '%s'; use one of %s or AUTO", wanted, choices())
+    return slurm.ERROR
+  end
+
+  local qos, q = placement(user, account, level)
+  if q ~= nil and nodes > q then
+    if q == 0 then
+      slurm.log_user("hai: your quota at %s is 0 nodes: that level is not open to you; use a lower level or AUTO",
+                     level)
+    else
+      slurm.log_user("hai: %d nodes at %s exceed your quota of %d nodes at that level; ask for at most %d or use " ..
+                     "a lower level", nodes, level, q, q)
+    end
+    return slurm.ERROR
+  end
+  job_desc.qos = qos
+  job_desc.admin_comment = "hai-level=" .. wanted
+  return slurm.SUCCESS
+end
+
+function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
+  return slurm.SUCCESS
+end
+
+slurm.log_info("slurm-hai job_submit.lua loaded")
+return slurm.SUCCESS
