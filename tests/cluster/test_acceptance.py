@@ -452,9 +452,9 @@ def test_smoke_script_shared_with_slurm_docker_cluster_passes_here(story):
 def test_slurm_docker_rendered_policy_is_up_to_date(tmp_path):
     """contrib/slurm-docker/rendered/ is what `hai-admin render` makes of its policy.toml."""
     here = REPO / "contrib" / "slurm-docker"
-    subprocess.run([sys.executable, "-m", "slurm_hai.cli.admin", "render", "--policy", str(here / "policy.toml"),
+    subprocess.run([sys.executable, "-m", "slurm_hai.cli.admin", "render", "--policy", "policy.toml",
                     "--out", str(tmp_path), "--spank-plugin", "/usr/lib64/slurm/hai_spank.so"],
-                   check=True, capture_output=True, cwd=REPO)
+                   check=True, capture_output=True, cwd=here)
     for path in tmp_path.iterdir():
         assert (here / "rendered" / path.name).read_text() == path.read_text(), (
             f"contrib/slurm-docker/rendered/{path.name} is stale: re-render it (see contrib/slurm-docker/README.md)")
