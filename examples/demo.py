@@ -324,8 +324,8 @@ def main() -> int:
                    lambda: latest_step(low) >= 60 and ref.first("start") is not None)
         high = submit("HIGH", "HIGH", 2, HIGH_ARGS)
         story.jobs.append(high)
-        say(f"submitted job {high.job_id} at HIGH on 2 nodes: no node is free, so Slurm takes the "
-            "lowest level's nodes (the LOW job), through the suspend protocol")
+        say(f"submitted job {high.job_id} at HIGH on 2 nodes (a user's HIGH quota in this policy): no node "
+            "is free, so Slurm takes the lowest level's nodes (the LOW job), through the suspend protocol")
         wait_until(story, "the HIGH job to finish", lambda: high.first("finished") is not None)
         wait_until(story, "the LOW job to finish", lambda: low.first("finished") is not None)
         wait_until(story, "the reference to finish", lambda: ref.first("finished") is not None)

@@ -246,20 +246,31 @@ def test_slurmd_stopped_and_started_again_job_resumes_from_last_commit(story, re
         wait_for(f"{node} back in service", lambda: story.run(
             ["sinfo", "-h", "-n", node, "-o", "%t"]).stdout.strip() in ("idle", "alloc", "mix"), 60, 0.5)
 
-    # 1. A slurmd restart alone does not disturb the job: its steps run under slurmstepd.
-    stop_slurmd()
-    time.sleep(2)
-    start_slurmd()
-    before = last_step(job_dir)
-    wait_for("training to go on", lambda: last_step(job_dir) >= before + 20, 60)
-    assert not named(job_dir, "killed") and story.job(job)["Restarts"] == "0"
-    # 2. Stopped and declared dead (what slurmctld does after SlurmdTimeout, without the
-    #    wait): the job is requeued and runs on the other nodes from its last commit.
-    stop_slurmd()
-    story.run(["scontrol", "update", f"NodeName={node}", "State=DOWN", "Reason=acceptance: slurmd stopped"])
-    wait_for("the job to be ended on the failed node", lambda: named(job_dir, "killed"), 60)
-    committed = committed_steps(job_dir / "checkpoints")
-    start_slurmd()
+    def slurmd_alive() -> bool:
+        try:
+            return Path(f"/proc/{int(pid_file.read_text().split()[0])}").exists()
+        except (OSError, ValueError, IndexError):
+            return False
+
+    try:
+        # 1. A slurmd restart alone does not disturb the job: its steps run under slurmstepd.
+        stop_slurmd()
+        time.sleep(2)
+        start_slurmd()
+        before = last_step(job_dir)
+        wait_for("training to go on", lambda: last_step(job_dir) >= before + 20, 60)
+        assert not named(job_dir, "killed") and story.job(job)["Restarts"] == "0"
+        # 2. Stopped and declared dead (what slurmctld does after SlurmdTimeout, without the
+        #    wait): the job is requeued and runs on the other nodes from its last commit.
+        stop_slurmd()
+        story.run(["scontrol", "update", f"NodeName={node}", "State=DOWN", "Reason=acceptance: slurmd stopped"])
+        wait_for("the job to be ended on the failed node", lambda: named(job_dir, "killed"), 60)
+        committed = committed_steps(job_dir / "checkpoints")
+        start_slurmd()
+    finally:  # never leave the cluster with a node down, whatever failed above
+        if not slurmd_alive():
+            story.run(["slurmd", "-f", str(state / "etc" / "slurm.conf"), "-N", node], check=False)
+        story.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], check=False)
     final = wait_final(job_dir, 240)
     assert final["state"] == "succeeded"
     assert resumed_from(job_dir) == [max(committed)]

@@ -1,0 +1,330 @@
+"""slurm-hai against stock Slurm on the live local cluster: preemption, restart, suspend.
+
+Measured in one run, on the same cluster, medians of --repeats:
+
+1. preemption latency: a HIGH job (plain sbatch, 1 node) is submitted while a LOW job
+   holds all 4 nodes; from the HIGH submission to the HIGH job's script running.
+   slurm-hai: the LOW job is a hai-submit job that cooperates (polls
+   receive_suspend_command(), commits a small checkpoint, go_suspend()).
+   stock: the LOW job is a plain `sbatch --requeue` job under PreemptMode=REQUEUE that
+   does not cooperate (its step ignores SIGTERM and goes on working); Slurm ends it after
+   the QOS GraceTime, on its own timer, then KillWait.
+   Also shown: a stock job that simply dies of the SIGTERM (fast, but all work since its
+   last checkpoint is lost).
+2. restart latency: from the requeue request to the job's script running again, on an
+   idle cluster. slurm-hai: `hai suspend` -> go_suspend(); stock: `scontrol requeue`.
+3. suspend-to-requeue with 1 GiB of state: as 1, but rank 0 of the LOW job holds 1 GiB
+   of tensors; from the HIGH submission to Slurm counting the LOW job's requeue.
+   slurm-hai commits the 1 GiB checkpoint first (the time is printed); stock saves nothing.
+
+slurm-hai runs with its policy daemon (`hai-admin daemon`, as deployed); the stock runs
+without it (the daemon would also hurry the stock jobs).
+
+    .venv/bin/python benchmarks/cluster_bench.py [--repeats 3] [--gib 1] [--markdown]
+
+Uses $HAI_CLUSTER_DIR (default /var/lib/slurm-hai/localcluster) or $SLURM_CONF; needs the
+cluster idle, as root.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+STATE = Path(os.environ.get("HAI_CLUSTER_DIR", "/var/lib/slurm-hai/localcluster"))
+BIN = Path(sys.executable).parent
+ENV = dict(os.environ)
+ENV.setdefault("SLURM_CONF", str(STATE / "etc" / "slurm.conf"))
+ENV["PATH"] = f"{BIN}:{ENV.get('PATH', '/usr/bin:/bin')}"
+WORK = Path(f"/tmp/slurm-hai-cluster-bench-{os.getpid()}")
+ENV["HAI_HOME"] = str(WORK / "hai")
+
+# The cooperative slurm-hai job: rank 0 may hold GIB of state; on the notice it commits a
+# checkpoint of it and calls go_suspend(). Reruns only report that they started.
+OURS = """
+import os, sys, time
+import slurm_hai.client as hai
+run = hai.restart_count()
+print(f"start run={run} t={time.time():.3f}", flush=True)
+if run > 0:
+    sys.exit(0)
+import torch
+from slurm_hai.checkpoint import CheckpointManager
+gib = float(sys.argv[1])
+rank = int(os.environ["RANK"])
+state = {"w": torch.ones(max(1, int(gib * 2**30) // 4)) if rank == 0 else torch.zeros(1), "step": 0}
+mgr = CheckpointManager(os.path.join(os.environ["HAI_JOB_DIR"], "ckpt")) if rank == 0 else None
+print("ready", flush=True)
+while True:
+    if rank == 0 and hai.receive_suspend_command():
+        t0 = time.monotonic()
+        mgr.save(state["step"], state)
+        print(f"committed {gib} GiB in {time.monotonic() - t0:.3f} s", flush=True)
+        hai.go_suspend()
+    state["step"] += 1
+    time.sleep(0.01)
+"""
+
+# The stock job: same state, no slurm-hai; MODE "ignores" keeps working through SIGTERM,
+# "dies" has Python's default SIGTERM behaviour.
+STOCK = """
+import os, signal, sys, time
+mode, gib, out = sys.argv[1], float(sys.argv[2]), sys.argv[3]
+if mode == "ignores":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+import torch
+rank = int(os.environ.get("SLURM_NODEID", "0"))
+state = torch.ones(max(1, int(gib * 2**30) // 4)) if rank == 0 else torch.zeros(1)
+if rank == 0:
+    open(out, "w").write("ready")
+while True:
+    time.sleep(0.01)
+"""
+
+STOCK_BATCH = """#!/bin/bash
+echo "start run=${{SLURM_RESTART_COUNT:-0}} t=$(date +%s.%N)" >> {log}
+[ "${{SLURM_RESTART_COUNT:-0}}" -gt 0 ] && exit 0
+srun {python} {script} {mode} {gib} {ready}
+"""
+
+
+def run(argv: list[str], check: bool = True, **kw) -> subprocess.CompletedProcess:
+    p = subprocess.run([str(a) for a in argv], env=ENV, text=True, capture_output=True, cwd=WORK, **kw)
+    if check and p.returncode != 0:
+        raise SystemExit(f"{' '.join(map(str, argv))} failed: {(p.stderr or p.stdout).strip()}")
+    return p
+
+
+def wait_for(what: str, cond, timeout: float = 120, interval: float = 0.05):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = cond()
+        if value:
+            return value
+        if time.monotonic() > deadline:
+            raise SystemExit(f"timed out waiting for {what}")
+        time.sleep(interval)
+
+
+def restarts(job: int) -> int:
+    out = run(["scontrol", "show", "job", "-o", str(job)], check=False).stdout
+    for part in out.split():
+        if part.startswith("Restarts="):
+            return int(part.split("=")[1])
+    return -1
+
+
+def drain(jobs: list[int]) -> None:
+    for job in jobs:
+        run(["scancel", str(job)], check=False)
+    wait_for("the cluster to drain", lambda: not run(["squeue", "-h", "-o", "%i"]).stdout.split()
+             and not run(["sinfo", "-h", "-t", "alloc,mix,comp", "-o", "%N"]).stdout.split(), 120, 0.3)
+
+
+def read_text(path: Path) -> str:
+    try:
+        return path.read_text()
+    except FileNotFoundError:
+        return ""
+
+
+def start_times(log: Path) -> dict[int, float]:
+    out = {}
+    for line in read_text(log).splitlines():
+        if line.startswith("start run="):
+            fields = dict(f.split("=") for f in line.split()[1:])
+            out[int(fields["run"])] = float(fields["t"])
+    return out
+
+
+# ------------------------------------------------------------------ the LOW jobs
+
+
+def submit_ours(gib: float, nodes: int) -> tuple[int, Path]:
+    script = WORK / "ours.py"
+    script.write_text(OURS)
+    info = json.loads(run(["hai-submit", "--json", "-n", str(nodes), "-p", "LOW", "--gpus-per-node", "8",
+                           "--name", "bench-ours", str(script), "--", str(gib)]).stdout)
+    log = Path(info["job_dir"]) / "logs" / "rank-0.log"
+    wait_for("the slurm-hai job to be ready", lambda: "ready" in read_text(log), 180)
+    return int(info["job_id"]), log
+
+
+def submit_stock(mode: str, gib: float, nodes: int, tag: str) -> tuple[int, Path]:
+    script = WORK / "stock.py"
+    script.write_text(STOCK)
+    log, ready = WORK / f"stock-{tag}.log", WORK / f"stock-{tag}.ready"
+    ready.unlink(missing_ok=True)
+    batch = STOCK_BATCH.format(log=log, python=sys.executable, script=script, mode=mode, gib=gib, ready=ready)
+    job = int(run(["sbatch", "--parsable", "-N", str(nodes), "--qos=low", "--gres=gpu:8", "--requeue",
+                   "--open-mode=append", f"--output={WORK}/slurm-%j.out", "--job-name=bench-stock"],
+                  input=batch).stdout.strip().split(";")[0])
+    wait_for("the stock job to be ready", lambda: ready.exists(), 180)
+    return job, log
+
+
+def slurm_state(job: int) -> str:
+    out = run(["scontrol", "show", "job", "-o", str(job)], check=False).stdout
+    return next((p.split("=")[1] for p in out.split() if p.startswith("JobState=")), "")
+
+
+def preempt(low: int, requeue_expected: bool = True) -> tuple[float, float | None]:
+    """Submit the HIGH job; (seconds to the HIGH script running, to the LOW job's requeue;
+    None when Slurm ended the LOW job instead of requeueing it)."""
+    mark = WORK / f"high-{low}.start"
+    before = restarts(low)
+    t0 = time.time()
+    high = int(run(["sbatch", "--parsable", "-N1", "--qos=high", "--gres=gpu:8", "--output=/dev/null",
+                    "--job-name=bench-high", "--wrap", f"date +%s.%N > {mark}"]).stdout.strip().split(";")[0])
+    requeued = None
+    while not read_text(mark).strip():
+        if requeued is None and restarts(low) > before:
+            requeued = time.time()
+        if time.time() - t0 > 180:
+            raise SystemExit("the HIGH job did not start within 180 s")
+        time.sleep(0.05)
+    started = float(read_text(mark))
+    if requeued is None and requeue_expected:
+        requeued = wait_for("the LOW job's requeue", lambda: restarts(low) > before and time.time(), 60)
+    if not requeue_expected:
+        wait_for("the LOW job to end", lambda: slurm_state(low) in ("FAILED", "COMPLETED", "CANCELLED")
+                 or restarts(low) > before, 60)
+        r_dies_state.append(slurm_state(low) if restarts(low) == before else "requeued")
+    drain([low, high])
+    return started - t0, (requeued - t0) if requeued else None
+
+
+r_dies_state: list[str] = []  # what Slurm did with a stock job that died of its notice
+
+
+def restart_latency_ours() -> float:
+    job, log = submit_ours(0, 1)
+    run(["hai", "suspend", str(job)])
+    job_dir = log.parent.parent
+    wait_for("run 1", lambda: 1 in start_times(log), 120)
+    asked = next(json.loads(line)["t"] for line in read_text(job_dir / "events.jsonl").splitlines()
+                 if json.loads(line)["event"] == "go_suspend")
+    drain([job])
+    return start_times(log)[1] - asked
+
+
+def restart_latency_stock() -> float:
+    job, log = submit_stock("ignores", 0, 1, f"restart-{time.time_ns()}")
+    t0 = time.time()
+    run(["scontrol", "requeue", str(job)])
+    wait_for("run 1", lambda: 1 in start_times(log), 120)
+    drain([job])
+    return start_times(log)[1] - t0
+
+
+# ------------------------------------------------------------------ the daemon
+
+
+def start_daemon() -> subprocess.Popen:
+    log = open(WORK / "daemon.log", "a")
+    proc = subprocess.Popen([str(BIN / "hai-admin"), "daemon", "--policy", str(STATE / "etc" / "policy.toml"),
+                             "--interval", "0.5", "--lock", str(WORK / "policyd.lock")], env=ENV, stdout=log,
+                            stderr=subprocess.STDOUT, cwd=WORK)
+    wait_for("the policy daemon", lambda: "policy daemon started" in read_text(WORK / "daemon.log"), 20, 0.1)
+    return proc
+
+
+def stop_daemon(proc: subprocess.Popen) -> None:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+
+
+# ------------------------------------------------------------------ main
+
+
+def med(values: list[float]) -> str:
+    return f"{statistics.median(values):.2f} s" if values else "-"
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--gib", type=float, default=1.0, help="state held by the LOW job for measurement 3")
+    ap.add_argument("--markdown", action="store_true", help="also print the table as Markdown")
+    args = ap.parse_args()
+    WORK.mkdir(mode=0o755, parents=True)
+    if run(["squeue", "-h", "-o", "%i"]).stdout.split():
+        raise SystemExit("the cluster is busy: the benchmark needs it idle (squeue shows jobs)")
+    r: dict[str, list[float]] = {k: [] for k in (
+        "pre_ours", "pre_stock", "pre_stock_dies", "rq_ours", "rq_stock", "restart_ours", "restart_stock",
+        "big_ours", "big_stock", "big_high_ours", "big_high_stock")}
+    commits: list[str] = []
+    t_start = time.time()
+    for i in range(args.repeats):
+        print(f"repeat {i + 1}/{args.repeats}: stock Slurm (no policy daemon)", flush=True)
+        high, rq = preempt(submit_stock("ignores", 0, 4, f"pre{i}")[0])
+        r["pre_stock"].append(high)
+        r["rq_stock"].append(rq)
+        r["pre_stock_dies"].append(preempt(submit_stock("dies", 0, 4, f"dies{i}")[0], requeue_expected=False)[0])
+        r["restart_stock"].append(restart_latency_stock())
+        high, rq = preempt(submit_stock("ignores", args.gib, 4, f"big{i}")[0])
+        r["big_stock"].append(rq)
+        r["big_high_stock"].append(high)
+        print(f"repeat {i + 1}/{args.repeats}: slurm-hai (policy daemon on)", flush=True)
+        daemon = start_daemon()
+        try:
+            high, rq = preempt(submit_ours(0, 4)[0])
+            r["pre_ours"].append(high)
+            r["rq_ours"].append(rq)
+            r["restart_ours"].append(restart_latency_ours())
+            job, log = submit_ours(args.gib, 4)
+            high, rq = preempt(job)
+            r["big_ours"].append(rq)
+            r["big_high_ours"].append(high)
+            commits += [line for line in read_text(log).splitlines() if line.startswith("committed")]
+        finally:
+            stop_daemon(daemon)
+        print("  " + ", ".join(f"{k}={v[-1]:.2f}" for k, v in r.items() if v), flush=True)
+
+    def ratio(ours: str, stock: str) -> str:
+        return f"{statistics.median(r[stock]) / statistics.median(r[ours]):.1f}x faster"
+
+    rows = [
+        ("preemption latency: HIGH submitted -> HIGH running (LOW job cooperates; stock ignores SIGTERM)",
+         med(r["pre_ours"]), med(r["pre_stock"]), ratio("pre_ours", "pre_stock")),
+        ("  same, stock job dies of SIGTERM instead (its work since the last checkpoint is lost; "
+         f"Slurm then: {', '.join(sorted(set(r_dies_state)))})", med(r["pre_ours"]), med(r["pre_stock_dies"]), "-"),
+        ("  HIGH submitted -> LOW job requeued", med(r["rq_ours"]), med(r["rq_stock"]), ratio("rq_ours", "rq_stock")),
+        ("restart latency: requeue requested -> job's script running again (idle cluster)",
+         med(r["restart_ours"]), med(r["restart_stock"]), ratio("restart_ours", "restart_stock")),
+        (f"suspend-to-requeue, {args.gib:g} GiB of state: HIGH submitted -> LOW requeued "
+         "(slurm-hai commits it first; stock saves nothing)", med(r["big_ours"]), med(r["big_stock"]),
+         ratio("big_ours", "big_stock")),
+        (f"  HIGH submitted -> HIGH running, {args.gib:g} GiB of state", med(r["big_high_ours"]),
+         med(r["big_high_stock"]), ratio("big_high_ours", "big_high_stock")),
+    ]
+    print(f"\ncluster benchmark, medians of {args.repeats}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+          f"{platform.node()}, {os.cpu_count()} cores, took {time.time() - t_start:.0f} s")
+    width = max(len(row[0]) for row in rows)
+    print(f"{'what':<{width}}  {'slurm-hai':>10}  {'stock':>10}  ratio")
+    for what, ours, stock, rat in rows:
+        print(f"{what:<{width}}  {ours:>10}  {stock:>10}  {rat}")
+    if commits:
+        print(f"slurm-hai's blocking checkpoint at the notice: {'; '.join(commits)}")
+    print("raw: " + json.dumps({k: [round(x, 3) for x in v] for k, v in r.items()}))
+    if args.markdown:
+        print("\n| what | slurm-hai | stock Slurm | ratio |\n|---|---|---|---|")
+        for what, ours, stock, rat in rows:
+            print(f"| {what.strip()} | {ours} | {stock} | {rat} |")
+    shutil.rmtree(WORK / "hai", ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
