@@ -44,6 +44,7 @@ WAITING_FOR_NODES = ("Resources", "Priority", "None")
 QUOTA_REASONS = ("QOSMaxNodePerUserLimit", "QOSMaxTRESPerUserLimit", "QOSMaxGRESPerUser", "QOSMaxCpuPerUserLimit")
 # A requeued job whose eligible time is this close to its (reset) submit time is held back by
 # Slurm's requeue delay (cred_expire, 120 s by default), not by a --begin of its owner.
+REQUEUE_SETTLE_SECONDS = 2
 REQUEUE_DELAY_MAX = 300
 # How long a preempted demoted job stays held for the job it yields to, after its grace time.
 YIELD_TIMEOUT = 120
@@ -319,7 +320,11 @@ def _pending(job: JobInfo, snap: Snapshot, plan: _Plan, level_changes: set[int])
         plan.update(jid, "restore-level", f"requeued: back at its submit-time level {submit} (was {lvl.name})",
                     QOS=qos_for(policy, submit, job.user, job.account))
         level_changes.add(jid)
+    # Not within REQUEUE_SETTLE_SECONDS of the requeue (Slurm resets submit_time to it): a
+    # relaunch in the same second as the requeue is killed by slurmctld with "Job credential
+    # revoked" and the job ends FAILED for good (seen on 22.05). The next cycle starts it.
     if (job.restart_count > 0 and job.reason == "BeginTime" and job.eligible_time > now
+            and now - job.submit_time >= REQUEUE_SETTLE_SECONDS
             and 0 <= job.eligible_time - job.submit_time <= REQUEUE_DELAY_MAX):
         plan.update(jid, "start-now", f"requeued {now - job.submit_time:.0f} s ago, Slurm holds it back until "
                     f"+{job.eligible_time - now:.0f} s: eligible now", StartTime="now")

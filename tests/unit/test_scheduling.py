@@ -345,13 +345,20 @@ def test_accepts_slurm_rounding_below_the_base():
 
 
 def test_updates_to_one_job_are_merged_into_one_call():
-    j = job(1, qos="normal", level="HIGH", restart_count=1, reason="BeginTime", submit_time=NOW - 1,
+    j = job(1, qos="normal", level="HIGH", restart_count=1, reason="BeginTime", submit_time=NOW - 3,
             eligible_time=NOW + 4)
     actions = decide([j], POLICY, NOW)
     assert len(actions) == 1
     assert actions[0].field_dict() == {"QOS": "high", "StartTime": "now"}
     assert actions[0].rule == "restore-level+start-now"
     assert actions[0].describe().startswith("job 1: update QOS=high StartTime=now [restore-level+start-now] ")
+
+
+def test_a_requeue_of_this_very_second_is_not_started_early():
+    # slurmctld kills a relaunch in the requeue's own second ("Job credential revoked")
+    j = job(1, restart_count=1, reason="BeginTime", submit_time=NOW - 1, eligible_time=NOW + 5)
+    assert not [a for a in decide([j], POLICY, NOW) if "start-now" in a.rule]
+    assert [a.rule for a in decide([j], POLICY, NOW + 2)] == ["start-now"]
 
 
 def test_tags_round_trip():
