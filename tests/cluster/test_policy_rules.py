@@ -155,6 +155,7 @@ def test_fcfs_within_a_level_and_a_requeued_job_keeps_its_place(rules):
     first = sbatch(c, "-N4", "--qos=normal", user="root")
     running(c, first)
     later = [sbatch(c, "-N4", "--qos=normal", user="root") for _ in range(2)]
+    time.sleep(1.5)  # the requeue below resets `first`'s submit time to a later second than theirs
     # a HIGH job takes two of the nodes: `first` is requeued, its submit time reset
     high = sbatch(c, "-N2", "--qos=high", user=ALICE, wrap="sleep 6")
     c.wait_job(first, lambda j: j["Restarts"] == "1", 40, "the NORMAL job's requeue")
