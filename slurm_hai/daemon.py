@@ -81,7 +81,10 @@ class PolicyDaemon:
         """Read the queue, decide, act. Raises SlurmError when the queue cannot be read."""
         t0 = time.monotonic()
         self.reload_if_changed()
-        jobs = self.backend.jobs()
+        try:
+            jobs = self.backend.jobs()
+        except ValueError as e:  # squeue printed something that is not its JSON
+            raise SlurmError(f"squeue --json: unreadable output ({e})") from None
         now = self.clock()
         actions = decide(jobs, self.policy, now, idle_nodes=self.backend.idle_nodes)
         failed = 0

@@ -244,8 +244,10 @@ def plan_changes(policy: Policy, state: ClusterState) -> list[Change]:
             return row.get("Account", "") in policy.accounts
         return row.get("User", "") in policy.user_quota or row.get("Account", "") in policy.account_quota
 
-    rows = sorted((r for r in state.assocs if in_scope(r)),
-                  key=lambda r: (r.get("User", "") != "", r.get("Cluster", ""), r.get("Account", ""), r.get("User", "")))
+    def order(row: dict[str, str]) -> tuple:  # accounts before their users
+        return row.get("User", "") != "", row.get("Cluster", ""), row.get("Account", ""), row.get("User", "")
+
+    rows = sorted((r for r in state.assocs if in_scope(r)), key=order)
     for row in rows:
         user, account = row.get("User", ""), row.get("Account", "")
         have = _set_of(row.get("QOS", ""))
@@ -326,7 +328,8 @@ def template_context(policy: Policy) -> dict[str, object]:
     overrides = {}
     for kind, table in (("u", policy.user_quota), ("a", policy.account_quota)):
         overrides[kind] = {
-            owner: [(lvl, variant_qos(policy.level(lvl), kind, owner), lua_quota(n)) for lvl, n in sorted(levels.items())]
+            owner: [(lvl, variant_qos(policy.level(lvl), kind, owner), lua_quota(n))
+                    for lvl, n in sorted(levels.items())]
             for owner, levels in sorted(table.items())
         }
     groups = [{"name": g.name, "nodes": g.nodes, "priority_tier": g.priority_tier, "default": g.default,

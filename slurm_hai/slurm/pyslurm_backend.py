@@ -61,6 +61,7 @@ class PyslurmBackend(CliBackend):
                 "start_time": rec.get("start_time"), "eligible_time": rec.get("eligible_time"),
                 "priority": rec.get("priority"), "batch_host": rec.get("batch_host"),
                 "comment": rec.get("comment"), "admin_comment": rec.get("admin_comment"),
-                "account": rec.get("account"),
+                "account": rec.get("account"), "preempt_time": rec.get("preempt_time"),
+                "end_time": rec.get("end_time"),
             }))
         return out

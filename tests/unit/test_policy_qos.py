@@ -31,10 +31,8 @@ def shown(policy) -> dict[str, dict[str, str]]:
 
 def assocs_for(policy, users=("root", "hai-alice", "hai-bob"), account="hai", cluster="hai"):
     ladder = ",".join(sorted(lvl.qos for lvl in policy.ladder))
-    rows = [{"Cluster": cluster, "Account": account, "User": "", "Partition": "", "QOS": ladder, "DefaultQOS": "normal"}]
-    rows += [{"Cluster": cluster, "Account": account, "User": u, "Partition": "", "QOS": ladder, "DefaultQOS": "normal"}
-             for u in users]
-    return rows
+    return [{"Cluster": cluster, "Account": account, "User": u, "Partition": "", "QOS": ladder, "DefaultQOS": "normal"}
+            for u in ("", *users)]
 
 
 def applied(policy, changes_state: ClusterState) -> ClusterState:
