@@ -7,6 +7,7 @@ For several processes and nodes see examples/train.py.
 """
 
 import os
+import time
 
 import torch
 
@@ -36,7 +37,7 @@ while state.step < STEPS:
     if state.step % 50 == 0:
         mgr.save(state.step, state, blocking=False)  # periodic, in the background
         print(f"step {state.step} loss {loss.item():.4f}", flush=True)
-    # time.sleep(...) / real work here
+    time.sleep(0.02)  # stands for the rest of a real step
 
 mgr.wait()
 print(f"done at step {state.step}: weight {model.weight.data.flatten().tolist()[:3]}...", flush=True)

@@ -202,7 +202,14 @@ def main(local_rank: int, args: argparse.Namespace) -> None:
         os.replace(tmp, args.out)
         log(f"done: step {state.step}, final weights sha256={weights_digest(model)} -> {args.out}")
     dist.barrier()
+    del ddp  # its reducer holds work objects of the process group
     dist.destroy_process_group()
+    # Leave without the interpreter's teardown: gloo's threads can still abort it now and
+    # then (seen: "terminate called without an active exception", exit 134 after a run
+    # that had finished), which would turn a finished job into a failed one.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
