@@ -29,6 +29,8 @@ DEFAULT_LOCK = Path("/run/slurm-hai/hai-policyd.lock")
 MAX_BACKOFF = 60.0
 # An action that failed is not tried again for this long (e.g. requeue of a job Slurm purged).
 RETRY_AFTER = 30.0
+# A cycle longer than this is logged as a warning (squeue waits while slurmctld restarts).
+SLOW_CYCLE = 10.0
 
 
 class LockBusy(Exception):
@@ -144,8 +146,10 @@ class PolicyDaemon:
             if backoff != self.interval:
                 log.info("Slurm answers again")
                 backoff = self.interval
-            log.debug("cycle: %d jobs, %d actions, %d failed, %.3f s", result.jobs, len(result.actions),
-                      result.failed, result.seconds)
+            log.log(logging.WARNING if result.seconds > SLOW_CYCLE else logging.DEBUG,
+                    "cycle: %d jobs, %d actions, %d failed, %.1f s%s", result.jobs, len(result.actions),
+                    result.failed, result.seconds,
+                    " (slow: slurmctld busy or restarting?)" if result.seconds > SLOW_CYCLE else "")
             if once or stop.wait(self.interval):
                 break
         return 0
