@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import signal
@@ -14,24 +13,11 @@ from typing import Callable
 
 import click
 
-from ..policy import Policy, PolicyError, load_policy, policy_path
-from ..slurm import SlurmError
+from ..policy import Policy, load_policy, policy_path
+from .common import one_line_errors
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 DEFAULT_SPANK_SO = "/usr/lib/x86_64-linux-gnu/slurm-wlm/hai_spank.so"
-
-
-def _errors(fn: Callable) -> Callable:
-    """Errors a person can act on: one line `Error: ...`, exit 1, no traceback."""
-
-    @functools.wraps(fn)
-    def wrapper(*args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except (PolicyError, SlurmError, OSError) as e:
-            raise click.ClickException(" ".join(str(e).split())) from None
-
-    return wrapper
 
 
 def _policy_option(fn: Callable) -> Callable:
@@ -76,7 +62,7 @@ def main() -> None:
 @main.command()
 @_policy_option
 @click.option("--json", "as_json", is_flag=True, help="Print the parsed policy as JSON.")
-@_errors
+@one_line_errors
 def check(policy_file: str | None, as_json: bool) -> None:
     """Validate a policy file and summarise it.
 
@@ -131,7 +117,7 @@ def _policy_json(policy: Policy) -> dict:
               type=click.Path(file_okay=False), help="Directory to write the files into (created if missing).")
 @click.option("--spank-plugin", metavar="PATH", default=DEFAULT_SPANK_SO, show_default=True,
               help="Where hai_spank.so is installed on the cluster (for plugstack.conf).")
-@_errors
+@one_line_errors
 def render(policy_file: str | None, out_dir: str, spank_plugin: str) -> None:
     """Write the Slurm configuration that carries the policy.
 
@@ -195,7 +181,7 @@ def _show(changes, as_json: bool) -> None:
 @_policy_option
 @click.option("--no-partitions", is_flag=True, help="Leave partitions alone (compare QOS and associations only).")
 @click.option("--json", "as_json", is_flag=True, help="Print the changes as JSON: [{argv, why}].")
-@_errors
+@one_line_errors
 def plan(policy_file: str | None, no_partitions: bool, as_json: bool) -> None:
     """Show exactly which sacctmgr/scontrol commands `apply` would run.
 
@@ -222,7 +208,7 @@ def plan(policy_file: str | None, no_partitions: bool, as_json: bool) -> None:
 @_policy_option
 @click.option("--no-partitions", is_flag=True, help="Leave partitions alone (QOS and associations only).")
 @click.option("--quiet", "-q", is_flag=True, help="Print only a summary line.")
-@_errors
+@one_line_errors
 def apply(policy_file: str | None, no_partitions: bool, quiet: bool) -> None:
     """Make the changes that `plan` shows; running it again changes nothing.
 
@@ -256,7 +242,7 @@ def apply(policy_file: str | None, no_partitions: bool, quiet: bool) -> None:
 @click.option("--dry-run", "-n", is_flag=True, help="Log what would be done, do nothing.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True, help="Logging threshold (one line per action at info).")
-@_errors
+@one_line_errors
 def daemon(policy_file: str | None, once: bool, interval: float, lock_file: str | None, wait_for_lock: bool,
            dry_run: bool, log_level: str) -> None:
     """Run the policy loop: what Slurm cannot do alone.
@@ -307,7 +293,7 @@ def daemon(policy_file: str | None, once: bool, interval: float, lock_file: str 
 @main.command()
 @_policy_option
 @click.argument("job_ids", nargs=-1, type=int)
-@_errors
+@one_line_errors
 def explain(policy_file: str | None, job_ids: tuple[int, ...]) -> None:
     """Say in words why jobs wait (all pending and running jobs when none is given)."""
     from ..scheduling import explain as explain_job
