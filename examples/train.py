@@ -36,7 +36,6 @@ import hashlib
 import os
 import sys
 import time
-import warnings
 from pathlib import Path
 
 import torch
@@ -130,7 +129,6 @@ def suspend_now(mgr: CheckpointManager, state: TrainingState, ckpt_dir: str) -> 
 
 def main(local_rank: int, args: argparse.Namespace) -> None:
     torch.set_num_threads(1)  # one core per process; also keeps CPU kernels' reductions fixed
-    warnings.filterwarnings("ignore", message=".*find_unused_parameters=True.*")
     init_process_group("gloo")
     rank, world = get_rank(), get_world_size()
     run = hai.restart_count()
@@ -142,6 +140,7 @@ def main(local_rank: int, args: argparse.Namespace) -> None:
     # find_unused_parameters=True keeps DDP's gradient buckets as first laid out: by default
     # DDP rebuilds them after the first step, so a resumed run (whose "first step" is step
     # N+1) would sum gradients in another order than the uninterrupted run: not bitwise equal.
+    # (DDP then logs once per rank that it found no unused parameters: expected.)
     ddp = DistributedDataParallel(model, find_unused_parameters=True)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, weight_decay=0.01)
     scheduler = torch.optim.lr_scheduler.CosineAnnealingLR(optimizer, T_max=args.steps)
