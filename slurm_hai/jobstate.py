@@ -76,8 +76,9 @@ def level_of(job: JobInfo | None, request: dict) -> str:
 
 
 def status(job_id: int, job: JobInfo | None, final: dict | None, request: dict, suspended_runs: int,
-           explained: str | None = None) -> HaiStatus:
-    """`explained`: the policy's account of a live job (scheduling.explain), if there is one."""
+           explained: str | None = None, last_run: int = 0) -> HaiStatus:
+    """`explained`: the policy's account of a live job (scheduling.explain), if there is one;
+    `last_run`: the newest run the job directory saw start (Slurm forgets ended jobs)."""
     return HaiStatus(
         job_id=job_id,
         name=job.name if job else request.get("name", "?"),
@@ -87,7 +88,7 @@ def status(job_id: int, job: JobInfo | None, final: dict | None, request: dict, 
         level=level_of(job, request),
         nodes=job.num_nodes if job else int(request.get("nodes", 0)),
         node_list=job.node_list if job else "",
-        restarts=job.restart_count if job else 0,
+        restarts=job.restart_count if job else last_run,
         exit_code=final.get("exit_code") if final else (
             job.exit_code if job and job.state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING") else None),
     )

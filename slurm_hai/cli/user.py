@@ -34,11 +34,13 @@ def _status_of(job_id: int, queue: list | None = None):
     from ..scheduling import explain
 
     job, jobdir = lookup(job_id)
-    runs = sum(1 for e in jobdir.events() if e.get("event") == "suspended")
+    events = jobdir.events()
+    runs = sum(1 for e in events if e.get("event") == "suspended")
+    last_run = max((int(e.get("run", 0)) for e in events if e.get("event") == "start"), default=0)
     explained = None
     if job is not None and job.state in ("PENDING", "RUNNING"):
         explained = explain(job, queue if queue is not None else backend().jobs(), find_policy())
-    return hai_status(job_id, job, jobdir.final(), jobdir.request(), runs, explained), job, jobdir
+    return hai_status(job_id, job, jobdir.final(), jobdir.request(), runs, explained, last_run), job, jobdir
 
 
 @main.command()

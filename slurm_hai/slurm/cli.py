@@ -25,9 +25,26 @@ def _run(argv: Sequence[str], input: str | None = None, check: bool = True) -> s
         raise SlurmError(f"{argv[0]} did not answer within {TIMEOUT:.0f} s: is slurmctld up? "
                          "(scontrol ping)") from None
     if check and p.returncode != 0:
-        detail = " ".join((p.stderr or p.stdout).split()) or f"exit {p.returncode}"
-        raise SlurmError(f"{argv[0]}: {detail}")
+        raise SlurmError(f"{argv[0]}: {_detail(argv[0], p.stderr or p.stdout) or f'exit {p.returncode}'}")
     return p
+
+
+GENERIC_FAILURES = ("Batch job submission failed: Unspecified error",)
+
+
+def _detail(command: str, output: str) -> str:
+    """A command's error output as one line: without the repeated `sbatch: error:` prefixes
+    and without Slurm's generic last line when a specific reason came before it."""
+    lines = []
+    for line in output.splitlines():
+        for prefix in (f"{command}: error:", f"{command}:", "error:"):
+            if line.strip().startswith(prefix):
+                line = line.strip()[len(prefix):]
+                break
+        if line.strip():
+            lines.append(line.strip())
+    specific = [line for line in lines if line not in GENERIC_FAILURES]
+    return " ".join(specific or lines)
 
 
 class CliBackend:

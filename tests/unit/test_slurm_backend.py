@@ -58,3 +58,14 @@ def test_squeue_output_is_parsed(tmp_path, monkeypatch):
     fake.chmod(0o755)
     monkeypatch.setenv("PATH", str(tmp_path))
     assert [j.job_id for j in cli_backend.CliBackend().jobs(user="alice")] == [7]
+
+
+def test_sbatch_refusal_reads_as_one_clean_line(tmp_path, monkeypatch):
+    fake = tmp_path / "sbatch"
+    fake.write_text("#!/bin/sh\necho 'sbatch: error: hai: 3 nodes at NORMAL exceed your quota of 2 nodes at that level' >&2\n"
+                    "echo 'sbatch: error: Batch job submission failed: Unspecified error' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(SlurmError) as e:
+        cli_backend.CliBackend().submit("#!/bin/sh\n")
+    assert str(e.value) == "sbatch: hai: 3 nodes at NORMAL exceed your quota of 2 nodes at that level"
