@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from waiting import wait_for
+
 if TYPE_CHECKING:  # the fixtures come from tests/conftest.py
     from conftest import LiveCluster
 
@@ -96,14 +98,6 @@ def explain(c: LiveCluster, policy: Path, job: int) -> str:
     return out.split(None, 2)[2].strip()
 
 
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.3):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 def daemon_lines(log: str, job: int, rule: str) -> list[str]:

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from waiting import wait_for
+
 if TYPE_CHECKING:  # the fixtures come from tests/conftest.py
     from conftest import LiveCluster
 
@@ -80,14 +82,6 @@ def labelled_env(stdout: str) -> dict[int, dict[str, str]]:
     return tasks
 
 
-def wait_for(predicate, timeout: float, what: str, interval: float = 0.5):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 SHOW = ("show() { env | grep -E '^(" + "|".join(CONTRACT_VARS) + "|SLURM_JOB_ID|SLURM_RESTART_COUNT)=' "
