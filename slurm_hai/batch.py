@@ -77,13 +77,7 @@ def main(argv: list[str] | None = None) -> int:
 
     ending = []
     signal.signal(signal.SIGTERM, lambda s, f: ending.append(s))  # Slurm ends the job: srun gets it too
-    step = subprocess.Popen(srun_argv(args, cmd, nodes), stdin=subprocess.DEVNULL)
-    while True:
-        try:
-            rc = step.wait()
-            break
-        except InterruptedError:
-            continue
+    rc = subprocess.Popen(srun_argv(args, cmd, nodes), stdin=subprocess.DEVNULL).wait()  # EINTR is retried
 
     how = jobdir.suspended(run)
     if how:
