@@ -246,6 +246,32 @@ def test_slurmd_stopped_and_started_again_job_resumes_from_last_commit(story, re
         wait_for(f"{node} back in service", lambda: story.run(
             ["sinfo", "-h", "-n", node, "-o", "%t"]).stdout.strip() in ("idle", "alloc", "mix"), 60, 0.5)
 
+    def kill_node_processes() -> None:
+        """What a node's loss does: every process it ran dies. The node's slurmstepds are
+        the processes listening on sockets in its spool dir; kill them and all below them
+        (otherwise the 'dead' node's steps live on and collide with the requeued job)."""
+        listing = subprocess.run(["ss", "-xlpn"], text=True, capture_output=True, check=True).stdout
+        roots = {int(pid) for line in listing.splitlines() if f"/spool/d-{node}/" in line
+                 for pid in re.findall(r"pid=(\d+)", line)}
+        children: dict[int, list[int]] = {}
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue
+            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+        doomed, todo = set(), list(roots)
+        while todo:
+            pid = todo.pop()
+            if pid not in doomed:
+                doomed.add(pid)
+                todo.extend(children.get(pid, []))
+        for pid in doomed:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
     def slurmd_alive() -> bool:
         try:
             return Path(f"/proc/{int(pid_file.read_text().split()[0])}").exists()
@@ -260,9 +286,11 @@ def test_slurmd_stopped_and_started_again_job_resumes_from_last_commit(story, re
         before = last_step(job_dir)
         wait_for("training to go on", lambda: last_step(job_dir) >= before + 20, 60)
         assert not named(job_dir, "killed") and story.job(job)["Restarts"] == "0"
-        # 2. Stopped and declared dead (what slurmctld does after SlurmdTimeout, without the
-        #    wait): the job is requeued and runs on the other nodes from its last commit.
+        # 2. The node lost (slurmd and everything it ran killed) and declared dead (what
+        #    slurmctld does after SlurmdTimeout, without the wait): the job is requeued and
+        #    runs again from its last commit.
         stop_slurmd()
+        kill_node_processes()
         story.run(["scontrol", "update", f"NodeName={node}", "State=DOWN", "Reason=acceptance: slurmd stopped"])
         wait_for("the job to be ended on the failed node", lambda: named(job_dir, "killed"), 60)
         committed = committed_steps(job_dir / "checkpoints")

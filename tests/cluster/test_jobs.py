@@ -171,9 +171,9 @@ def test_time_limited_job_continues_past_its_limit_by_suspending(live):
     assert st["state"] == "finished-succeeded" and st["restarts"] == 1
     logs = live.run(["hai", "logs", str(job)]).stdout
     notice = int(logs.split("notice after ")[1].split("s")[0])
-    # the notice comes 35 s before the 60 s limit; the script's clock starts a few seconds
-    # after the job does (srun, interpreter start), so it reads somewhat less than 25 s
-    assert 5 <= notice <= 26 and "finished in run 1" in logs
+    # the notice is due 35 s before the 60 s limit, i.e. at ~25 s, but Slurm documents that
+    # --signal may come up to 60 s early (its event resolution): before the limit is the rule
+    assert notice <= 26 and "finished in run 1" in logs
 
 
 def test_ignored_notice_is_forced_after_grace_and_requeued(live):
