@@ -33,6 +33,8 @@ from pathlib import Path
 
 import pytest
 
+import waiting
+
 pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[2]
@@ -87,14 +89,8 @@ def committed_steps(ckpt: Path) -> list[int]:
 
 
 def wait_for(what: str, cond, timeout: float, interval: float = 0.3):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout:.0f} s waiting for {what}")
-        time.sleep(interval)
+    """The shared poller (waiting.py), with the description first as these tests read it."""
+    return waiting.wait_for(cond, timeout, what, interval)
 
 
 def wait_final(job_dir: Path, timeout: float) -> dict:
