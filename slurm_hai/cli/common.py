@@ -5,7 +5,6 @@ from __future__ import annotations
 import functools
 import json
 import os
-from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 import click
@@ -73,4 +72,4 @@ def job_id_arg(value: str) -> int:
     return int(value)
 
 
-__all__ = ["one_line_errors", "emit_json", "table", "lookup", "check_owner", "job_id_arg", "Path"]
+__all__ = ["one_line_errors", "emit_json", "table", "lookup", "check_owner", "job_id_arg"]
