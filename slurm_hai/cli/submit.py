@@ -22,7 +22,16 @@ def term_is_notice(slurm) -> bool:
     return "preempt_send_user_signal" not in slurm.config().get("SlurmctldParameters", "")
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+# Everything after SCRIPT belongs to the script, as with `sbatch script args`: option
+# parsing stops at the first positional argument.
+def script_args(args: tuple[str, ...]) -> list[str]:
+    """The script's own arguments: as given, less one `--` right after SCRIPT (the older
+    `hai-submit train.py -- --lr 0.1` form)."""
+    return list(args[1:] if args[:1] == ("--",) else args)
+
+
+@click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100,
+                                 "allow_interspersed_args": False})
 @click.argument("script")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @click.option("--name", help="Job name (letters, digits, . _ -). Default: the script's name.")
@@ -51,6 +60,9 @@ def main(script, args, name, nodes, priority, gpus_per_node, group, env, time_li
          python, follow, dry_run, as_json):
     """Submit SCRIPT (with ARGS) as a HAI job.
 
+    Options come before SCRIPT; everything after SCRIPT is passed to it unchanged, as
+    with `sbatch script args` (a `--` right after SCRIPT is dropped).
+
     The job runs SCRIPT once on every node (RANK = node rank, WORLD_SIZE = nodes,
     MASTER_IP/MASTER_PORT of rank 0); start one process per GPU with
     slurm_hai.multiprocessing.spawn. When a higher level needs the nodes, rank 0's
@@ -63,6 +75,7 @@ def main(script, args, name, nodes, priority, gpus_per_node, group, env, time_li
       hai-submit -n 2 -p HIGH train.py --lr 0.1
       hai-submit --dry-run -p LOW --time 2:00:00 train.py
     """
+    args = script_args(args)
     slurm = backend()
     root = default_root()
     try:
@@ -73,7 +86,7 @@ def main(script, args, name, nodes, priority, gpus_per_node, group, env, time_li
         from ..scheduling import resolve_auto_for_user  # needs the policy and the live queue
 
         priority = resolve_auto_for_user(getpass.getuser(), nodes, slurm)
-    req = JobRequest(script=script, args=list(args), name=name, nodes=nodes, priority=priority,
+    req = JobRequest(script=script, args=args, name=name, nodes=nodes, priority=priority,
                      gpus_per_node=gpus_per_node, group=group, env=list(env), time=time_limit, grace=grace,
                      retries=retries, workdir=workdir, python=python, job_root=str(root))
     try:
