@@ -1,13 +1,17 @@
 """What `hai-submit` asks Slurm for: a validated request rendered into an sbatch script.
 
-Pure apart from rendering: every user value is checked here, before it reaches a template.
+Every user value is checked here, before it reaches a template: `validate` (pure) checks
+the values, `check_files` the script and working directory on disk, as the job's user.
 Values that go into `#SBATCH` lines must be free of whitespace and quotes (sbatch reads
 those lines itself, not through a shell); values that reach the shell are quoted.
 """
 
 from __future__ import annotations
 
+import os
 import re
+import shlex
+import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -56,8 +60,8 @@ def validate(req: JobRequest) -> dict:
     """Check every field; return the template context. Raises RequestError."""
     name = req.name or Path(req.script).stem or "hai-job"
     if not NAME_RE.match(name):
-        raise RequestError(f"job name {name!r} may only use letters, digits, '.', '_' and '-' (at most 64); "
-                           "pass --name")
+        fix = "choose another --name" if req.name else "name it with --name"
+        raise RequestError(f"job name {name!r} may only use letters, digits, '.', '_' and '-' (at most 64); {fix}")
     if not 1 <= req.nodes <= 10000:
         raise RequestError(f"--nodes must be between 1 and 10000, got {req.nodes}")
     if not 0 <= req.gpus_per_node <= 64:
@@ -97,6 +101,42 @@ def validate(req: JobRequest) -> dict:
         "notice_seconds": req.grace + NOTICE_MARGIN, "workdir": workdir, "job_root": req.job_root,
         "env": env, "python": sys.executable, "command": command,
     }
+
+
+def check_files(req: JobRequest) -> None:
+    """Refuse, before anything is submitted, a script or working directory the job could only
+    fail on once scheduled. Runs as the submitting user, who is the job's user, so
+    os.access answers for the job. Raises RequestError naming what to fix."""
+    workdir = Path(req.workdir).expanduser()
+    if not workdir.exists():
+        raise RequestError(f"--workdir {req.workdir}: no such directory; create it or pass an existing one")
+    if not workdir.is_dir():
+        raise RequestError(f"--workdir {req.workdir} is not a directory")
+    if not os.access(workdir, os.X_OK):
+        raise RequestError(f"--workdir {req.workdir}: you cannot enter it (no search permission); "
+                           f"chmod u+x it or choose another")
+    script = Path(req.script).expanduser()
+    shown = req.script
+    if not script.exists():
+        raise RequestError(f"script {shown}: no such file (looked in {Path.cwd()})")
+    if script.is_dir():
+        raise RequestError(f"script {shown} is a directory; give the script to run, e.g. {shown.rstrip('/')}/train.py")
+    if not script.is_file():
+        raise RequestError(f"script {shown} is not a regular file")
+    if not os.access(script, os.R_OK):
+        raise RequestError(f"script {shown}: you cannot read it; chmod u+r {shlex.quote(shown)}")
+    if script.suffix == ".py":
+        python = req.python
+        if not (os.path.isabs(python) and os.access(python, os.X_OK)) and shutil.which(python) is None:
+            raise RequestError(f"--python {python}: no such interpreter")
+        return
+    with open(script, "rb") as f:
+        head = f.read(4)
+    if head[:2] != b"#!" and head != b"\x7fELF":
+        raise RequestError(f"script {shown} is neither a Python file (.py) nor a program (no #! line); "
+                           "give the training script, or add a #! line (e.g. #!/bin/bash)")
+    if not os.access(script, os.X_OK):
+        raise RequestError(f"script {shown} is not executable; chmod u+x {shlex.quote(shown)}")
 
 
 def render_script(context: dict, term_is_notice: bool) -> str:

@@ -27,6 +27,32 @@ def one_line_errors(fn: Callable) -> Callable:
     return wrapper
 
 
+class Refused(click.ClickException):
+    """A request refused before anything reached Slurm: one line, exit 2 (like a usage error)."""
+
+    exit_code = 2
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """' did you mean HIGH?' for a near miss of one of `choices`, else ''."""
+    import difflib
+
+    found = difflib.get_close_matches(word.upper(), [c.upper() for c in choices], n=1, cutoff=0.6)
+    return f"did you mean {found[0]}? " if found else ""
+
+
+def parse_priority(text: str):
+    """A level (or AUTO) from the user's -p, or Refused with a near match suggested."""
+    from ..levels import DEFAULT_LADDER, LevelError, parse_level
+
+    try:
+        return parse_level(text)
+    except LevelError:
+        names = ", ".join(f"{lvl.name}({lvl.value})" for lvl in DEFAULT_LADDER)
+        hint = did_you_mean(text, [lvl.name for lvl in DEFAULT_LADDER] + ["AUTO"])
+        raise Refused(f"unknown priority level {text!r}; {hint}use one of {names} or AUTO") from None
+
+
 def emit_json(data: object) -> None:
     click.echo(json.dumps(data, indent=2, sort_keys=True))
 

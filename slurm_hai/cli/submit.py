@@ -11,15 +11,15 @@ import time
 import click
 
 from ..jobdir import JobDir, default_root, write_atomic
-from ..levels import AUTO, parse_level
+from ..levels import AUTO
 from ..slurm import backend
-from ..submit import JobRequest, RequestError, render_script, validate
-from .common import emit_json, one_line_errors
+from ..submit import JobRequest, RequestError, check_files, render_script, validate
+from .common import Refused, emit_json, one_line_errors, parse_priority
 
 
 def term_is_notice(slurm) -> bool:
-    """Without preempt_send_user_signal, Slurm's preemption notice is SIGTERM."""
-    return "preempt_send_user_signal" not in slurm.config().get("SlurmctldParameters", "")
+    """Without send_user_signal, Slurm's preemption notice is SIGTERM."""
+    return not slurm.preempt_sends_user_signal()
 
 
 # Everything after SCRIPT belongs to the script, as with `sbatch script args`: option
@@ -78,21 +78,22 @@ def main(script, args, name, nodes, priority, gpus_per_node, group, env, time_li
     args = script_args(args)
     slurm = backend()
     root = default_root()
-    try:
-        level = parse_level(priority)
-    except ValueError as e:
-        raise click.UsageError(str(e)) from None
-    if level == AUTO:
-        from ..scheduling import resolve_auto_for_user  # needs the policy and the live queue
-
-        priority = resolve_auto_for_user(getpass.getuser(), nodes, slurm)
+    level = parse_priority(priority)
     req = JobRequest(script=script, args=args, name=name, nodes=nodes, priority=priority,
                      gpus_per_node=gpus_per_node, group=group, env=list(env), time=time_limit, grace=grace,
                      retries=retries, workdir=workdir, python=python, job_root=str(root))
     try:
+        check_files(req)
+    except RequestError as e:
+        raise Refused(str(e)) from None
+    if level == AUTO:
+        from ..scheduling import resolve_auto_for_user  # needs the policy and the live queue
+
+        req.priority = resolve_auto_for_user(getpass.getuser(), nodes, slurm)
+    try:
         context = validate(req)
     except RequestError as e:
-        raise click.UsageError(str(e)) from None
+        raise Refused(str(e)) from None
     # Ties this submission to its job directory, so a directory left by an older job with
     # the same id is never taken for this job's (JobDir.claim).
     token = secrets.token_hex(8)

@@ -69,3 +69,50 @@ def test_a_double_dash_right_after_the_script_is_dropped(fake, tmp_path):
     rc, out = dry_run(str(script), "--", "--nprocs", "2")
     argv = exec_line(out)
     assert rc == 0 and argv[argv.index(str(script)) + 1:] == ["--nprocs", "2"]
+
+
+@pytest.mark.parametrize("make,needle", [
+    (lambda d: d / "missing.py", "no such file"),
+    (lambda d: d, "is a directory"),
+    (lambda d: (d / "README.md", (d / "README.md").write_text("# hello\n"))[0], "nor a program"),
+    (lambda d: (d / "run.sh", (d / "run.sh").write_text("#!/bin/bash\necho hi\n"))[0], "chmod u+x"),
+])
+def test_a_script_that_can_only_fail_later_is_refused_at_submit(fake, tmp_path, make, needle):
+    script = make(tmp_path)
+    rc, out = dry_run(str(script))
+    assert rc == 2 and needle in out and "#SBATCH" not in out
+    assert len(out.strip().splitlines()) == 1 and out.startswith("Error: ")
+
+
+def test_a_workdir_that_is_missing_or_a_file_is_refused(fake, tmp_path):
+    script = tmp_path / "t.py"
+    script.write_text("print(1)\n")
+    rc, out = dry_run("--workdir", str(tmp_path / "nope"), str(script))
+    assert rc == 2 and "no such directory" in out
+    rc, out = dry_run("--workdir", str(script), str(script))
+    assert rc == 2 and "is not a directory" in out
+
+
+def test_an_executable_shell_script_is_accepted(fake, tmp_path):
+    script = tmp_path / "run.sh"
+    script.write_text("#!/bin/bash\necho hi\n")
+    script.chmod(0o700)
+    rc, out = dry_run(str(script), "x")
+    assert rc == 0 and exec_line(out)[-2:] == [str(script), "x"]
+
+
+def test_a_mistyped_level_gets_a_suggestion(fake, tmp_path):
+    script = tmp_path / "t.py"
+    script.write_text("print(1)\n")
+    rc, out = dry_run("-p", "HIHG", str(script))
+    assert rc == 2 and "did you mean HIGH?" in out
+    rc, out = dry_run("-p", "zzz", str(script))
+    assert rc == 2 and "did you mean" not in out and "LOW(0)" in out
+
+
+def test_a_rejected_name_says_pass_name_only_when_it_was_not_passed(fake, tmp_path):
+    script = tmp_path / "bad name.py"
+    script.write_text("print(1)\n")
+    assert "name it with --name" in dry_run(str(script))[1]
+    rc, out = dry_run("--name", "a;b", str(script))
+    assert rc == 2 and "choose another --name" in out and "name it with" not in out
