@@ -7,8 +7,11 @@ finished-stopped.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Iterable, Sequence
 
+from .levels import Level, level_of_qos
 from .slurm.records import JobInfo
 
 SLURM_REASONS = {
@@ -23,6 +26,26 @@ SLURM_REASONS = {
     "JobHeldAdmin": "held by an administrator",
     "PartitionDown": "its node group is down",
     "ReqNodeNotAvail": "the nodes it needs are not available",
+    "PartitionNodeLimit": "asks for more nodes than its node group has (or allows per job)",
+    "PartitionTimeLimit": "its --time is longer than its node group allows",
+    "BadConstraints": "no node of its group can ever satisfy it (too many GPUs per node?)",
+    "QOSMaxWallDurationPerJobLimit": "its --time is longer than its level allows",
+    "InvalidQOS": "its level is not open to its account",
+    "Dependency": "waiting for its dependency",
+    "NodeDown": "a node it needs is down",
+}
+
+# How a job ended, as Slurm tells it (for jobs whose directory we cannot or did not read).
+ENDED_IN_WORDS = {
+    "COMPLETED": "exited 0",
+    "FAILED": "exit code {code}",
+    "CANCELLED": "cancelled",
+    "TIMEOUT": "ran past its time limit",
+    "NODE_FAIL": "a node failed",
+    "OUT_OF_MEMORY": "ran out of memory",
+    "PREEMPTED": "preempted",
+    "BOOT_FAIL": "its nodes failed to boot",
+    "DEADLINE": "missed its deadline",
 }
 
 
@@ -38,6 +61,14 @@ class HaiStatus:
     node_list: str
     restarts: int
     exit_code: int | None
+    suspends: int = 0  # runs ended by a suspend (go_suspend or forced)
+    forced_suspends: int = 0  # of those, forced after the grace time
+    retries: int = 0  # runs started again after a failure (--retries)
+    last_suspend: str = ""  # "suspended at 03:25:37: preempted by job 133 (HIGH)"
+    submitted: int = 0  # epoch seconds; 0 when unknown
+    started: int = 0  # when the current (or last) run started
+    ended: int = 0  # when the job ended for good
+    private: bool = False  # another user's job: told from what Slurm shows only
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -66,29 +97,211 @@ def reason_in_words(job: JobInfo | None, final: dict | None) -> str:
         return final.get("reason") or {"succeeded": "exited 0", "stopped": "stopped by its user"}.get(final["state"], "")
     if job is None:
         return "Slurm no longer knows this job"
+    ended = ENDED_IN_WORDS.get(job.state)
+    if ended is not None and job.reason in ("None", ""):
+        return ended.format(code=job.exit_code)
     return SLURM_REASONS.get(job.reason, job.reason)
+
+
+def level_of_job(job: JobInfo) -> Level | None:
+    """The level of a job's QOS, a base QOS (`high`) or a per-user/account variant
+    (`high.u.alice`, see qos.py): the part before the first dot."""
+    return level_of_qos(job.qos.split(".", 1)[0]) if job.qos else None
+
+
+def level_name(job: JobInfo) -> str:
+    lvl = level_of_job(job)
+    return lvl.name if lvl else job.qos.upper()
 
 
 def level_of(job: JobInfo | None, request: dict) -> str:
     if job is not None and job.qos:
-        return job.qos.upper()
+        return level_name(job)
     return request.get("level", "?")
 
 
 def status(job_id: int, job: JobInfo | None, final: dict | None, request: dict, suspended_runs: int,
-           explained: str | None = None, last_run: int = 0) -> HaiStatus:
+           explained: str | None = None, last_run: int = 0, events: Sequence[dict] = (),
+           private: bool = False, owner_uid: int | None = None) -> HaiStatus:
     """`explained`: the policy's account of a live job (scheduling.explain), if there is one;
-    `last_run`: the newest run the job directory saw start (Slurm forgets ended jobs)."""
+    `last_run`: the newest run the job directory saw start (Slurm forgets ended jobs);
+    `events`: the job directory's events (none for another user's job: `private`)."""
+    hist = history(events, owner_uid)
+    state = hai_state(job, final, suspended_runs)
+    reason = explained if (explained and not final) else reason_in_words(job, final)
+    if state == "suspended" and hist.last_suspend:
+        reason = f"{hist.last_suspend}; {reason}" if reason else hist.last_suspend
+    elif state == "running" and hist.notice_pending:
+        reason = f"{hist.notice_pending}; {reason}" if reason else hist.notice_pending
+    ended = int(final.get("t", 0)) if final else (
+        job.end_time if job and job.state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING",
+                                                  "SUSPENDED") else 0)
     return HaiStatus(
         job_id=job_id,
         name=job.name if job else request.get("name", "?"),
         user=job.user if job else request.get("user", "?"),
-        state=hai_state(job, final, suspended_runs),
-        reason=explained if (explained and not final) else reason_in_words(job, final),
+        state=state,
+        reason=reason,
         level=level_of(job, request),
         nodes=job.num_nodes if job else int(request.get("nodes", 0)),
         node_list=job.node_list if job else "",
         restarts=job.restart_count if job else last_run,
         exit_code=final.get("exit_code") if final else (
             job.exit_code if job and job.state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING") else None),
+        suspends=hist.suspends,
+        forced_suspends=hist.forced,
+        retries=hist.retries,
+        last_suspend=hist.last_suspend,
+        submitted=int(hist.submitted) or (job.submit_time if job else 0),  # Slurm resets it at a requeue
+        started=int(hist.started) or (job.start_time if job and job.state != "PENDING" else 0),
+        ended=ended,
+        private=private,
     )
+
+
+# ------------------------------------------------------------------ why a notice came
+
+NOTICE_SLACK = 70  # Slurm may send --signal up to 60 s early (its timer resolution)
+REQUEST_WINDOW = 30  # a `hai suspend` this recent explains a notice
+
+
+def preemptor(me: JobInfo, queue: Iterable[JobInfo]) -> JobInfo | None:
+    """The job Slurm most likely preempts `me` for: a pending job of a higher level in an
+    overlapping node group, the highest level first, then the oldest (first in line)."""
+    mine = level_of_job(me)
+    if mine is None:
+        return None
+    parts = set(me.partition.split(","))
+    best: tuple | None = None
+    for j in queue:
+        lvl = level_of_job(j)
+        if (j.job_id == me.job_id or j.state != "PENDING" or lvl is None or lvl.value <= mine.value
+                or not parts & set(j.partition.split(","))):
+            continue
+        key = (-lvl.value, j.job_id)
+        if best is None or key < best[0]:
+            best = (key, j)
+    return best[1] if best else None
+
+
+def notice_cause(me: JobInfo | None, queue: Sequence[JobInfo], events: Sequence[dict], now: float,
+                 notice_seconds: float) -> dict:
+    """Why a suspend notice came, as event fields: cause = preempted (by_job, by_level),
+    user (by_uid), time_limit (limit_at) or unknown. `notice_seconds`: how long before the
+    time limit the job asked for the notice (grace + 30)."""
+    if me is not None:
+        y = me.tags.get("hai-yield", "")  # the policy daemon asked a demoted job to give way
+        if y and "@" in y and y.split("@")[0].isdigit():
+            other = next((j for j in queue if j.job_id == int(y.split("@")[0])), None)
+            return {"cause": "preempted", "by_job": int(y.split("@")[0]),
+                    "by_level": level_name(other) if other else "", "demoted": True}
+        if me.preempt_time and me.preempt_time >= me.start_time:
+            other = preemptor(me, queue)
+            return {"cause": "preempted", **({"by_job": other.job_id, "by_level": level_name(other)}
+                                             if other else {})}
+    asked = [e for e in events if e.get("event") == "suspend_requested" and now - float(e.get("t", 0)) < REQUEST_WINDOW]
+    if asked:
+        return {"cause": "user", "by_uid": asked[-1].get("by")}
+    if me is not None and me.end_time and me.start_time and 0 < me.end_time - now <= notice_seconds + NOTICE_SLACK:
+        return {"cause": "time_limit", "limit_at": me.end_time}
+    return {"cause": "unknown"}
+
+
+def clock(t: float, now: float | None = None) -> str:
+    """HH:MM:SS today, else the date too (local time)."""
+    now = time.time() if now is None else now
+    lt, ln = time.localtime(t), time.localtime(now)
+    return time.strftime("%H:%M:%S" if lt[:3] == ln[:3] else "%Y-%m-%d %H:%M:%S", lt)
+
+
+def why_notice(ev: dict, owner_uid: int | None = None) -> str:
+    """A notice event's cause in words."""
+    cause = ev.get("cause")
+    if cause == "preempted":
+        if ev.get("by_job"):
+            lvl = f" ({ev['by_level']})" if ev.get("by_level") else ""
+            extra = ", which needed the nodes of its demoted level" if ev.get("demoted") else ""
+            return f"preempted by job {ev['by_job']}{lvl}{extra}"
+        return "preempted by a job of a higher level"
+    if cause == "user":
+        by = ev.get("by_uid")
+        return "by you (hai suspend)" if by is None or owner_uid is None or by == owner_uid else (
+            "by an administrator (hai suspend)")
+    if cause == "time_limit":
+        return "time limit (continues in a new run)"
+    if ev.get("source") == "simulated":
+        return "simulated notice (hai run-local)"
+    return "suspend notice"
+
+
+@dataclass
+class History:
+    """What the job directory's events say about a job's runs (pure)."""
+
+    suspends: int = 0
+    forced: int = 0
+    retries: int = 0
+    last_suspend: str = ""  # the newest run that ended by a suspend, with its cause
+    notice_pending: str = ""  # a notice in the newest run that has not ended it yet
+    submitted: float = 0
+    started: float = 0
+    runs: dict = field(default_factory=dict)
+
+
+def history(events: Sequence[dict], owner_uid: int | None = None, now: float | None = None) -> History:
+    h = History()
+    notices: dict[int, dict] = {}
+    forced: dict[int, dict] = {}
+    ended: dict[int, dict] = {}
+    newest = -1
+    for e in events:
+        kind, run = e.get("event"), int(e.get("run", 0) or 0)
+        if kind == "submit" and not h.submitted:
+            h.submitted = float(e.get("t", 0))
+        elif kind == "start":
+            h.started, newest = float(e.get("t", 0)), max(newest, run)
+        elif kind == "notice":
+            notices.setdefault(run, e)
+        elif kind == "forced_suspend":
+            forced[run] = e
+        elif kind == "suspended":
+            ended[run] = e
+        elif kind == "retry":
+            h.retries += 1
+    h.suspends, h.forced = len(ended), len(forced)
+    if ended:
+        run = max(ended)
+        why = why_notice(notices[run], owner_uid) if run in notices else "go_suspend() called by the job"
+        text = f"suspended at {clock(float(ended[run]['t']), now)}: {why}"
+        if run in forced:
+            text += f"; forced off after {forced[run].get('after', '?')} s (no go_suspend() in time)"
+        h.last_suspend = text
+    if newest in notices and newest not in ended:
+        h.notice_pending = (f"suspend notice at {clock(float(notices[newest]['t']), now)}: "
+                            f"{why_notice(notices[newest], owner_uid)}")
+    return h
+
+
+def marker(e: dict, owner_uid: int | None = None, now: float | None = None) -> str | None:
+    """The line `hai logs -f` prints for an event worth seeing between output lines."""
+    kind, run, at = e.get("event"), e.get("run", 0), clock(float(e.get("t", 0)), now)
+    head = f"---- slurm-hai {at} run {run}:"
+    if kind == "start":
+        return f"{head} started on {e.get('nodes') or e.get('host', '?')}" + (f" (restart {run})" if run else "")
+    if kind == "notice":
+        return f"{head} suspend notice: {why_notice(e, owner_uid)}; grace {e.get('grace', '?')} s"
+    if kind == "go_suspend":
+        return f"{head} go_suspend() called; requeueing"
+    if kind == "forced_suspend":
+        return f"{head} suspended by force: no go_suspend() within {e.get('after', '?')} s"
+    if kind == "suspended":
+        return f"{head} suspended ({e.get('how', '?')}); waits to run again"
+    if kind == "retry":
+        return f"{head} failed with exit code {e.get('exit_code')}; retry {e.get('retry')} of {e.get('of')}"
+    if kind == "killed":
+        return f"{head} ended by Slurm (exit {e.get('exit_code')})"
+    if kind == "finished":
+        return f"{head} finished: {e.get('state')} (exit code {e.get('exit_code')})"
+    if kind == "stop":
+        return f"{head} stopped by hai stop"
+    return None

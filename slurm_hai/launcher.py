@@ -48,8 +48,10 @@ class NodeRun:
     """One run of the user's command on one node, and the suspend protocol around it."""
 
     def __init__(self, cmd: list[str], env: dict[str, str], jobdir: JobDir, run: int, rank: int, grace: float,
-                 term_is_notice: bool, force_suspend: Callable[[], None], flag: Path | None) -> None:
+                 term_is_notice: bool, force_suspend: Callable[[], None], flag: Path | None,
+                 why_notice: Callable[[], dict] | None = None) -> None:
         self.cmd, self.env, self.jobdir, self.run, self.rank = cmd, env, jobdir, run, rank
+        self.why_notice = why_notice  # the notice's cause (preempted, user, time_limit), for `hai status`
         self.grace, self.term_is_notice, self.force_suspend, self.flag = grace, term_is_notice, force_suspend, flag
         self.ignores_term = term_is_notice
         self.noticed_at: float | None = None
@@ -94,7 +96,14 @@ class NodeRun:
         with open(self.flag, "r+b", buffering=0) as f:
             f.write(b"1")
         self.noticed_at = time.monotonic()
-        self.jobdir.event("notice", run=self.run, source=source, grace=self.grace)
+        at = round(time.time(), 3)
+        cause: dict = {}
+        if self.why_notice is not None:  # after the flag: the job learns of the notice first
+            try:
+                cause = self.why_notice()
+            except Exception as e:  # noqa: BLE001 - the cause is for people; the protocol goes on
+                cause = {"cause": "unknown", "cause_error": str(e)}
+        self.jobdir.event("notice", run=self.run, source=source, grace=self.grace, **cause, t=at)
 
     def end(self) -> None:
         """Slurm is ending the step: stop the command's process group, TERM then KILL."""
@@ -152,6 +161,15 @@ class NodeRun:
         return rc if rc >= 0 else 128 - rc
 
 
+def _why_notice(slurm, job_id: int, jobdir: JobDir, grace: float) -> dict:
+    """Ask Slurm why the notice came (one squeue call, after the flag is set)."""
+    from .jobstate import notice_cause
+
+    queue = slurm.jobs()
+    me = next((j for j in queue if j.job_id == job_id), None)
+    return notice_cause(me, queue, jobdir.events(), time.time(), grace + 30)
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m slurm_hai.launcher")
     ap.add_argument("--job-dir", required=True)
@@ -173,7 +191,8 @@ def main(argv: list[str] | None = None) -> int:
     jobdir = JobDir(args.job_dir)
     node = NodeRun(cmd, env, jobdir, run, rank, args.grace, args.term_is_notice,
                    force_suspend=lambda: slurm.requeue(int(job_id)),
-                   flag=flag_path(job_id, run) if rank == 0 else None)
+                   flag=flag_path(job_id, run) if rank == 0 else None,
+                   why_notice=lambda: _why_notice(slurm, int(job_id), jobdir, args.grace))
     node.start()
     return node.wait()
 

@@ -21,7 +21,11 @@ def one_line_errors(fn: Callable) -> Callable:
     def wrapper(*args, **kwargs):
         try:
             return fn(*args, **kwargs)
-        except (SlurmError, ValueError, OSError) as e:
+        except BrokenPipeError:
+            raise  # output cut short by `head` or a pager: click ends quietly
+        except SlurmError as e:
+            raise click.ClickException(no_config_hint(str(e)) or " ".join(str(e).split())) from None
+        except (ValueError, OSError) as e:
             raise click.ClickException(" ".join(str(e).split())) from None
 
     return wrapper
@@ -51,6 +55,23 @@ def parse_priority(text: str):
         names = ", ".join(f"{lvl.name}({lvl.value})" for lvl in DEFAULT_LADDER)
         hint = did_you_mean(text, [lvl.name for lvl in DEFAULT_LADDER] + ["AUTO"])
         raise Refused(f"unknown priority level {text!r}; {hint}use one of {names} or AUTO") from None
+
+
+# What Slurm's commands print when they find no configuration (no SLURM_CONF, no
+# /etc/slurm/slurm.conf, and no configless DNS SRV record).
+NO_CONFIG_SIGNS = ("Could not establish a configuration source", "fetch_config: DNS SRV lookup failed",
+                   "resolve_ctls_from_dns_srv")
+
+
+def no_config_hint(message: str) -> str:
+    """One line in place of Slurm's DNS SRV errors when no Slurm configuration was found."""
+    if not any(sign in message for sign in NO_CONFIG_SIGNS):
+        return ""
+    conf = os.environ.get("SLURM_CONF")
+    where = f"SLURM_CONF={conf} does not point at a readable slurm.conf" if conf else (
+        "SLURM_CONF is not set and there is no /etc/slurm/slurm.conf")
+    return (f"no Slurm configuration found: {where}; point at one with `export SLURM_CONF=/path/to/slurm.conf` "
+            "(on the local cluster: source /var/lib/slurm-hai/localcluster/etc/env)")
 
 
 def emit_json(data: object) -> None:
@@ -98,4 +119,5 @@ def job_id_arg(value: str) -> int:
     return int(value)
 
 
-__all__ = ["one_line_errors", "emit_json", "table", "lookup", "check_owner", "job_id_arg"]
+__all__ = ["one_line_errors", "emit_json", "table", "lookup", "check_owner", "job_id_arg", "Refused", "did_you_mean",
+           "parse_priority", "no_config_hint", "current_user", "job_dir_of"]

@@ -10,6 +10,7 @@ import time
 
 import click
 
+from .. import __version__
 from ..jobdir import JobDir, default_root, write_atomic
 from ..levels import AUTO
 from ..slurm import backend
@@ -32,6 +33,7 @@ def script_args(args: tuple[str, ...]) -> list[str]:
 
 @click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100,
                                  "allow_interspersed_args": False})
+@click.version_option(__version__, "--version", prog_name="hai-submit", message="%(prog)s (slurm-hai) %(version)s")
 @click.argument("script")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @click.option("--name", help="Job name (letters, digits, . _ -). Default: the script's name.")

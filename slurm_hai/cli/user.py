@@ -1,4 +1,4 @@
-"""hai: follow and control your HAI jobs (status, list, logs, stop, suspend, ckpt, run-local)."""
+"""hai: follow and control your HAI jobs (status, list, logs, stop, suspend, quota, ckpt, run-local)."""
 
 from __future__ import annotations
 
@@ -9,38 +9,85 @@ import time
 
 import click
 
+from .. import __version__
+from ..jobdir import JobDir, default_root
+from ..jobstate import HaiStatus, clock, marker
 from ..jobstate import status as hai_status
 from ..slurm import backend
+from ..slurm.records import JobInfo
 from .ckpt import ckpt
-from .common import check_owner, emit_json, job_id_arg, lookup, one_line_errors, table
+from .common import (Refused, check_owner, current_user, did_you_mean, emit_json, job_dir_of, job_id_arg, lookup,
+                     one_line_errors, table)
 
 RUN_MARK = re.compile(r"^==== slurm-hai run (\d+) ")
 TERMINAL = ("finished-succeeded", "finished-failed", "finished-stopped")
+STATES = ("waiting", "running", "suspended", "finished", *TERMINAL)
+FOLLOW_TICK = 0.5  # how often `hai logs -f` reads the job's own files
+FOLLOW_SLURM_EVERY = 5.0  # how often it asks Slurm about the job (one job, not the queue)
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.version_option(__version__, "--version", prog_name="hai", message="%(prog)s (slurm-hai) %(version)s")
 def main():
     """Follow and control HAI jobs submitted with hai-submit.
 
     \b
     States: waiting (not started yet), running, suspended (requeued, will run again),
     finished-succeeded, finished-failed, finished-stopped.
+
+    \b
+    Examples:
+      hai status 6          the state of job 6, and why, in words
+      hai list --all        everyone's jobs
+      hai logs -f 6         follow rank 0's output across suspensions
+      hai quota             your quota and usage per level
+    Shell completion (bash): eval "$(_HAI_COMPLETE=bash_source hai)"
     """
 
 
-def _status_of(job_id: int, queue: list | None = None):
-    """The HAI status of one job; `queue` (every job Slurm knows) lets the policy explain it."""
-    from ..policy import find_policy
+# ------------------------------------------------------------------ one job's status
+
+
+def may_read(job: JobInfo | None) -> bool:
+    """Whether this user may read the job's private directory: their own job, or root.
+    Another user's job is told from what Slurm shows only."""
+    return job is None or os.getuid() == 0 or job.user == current_user()
+
+
+def job_status(job_id: int, job: JobInfo | None, jobdir: JobDir, queue: list[JobInfo] | None = None,
+               policy=None) -> HaiStatus:
+    """The HAI status of one job; `queue` (every job Slurm knows) and `policy` let the policy
+    explain it (pass them when listing many jobs: one squeue call, one policy read)."""
     from ..scheduling import explain
 
-    job, jobdir = lookup(job_id)
-    events = jobdir.events()
+    readable = may_read(job)
+    events, final, request, owner_uid = [], None, {}, None
+    if readable:
+        try:
+            events, final, request = jobdir.events(), jobdir.final(), jobdir.request()
+            owner_uid = jobdir.path.stat().st_uid if jobdir.path.exists() else None
+        except PermissionError:  # e.g. root's HAI_HOME seen by root over a root-squashed share
+            readable = False
     runs = sum(1 for e in events if e.get("event") == "suspended")
     last_run = max((int(e.get("run", 0)) for e in events if e.get("event") == "start"), default=0)
     explained = None
     if job is not None and job.state in ("PENDING", "RUNNING"):
-        explained = explain(job, queue if queue is not None else backend().jobs(), find_policy())
-    return hai_status(job_id, job, jobdir.final(), jobdir.request(), runs, explained, last_run), job, jobdir
+        if policy is None:
+            from ..policy import find_policy
+
+            policy = find_policy()
+        explained = explain(job, queue if queue is not None else backend().jobs(), policy)
+    return hai_status(job_id, job, final, request, runs, explained, last_run, events=events,
+                      private=not readable, owner_uid=owner_uid)
+
+
+def _status_of(job_id: int):
+    job, jobdir = lookup(job_id)
+    return job_status(job_id, job, jobdir), job, jobdir
+
+
+def _when(t: int) -> str:
+    return clock(t) if t else "-"
 
 
 @main.command()
@@ -51,35 +98,132 @@ def status(job, as_json):
     """Show the HAI state of JOB (or of all your jobs), with the reason in words."""
     if job is None:
         return _list(all_users=False, as_json=as_json)
-    st, _, jobdir = _status_of(job)
+    st, info, jobdir = _status_of(job)
     if as_json:
-        emit_json(st.as_dict() | {"job_dir": str(jobdir.path)})
+        emit_json(st.as_dict() | {"job_dir": None if st.private else str(jobdir.path)})
         return
-    for key, value in st.as_dict().items():
-        click.echo(f"{key.replace('_', ' '):<10} {'-' if value in (None, '') else value}")
+    rows = {
+        "job id": st.job_id, "name": st.name, "user": st.user, "state": st.state, "reason": st.reason,
+        "level": st.level, "nodes": st.nodes, "node list": st.node_list, "restarts": st.restarts,
+        "suspends": f"{st.suspends} ({st.forced_suspends} forced)" if st.suspends else 0,
+        "retries": st.retries, "submitted": _when(st.submitted), "started": _when(st.started),
+        "ended": _when(st.ended), "exit code": st.exit_code,
+    }
+    for key, value in rows.items():
+        click.echo(f"{key:<10} {'-' if value in (None, '') else value}")
+    if st.private:
+        click.echo(f"{'note':<10} job of {st.user}: its logs and files are private to them; "
+                   "this is what Slurm shows")
 
 
-def _list(all_users: bool, as_json: bool) -> None:
-    import getpass
+# ------------------------------------------------------------------ many jobs
 
-    queue = backend().jobs()
-    me = getpass.getuser()
-    rows = [_status_of(j.job_id, queue)[0] for j in sorted(queue, key=lambda j: j.job_id)
-            if all_users or j.user == me]
+
+def parse_since(text: str, now: float | None = None) -> float:
+    """`--since`: 30m, 2h, 1d (ago), HH:MM (today) or YYYY-MM-DD[THH:MM] -> epoch seconds."""
+    import datetime as dt
+
+    now = time.time() if now is None else now
+    m = re.fullmatch(r"(\d+)\s*([smhd])", text.strip())
+    if m:
+        return now - int(m.group(1)) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+    for fmt in ("%H:%M", "%H:%M:%S"):
+        try:
+            t = dt.datetime.strptime(text, fmt).time()
+            return dt.datetime.combine(dt.date.fromtimestamp(now), t).timestamp()
+        except ValueError:
+            pass
+    try:
+        return dt.datetime.fromisoformat(text).timestamp()
+    except ValueError:
+        raise Refused(f"--since {text!r}: use 30m, 2h, 1d, HH:MM or YYYY-MM-DD[THH:MM]") from None
+
+
+def _own_ended_jobs(known: set[int]) -> list[tuple[int, JobDir]]:
+    """Your job directories that Slurm no longer lists (it forgets ended jobs after minutes)."""
+    root = default_root()
+    try:
+        names = os.listdir(root)
+    except OSError:
+        return []
+    return [(int(n), JobDir.for_job(n, root)) for n in names if n.isdigit() and int(n) not in known]
+
+
+def _list(all_users: bool, as_json: bool, since: float | None = None, state: str | None = None) -> None:
+    from ..policy import find_policy
+
+    queue = backend().jobs()  # one squeue call for the whole listing
+    policy = find_policy()  # one policy read
+    me = current_user()
+    rows = [job_status(j.job_id, j, job_dir_of(j.job_id, j), queue, policy)
+            for j in sorted(queue, key=lambda j: j.job_id) if all_users or j.user == me]
+    if since is not None or state is not None:  # ended jobs too, from your own job directories
+        rows += [job_status(jid, None, d, queue, policy) for jid, d in _own_ended_jobs({j.job_id for j in queue})]
+        rows.sort(key=lambda r: r.job_id)
+    if since is not None:
+        rows = [r for r in rows if (r.submitted or r.started or r.ended) >= since]
+    if state is not None:
+        rows = [r for r in rows if r.state == state or (state == "finished" and r.state in TERMINAL)]
     if as_json:
         emit_json([r.as_dict() for r in rows])
         return
-    click.echo(table(["JOB", "NAME", "USER", "STATE", "LEVEL", "NODES", "RESTARTS", "REASON"],
-                     [[r.job_id, r.name, r.user, r.state, r.level, r.nodes, r.restarts, r.reason] for r in rows]))
+    click.echo(table(["JOB", "NAME", "USER", "STATE", "LEVEL", "NODES", "RESTARTS", "SUBMITTED", "STARTED", "ENDED",
+                      "REASON"],
+                     [[r.job_id, r.name, r.user, r.state, r.level, r.nodes, r.restarts, _when(r.submitted),
+                       _when(r.started), _when(r.ended), r.reason] for r in rows]))
+
+
+def _state_choice(ctx, param, value):
+    if value is None or value in STATES:
+        return value
+    raise click.BadParameter(f"{value!r}: {did_you_mean(value, STATES).lower()}use one of {', '.join(STATES)}")
 
 
 @main.command(name="list")
 @click.option("--all", "all_users", is_flag=True, help="Jobs of every user, not only yours.")
+@click.option("--since", metavar="WHEN", help="Only jobs submitted since WHEN (30m, 2h, 1d, HH:MM, YYYY-MM-DD); "
+                                                "includes your ended jobs that Slurm has forgotten.")
+@click.option("--state", callback=_state_choice, metavar="STATE",
+              help="Only jobs in STATE: waiting, running, suspended, finished, finished-succeeded, "
+                   "finished-failed, finished-stopped.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @one_line_errors
-def list_jobs(all_users, as_json):
-    """List your jobs that Slurm still knows (running, waiting, suspended, recently ended)."""
-    _list(all_users, as_json)
+def list_jobs(all_users, since, state, as_json):
+    """List your jobs that Slurm still knows (running, waiting, suspended, recently ended),
+    with when each was submitted, started and ended. Other users' jobs (--all) are shown
+    from what Slurm shows; their files stay private."""
+    _list(all_users, as_json, parse_since(since) if since else None, state)
+
+
+# ------------------------------------------------------------------ quota
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@one_line_errors
+def quota(as_json):
+    """Your node quota and usage per level, e.g. `HIGH  1 of 2 nodes in use`."""
+    from ..policy import find_policy
+    from ..qos import level_of_qos
+
+    policy = find_policy()
+    me = current_user()
+    used: dict[str, int] = {}
+    for j in backend().jobs(user=me):
+        lvl = level_of_qos(policy, j.qos)
+        if lvl is not None and j.state in ("RUNNING", "CONFIGURING", "COMPLETING"):
+            used[lvl.name] = used.get(lvl.name, 0) + j.num_nodes
+    rows = [{"level": lvl.name, "value": lvl.value, "quota": policy.quota_for(lvl.name, me),
+             "in_use": used.get(lvl.name, 0)} for lvl in policy.levels_high_to_low]
+    if as_json:
+        emit_json(rows)
+        return
+    click.echo(table(["LEVEL", "VALUE", "IN USE", "QUOTA"],
+                     [[r["level"], r["value"], r["in_use"], "no limit" if r["quota"] is None else r["quota"]]
+                      for r in rows]))
+
+
+# ------------------------------------------------------------------ logs
 
 
 def split_runs(text: str) -> list[tuple[int, str]]:
@@ -96,28 +240,61 @@ def split_runs(text: str) -> list[tuple[int, str]]:
     return [(k, "".join(lines)) for k, lines in runs]
 
 
+def _check_logs_readable(job_id: int, job: JobInfo | None) -> None:
+    if not may_read(job):
+        raise click.ClickException(f"job {job_id} belongs to {job.user}; its logs are private to them")
+
+
+def _check_rank(job_id: int, job: JobInfo | None, jobdir: JobDir, rank: int) -> None:
+    nodes = job.num_nodes if job else int(jobdir.request().get("nodes", 0) or 0)
+    if nodes and not 0 <= rank < nodes:
+        raise click.ClickException(f"job {job_id} has no rank {rank}: it runs on {nodes} node(s), "
+                                   f"ranks 0 to {nodes - 1}")
+
+
 def follow_logs(job_id: int, rank: int, restart: int | None) -> None:
-    """Print the rank's log and keep printing as it grows, across suspensions, until the end."""
-    _, jobdir = lookup(job_id)
+    """Print the rank's log and keep printing as it grows, across suspensions, until the end;
+    a marker line on stderr at each notice, suspend, retry and restart. Reads the job's own
+    files every FOLLOW_TICK s and asks Slurm about this one job every FOLLOW_SLURM_EVERY s."""
+    from ..jobstate import hai_state
+
+    job, jobdir = lookup(job_id)
+    _check_logs_readable(job_id, job)
+    _check_rank(job_id, job, jobdir, rank)
     path = jobdir.rank_log(rank)
-    offset = 0
-    while True:
-        if path.exists():
-            with open(path, "rb") as f:
-                f.seek(offset)
-                chunk = f.read()
-            if chunk:
-                offset += len(chunk)
-                text = chunk.decode(errors="replace")
-                if restart is not None:
-                    text = "".join(t for k, t in split_runs(text) if k == restart)
-                sys.stdout.write(text)
-                sys.stdout.flush()
-        st, _, _ = _status_of(job_id)
-        if st.state in TERMINAL or st.state == "unknown":
-            click.echo(f"---- job {job_id} {st.state}", err=True)
-            return
-        time.sleep(0.5)
+    owner_uid = jobdir.path.stat().st_uid if jobdir.path.exists() else None
+    offset, seen_events, asked_at = 0, len(jobdir.events()), time.monotonic()
+    try:
+        while True:
+            if path.exists():
+                with open(path, "rb") as f:
+                    f.seek(offset)
+                    chunk = f.read()
+                if chunk:
+                    offset += len(chunk)
+                    text = chunk.decode(errors="replace")
+                    if restart is not None:
+                        text = "".join(t for k, t in split_runs(text) if k == restart)
+                    sys.stdout.write(text)
+                    sys.stdout.flush()
+            events = jobdir.events()
+            for e in events[seen_events:]:
+                line = marker(e, owner_uid)
+                if line and (restart is None or int(e.get("run", 0) or 0) == restart):
+                    click.echo(line, err=True)
+            seen_events = len(events)
+            final = jobdir.final()
+            if time.monotonic() - asked_at >= FOLLOW_SLURM_EVERY and not final:
+                job, asked_at = backend().job(job_id), time.monotonic()
+            state = hai_state(job, final, 0)
+            if state in TERMINAL or state == "unknown":
+                click.echo(f"---- job {job_id} {state}", err=True)
+                return
+            time.sleep(FOLLOW_TICK)
+    except KeyboardInterrupt:
+        click.echo(f"\nstopped following; job {job_id} goes on (`hai logs -f {job_id}` to follow again, "
+                   f"`hai stop {job_id}` to end it)", err=True)
+        sys.exit(130)
 
 
 @main.command()
@@ -125,52 +302,83 @@ def follow_logs(job_id: int, rank: int, restart: int | None) -> None:
 @click.option("-f", "--follow", is_flag=True, help="Keep printing new output, across suspensions, until the job ends.")
 @click.option("--rank", type=int, default=0, show_default=True, help="Node rank whose output to show.")
 @click.option("--restart", type=int, help="Only this run (0 = the first, 1 = after the first restart, ...).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON: the runs of the rank, each with its text.")
 @one_line_errors
-def logs(job, follow, rank, restart):
+def logs(job, follow, rank, restart, as_json):
     """Print the output of JOB on node RANK: every run, in order, each opened by a
-    '==== slurm-hai run K' line."""
-    _, jobdir = lookup(job)
-    path = jobdir.rank_log(rank)
+    '==== slurm-hai run K' line. With -f, marker lines on stderr tell each suspend notice
+    (and why), forced suspend, retry and restart as they happen."""
     if follow:
+        if as_json:
+            raise Refused("--json and --follow do not go together")
         return follow_logs(job, rank, restart)
+    info, jobdir = lookup(job)
+    _check_logs_readable(job, info)
+    _check_rank(job, info, jobdir, rank)
+    path = jobdir.rank_log(rank)
     if not path.exists():
-        raise click.ClickException(f"no output yet for job {job} rank {rank} ({path})")
+        if as_json:
+            emit_json({"job_id": job, "rank": rank, "runs": []})
+            return
+        raise click.ClickException(f"no output yet for job {job} rank {rank} (the job has not started there; "
+                                   f"`hai status {job}` says why)")
     runs = split_runs(path.read_text(errors="replace"))
     if restart is not None:
         runs = [r for r in runs if r[0] == restart]
         if not runs:
             raise click.ClickException(f"job {job} has no run {restart} on rank {rank}")
+    if as_json:
+        emit_json({"job_id": job, "rank": rank, "runs": [{"run": k, "text": t} for k, t in runs]})
+        return
     sys.stdout.write("".join(text for _, text in runs))
+
+
+# ------------------------------------------------------------------ control
 
 
 @main.command()
 @click.argument("job", callback=lambda c, p, v: job_id_arg(v))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @one_line_errors
-def stop(job):
+def stop(job, as_json):
     """Stop JOB for good: it is cancelled and never restarted."""
     info, jobdir = lookup(job)
     check_owner(info, "stop")
     backend().cancel(job)
-    if jobdir.path.is_dir():
+    if jobdir.path.is_dir() and may_read(info):
         jobdir.set_final("stopped", 0, reason="stopped by its user")
         jobdir.event("stop", by=os.getuid())
-    click.echo(f"job {job} stopped")
+    if as_json:
+        emit_json({"job_id": job, "state": "finished-stopped"})
+    else:
+        click.echo(f"job {job} stopped")
 
 
 @main.command()
 @click.argument("job", callback=lambda c, p, v: job_id_arg(v))
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @one_line_errors
-def suspend(job):
+def suspend(job, as_json):
     """Suspend JOB gracefully: rank 0 gets the suspend notice, the job commits, calls
     go_suspend() (or is suspended by force after its grace time) and is requeued."""
     info, jobdir = lookup(job)
     check_owner(info, "suspend")
     if info is None or info.state != "RUNNING":
-        raise click.ClickException(f"job {job} is not running ({info.state if info else 'unknown to Slurm'}); "
-                                   "only a running job can be suspended")
-    backend().cancel(job, signal="USR2")  # to the job's steps only; Slurm checks ownership
-    jobdir.event("suspend_requested", by=os.getuid())
-    click.echo(f"suspend notice sent to job {job}")
+        st = job_status(job, info, jobdir)
+        raise click.ClickException(f"job {job} is {st.state}, not running; only a running job can be suspended")
+    readable = jobdir.path.is_dir() and may_read(info)
+    if readable:  # before the signal: the launcher reads it to tell why the notice came
+        jobdir.event("suspend_requested", by=os.getuid())
+    try:
+        backend().cancel(job, signal="USR2")  # to the job's steps only; Slurm checks ownership
+    except Exception:
+        if readable:
+            jobdir.event("suspend_request_failed", by=os.getuid())
+        raise
+    if as_json:
+        emit_json({"job_id": job, "notice_sent": True})
+    else:
+        click.echo(f"suspend notice sent to job {job}; `hai status {job}` follows it")
 
 
 main.add_command(ckpt)
@@ -188,7 +396,8 @@ main.add_command(ckpt)
 @one_line_errors
 def run_local(script, args, suspend_after, restarts, grace, python, job_dir):
     """Run SCRIPT here, without Slurm, as a one-node job that gets the suspend notice
-    after --suspend-after seconds and is restarted, to test resume logic locally."""
+    after --suspend-after seconds and is restarted, to test resume logic locally.
+    Arguments after `--` go to the script."""
     from ..simulate import simulate
 
     cmd = [python, script, *args] if script.endswith(".py") else [script, *args]

@@ -1,0 +1,109 @@
+"""Why a job was suspended, what `hai logs -f` marks, and what `hai status` says (pure)."""
+
+from __future__ import annotations
+
+import time
+
+from slurm_hai.jobstate import history, marker, notice_cause, preemptor, reason_in_words, status
+from slurm_hai.slurm.records import JobInfo
+
+NOW = float(int(time.time()))  # today: times print as HH:MM:SS
+
+
+def job(job_id: int, state: str, qos: str, *, partition: str = "gpu", preempt_time: int = 0, start_time: int = 0,
+        end_time: int = 0, admin_comment: str = "", reason: str = "None", exit_code: int | None = None) -> JobInfo:
+    return JobInfo(job_id=job_id, name="j", user="u", state=state, reason=reason, qos=qos, partition=partition,
+                   num_nodes=1, node_list="n1", restart_count=0, submit_time=0, start_time=start_time,
+                   eligible_time=0, priority=1, preempt_time=preempt_time, end_time=end_time,
+                   admin_comment=admin_comment, exit_code=exit_code)
+
+
+def test_preemption_names_the_highest_oldest_pending_job_of_a_higher_level():
+    me = job(5, "RUNNING", "low", start_time=int(NOW) - 100, preempt_time=int(NOW) - 1)
+    queue = [me, job(9, "PENDING", "normal"), job(8, "PENDING", "high"), job(7, "PENDING", "high.u.bob"),
+             job(3, "PENDING", "low"), job(6, "PENDING", "extreme_high", partition="other")]
+    assert preemptor(me, queue).job_id == 7
+    assert notice_cause(me, queue, [], NOW, 35) == {"cause": "preempted", "by_job": 7, "by_level": "HIGH"}
+
+
+def test_a_preemption_from_an_earlier_run_does_not_explain_this_notice():
+    me = job(5, "RUNNING", "low", start_time=int(NOW) - 100, preempt_time=int(NOW) - 500)
+    asked = [{"t": NOW - 1, "event": "suspend_requested", "by": 1001}]
+    assert notice_cause(me, [me], asked, NOW, 35) == {"cause": "user", "by_uid": 1001}
+    assert notice_cause(me, [me], [], NOW, 35) == {"cause": "unknown"}
+
+
+def test_a_notice_near_the_time_limit_is_the_time_limit_even_a_minute_early():
+    me = job(5, "RUNNING", "low", start_time=int(NOW) - 6, end_time=int(NOW) + 54)  # --time 1 after 6 s
+    assert notice_cause(me, [me], [], NOW, 35) == {"cause": "time_limit", "limit_at": int(NOW) + 54}
+    far = job(5, "RUNNING", "low", start_time=int(NOW) - 6, end_time=int(NOW) + 3600)
+    assert notice_cause(far, [far], [], NOW, 35)["cause"] == "unknown"
+
+
+def test_a_demoted_job_asked_to_yield_names_the_job_it_yields_to():
+    me = job(5, "RUNNING", "high", start_time=int(NOW) - 100, admin_comment="hai-yield=12@1799999990")
+    cause = notice_cause(me, [me, job(12, "PENDING", "high")], [], NOW, 35)
+    assert cause["cause"] == "preempted" and cause["by_job"] == 12 and cause["by_level"] == "HIGH"
+
+
+def events_of_a_preempted_then_forced_job() -> list[dict]:
+    return [
+        {"t": NOW - 60, "event": "submit", "level": "LOW", "nodes": 1},
+        {"t": NOW - 50, "event": "start", "run": 0, "nodes": "n1"},
+        {"t": NOW - 30, "event": "notice", "run": 0, "source": "signal", "grace": 5, "cause": "preempted",
+         "by_job": 133, "by_level": "HIGH"},
+        {"t": NOW - 25, "event": "forced_suspend", "run": 0, "after": 5.0},
+        {"t": NOW - 24, "event": "suspended", "run": 0, "how": "forced"},
+    ]
+
+
+def test_status_says_when_and_why_a_job_was_suspended_and_counts_forced_suspends():
+    at = time.strftime("%H:%M:%S", time.localtime(NOW - 24))
+    h = history(events_of_a_preempted_then_forced_job(), now=NOW)
+    assert h.suspends == 1 and h.forced == 1 and h.retries == 0
+    assert h.last_suspend.startswith(f"suspended at {at}: preempted by job 133 (HIGH); forced off after 5.0 s")
+    pending = job(5, "PENDING", "low", reason="Priority")
+    st = status(5, pending, None, {}, 1, "waiting for 1 node at LOW (position 1 in line)", 0,
+                events=events_of_a_preempted_then_forced_job())
+    assert st.state == "suspended" and st.forced_suspends == 1 and st.submitted == int(NOW - 60)
+    assert st.reason.startswith(f"suspended at {at}: preempted by job 133 (HIGH)")
+    assert st.reason.endswith("waiting for 1 node at LOW (position 1 in line)")
+
+
+def test_by_you_and_by_an_administrator():
+    evs = [{"t": NOW, "event": "start", "run": 0}, {"t": NOW + 1, "event": "notice", "run": 0, "cause": "user",
+                                                     "by_uid": 1001},
+           {"t": NOW + 2, "event": "suspended", "run": 0, "how": "go_suspend"}]
+    assert history(evs, owner_uid=1001, now=NOW).last_suspend.endswith(": by you (hai suspend)")
+    assert history(evs, owner_uid=1002, now=NOW).last_suspend.endswith(": by an administrator (hai suspend)")
+
+
+def test_retries_are_counted_apart_from_restarts():
+    evs = [{"t": NOW, "event": "start", "run": 0}, {"t": NOW + 1, "event": "retry", "run": 0, "exit_code": 3,
+                                                     "retry": 1, "of": 2},
+           {"t": NOW + 2, "event": "start", "run": 1}]
+    h = history(evs, now=NOW)
+    assert h.retries == 1 and h.suspends == 0 and h.last_suspend == ""
+
+
+def test_log_markers_for_notice_forced_suspend_retry_and_restart():
+    lines = [marker(e, now=NOW) for e in events_of_a_preempted_then_forced_job()]
+    assert lines[0] is None  # submit: nothing to mark
+    assert "run 0: suspend notice: preempted by job 133 (HIGH); grace 5 s" in lines[2]
+    assert "suspended by force" in lines[3] and "waits to run again" in lines[4]
+    assert "(restart 1)" in marker({"t": NOW, "event": "start", "run": 1, "nodes": "n2"}, now=NOW)
+    assert "retry 1 of 2" in marker({"t": NOW, "event": "retry", "run": 0, "exit_code": 3, "retry": 1, "of": 2})
+    assert all(line.startswith("---- slurm-hai ") for line in lines[1:])
+
+
+def test_a_running_job_with_a_notice_says_so():
+    evs = [{"t": NOW, "event": "start", "run": 0},
+           {"t": NOW + 1, "event": "notice", "run": 0, "cause": "time_limit", "grace": 5}]
+    st = status(5, job(5, "RUNNING", "low"), None, {}, 0, "running at LOW on 1 node for 3 s", 0, events=evs)
+    assert st.reason.startswith("suspend notice at ") and "time limit" in st.reason
+
+
+def test_another_users_ended_job_is_told_in_words_from_slurm_alone():
+    assert reason_in_words(job(5, "FAILED", "low", exit_code=3), None) == "exit code 3"
+    assert reason_in_words(job(5, "COMPLETED", "low", exit_code=0), None) == "exited 0"
+    assert reason_in_words(job(5, "PENDING", "low", reason="PartitionNodeLimit"), None).startswith("asks for more")

@@ -1,0 +1,102 @@
+"""`hai list` / `hai status` on a faked queue: one squeue call, other users' files unread."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+import slurm_hai.policy
+from slurm_hai.cli import common, user
+from slurm_hai.jobdir import JobDir
+from slurm_hai.slurm.records import JobInfo
+
+
+def job(job_id: int, owner: str, state: str, root: str, qos: str = "low") -> JobInfo:
+    return JobInfo(job_id=job_id, name=f"j{job_id}", user=owner, state=state, reason="None", qos=qos,
+                   partition="gpu", num_nodes=1, node_list="n1" if state == "RUNNING" else "",
+                   restart_count=0, submit_time=1_000, start_time=2_000 if state == "RUNNING" else 0,
+                   eligible_time=0, priority=1, comment=f"hai-dir={root}")
+
+
+class CountingSlurm:
+    name = "fake"
+
+    def __init__(self, queue: list[JobInfo]) -> None:
+        self.queue, self.calls = queue, []
+
+    def jobs(self, job_ids=(), user=None):
+        self.calls.append(("jobs", tuple(job_ids), user))
+        return [j for j in self.queue if (not job_ids or j.job_id in job_ids) and (user is None or j.user == user)]
+
+    def job(self, job_id):
+        found = self.jobs([job_id])
+        return found[0] if found else None
+
+
+@pytest.fixture
+def world(monkeypatch, tmp_path):
+    me = common.current_user()
+    mine, theirs = tmp_path / "mine", tmp_path / "theirs"
+    for root in (mine, theirs):
+        root.mkdir()
+    # the other user's directory says "stopped": reading it would show through
+    other = JobDir.for_job(12, theirs).create()
+    (other.path / "final.json").write_text(json.dumps({"state": "stopped", "exit_code": 0, "t": 5}))
+    queue = [job(11, me, "RUNNING", str(mine)), job(12, "someone-else", "RUNNING", str(theirs)),
+             job(13, "third-user", "PENDING", str(theirs), qos="high.u.third-user")]
+    slurm = CountingSlurm(queue)
+    policy_reads = []
+    real = slurm_hai.policy.find_policy
+    monkeypatch.setattr(slurm_hai.policy, "find_policy", lambda: policy_reads.append(1) or real())
+    monkeypatch.setattr(user, "backend", lambda: slurm)
+    monkeypatch.setattr(common, "backend", lambda: slurm)
+    monkeypatch.setattr(user, "may_read", lambda j: j is None or j.user == me)  # as a non-root user
+    monkeypatch.setenv("HAI_HOME", str(tmp_path / "home"))
+    return slurm, policy_reads
+
+
+def test_list_all_takes_one_squeue_call_and_one_policy_read(world):
+    slurm, policy_reads = world
+    r = CliRunner().invoke(user.main, ["list", "--all", "--json"])
+    assert r.exit_code == 0, r.output
+    rows = {row["job_id"]: row for row in json.loads(r.output)}
+    assert sorted(rows) == [11, 12, 13]
+    assert slurm.calls == [("jobs", (), None)] and policy_reads == [1]
+    # the other user's job is what Slurm shows: running, not the "stopped" in their files
+    assert rows[12]["state"] == "running" and rows[12]["private"] is True and rows[11]["private"] is False
+    assert rows[13]["level"] == "HIGH" and rows[13]["state"] == "waiting"
+
+
+def test_status_of_another_users_job_says_whose_it_is_in_words(world):
+    r = CliRunner().invoke(user.main, ["status", "12"])
+    assert r.exit_code == 0, r.output
+    assert "someone-else" in r.output and "running" in r.output and "LOW" in r.output
+    assert "private to them" in r.output and "Errno" not in r.output
+
+
+def test_logs_of_another_users_job_is_one_line_not_an_errno(world):
+    r = CliRunner().invoke(user.main, ["logs", "12"])
+    assert r.exit_code == 1 and r.output.strip() == "Error: job 12 belongs to someone-else; its logs are private to them"
+
+
+def test_a_rank_the_job_does_not_have_is_no_such_rank(world):
+    r = CliRunner().invoke(user.main, ["logs", "11", "--rank", "1"])
+    assert r.exit_code == 1 and "has no rank 1" in r.output and "no output yet" not in r.output
+
+
+def test_list_state_filter_and_a_mistyped_state(world):
+    r = CliRunner().invoke(user.main, ["list", "--all", "--state", "waiting", "--json"])
+    assert [row["job_id"] for row in json.loads(r.output)] == [13]
+    r = CliRunner().invoke(user.main, ["list", "--state", "runing"])
+    assert r.exit_code == 2 and "did you mean running?" in r.output
+
+
+def test_since_accepts_durations_clock_times_and_dates():
+    now = 1_800_000_000.0
+    assert user.parse_since("2h", now) == now - 7200
+    assert user.parse_since("30m", now) == now - 1800
+    assert user.parse_since("2027-01-15", now) > 0
+    with pytest.raises(common.Refused):
+        user.parse_since("yesterday", now)
