@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import subprocess
 import textwrap
 import time
 from pathlib import Path
@@ -95,3 +96,86 @@ def test_submit_refuses_what_could_only_fail_later_as_the_jobs_user(live):
     assert live.run(["squeue", "-h", "-u", "hai-bob"]).stdout.strip() == ""
     # and the good script is accepted from the same place
     assert live.run(["hai-submit", "--dry-run", "-p", "LOW", str(good)], user="hai-bob").stdout.startswith("#!/bin/bash")
+
+
+# ---------------------------------------------------------------- major 2: listings for everyone
+
+def test_list_all_and_status_work_for_every_user_from_what_slurm_shows(live):
+    d = user_dir(live, "fd-list", "hai-alice")
+    script = write(d / "sleeper.py", "import time; time.sleep(60)\n", "hai-alice")
+    p = live.run(["hai-submit", "--json", "-p", "LOW", str(script)], user="hai-alice")
+    job = json.loads(p.stdout)["job_id"]
+    wait_state(live, job, lambda s: s["state"] == "running", 60, "running", user="hai-alice")
+    for who in ("hai-bob", None):  # another user, and root
+        listed = live.run(["hai", "list", "--all", "--json"], user=who)
+        rows = {r["job_id"]: r for r in json.loads(listed.stdout)}
+        assert rows[job]["user"] == "hai-alice" and rows[job]["state"] == "running" and rows[job]["level"] == "LOW"
+        table = live.run(["hai", "list", "--all"], user=who).stdout
+        assert f"{job}" in table and "hai-alice" in table and "Errno" not in table
+    # bob's own list has no alice job; his status of it says whose it is, in words
+    assert job not in [r["job_id"] for r in json.loads(live.run(["hai", "list", "--json"], user="hai-bob").stdout)]
+    text = live.run(["hai", "status", str(job)], user="hai-bob").stdout
+    assert "hai-alice" in text and "running" in text and "LOW" in text and "private to them" in text
+    bob_logs = live.run(["hai", "logs", str(job)], user="hai-bob", check=False)
+    assert "belongs to hai-alice; its logs are private" in one_error_line(bob_logs)
+    live.run(["hai", "stop", str(job)], user="hai-alice")
+
+
+# ---------------------------------------------------------------- major 4: told why and when
+
+def test_a_preempted_user_is_told_by_whom_and_when_in_status_and_in_logs_follow(live):
+    d = user_dir(live, "fd-preempt", "hai-alice")
+    low = write(d / "low.py", """
+        import time, slurm_hai.client as hai
+        run = hai.restart_count()
+        print(f"low run {run}", flush=True)
+        while run == 0:
+            if hai.receive_suspend_command():
+                print("low: notice, suspending", flush=True)
+                hai.go_suspend()
+            time.sleep(0.05)
+    """, "hai-alice")
+    low_job = json.loads(live.run(["hai-submit", "--json", "-n", "4", "-p", "LOW", str(low)],
+                                  user="hai-alice").stdout)["job_id"]
+    wait_state(live, low_job, lambda s: s["state"] == "running", 60, "LOW running", user="hai-alice")
+    argv = ["runuser", "-u", "hai-alice", "--", "env", "HOME=/home/hai-alice", "USER=hai-alice",
+            "hai", "logs", "-f", str(low_job)]
+    follow = subprocess.Popen(argv, env=live.env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              cwd="/home/hai-alice")
+    bd = user_dir(live, "fd-preempt-high", "hai-bob")
+    high = write(bd / "high.py", "import time; time.sleep(6)\n", "hai-bob")
+    high_job = json.loads(live.run(["hai-submit", "--json", "-n", "1", "-p", "HIGH", str(high)],
+                                   user="hai-bob").stdout)["job_id"]
+    st = wait_state(live, low_job, lambda s: s["state"] == "suspended", 60, "LOW suspended", user="hai-alice")
+    assert f"preempted by job {high_job} (HIGH)" in st["reason"] and st["reason"].startswith("suspended at ")
+    assert st["suspends"] == 1 and st["forced_suspends"] == 0
+    assert f"preempted by job {high_job} (HIGH)" in st["last_suspend"]
+    st = wait_state(live, low_job, lambda s: s["state"] == "finished-succeeded", 120, "LOW's rerun", user="hai-alice")
+    assert st["restarts"] == 1 and st["suspends"] == 1
+    out, err = follow.communicate(timeout=30)
+    assert follow.returncode == 0, err
+    assert "low run 0" in out and "low run 1" in out and "---- slurm-hai" not in out  # markers on stderr
+    assert f"suspend notice: preempted by job {high_job} (HIGH)" in err
+    assert "suspended (go_suspend); waits to run again" in err and "(restart 1)" in err
+    assert err.strip().endswith(f"---- job {low_job} finished-succeeded")
+
+
+def test_hai_suspend_is_by_you_and_a_forced_suspend_shows_in_status(live):
+    d = user_dir(live, "fd-byyou", "hai-alice")
+    script = write(d / "deaf.py", """
+        import time, slurm_hai.client as hai
+        print("run", hai.restart_count(), flush=True)
+        if hai.restart_count() == 0:
+            time.sleep(300)  # never polls: forced after the grace
+    """, "hai-alice")
+    job = json.loads(live.run(["hai-submit", "--json", "-p", "LOW", "--grace", "2", str(script)],
+                              user="hai-alice").stdout)["job_id"]
+    wait_state(live, job, lambda s: s["state"] == "running", 60, "running", user="hai-alice")
+    time.sleep(1)
+    sent = json.loads(live.run(["hai", "suspend", "--json", str(job)], user="hai-alice").stdout)
+    assert sent == {"job_id": job, "notice_sent": True}
+    st = wait_state(live, job, lambda s: s["state"] == "finished-succeeded", 120, "the rerun", user="hai-alice")
+    assert st["suspends"] == 1 and st["forced_suspends"] == 1 and st["restarts"] == 1
+    assert ": by you (hai suspend); forced off after" in st["last_suspend"]
+    text = live.run(["hai", "status", str(job)], user="hai-alice").stdout
+    assert "suspends   1 (1 forced)" in text
