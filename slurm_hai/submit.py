@@ -39,7 +39,7 @@ class JobRequest:
     name: str | None = None
     nodes: int = 1
     priority: str = "NORMAL"
-    gpus_per_node: int = 8
+    gpus_per_node: int = 0
     group: str | None = None
     env: list[str] = field(default_factory=list)  # KEY=VALUE
     time: str | None = None
@@ -101,6 +101,43 @@ def validate(req: JobRequest) -> dict:
         "notice_seconds": req.grace + NOTICE_MARGIN, "workdir": workdir, "job_root": req.job_root,
         "env": env, "python": sys.executable, "command": command,
     }
+
+
+GRES_GPU_RE = re.compile(r"(?:^|,)gpu(?::[^:,()]+)?:(\d+)")
+
+
+def node_gpus(scontrol_nodes: str) -> dict[str, tuple[int, set[str]]]:
+    """`scontrol show node -o` -> node -> (GPUs it has, its partitions). Pure."""
+    nodes: dict[str, tuple[int, set[str]]] = {}
+    for line in scontrol_nodes.splitlines():
+        fields = dict(item.split("=", 1) for item in line.split() if "=" in item)
+        if "NodeName" not in fields:
+            continue
+        gpus = sum(int(n) for n in GRES_GPU_RE.findall(fields.get("Gres", "")))
+        parts = {p for p in fields.get("Partitions", "").split(",") if p}
+        nodes[fields["NodeName"]] = (gpus, parts)
+    return nodes
+
+
+def fit_to_group(group: str, nodes: dict[str, tuple[int, set[str]]], want_nodes: int,
+                 gpus_per_node: int | None) -> int:
+    """The --gpus-per-node to ask for on `group` (default: what every node of it has, 0
+    without GPUs); RequestError for a request the group's nodes can never satisfy."""
+    members = sorted(gpus for gpus, parts in nodes.values() if group in parts)
+    if not members:
+        raise RequestError(f"node group {group} has no nodes")
+    if want_nodes > len(members):
+        raise RequestError(f"node group {group} has {len(members)} node(s); ask for at most -n {len(members)}")
+    if gpus_per_node is None:
+        return members[0]
+    fitting = sum(1 for g in members if g >= gpus_per_node)
+    if fitting < want_nodes:
+        most = members[-1]
+        raise RequestError(
+            f"--gpus-per-node {gpus_per_node}: " + (f"the nodes of group {group} have no GPUs; use 0" if most == 0 else
+                                                    f"{fitting} node(s) of group {group} have that many GPUs "
+                                                    f"(at most {most} per node); ask for fewer"))
+    return gpus_per_node
 
 
 def check_files(req: JobRequest) -> None:

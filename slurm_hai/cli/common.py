@@ -41,8 +41,9 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """' did you mean HIGH?' for a near miss of one of `choices`, else ''."""
     import difflib
 
-    found = difflib.get_close_matches(word.upper(), [c.upper() for c in choices], n=1, cutoff=0.6)
-    return f"did you mean {found[0]}? " if found else ""
+    by_upper = {c.upper(): c for c in choices}
+    found = difflib.get_close_matches(word.upper(), list(by_upper), n=1, cutoff=0.6)
+    return f"did you mean {by_upper[found[0]]}? " if found else ""
 
 
 def parse_priority(text: str):

@@ -13,9 +13,9 @@ import click
 from .. import __version__
 from ..jobdir import JobDir, default_root, write_atomic
 from ..levels import AUTO
-from ..slurm import backend
-from ..submit import JobRequest, RequestError, check_files, render_script, validate
-from .common import Refused, emit_json, one_line_errors, parse_priority
+from ..slurm import SlurmError, backend
+from ..submit import JobRequest, RequestError, check_files, fit_to_group, node_gpus, render_script, validate
+from .common import Refused, did_you_mean, no_config_hint, emit_json, one_line_errors, parse_priority
 
 
 def term_is_notice(slurm) -> bool:
@@ -25,6 +25,29 @@ def term_is_notice(slurm) -> bool:
 
 # Everything after SCRIPT belongs to the script, as with `sbatch script args`: option
 # parsing stops at the first positional argument.
+def group_gpus(slurm, group: str | None, nodes: int, gpus_per_node: int | None, dry_run: bool) -> int:
+    """--gpus-per-node fitted to the job's node group (Slurm's partition): the default is
+    what its nodes have; a request they can never satisfy is refused here, in our words."""
+    try:
+        parts = slurm.partitions()
+        name = group or next((p["PartitionName"] for p in parts if p.get("Default") == "YES"), None)
+        if name is None:
+            raise Refused("this cluster has no default node group; pass -g GROUP")
+        if name not in {p["PartitionName"] for p in parts}:
+            known = [p["PartitionName"] for p in parts]
+            raise Refused(f"-g {name}: no such node group; {did_you_mean(name, known)}"
+                          f"groups: {', '.join(known)}")
+        return fit_to_group(name, node_gpus(slurm.scontrol(["show", "node", "-o"])), nodes, gpus_per_node)
+    except RequestError as e:
+        raise Refused(str(e)) from None
+    except SlurmError as e:
+        if not dry_run:
+            raise
+        click.echo(f"hai-submit: cannot ask Slurm about the node group ({no_config_hint(str(e)) or e}); assuming "
+                   f"{gpus_per_node or 0} GPUs per node", err=True)
+        return gpus_per_node or 0
+
+
 def script_args(args: tuple[str, ...]) -> list[str]:
     """The script's own arguments: as given, less one `--` right after SCRIPT (the older
     `hai-submit train.py -- --lr 0.1` form)."""
@@ -41,7 +64,8 @@ def script_args(args: tuple[str, ...]) -> list[str]:
 @click.option("-p", "--priority", default="NORMAL", show_default=True,
               help="Level name or number (EXTREME_HIGH 50 ... LOW 0), or AUTO: the highest level "
                    "where you still have quota.")
-@click.option("--gpus-per-node", type=int, default=8, show_default=True, help="GPUs per node (0 for CPU jobs).")
+@click.option("--gpus-per-node", type=int, default=None,
+              help="GPUs per node. Default: what the nodes of the job's group have (0 where they have none).")
 @click.option("-g", "--group", help="Node group (Slurm partition). Default: the cluster's default group.")
 @click.option("-e", "env", multiple=True, metavar="KEY=VALUE", help="Environment variable for the job (repeatable).")
 @click.option("--time", "time_limit", metavar="TIME",
@@ -88,6 +112,7 @@ def main(script, args, name, nodes, priority, gpus_per_node, group, env, time_li
         check_files(req)
     except RequestError as e:
         raise Refused(str(e)) from None
+    req.gpus_per_node = group_gpus(slurm, group, nodes, gpus_per_node, dry_run)
     if level == AUTO:
         from ..scheduling import resolve_auto_for_user  # needs the policy and the live queue
 
@@ -105,7 +130,13 @@ def main(script, args, name, nodes, priority, gpus_per_node, group, env, time_li
         click.echo(text, nl=False)
         return
     root.mkdir(mode=0o700, parents=True, exist_ok=True)
-    job_id = slurm.submit(text)
+    try:
+        job_id = slurm.submit(text)
+    except SlurmError as e:
+        if "Requested node configuration is not available" in str(e):
+            raise Refused(f"no node of the job's group can run it ({nodes} node(s), {req.gpus_per_node} GPUs "
+                          "each); `scontrol show partition` lists the groups") from None
+        raise
     jobdir = JobDir.for_job(job_id, root).claim(token)
     request = {k: context[k] for k in ("name", "nodes", "gpus", "level", "partition", "time", "grace", "retries",
                                         "workdir", "command")}

@@ -176,7 +176,7 @@ def _list(all_users: bool, as_json: bool, since: float | None = None, state: str
 def _state_choice(ctx, param, value):
     if value is None or value in STATES:
         return value
-    raise click.BadParameter(f"{value!r}: {did_you_mean(value, STATES).lower()}use one of {', '.join(STATES)}")
+    raise click.BadParameter(f"{value!r}: {did_you_mean(value, STATES)}use one of {', '.join(STATES)}")
 
 
 @main.command(name="list")

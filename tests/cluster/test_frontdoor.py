@@ -179,3 +179,22 @@ def test_hai_suspend_is_by_you_and_a_forced_suspend_shows_in_status(live):
     assert ": by you (hai suspend); forced off after" in st["last_suspend"]
     text = live.run(["hai", "status", str(job)], user="hai-alice").stdout
     assert "suspends   1 (1 forced)" in text
+
+
+# ---------------------------------------------------------------- major 5: GPUs from the group's nodes
+
+def test_gpus_per_node_default_comes_from_the_groups_nodes_and_impossible_requests_are_refused(live):
+    gres = live.run(["scontrol", "show", "node", "-o", "n1"]).stdout.split("Gres=")[1].split()[0]
+    have = int(gres.rsplit(":", 1)[1])  # the local cluster's nodes count 8 GPUs each
+    d = user_dir(live, "fd-gpus", "hai-bob")
+    script = write(d / "gpus.py", "import os; print('GPUS', os.environ.get('SLURM_GPUS_ON_NODE'), flush=True)\n",
+                   "hai-bob")
+    dry = live.run(["hai-submit", "--dry-run", "-p", "LOW", str(script)], user="hai-bob").stdout
+    assert f"#SBATCH --gres=gpu:{have}" in dry
+    job = json.loads(live.run(["hai-submit", "--json", "-p", "LOW", str(script)], user="hai-bob").stdout)["job_id"]
+    wait_state(live, job, lambda s: s["state"] == "finished-succeeded", 60, "the end", user="hai-bob")
+    assert f"GPUS {have}" in live.run(["hai", "logs", str(job)], user="hai-bob").stdout
+    for args, needle in ((["--gpus-per-node", str(have + 1)], f"at most {have} per node"),
+                         (["-n", "5"], "ask for at most -n 4")):
+        p = live.run(["hai-submit", "-p", "LOW", *args, str(script)], user="hai-bob", check=False)
+        assert needle in one_error_line(p) and "Requested node configuration" not in p.stderr

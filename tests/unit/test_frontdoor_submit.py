@@ -116,3 +116,35 @@ def test_a_rejected_name_says_pass_name_only_when_it_was_not_passed(fake, tmp_pa
     assert "name it with --name" in dry_run(str(script))[1]
     rc, out = dry_run("--name", "a;b", str(script))
     assert rc == 2 and "choose another --name" in out and "name it with" not in out
+
+
+def test_gpus_default_to_what_the_groups_nodes_have(fake, tmp_path):
+    script = tmp_path / "t.py"
+    script.write_text("print(1)\n")
+    rc, out = dry_run(str(script))
+    assert rc == 0 and "#SBATCH --gres=gpu:8" in out and "--gpus=8" in out
+    fake.gres = "(null)"  # CPU-only nodes: no GPU request at all
+    rc, out = dry_run(str(script))
+    assert rc == 0 and "--gres" not in out and "--gpus=0" in out
+    fake.gres = "gpu:a100:4(S:0-1),gpu:v100:2"
+    assert "#SBATCH --gres=gpu:6" in dry_run(str(script))[1]
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--gpus-per-node", "9"], "at most 8 per node"),
+    (["-n", "3"], "has 2 node(s); ask for at most -n 2"),
+    (["-g", "gpus"], "no such node group; did you mean gpu?"),
+])
+def test_a_request_the_group_can_never_satisfy_is_refused_in_our_words(fake, tmp_path, argv, needle):
+    script = tmp_path / "t.py"
+    script.write_text("print(1)\n")
+    rc, out = dry_run(*argv, str(script))
+    assert rc == 2 and needle in out and len(out.strip().splitlines()) == 1
+
+
+def test_gpus_on_a_cpu_only_group_say_use_0(fake, tmp_path):
+    fake.gres = "(null)"
+    script = tmp_path / "t.py"
+    script.write_text("print(1)\n")
+    rc, out = dry_run("--gpus-per-node", "1", str(script))
+    assert rc == 2 and "have no GPUs; use 0" in out
