@@ -1,6 +1,8 @@
 # slurm-hai: the README's two commands.
 #   make demo   set up everything (packages, venv, local Slurm cluster) and run the demo
 #   make test   set up everything and run the whole test suite, cluster tests included
+#   SLURM_SOURCES=DIR make test   also the whole cluster suite on every slurm-*.tar.gz in DIR
+#               (each built once and cached; tests/each_slurm.py)
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 VENV ?= .venv
@@ -9,6 +11,7 @@ PY := $(VENV)/bin/python
 # Python (an interpreter under /root, e.g. pyenv's, is not reachable for them).
 BASE_PYTHON ?= /usr/bin/python3
 PYTEST_ARGS ?=
+SLURM_SOURCES ?=
 
 .PHONY: demo test setup venv cluster cluster-down bench clean
 
@@ -17,6 +20,9 @@ demo: setup
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS)
+ifneq ($(SLURM_SOURCES),)
+	$(PY) tests/each_slurm.py $(SLURM_SOURCES) $(PYTEST_ARGS)
+endif
 
 setup: venv cluster
 

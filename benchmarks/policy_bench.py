@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 from slurm_hai.policy import load_policy  # noqa: E402
 from slurm_hai.qos import level_base  # noqa: E402
 from slurm_hai.scheduling import decide  # noqa: E402
-from slurm_hai.slurm.records import jobs_from_squeue_json  # noqa: E402
+from slurm_hai.slurm.records import jobs_from_json  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 NOW = 1_800_000_000
@@ -102,7 +102,7 @@ def cycle(text: str, policy) -> tuple[float, float, float, int]:
     t0 = time.perf_counter()
     doc = json.loads(text)
     t1 = time.perf_counter()
-    jobs = jobs_from_squeue_json(doc)
+    jobs, _ = jobs_from_json(doc)
     t2 = time.perf_counter()
     actions = decide(jobs, policy, NOW, idle_nodes={"gpu": 0})
     t3 = time.perf_counter()

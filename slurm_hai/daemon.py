@@ -83,10 +83,9 @@ class PolicyDaemon:
         """Read the queue, decide, act. Raises SlurmError when the queue cannot be read."""
         t0 = time.monotonic()
         self.reload_if_changed()
-        try:
-            jobs = self.backend.jobs()
-        except ValueError as e:  # squeue printed something that is not its JSON
-            raise SlurmError(f"squeue --json: unreadable output ({e})") from None
+        # A record the backend cannot read is logged and left out by the backend; output
+        # that is not Slurm's JSON at all raises SlurmError (RecordError), as Slurm down does.
+        jobs = self.backend.jobs()
         now = self.clock()
         actions = decide(jobs, self.policy, now, idle_nodes=self.backend.idle_nodes)
         failed = 0

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 
 from .levels import Level
 from .policy import Policy
+from .slurm.version import OLDEST_SUPPORTED, SlurmVersion
 
 # Multifactor priority = PriorityWeightQOS * qos.Priority / max(qos.Priority). QOS priority
 # is level value + 1 (never 0), so a job's priority is (value + 1) * LEVEL_STRIDE and the
@@ -316,8 +317,10 @@ def _partition_changes(policy: Policy, group, state: ClusterState) -> list[Chang
 # ------------------------------------------------------------------ what the templates get
 
 
-def template_context(policy: Policy) -> dict[str, object]:
-    """Everything templates/slurm/*.j2 need from a policy, already checked and computed.
+def template_context(policy: Policy, slurm: SlurmVersion | None = None) -> dict[str, object]:
+    """Everything templates/slurm/*.j2 need from a policy, already checked and computed,
+    for the Slurm version `slurm` (default: the oldest supported, whose spellings every
+    later version still accepts).
 
     Values are names validated by the policy loader ([A-Z0-9_] levels, [a-z0-9_-] owners,
     partition names) and integers, so they go into Lua strings and config lines as they are.
@@ -336,6 +339,7 @@ def template_context(policy: Policy) -> dict[str, object]:
                "allow_qos": group_allow_qos(policy, g)} for g in policy.groups]
     return {
         "policy": policy,
+        "slurm": slurm or OLDEST_SUPPORTED,
         "qos_weight": qos_weight(policy),
         "levels_high_to_low": policy.levels_high_to_low,
         "default_quota": {lvl.name: policy.quota[lvl.name] for lvl in policy.ladder if lvl.name in policy.quota},

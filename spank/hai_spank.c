@@ -26,9 +26,7 @@
  *    A bad argument is reported with slurm_error and its default is kept.
  *
  * 3. HAI ENVIRONMENT CONTRACT, set in every task of every step (remote context:
- *    slurm_spank_task_init, which sees the task's final environment; the
- *    master's address is settled once per node and step before that, in
- *    slurm_spank_user_init, in the step env the tasks inherit). Rules:
+ *    slurm_spank_task_init, which sees the task's final environment). Rules:
  *    a. extern step: nothing. If the step env has HAI_CONTRACT with a value
  *       other than "spank" (a launcher owns the contract): leave everything.
  *       HAI_CONTRACT=spank is our own mark inherited from an outer step (e.g.
@@ -50,9 +48,13 @@
  *       independent of the node count) and exports HAI_MASTER_NODE and
  *       HAI_MASTER_IP to the tasks. slurmstepd uses HAI_MASTER_IP when
  *       HAI_MASTER_NODE equals the master node of its step; otherwise (batch
- *       step, no srun, stale value inherited from an outer step) user_init
- *       looks the node up itself (1 RPC per node of that step; batch step:
- *       1 per run) and puts it in the step env for the tasks.
+ *       step, no srun, stale value inherited from an outer step) task_init
+ *       looks the node up itself (1 RPC per task of that step; batch step:
+ *       1 per run). Never in user_init: from Slurm 23.x slurmstepd holds its
+ *       auth lock around that callback (privileges dropped), and an RPC
+ *       there is fatal to the step ("auth_g_create: pthread_rwlock_rdlock():
+ *       Resource deadlock avoided", seen on 25.11); task_init runs with the
+ *       lock released (slurmstepd/task.c, "test7.21").
  *    f. MASTER_PORT = HAI_MASTER_PORT from the step env when set (1..65535),
  *       else master_port_base + (SLURM_JOB_ID % master_port_span).
  *    g. HAI_RESTART_COUNT = S_SLURM_RESTART_COUNT (0 before the first
@@ -89,6 +91,14 @@
 #include <slurm/slurm.h>
 #include <slurm/slurm_errno.h>
 #include <slurm/spank.h>
+#include <slurm/slurm_version.h>
+
+/* Slurm 23.02 made hostlist_t the struct itself (a pointer before). */
+#if SLURM_VERSION_NUMBER >= SLURM_VERSION_NUM(23, 2, 0)
+typedef hostlist_t *hai_hostlist_t;
+#else
+typedef hostlist_t hai_hostlist_t;
+#endif
 
 SPANK_PLUGIN(hai_spank, 1);
 
@@ -423,7 +433,7 @@ int slurm_spank_init_post_opt(spank_t sp, int ac, char **av)
 /* First host of a Slurm host list, malloc'ed (free()), or NULL. */
 static char *_first_host(const char *nodelist)
 {
-	hostlist_t hl;
+	hai_hostlist_t hl;
 	char *host;
 
 	if (!nodelist || !*nodelist)
@@ -490,7 +500,7 @@ static int _node_ipv4(const char *node, char *ip, size_t len)
 	    !msg->node_array) {
 		slurm_error("hai: cannot look up node %s in Slurm: %s", node,
 			    rc != SLURM_SUCCESS ?
-			    slurm_strerror(slurm_get_errno()) : "not found");
+			    slurm_strerror(errno) : "not found");
 		if (msg)
 			slurm_free_node_info_msg(msg);
 		return -1;
@@ -531,7 +541,7 @@ int slurm_spank_local_user_init(spank_t sp, int ac, char **av)
 	id.step_id = stepid;
 	if (!(layout = slurm_job_step_layout_get(&id))) {
 		slurm_error("hai: cannot get the node list of step %u.%u: %s",
-			    jobid, stepid, slurm_strerror(slurm_get_errno()));
+			    jobid, stepid, slurm_strerror(errno));
 		return -1;
 	}
 	master = _first_host(layout->node_list);
@@ -615,17 +625,16 @@ static int _set_num(spank_t sp, const char *var, long val)
 /*
  * d/e. The step's master node (malloc'ed, *master) and its IPv4 (ip):
  * HAI_MASTER_IP from the env when HAI_MASTER_NODE names this master, else a
- * lookup in Slurm's node table. *fresh is set when a lookup was done.
+ * lookup in Slurm's node table.
  */
 static int _master(spank_t sp, uint32_t jobid, uint32_t stepid,
-		   char **master, char *ip, size_t len, int *fresh)
+		   char **master, char *ip, size_t len)
 {
 	char *nodelist = NULL, *env_node = NULL, *env_ip = NULL;
 	spank_err_t err = ESPANK_ENV_NOEXIST;
 	int rc = -1;
 
 	*master = NULL;
-	*fresh = 0;
 	if (stepid != SLURM_BATCH_SCRIPT)
 		err = _getenv_dup(sp, "SLURM_STEP_NODELIST", &nodelist);
 	if (err == ESPANK_ENV_NOEXIST)
@@ -646,7 +655,6 @@ static int _master(spank_t sp, uint32_t jobid, uint32_t stepid,
 		snprintf(ip, len, "%s", env_ip);
 		rc = 0;
 	} else if (_node_ipv4(*master, ip, len) == 0) {
-		*fresh = 1;
 		rc = 0;
 	}
 out:
@@ -666,7 +674,6 @@ static int _compute(spank_t sp, uint32_t jobid, uint32_t stepid,
 {
 	char *v = NULL;
 	spank_err_t err;
-	int fresh;
 	long n;
 	int rc = -1;
 
@@ -725,8 +732,7 @@ static int _compute(spank_t sp, uint32_t jobid, uint32_t stepid,
 	}
 
 	/* d, e. master node and address */
-	rc = _master(sp, jobid, stepid, &c->master, c->ip, sizeof(c->ip),
-		     &fresh);
+	rc = _master(sp, jobid, stepid, &c->master, c->ip, sizeof(c->ip));
 out:
 	free(v);
 	return rc;
@@ -769,30 +775,6 @@ static int _remote_begin(spank_t sp, uint32_t *jobid, uint32_t *stepid,
 		return -1;
 	}
 	return 1;
-}
-
-/*
- * slurmstepd, once per node and step, before the tasks are forked: make sure
- * HAI_MASTER_NODE/HAI_MASTER_IP in the step env belong to this step, so that
- * the tasks (which inherit the step env) need no lookup of their own.
- */
-int slurm_spank_user_init(spank_t sp, int ac, char **av)
-{
-	uint32_t jobid = 0, stepid = 0;
-	char ip[INET_ADDRSTRLEN];
-	char *master = NULL;
-	int inherited, fresh, rc;
-
-	(void) ac;
-	(void) av;
-	if ((rc = _remote_begin(sp, &jobid, &stepid, &inherited)) <= 0)
-		return rc;
-	rc = _master(sp, jobid, stepid, &master, ip, sizeof(ip), &fresh);
-	if (!rc && fresh)
-		rc = _set(sp, "HAI_MASTER_NODE", master) ||
-		     _set(sp, "HAI_MASTER_IP", ip);
-	free(master);
-	return rc ? -1 : 0;
 }
 
 /* slurmstepd, in every task: the contract itself. */

@@ -2,7 +2,9 @@
 
 Cluster tests are marked `cluster`. They never skip: if the cluster cannot be booted the
 session fails, because a skipped cluster test would stand in for an unproven feature.
-Set HAI_CLUSTER_DIR / HAI_CLUSTER_PORT_BASE to use a second, private cluster instance.
+Set HAI_CLUSTER_DIR / HAI_CLUSTER_PORT_BASE to use a second, private cluster instance, and
+HAI_SLURM_SOURCE (a tarball) or HAI_SLURM_PREFIX (an install) to run it on another Slurm
+than Debian's (tests/each_slurm.py does that for every tarball of a directory).
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 STATE = Path(os.environ.get("HAI_CLUSTER_DIR", "/var/lib/slurm-hai/localcluster"))
 TEST_USERS = ("hai-alice", "hai-bob")
+TESTED_RELEASES: list[str] = []  # the Slurm release the session's cluster runs, once booted
 
 
 def parse_scontrol(line: str) -> dict[str, str]:
@@ -35,7 +38,12 @@ class LiveCluster:
         self.log_dir = state / "log"
         self.users = TEST_USERS
         bindir = str(Path(os.sys.executable).parent)
-        self.env = {**os.environ, "SLURM_CONF": str(self.conf), "PATH": f"{bindir}:{os.environ['PATH']}"}
+        prefix_file = state / "etc" / "slurm-prefix"  # written by `up`: empty for Debian's Slurm
+        prefix = prefix_file.read_text().strip() if prefix_file.exists() else ""
+        slurm_bin = f"{prefix}/bin:{prefix}/sbin:" if prefix else ""
+        self.env = {**os.environ, "SLURM_CONF": str(self.conf), "PATH": f"{bindir}:{slurm_bin}{os.environ['PATH']}"}
+        self.release = subprocess.run(["sinfo", "--version"], env=self.env, text=True,
+                                      capture_output=True).stdout.split()[-1]
 
     def run(self, argv: list[str], *, user: str | None = None, check: bool = True, timeout: float = 60,
             input: str | None = None, cwd: str | Path | None = None) -> subprocess.CompletedProcess:
@@ -113,7 +121,9 @@ def cluster() -> LiveCluster:
     if p.returncode != 0:
         pytest.fail(f"contrib/localcluster/{script} failed:\n{p.stdout}\n{p.stderr}", pytrace=False)
     print(p.stdout.strip())
-    return LiveCluster(STATE)
+    live = LiveCluster(STATE)
+    TESTED_RELEASES.append(live.release)
+    return live
 
 
 @pytest.fixture
@@ -138,8 +148,10 @@ def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
                 if outcome == "passed" and rep.when != "call":
                     continue
                 counts[outcome] += 1
+    release = " ".join(TESTED_RELEASES)
     terminalreporter.write_line(
-        f"cluster tests executed on the live Slurm cluster: {counts['passed']} passed, "
+        f"cluster tests executed on the live Slurm{' ' + release if release else ''} cluster: "
+        f"{counts['passed']} passed, "
         f"{counts['failed']} failed, {counts['skipped']} skipped")
 
 

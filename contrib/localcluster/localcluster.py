@@ -5,13 +5,21 @@ each), every file under one state directory ($HAI_CLUSTER_DIR, default
 /var/lib/slurm-hai/localcluster). Configs are rendered from the project's templates/
 with the HAI policy applied. Daemons are stopped by their pid files only.
 
+Any Slurm can run it (contrib/localcluster/README.md):
+- Debian's packages (22.05.8 on Debian 12), the default;
+- `up --slurm-source TARBALL`: built once into a prefix cached by the tarball's checksum
+  (slurm_build.py), so a second `up` builds nothing;
+- `up --slurm-prefix DIR`: an existing install (a site's own build).
+HAI_SLURM_SOURCE / HAI_SLURM_PREFIX give the same choice through the environment. A state
+directory belongs to one Slurm: `up` without a choice keeps it, `up` with another one
+refuses and says so.
+
 Used through the `up`, `down` and `status` scripts beside this file.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import grp
 import os
 import pwd
 import secrets
@@ -33,6 +41,9 @@ from slurm_hai.qos import template_context  # noqa: E402
 from slurm_hai.render import render  # noqa: E402
 from slurm_hai.slurm import SlurmError  # noqa: E402
 from slurm_hai.slurm.cli import CliBackend  # noqa: E402
+from slurm_hai.slurm.version import SlurmVersion  # noqa: E402
+
+import slurm_build  # noqa: E402  (beside this file)
 
 # The local cluster's policy; `up` renders the configs from it and applies it with the same
 # code as `hai-admin apply`. A copy lands in $HAI_CLUSTER_DIR/etc/policy.toml for the daemon.
@@ -69,6 +80,23 @@ class Cluster:
     cpus: int = 1
     memory_mb: int = 1000
     db_password: str = ""
+    prefix: Path | None = None  # where Slurm is installed; None: Debian's packages on PATH
+    version: SlurmVersion | None = None  # set by `up` once the binaries are known
+
+    def tool(self, name: str) -> str:
+        """The Slurm command or daemon `name` of this cluster's Slurm."""
+        if self.prefix is None:
+            return name
+        for sub in ("sbin", "bin"):
+            if (self.prefix / sub / name).exists():
+                return str(self.prefix / sub / name)
+        raise ClusterError(f"{self.prefix} has no {name}: is it a Slurm install prefix (bin/, sbin/)?")
+
+    @property
+    def path(self) -> str:
+        """PATH with this cluster's Slurm commands first."""
+        own = f"{self.prefix}/bin:{self.prefix}/sbin:" if self.prefix else ""
+        return own + os.environ.get("PATH", "/usr/bin:/bin")
 
     @property
     def ports(self) -> dict[str, int]:
@@ -91,8 +119,13 @@ class Cluster:
     def slurm_conf(self) -> Path:
         return self.state / "etc" / "slurm.conf"
 
+    @property
+    def prefix_file(self) -> Path:
+        """Names the Slurm this state directory was set up with (empty: Debian's)."""
+        return self.state / "etc" / "slurm-prefix"
+
     def env(self) -> dict[str, str]:
-        return {**os.environ, "SLURM_CONF": str(self.slurm_conf)}
+        return {**os.environ, "SLURM_CONF": str(self.slurm_conf), "PATH": self.path}
 
 
 def cluster_from_env() -> Cluster:
@@ -101,7 +134,41 @@ def cluster_from_env() -> Cluster:
     c.cpus = os.cpu_count() or 1
     pw = state / "etc" / "db_password"
     c.db_password = pw.read_text().strip() if pw.exists() else ""
+    recorded = c.prefix_file.read_text().strip() if c.prefix_file.exists() else ""
+    c.prefix = Path(recorded) if recorded else None
     return c
+
+
+def choose_slurm(c: Cluster, source: str | None, prefix: str | None) -> None:
+    """Set the cluster's Slurm from `up`'s options (building a tarball if needed); refuse
+    one that differs from the Slurm this state directory already runs. Without options, a
+    state directory keeps its Slurm, and a new one gets Debian's."""
+    if source and prefix:
+        raise ClusterError("give --slurm-source or --slurm-prefix, not both")
+    wanted: Path | None = None
+    if not source and not prefix and c.prefix_file.exists():
+        wanted = c.prefix  # no choice given: the Slurm this state directory runs
+    elif source:
+        install_packages(slurm_build.BUILD_PACKAGES)
+        try:
+            wanted = slurm_build.build(Path(source), progress=lambda m: print(m, flush=True))
+        except slurm_build.BuildError as e:
+            raise ClusterError(str(e)) from None
+    elif prefix:
+        wanted = Path(prefix).resolve()
+        if not (wanted / "sbin" / "slurmctld").exists():
+            raise ClusterError(f"--slurm-prefix {prefix}: no sbin/slurmctld there; give the directory "
+                               "Slurm was installed into (configure --prefix)")
+    if c.prefix_file.exists() and c.prefix != wanted:
+        raise ClusterError(f"{c.state} was set up with Slurm from {c.prefix or 'the Debian packages'}; "
+                           f"for Slurm from {wanted or 'the Debian packages'} use another HAI_CLUSTER_DIR "
+                           f"(or run down and remove {c.state})")
+    c.prefix = wanted
+    p = run([c.tool("slurmctld"), "-V"], check=False)
+    try:
+        c.version = SlurmVersion.parse(p.stdout)
+    except ValueError:
+        raise ClusterError(f"{c.tool('slurmctld')} -V printed {p.stdout.strip()!r}, not a Slurm version") from None
 
 
 # ---------------------------------------------------------------- daemons
@@ -240,8 +307,8 @@ def preflight() -> None:
         raise ClusterError("contrib/localcluster/up supports Debian 12 only (/etc/debian_version not found)")
 
 
-def install_packages() -> None:
-    missing = [p for p in PACKAGES
+def install_packages(packages: list[str] = PACKAGES) -> None:
+    missing = [p for p in packages
                if run(["dpkg-query", "-W", "-f=${Status}", p], check=False).stdout != "install ok installed"]
     if not missing:
         return
@@ -305,7 +372,9 @@ def build_spank(c: Cluster) -> Path | None:
     if not (REPO / "spank" / "Makefile").exists():
         return None
     out = c.state / "lib"
-    p = run(["make", "-s", "-C", str(REPO / "spank"), "install", f"LIBDIR={out}"], check=False)
+    include = [f"CPPFLAGS=-I{c.prefix / 'include'}"] if c.prefix else []
+    p = run(["make", "-s", "-C", str(REPO / "spank"), "install", f"LIBDIR={out}", f"BUILD={out / 'build'}",
+             *include], check=False)
     if p.returncode != 0:
         raise ClusterError(f"building the SPANK plugin failed:\n{(p.stderr or p.stdout).strip()[-1500:]}")
     return out / "hai_spank.so"
@@ -335,7 +404,7 @@ def render_configs(c: Cluster) -> bool:
     etc = c.state / "etc"
     slurm = pwd.getpwnam(c.slurm_user)
     spank_so = build_spank(c)
-    ctx = {"cluster": c, **template_context(policy)}
+    ctx = {"cluster": c, **template_context(policy, c.version)}
     changed = False
     changed |= write_if_changed(etc / "slurm.conf", render("slurm/slurm.conf.j2", **ctx))
     changed |= write_if_changed(etc / "gres.conf", render("slurm/gres.conf.j2", **ctx))
@@ -346,7 +415,9 @@ def render_configs(c: Cluster) -> bool:
     changed |= write_if_changed(etc / "plugstack.conf", plug)
     write_if_changed(etc / "slurmdbd.conf", render("slurm/slurmdbd.conf.j2", **ctx), 0o600, slurm)
     write_if_changed(etc / "policy.toml", POLICY_FILE.read_text())
-    write_if_changed(etc / "env", f"export SLURM_CONF={c.slurm_conf}\nexport HAI_POLICY={etc / 'policy.toml'}\n")
+    path = f"export PATH={c.prefix}/bin:{c.prefix}/sbin:$PATH\n" if c.prefix else ""
+    write_if_changed(etc / "env", f"export SLURM_CONF={c.slurm_conf}\nexport HAI_POLICY={etc / 'policy.toml'}\n{path}")
+    write_if_changed(c.prefix_file, f"{c.prefix or ''}\n")
     return changed
 
 
@@ -413,6 +484,7 @@ def setup_accounting(c: Cluster) -> None:
             sacctmgr(c, "modify", "user", "where", f"name={user}", "set", f"defaultaccount={ACCOUNT}")
     # slurmctld may not run yet: partitions come from the rendered slurm.conf, not scontrol.
     os.environ["SLURM_CONF"] = str(c.slurm_conf)
+    os.environ["PATH"] = c.path
     try:
         done = apply_policy(local_policy(), CliBackend(), partitions=False)
     except SlurmError as e:
@@ -427,11 +499,12 @@ def nodes_idle(c: Cluster) -> bool:
     return p.returncode == 0 and all(states.get(n) in ("idle", "alloc", "mix", "comp") for n in NODES)
 
 
-def up() -> None:
+def up(source: str | None = None, prefix: str | None = None) -> None:
     t0 = time.monotonic()
     preflight()
     install_packages()
     c = cluster_from_env()
+    choose_slurm(c, source, prefix)
     ensure_users(c)
     make_dirs(c)
     changed = render_configs(c)
@@ -441,14 +514,14 @@ def up() -> None:
     slurm = pwd.getpwnam(c.slurm_user)
     for f in (c.state / "log").glob("*.log"):
         os.chown(f, slurm.pw_uid, slurm.pw_gid) if f.name.startswith("slurm") else None
-    start(ds[2], ["slurmdbd"], c)
+    start(ds[2], [c.tool("slurmdbd")], c)
     wait_for("slurmdbd answering sacctmgr", lambda: accounting_answers(c), 30, ds[2])
     setup_accounting(c)
     was_running = running_pid(ds[3]) is not None
-    start(ds[3], ["slurmctld", "-f", str(c.slurm_conf)], c)
+    start(ds[3], [c.tool("slurmctld"), "-f", str(c.slurm_conf)], c)
     for d, node in zip(ds[4:], c.nodes):
         (c.state / "spool" / f"d-{node.name}").mkdir(exist_ok=True)
-        start(d, ["slurmd", "-f", str(c.slurm_conf), "-N", node.name], c)
+        start(d, [c.tool("slurmd"), "-f", str(c.slurm_conf), "-N", node.name], c)
     if was_running and changed:
         run(["scontrol", "reconfigure"], c)
     wait_for("slurmctld answering", lambda: run(["scontrol", "ping"], c, check=False).returncode == 0, 30, ds[3])
@@ -456,9 +529,9 @@ def up() -> None:
     if down_nodes:
         run(["scontrol", "update", f"nodename={','.join(down_nodes)}", "state=resume"], c, check=False)
     wait_for("all nodes idle in sinfo", lambda: nodes_idle(c), 60, ds[-1])
-    print(f"local Slurm cluster '{c.name}' is up ({len(NODES)} nodes x {c.gpus_per_node} GPUs) "
+    print(f"local Slurm {c.version} cluster '{c.name}' is up ({len(NODES)} nodes x {c.gpus_per_node} GPUs) "
           f"in {time.monotonic() - t0:.1f} s")
-    print(f"use it with: export SLURM_CONF={c.slurm_conf}")
+    print(f"use it with: source {c.state / 'etc' / 'env'}")
 
 
 def down() -> None:
@@ -471,28 +544,51 @@ def status() -> int:
     c = cluster_from_env()
     all_up = True
     print(f"state dir: {c.state}")
+    print(f"Slurm: {c.prefix or 'Debian packages'}")
     for d in daemons(c):
         pid = running_pid(d)
         all_up &= pid is not None
         print(f"  {d.name:<12} {'running pid ' + str(pid) if pid else 'not running'}")
     if all_up:
+        print(run([c.tool("scontrol"), "--version"], c, check=False).stdout.strip() or "slurm version unknown")
         print(f"SLURM_CONF={c.slurm_conf}")
         print(run(["sinfo", "-N", "-o", "%N %t %G"], c, check=False).stdout.rstrip())
     print("cluster is up" if all_up else "cluster is down (run contrib/localcluster/up)")
     return 0 if all_up else 1
 
 
+USAGE = """usage: up [--slurm-source TARBALL | --slurm-prefix DIR] | down | status
+  up                        boot (or check) the cluster on Debian's Slurm packages
+  up --slurm-source TARBALL build that Slurm once (cached by checksum), boot on it
+  up --slurm-prefix DIR     boot on the Slurm installed in DIR
+  (HAI_SLURM_SOURCE / HAI_SLURM_PREFIX: the same; HAI_CLUSTER_DIR: the state directory)"""
+
+
+def up_options(args: list[str]) -> dict[str, str | None]:
+    opts = {"source": os.environ.get("HAI_SLURM_SOURCE") or None, "prefix": os.environ.get("HAI_SLURM_PREFIX") or None}
+    it = iter(args)
+    for arg in it:
+        key, _, value = arg.partition("=")
+        if key not in ("--slurm-source", "--slurm-prefix"):
+            raise ClusterError(f"unknown option {arg!r}\n{USAGE}")
+        value = value or next(it, "")
+        if not value:
+            raise ClusterError(f"{key} needs a value\n{USAGE}")
+        opts = {"source": None, "prefix": None, key.removeprefix("--slurm-"): value}
+    return opts
+
+
 def main(argv: list[str]) -> int:
     command = argv[1] if len(argv) > 1 else "status"
     try:
         if command == "up":
-            up()
+            up(**up_options(argv[2:]))
         elif command == "down":
             down()
         elif command == "status":
             return status()
         else:
-            print(f"usage: {argv[0]} up|down|status", file=sys.stderr)
+            print(USAGE, file=sys.stderr)
             return 2
     except ClusterError as e:
         print(f"localcluster {command}: {e}", file=sys.stderr)

@@ -5,12 +5,15 @@ sacct, sacctmgr). Works on 22.05 and later; every call is an argv list, never a 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 from typing import Sequence
 
 from .base import SlurmError
-from .records import JobInfo, jobs_from_squeue_json
+from .records import JobInfo, RecordError, jobs_from_json
+
+log = logging.getLogger("slurm_hai.slurm")
 
 TIMEOUT = float(os.environ.get("HAI_SLURM_TIMEOUT", "60"))
 
@@ -47,6 +50,26 @@ def _detail(command: str, output: str) -> str:
     return " ".join(specific or lines)
 
 
+def _json(text: str, command: str) -> object:
+    try:
+        return json.loads(text)
+    except ValueError:
+        raise RecordError(f"{command} printed something that is not JSON: "
+                          f"{' '.join(text.split())[:80] or '(nothing)'}") from None
+
+
+def _readable(doc: object, command: str, wanted: Sequence[int] = ()) -> list[JobInfo]:
+    """The jobs of a Slurm JSON document. A record that cannot be read is logged and left
+    out, so one odd job never hides the others; when it is a job that was asked for by id,
+    its one-line RecordError is raised instead."""
+    jobs, problems = jobs_from_json(doc, command)
+    for problem in problems:
+        if wanted:
+            raise problem
+        log.warning("left out of the queue: %s", problem)
+    return jobs
+
+
 class CliBackend:
     name = "cli"
 
@@ -65,16 +88,17 @@ class CliBackend:
             if "Invalid job id" in p.stderr:
                 return []
             raise SlurmError("squeue: " + " ".join(p.stderr.split()))
-        return jobs_from_squeue_json(json.loads(p.stdout))
+        return _readable(_json(p.stdout, "squeue --json"), "squeue --json", job_ids)
 
     def job(self, job_id: int) -> JobInfo | None:
         found = [j for j in self.jobs([job_id]) if j.job_id == job_id]
         return found[0] if found else None
 
-    def accounting(self, job_id: int) -> list[dict[str, str]]:
-        fields = ["JobID", "State", "ExitCode", "Start", "End", "NodeList", "QOS", "User"]
-        out = _run(["sacct", "-n", "-P", "-X", "-D", "-j", str(job_id), "-o", ",".join(fields)]).stdout
-        return [dict(zip(fields, line.split("|"))) for line in out.splitlines() if line.strip()]
+    def accounting(self, job_id: int) -> JobInfo | None:
+        """The job as slurmdbd recorded it (`sacct --json`): also once slurmctld forgot it."""
+        out = _run(["sacct", "--json", "-j", str(job_id)]).stdout
+        found = [j for j in _readable(_json(out, "sacct --json"), "sacct --json", [job_id]) if j.job_id == job_id]
+        return found[-1] if found else None
 
     def requeue(self, job_id: int) -> None:
         _run(["scontrol", "requeue", str(job_id)])
@@ -99,6 +123,14 @@ class CliBackend:
             if sep:
                 conf[key.strip()] = value.strip()
         return conf
+
+    def preempt_sends_user_signal(self) -> bool:
+        """Whether a preempted job gets its --signal instead of SIGTERM: 22.05 spells it
+        SlurmctldParameters=preempt_send_user_signal, 23.02 and later also
+        PreemptParameters=send_user_signal (slurmctld accepts both)."""
+        conf = self.config()
+        return ("preempt_send_user_signal" in conf.get("SlurmctldParameters", "").lower()
+                or "send_user_signal" in conf.get("PreemptParameters", "").lower())
 
     def node_addr(self, node: str) -> str:
         out = _run(["scontrol", "show", "node", "-o", node]).stdout

@@ -12,7 +12,7 @@ import shutil
 import subprocess
 
 from .cli import CliBackend
-from .records import JobInfo, job_from_squeue
+from .records import PYSLURM, JobInfo, job_from_record
 
 
 def _slurm_version() -> str | None:
@@ -46,6 +46,7 @@ class PyslurmBackend(CliBackend):
     def jobs(self, job_ids=(), user=None) -> list[JobInfo]:
         import pyslurm
 
+        where = f"pyslurm {getattr(pyslurm, '__version__', '?')} Jobs.load()"
         out = []
         for job in pyslurm.Jobs.load().values():
             rec = job.to_dict()
@@ -53,15 +54,5 @@ class PyslurmBackend(CliBackend):
                 continue
             if user and rec.get("user_name") != user:
                 continue
-            out.append(job_from_squeue({
-                "job_id": rec.get("id"), "name": rec.get("name"), "user_name": rec.get("user_name"),
-                "job_state": rec.get("state"), "state_reason": rec.get("state_reason"), "qos": rec.get("qos"),
-                "partition": rec.get("partition"), "node_count": rec.get("num_nodes"), "nodes": rec.get("nodes"),
-                "restart_cnt": rec.get("requeue_count"), "submit_time": rec.get("submit_time"),
-                "start_time": rec.get("start_time"), "eligible_time": rec.get("eligible_time"),
-                "priority": rec.get("priority"), "batch_host": rec.get("batch_host"),
-                "comment": rec.get("comment"), "admin_comment": rec.get("admin_comment"),
-                "account": rec.get("account"), "preempt_time": rec.get("preempt_time"),
-                "end_time": rec.get("end_time"),
-            }))
+            out.append(job_from_record(rec, PYSLURM, where))
         return out

@@ -1,11 +1,33 @@
 """Job records as slurm-hai sees them, parsed from Slurm's JSON (pure, no I/O).
 
-Both backends produce `JobInfo`; the daemon, `hai status` and the tests only read these.
+One `JobInfo` from every shape Slurm prints, for every version slurm-hai supports:
+- `squeue --json` and `scontrol show job --json` (the same job record): data_parser
+  v0.0.38 (Slurm 22.05) prints plain values; from v0.0.39 numbers may be
+  `{"set": true, "infinite": false, "number": N}` and `job_state` is a list of the base
+  state and its flags (`["PENDING", "REQUEUED"]`); `exit_code` becomes an object.
+- `sacct --json` (the accounting record): `state.current`, `time.submission`, ...,
+  `comment.administrator`, with the same kinds of values.
+Recorded examples of each, with the command that recorded them: tests/fixtures/slurm/.
+
+A record that does not have the shape this module knows raises `RecordError`, one line that
+names the Slurm release, the command and the field; `jobs_from_json` skips such a record and
+reports it, so one odd job never hides the others (the daemon logs it and goes on).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Callable
+
+from .base import SlurmError
+
+# Slurm's base job states (everything else in a v0.0.39+ state list is a flag).
+BASE_STATES = ("PENDING", "RUNNING", "SUSPENDED", "COMPLETED", "CANCELLED", "FAILED", "TIMEOUT",
+               "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY")
+
+
+class RecordError(SlurmError):
+    """A Slurm record in a shape slurm-hai does not know (one line: release, command, field)."""
 
 
 @dataclass(frozen=True)
@@ -13,7 +35,7 @@ class JobInfo:
     job_id: int
     name: str
     user: str
-    state: str  # Slurm's job_state: PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, ...
+    state: str  # Slurm's base job state: PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, ...
     reason: str
     qos: str
     partition: str
@@ -31,7 +53,6 @@ class JobInfo:
     account: str = ""
     preempt_time: int = 0  # when Slurm (last) chose this job for preemption; 0 if never
     end_time: int = 0  # for a finished job, when it ended (for a running one, its time limit)
-    extra: dict = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def tags(self) -> dict[str, str]:
@@ -45,40 +66,212 @@ class JobInfo:
         return out
 
 
-def _exit_status(raw: object) -> int | None:
-    """squeue reports the wait(2) status; return the exit code, or 128+signal."""
-    if not isinstance(raw, int):
+# ------------------------------------------------------------------ value shapes
+
+
+class _Shape(Exception):
+    """Internal: a value of the wrong shape (turned into a RecordError with context)."""
+
+
+def _number(value: object) -> int:
+    """An integer from a plain number or a v0.0.39+ `{set, infinite, number}` object.
+    Unset or infinite counts as 0 (slurm-hai reads 0 as "none")."""
+    if value is None:
+        return 0
+    if isinstance(value, bool):
+        raise _Shape("a boolean, expected a number")
+    if isinstance(value, (int, float)):
+        return int(value)
+    if isinstance(value, dict) and "number" in value:
+        if not value.get("set", True) or value.get("infinite"):
+            return 0
+        return _number(value["number"])
+    raise _Shape(f"{_kind(value)}, expected a number")
+
+
+def _text(value: object) -> str:
+    if value is None:
+        return ""
+    if isinstance(value, str):
+        return value
+    raise _Shape(f"{_kind(value)}, expected text")
+
+
+def _state(value: object) -> str:
+    """The base state from a plain string or a v0.0.39+ list of state and flags."""
+    if isinstance(value, str) and value:
+        return value.split()[0]
+    if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
+        return next((v for v in value if v in BASE_STATES), value[0])
+    raise _Shape(f"{_kind(value)}, expected a job state")
+
+
+def _wait_status(value: object) -> int | None:
+    """squeue v0.0.38 reports the wait(2) status: return the exit code, or 128+signal."""
+    raw = _number(value)
+    return 128 + (raw & 0x7F) if raw & 0x7F else raw >> 8
+
+
+def _exit_object(value: object) -> int | None:
+    """`{"status": ..., "return_code": N, "signal": {"id": S}}` (sacct, and squeue v0.0.39+):
+    the exit code, or 128+signal."""
+    if not isinstance(value, dict):
+        raise _Shape(f"{_kind(value)}, expected an exit code object")
+    status = value.get("status")
+    statuses = status if isinstance(status, list) else [status]
+    signal = value.get("signal") or {}
+    if "SIGNALED" in statuses and isinstance(signal, dict):
+        sig = _number(signal.get("id") if "id" in signal else signal.get("signal_id"))
+        if sig:
+            return 128 + sig
+    if statuses == ["PENDING"] or status is None and value.get("return_code") is None:
         return None
-    if raw & 0x7F:
-        return 128 + (raw & 0x7F)
-    return raw >> 8
+    return _number(value.get("return_code"))
 
 
-def job_from_squeue(rec: dict) -> JobInfo:
-    return JobInfo(
-        job_id=int(rec["job_id"]),
-        name=rec.get("name", ""),
-        user=rec.get("user_name", ""),
-        state=rec.get("job_state", ""),
-        reason=rec.get("state_reason", "") or "None",
-        qos=rec.get("qos", ""),
-        partition=rec.get("partition", ""),
-        num_nodes=int(rec.get("node_count") or 0),
-        node_list=rec.get("nodes", "") or "",
-        restart_count=int(rec.get("restart_cnt") or 0),
-        submit_time=int(rec.get("submit_time") or 0),
-        start_time=int(rec.get("start_time") or 0),
-        eligible_time=int(rec.get("eligible_time") or 0),
-        priority=int(rec.get("priority") or 0),
-        exit_code=_exit_status(rec.get("exit_code")),
-        batch_host=rec.get("batch_host", "") or "",
-        comment=rec.get("comment", "") or "",
-        admin_comment=rec.get("admin_comment", "") or "",
-        account=rec.get("account", "") or "",
-        preempt_time=int(rec.get("preempt_time") or 0),
-        end_time=int(rec.get("end_time") or 0),
-    )
+def _exit(value: object) -> int | None:
+    if value is None:
+        return None
+    return _exit_object(value) if isinstance(value, dict) else _wait_status(value)
 
 
-def jobs_from_squeue_json(doc: dict) -> list[JobInfo]:
-    return [job_from_squeue(rec) for rec in doc.get("jobs", [])]
+def _kind(value: object) -> str:
+    return {dict: "an object", list: "a list", str: "text", bool: "a boolean"}.get(type(value), type(value).__name__)
+
+
+# ------------------------------------------------------------------ record shapes
+
+# JobInfo field -> (path in the record, converter, required). A missing optional field takes
+# the converter's value for None.
+Spec = dict[str, tuple[tuple[str, ...], Callable[[object], object], bool]]
+
+JOB_INFO: Spec = {  # squeue --json / scontrol show job --json
+    "job_id": (("job_id",), _number, True),
+    "name": (("name",), _text, False),
+    "user": (("user_name",), _text, False),
+    "state": (("job_state",), _state, True),
+    "reason": (("state_reason",), _text, False),
+    "qos": (("qos",), _text, False),
+    "partition": (("partition",), _text, False),
+    "num_nodes": (("node_count",), _number, False),
+    "node_list": (("nodes",), _text, False),
+    "restart_count": (("restart_cnt",), _number, False),
+    "submit_time": (("submit_time",), _number, False),
+    "start_time": (("start_time",), _number, False),
+    "eligible_time": (("eligible_time",), _number, False),
+    "priority": (("priority",), _number, False),
+    "exit_code": (("exit_code",), _exit, False),
+    "batch_host": (("batch_host",), _text, False),
+    "comment": (("comment",), _text, False),
+    "admin_comment": (("admin_comment",), _text, False),
+    "account": (("account",), _text, False),
+    "preempt_time": (("preempt_time",), _number, False),
+    "end_time": (("end_time",), _number, False),
+}
+
+ACCOUNTING: Spec = {  # sacct --json
+    "job_id": (("job_id",), _number, True),
+    "name": (("name",), _text, False),
+    "user": (("user",), _text, False),
+    "state": (("state", "current"), _state, True),
+    "reason": (("state", "reason"), _text, False),
+    "qos": (("qos",), _text, False),
+    "partition": (("partition",), _text, False),
+    "num_nodes": (("allocation_nodes",), _number, False),
+    "node_list": (("nodes",), _text, False),
+    "restart_count": (("restart_cnt",), _number, False),
+    "submit_time": (("time", "submission"), _number, False),
+    "start_time": (("time", "start"), _number, False),
+    "eligible_time": (("time", "eligible"), _number, False),
+    "priority": (("priority",), _number, False),
+    "exit_code": (("exit_code",), _exit, False),
+    "comment": (("comment", "job"), _text, False),
+    "admin_comment": (("comment", "administrator"), _text, False),
+    "account": (("account",), _text, False),
+    "end_time": (("time", "end"), _number, False),
+}
+# Slurm 22.05's `sacct --json` (dbv0.0.38) reports every job's exit code as 0 ("SUCCESS"),
+# also for a job `sacct -o exitcode` shows as 3:0: that exit code is unknown, not 0.
+ACCOUNTING_V38: Spec = {**ACCOUNTING, "exit_code": (("exit_code",), lambda value: None, False)}
+
+PYSLURM: Spec = {  # pyslurm.Job.to_dict() (pyslurm 25.11)
+    "job_id": (("id",), _number, True),
+    "name": (("name",), _text, False),
+    "user": (("user_name",), _text, False),
+    "state": (("state",), _state, True),
+    "reason": (("state_reason",), _text, False),
+    "qos": (("qos",), _text, False),
+    "partition": (("partition",), _text, False),
+    "num_nodes": (("num_nodes",), _number, False),
+    "node_list": (("allocated_nodes",), _text, False),
+    "restart_count": (("requeue_count",), _number, False),
+    "submit_time": (("submit_time",), _number, False),
+    "start_time": (("start_time",), _number, False),
+    "eligible_time": (("eligible_time",), _number, False),
+    "priority": (("priority",), _number, False),
+    "exit_code": (("exit_code",), _exit, False),
+    "batch_host": (("batch_host",), _text, False),
+    "comment": (("comment",), _text, False),
+    "admin_comment": (("admin_comment",), _text, False),
+    "account": (("account",), _text, False),
+    "preempt_time": (("preempt_time",), _number, False),
+    "end_time": (("end_time",), _number, False),
+}
+
+
+def _lookup(rec: dict, path: tuple[str, ...]) -> tuple[bool, object]:
+    value: object = rec
+    for key in path:
+        if not isinstance(value, dict) or key not in value:
+            return False, None
+        value = value[key]
+    return True, value
+
+
+def release_of(doc: dict) -> str:
+    """The Slurm release that printed `doc` ("22.05.8"), from its meta block."""
+    meta = doc.get("meta") if isinstance(doc, dict) else None
+    meta = meta if isinstance(meta, dict) else {}
+    slurm = meta.get("slurm") or meta.get("Slurm") or {}
+    release = slurm.get("release") if isinstance(slurm, dict) else None
+    return release if isinstance(release, str) and release else "(unknown version)"
+
+
+def job_from_record(rec: object, spec: Spec = JOB_INFO, where: str = "squeue --json") -> JobInfo:
+    """One JobInfo from one record of the given shape; RecordError (one line) if it has
+    another shape. `where` names the release and command for that line."""
+    if not isinstance(rec, dict):
+        raise RecordError(f"{where}: a job record is {_kind(rec)}, expected an object")
+    job = rec.get("job_id", "?")
+    values = {}
+    for name, (path, convert, required) in spec.items():
+        found, raw = _lookup(rec, path)
+        if not found and required:
+            raise RecordError(f"{where}: job {job} has no field {'.'.join(path)}; "
+                              "this Slurm version is not supported by this slurm-hai")
+        try:
+            values[name] = convert(raw)
+        except (_Shape, TypeError, ValueError) as e:
+            raise RecordError(f"{where}: job {job} field {'.'.join(path)} is {e}; "
+                              "this Slurm version is not supported by this slurm-hai") from None
+    values["reason"] = values["reason"] or "None"
+    return JobInfo(**values)
+
+
+def jobs_from_json(doc: object, command: str = "squeue --json") -> tuple[list[JobInfo], list[RecordError]]:
+    """Every readable job of a `squeue --json`, `scontrol show job --json` or `sacct --json`
+    document, and one RecordError per record that could not be read."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("jobs"), list):
+        raise RecordError(f"Slurm {release_of(doc) if isinstance(doc, dict) else '(unknown version)'} "
+                          f"{command}: no job list in its output")
+    where = f"Slurm {release_of(doc)} {command}"
+    spec = JOB_INFO
+    if command.startswith("sacct"):
+        spec = ACCOUNTING_V38 if release_of(doc).startswith("22.05.") else ACCOUNTING
+    jobs, problems = [], []
+    for rec in doc["jobs"]:
+        try:
+            jobs.append(job_from_record(rec, spec, where))
+        except RecordError as e:
+            problems.append(e)
+    return jobs, problems

@@ -239,3 +239,45 @@ def test_plan_exit_status_says_whether_changes_are_due(monkeypatch):
 def test_replace_keeps_jobinfo_frozen():
     j = job(1)
     assert replace(j, priority=5).priority == 5 and j.priority == 11_000_000
+
+
+def test_a_record_it_cannot_read_is_logged_and_the_cycle_goes_on(tmp_path, monkeypatch, caplog):
+    """The real CLI backend under the daemon, over what Slurm 26.05 printed (a recorded
+    fixture) with one record in a shape no Slurm prints: that job is logged and left out,
+    the others are still acted on."""
+    import json
+
+    from slurm_hai.slurm.cli import CliBackend
+
+    fixtures = REPO / "tests" / "fixtures" / "slurm" / "26.05.3"
+    doc = json.loads((fixtures / "squeue.json").read_text())
+    ids = json.loads((fixtures / "expected.json").read_text())["jobs"]
+    held = next(j for j in doc["jobs"] if j["job_id"] == ids["held"])
+    held["state_reason"] = "JobHoldMaxRequeue"  # the daemon releases such a job
+    broken = next(j for j in doc["jobs"] if j["job_id"] == ids["running"])
+    broken["node_count"] = {"unexpected": True}
+    (tmp_path / "squeue.json").write_text(json.dumps(doc))
+    for name, body in {"squeue": f"cat {tmp_path / 'squeue.json'}",
+                       "scontrol": f"echo \"$@\" >> {tmp_path / 'calls'}",
+                       "sinfo": "echo 'gpu idle 0'"}.items():
+        (tmp_path / name).write_text(f"#!/bin/sh\n{body}\n")
+        (tmp_path / name).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    d = PolicyDaemon(CliBackend(), policy=load_policy(LOCAL), clock=lambda: NOW)
+    with caplog.at_level(logging.INFO):
+        result = d.cycle()
+    assert result.jobs == len(doc["jobs"]) - 1
+    assert f"release {ids['held']}" in (tmp_path / "calls").read_text()
+    (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    assert f"Slurm 26.05.3 squeue --json: job {ids['running']} field node_count" in warning
+
+
+def test_output_that_is_not_json_is_a_slurm_error(tmp_path, monkeypatch):
+    from slurm_hai.slurm.cli import CliBackend
+
+    (tmp_path / "squeue").write_text("#!/bin/sh\necho 'slurm_load_jobs error: Socket timed out'\n")
+    (tmp_path / "squeue").chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    d = PolicyDaemon(CliBackend(), policy=load_policy(LOCAL), clock=lambda: NOW)
+    with pytest.raises(SlurmError, match="squeue --json printed something that is not JSON: slurm_load_jobs"):
+        d.cycle()

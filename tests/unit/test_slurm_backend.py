@@ -9,7 +9,7 @@ import pytest
 from slurm_hai.slurm import SlurmError, backend
 from slurm_hai.slurm import cli as cli_backend
 from slurm_hai.slurm import pyslurm_backend
-from slurm_hai.slurm.records import job_from_squeue, jobs_from_squeue_json
+from slurm_hai.slurm.records import jobs_from_json
 
 SQUEUE = {"jobs": [{
     "job_id": 7, "name": "train", "user_name": "alice", "job_state": "PENDING", "state_reason": "BeginTime",
@@ -20,11 +20,12 @@ SQUEUE = {"jobs": [{
 
 
 def test_squeue_json_becomes_jobinfo():
-    (job,) = jobs_from_squeue_json(SQUEUE)
+    (job,), _ = jobs_from_json(SQUEUE)
     assert (job.job_id, job.user, job.state, job.restart_count, job.num_nodes) == (7, "alice", "PENDING", 3, 2)
     assert job.tags == {"hai-dir": "/home/alice/.hai/jobs", "hai-level": "HIGH"}
     assert job.exit_code == 15
-    assert job_from_squeue({**SQUEUE["jobs"][0], "exit_code": 9}).exit_code == 128 + 9  # killed by SIGKILL
+    (killed,), _ = jobs_from_json({"jobs": [{**SQUEUE["jobs"][0], "exit_code": 9}]})
+    assert killed.exit_code == 128 + 9  # killed by SIGKILL
 
 
 def test_pyslurm_is_not_chosen_without_a_matching_pyslurm(monkeypatch):

@@ -1,0 +1,107 @@
+"""The record layer against what real Slurm daemons printed (tests/fixtures/slurm/<release>/,
+recorded by tests/fixtures/slurm/record.py), and against shapes it must refuse in one line."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from slurm_hai.slurm.records import RecordError, jobs_from_json
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
+RELEASES = sorted(p.name for p in FIXTURES.iterdir() if (p / "expected.json").exists())
+COMMANDS = {"squeue.json": "squeue --json", "scontrol.json": "scontrol show job --json", "sacct.json": "sacct --json"}
+
+
+def recorded(release: str) -> tuple[dict[str, int], dict[str, dict]]:
+    """Scenario -> job id, and command file -> {job id: JobInfo} for one release."""
+    d = FIXTURES / release
+    expected = json.loads((d / "expected.json").read_text())
+    parsed = {}
+    for name, command in COMMANDS.items():
+        if (d / name).exists():
+            jobs, problems = jobs_from_json(json.loads((d / name).read_text()), command)
+            assert problems == []
+            parsed[name] = {j.job_id: j for j in jobs}
+    return expected["jobs"], parsed
+
+
+def test_fixtures_cover_every_supported_release():
+    assert {"22.05.8", "25.11.7", "26.05.3"} <= set(RELEASES)
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_every_shape_says_what_slurm_saw(release):
+    ids, parsed = recorded(release)
+    for name, jobs in parsed.items():
+        assert set(ids.values()) <= set(jobs), f"{release} {name} lacks some recorded jobs"
+        done, failed, running = jobs[ids["completed"]], jobs[ids["failed"]], jobs[ids["running"]]
+        if name == "sacct.json" and release.startswith("22.05."):  # see records.ACCOUNTING_V38
+            assert (done.state, done.exit_code, failed.state, failed.exit_code) == ("COMPLETED", None, "FAILED", None)
+        else:
+            assert (done.state, done.exit_code, failed.state, failed.exit_code) == ("COMPLETED", 0, "FAILED", 3), name
+        assert jobs[ids["cancelled"]].state == "CANCELLED", name
+        assert running.state == "RUNNING" and running.num_nodes == 2 and running.node_list, name
+        assert done.tags["hai-dir"] == "/tmp/rec", name  # the job comment (AccountingStoreFlags=job_comment)
+        assert running.user == "root" and running.qos == "low" and running.account == "hai", name
+        assert running.submit_time > 1_700_000_000 and running.start_time >= running.submit_time, name
+        if name != "sacct.json":  # slurmdbd does not know holds and requeues while pending
+            held, requeued = jobs[ids["held"]], jobs[ids["requeued"]]
+            assert (held.state, held.reason, held.priority) == ("PENDING", "JobHeldUser", 0), name
+            assert (requeued.state, requeued.restart_count) == ("PENDING", 1), name
+            assert running.priority > 0 and running.batch_host, name
+            # slurmdbd learns the comments of a running job only at its end
+            assert running.tags["hai-chain"] == "7" and running.tags["hai-dir"] == "/tmp/rec", name
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_squeue_and_scontrol_give_the_same_job(release):
+    _, parsed = recorded(release)
+    if "scontrol.json" not in parsed:  # 22.05's scontrol has no --json
+        assert release.startswith("22.")
+        return
+    for job_id, job in parsed["squeue.json"].items():
+        assert parsed["scontrol.json"][job_id] == job
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_accounting_agrees_with_the_queue_on_finished_jobs(release):
+    ids, parsed = recorded(release)
+    fields = ["job_id", "name", "user", "state", "qos", "partition", "node_list", "submit_time", "start_time",
+              "end_time", "comment", "admin_comment", "account"]
+    if not release.startswith("22.05."):  # see records.ACCOUNTING_V38
+        fields.append("exit_code")
+    for scenario in ("completed", "failed", "cancelled"):
+        q, a = parsed["squeue.json"][ids[scenario]], parsed["sacct.json"][ids[scenario]]
+        for field in fields:
+            assert getattr(q, field) == getattr(a, field), (release, scenario, field)
+
+
+def a_record(release: str) -> dict:
+    return json.loads((FIXTURES / release / "squeue.json").read_text())
+
+
+@pytest.mark.parametrize("release", RELEASES)
+def test_an_unknown_shape_is_one_line_naming_version_and_field(release):
+    doc = a_record(release)
+    doc["jobs"][0]["node_count"] = ["two"]
+    jobs, problems = jobs_from_json(doc)
+    assert len(jobs) == len(doc["jobs"]) - 1  # the other jobs are still read
+    (problem,) = problems
+    text = str(problem)
+    assert "\n" not in text and f"Slurm {release} squeue --json" in text and "node_count" in text
+
+
+def test_a_record_without_its_state_is_refused():
+    doc = a_record(RELEASES[-1])
+    del doc["jobs"][0]["job_state"]
+    _, (problem,) = jobs_from_json(doc)
+    assert "has no field job_state" in str(problem)
+
+
+@pytest.mark.parametrize("doc", [[], {"jobs": {}}, {"meta": 3}, "text"])
+def test_a_document_without_jobs_is_refused(doc):
+    with pytest.raises(RecordError, match="no job list"):
+        jobs_from_json(doc)
