@@ -17,6 +17,19 @@ from .jobdir import JobDir
 from .launcher import NodeRun, flag_path
 
 
+TAIL_LINES = 25
+
+
+def _last_run_tail(log, lines: int) -> str:
+    """The last `lines` lines of the newest run in a rank log."""
+    try:
+        text = log.read_text(errors="replace")
+    except OSError:
+        return ""
+    last = text.rsplit("==== slurm-hai run ", 1)[-1].split("\n", 1)[-1] if "==== slurm-hai run " in text else text
+    return "\n".join(last.splitlines()[-lines:]) + "\n"
+
+
 def simulate(cmd: list[str], suspend_after: float, restarts: int, grace: float, job_dir: str | None = None) -> int:
     jobdir = JobDir(job_dir or tempfile.mkdtemp(prefix="hai-local-")).create()
     sim_id = f"local{os.getpid()}"
@@ -31,6 +44,8 @@ def simulate(cmd: list[str], suspend_after: float, restarts: int, grace: float, 
                        flag=flag_path(sim_id, run))
         node.start()
         jobdir.event("start", run=run, host="local")
+        print(f"slurm-hai local run: run {run} started" + (f"; suspend notice in {suspend_after:g} s"
+                                                           if run < restarts else ""), flush=True)
         started = time.monotonic()
         notice_due = run < restarts
         for sig in (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT):
@@ -39,6 +54,7 @@ def simulate(cmd: list[str], suspend_after: float, restarts: int, grace: float, 
             if notice_due and time.monotonic() - started >= suspend_after:
                 node.notice("simulated")
                 notice_due = False
+                print(f"slurm-hai local run: run {run}: suspend notice sent (grace {grace:g} s)", flush=True)
             node.tick()
             if jobdir.suspended(run):
                 node.end()
@@ -52,6 +68,10 @@ def simulate(cmd: list[str], suspend_after: float, restarts: int, grace: float, 
             jobdir.event("suspended", run=run, how=how)
             run += 1
             continue
+        if rc != 0:  # show the end of the output: the traceback is there
+            tail = _last_run_tail(jobdir.rank_log(0), TAIL_LINES)
+            print(f"slurm-hai local run: run {run} failed; the last lines of its output:", flush=True)
+            print(tail, end="" if tail.endswith("\n") else "\n", flush=True)
         print(f"slurm-hai local run: finished with exit code {rc} after {run} restart(s); logs in "
               f"{jobdir.rank_log(0)}", flush=True)
         return rc if rc >= 0 else 128 - rc

@@ -140,6 +140,26 @@ def fit_to_group(group: str, nodes: dict[str, tuple[int, set[str]]], want_nodes:
     return gpus_per_node
 
 
+MULTI_PROCESS_SIGNS = ("spawn", "torch.distributed", "slurm_hai.distributed", "RANK", "init_process_group")
+
+
+def single_process_warning(req: JobRequest) -> str:
+    """A warning when a Python script that looks single-process (no spawn, no
+    torch.distributed, no RANK) is asked to run on several nodes: it would run once per
+    node, every copy writing the same checkpoint directory. '' when nothing to say."""
+    if req.nodes <= 1 or Path(req.script).suffix != ".py":
+        return ""
+    try:
+        text = Path(req.script).read_text(errors="replace")
+    except OSError:
+        return ""
+    if any(sign in text for sign in MULTI_PROCESS_SIGNS):
+        return ""
+    return (f"warning: {req.script} looks single-process (no spawn, torch.distributed or RANK), but runs once on "
+            f"each of {req.nodes} nodes, every copy writing the same checkpoints; use -n 1, or see "
+            "examples/train.py for several nodes")
+
+
 def check_files(req: JobRequest) -> None:
     """Refuse, before anything is submitted, a script or working directory the job could only
     fail on once scheduled. Runs as the submitting user, who is the job's user, so

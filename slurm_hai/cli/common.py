@@ -10,7 +10,8 @@ from typing import Callable, Iterable, Sequence
 import click
 
 from ..jobdir import JobDir, default_root
-from ..slurm import SlurmError, backend
+from ..slurm import SlurmError
+from ..slurm import backend as slurm_backend
 from ..slurm.records import JobInfo
 
 
@@ -61,7 +62,16 @@ def parse_priority(text: str):
 # What Slurm's commands print when they find no configuration (no SLURM_CONF, no
 # /etc/slurm/slurm.conf, and no configless DNS SRV record).
 NO_CONFIG_SIGNS = ("Could not establish a configuration source", "fetch_config: DNS SRV lookup failed",
-                   "resolve_ctls_from_dns_srv")
+                   "resolve_ctls_from_dns_srv", "Unable to process configuration file")
+
+
+def backend():
+    """The Slurm backend, after a quick look for a Slurm configuration: a SLURM_CONF that
+    names no file would make every Slurm command retry for 60 s before failing."""
+    conf = os.environ.get("SLURM_CONF")
+    if conf and not os.path.isfile(conf):
+        raise click.ClickException(no_config_hint("Could not establish a configuration source"))
+    return slurm_backend()
 
 
 def no_config_hint(message: str) -> str:

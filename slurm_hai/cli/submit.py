@@ -13,9 +13,10 @@ import click
 from .. import __version__
 from ..jobdir import JobDir, default_root, write_atomic
 from ..levels import AUTO
-from ..slurm import SlurmError, backend
-from ..submit import JobRequest, RequestError, check_files, fit_to_group, node_gpus, render_script, validate
-from .common import Refused, did_you_mean, no_config_hint, emit_json, one_line_errors, parse_priority
+from ..slurm import SlurmError
+from ..submit import (JobRequest, RequestError, check_files, fit_to_group, node_gpus, render_script,
+                      single_process_warning, validate)
+from .common import Refused, backend, did_you_mean, no_config_hint, emit_json, one_line_errors, parse_priority
 
 
 def term_is_notice(slurm) -> bool:
@@ -121,6 +122,9 @@ def main(script, args, name, nodes, priority, gpus_per_node, group, env, time_li
         context = validate(req)
     except RequestError as e:
         raise Refused(str(e)) from None
+    warning = single_process_warning(req)
+    if warning:
+        click.echo(warning, err=True)
     # Ties this submission to its job directory, so a directory left by an older job with
     # the same id is never taken for this job's (JobDir.claim).
     token = secrets.token_hex(8)

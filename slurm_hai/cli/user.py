@@ -13,17 +13,17 @@ from .. import __version__
 from ..jobdir import JobDir, default_root
 from ..jobstate import HaiStatus, clock, marker
 from ..jobstate import status as hai_status
-from ..slurm import backend
 from ..slurm.records import JobInfo
 from .ckpt import ckpt
-from .common import (Refused, check_owner, current_user, did_you_mean, emit_json, job_dir_of, job_id_arg, lookup,
-                     one_line_errors, table)
+from .common import (Refused, backend, check_owner, current_user, did_you_mean, emit_json, job_dir_of, job_id_arg,
+                     lookup, one_line_errors, table)
 
 RUN_MARK = re.compile(r"^==== slurm-hai run (\d+) ")
 TERMINAL = ("finished-succeeded", "finished-failed", "finished-stopped")
 STATES = ("waiting", "running", "suspended", "finished", *TERMINAL)
 FOLLOW_TICK = 0.5  # how often `hai logs -f` reads the job's own files
 FOLLOW_SLURM_EVERY = 5.0  # how often it asks Slurm about the job (one job, not the queue)
+MARKER_SETTLE = 1.0  # marker lines wait this long, so events written late still print in order
 
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
@@ -252,6 +252,20 @@ def _check_rank(job_id: int, job: JobInfo | None, jobdir: JobDir, rank: int) -> 
                                    f"ranks 0 to {nodes - 1}")
 
 
+def _show_markers(events: list[dict], owner_uid: int | None, restart: int | None,
+                  settled: float | None) -> list[dict]:
+    """Print the marker lines of the events older than `settled` (all if None), in time
+    order; return the rest. Events come from several processes (the launcher writes the
+    notice once it has asked Slurm why), so one second's wait puts them in order."""
+    ready = sorted((e for e in events if settled is None or float(e.get("t", 0)) <= settled),
+                   key=lambda e: float(e.get("t", 0)))
+    for e in ready:
+        line = marker(e, owner_uid)
+        if line and (restart is None or int(e.get("run", 0) or 0) == restart):
+            click.echo(line, err=True)
+    return [e for e in events if not (settled is None or float(e.get("t", 0)) <= settled)]
+
+
 def follow_logs(job_id: int, rank: int, restart: int | None) -> None:
     """Print the rank's log and keep printing as it grows, across suspensions, until the end;
     a marker line on stderr at each notice, suspend, retry and restart. Reads the job's own
@@ -264,6 +278,7 @@ def follow_logs(job_id: int, rank: int, restart: int | None) -> None:
     path = jobdir.rank_log(rank)
     owner_uid = jobdir.path.stat().st_uid if jobdir.path.exists() else None
     offset, seen_events, asked_at = 0, len(jobdir.events()), time.monotonic()
+    unshown: list[dict] = []
     try:
         while True:
             if path.exists():
@@ -278,16 +293,15 @@ def follow_logs(job_id: int, rank: int, restart: int | None) -> None:
                     sys.stdout.write(text)
                     sys.stdout.flush()
             events = jobdir.events()
-            for e in events[seen_events:]:
-                line = marker(e, owner_uid)
-                if line and (restart is None or int(e.get("run", 0) or 0) == restart):
-                    click.echo(line, err=True)
+            unshown += events[seen_events:]
             seen_events = len(events)
             final = jobdir.final()
             if time.monotonic() - asked_at >= FOLLOW_SLURM_EVERY and not final:
                 job, asked_at = backend().job(job_id), time.monotonic()
             state = hai_state(job, final, 0)
-            if state in TERMINAL or state == "unknown":
+            ended = state in TERMINAL or state == "unknown"
+            unshown = _show_markers(unshown, owner_uid, restart, settled=None if ended else time.time() - MARKER_SETTLE)
+            if ended:
                 click.echo(f"---- job {job_id} {state}", err=True)
                 return
             time.sleep(FOLLOW_TICK)

@@ -157,6 +157,7 @@ def test_a_preempted_user_is_told_by_whom_and_when_in_status_and_in_logs_follow(
     assert "low run 0" in out and "low run 1" in out and "---- slurm-hai" not in out  # markers on stderr
     assert f"suspend notice: preempted by job {high_job} (HIGH)" in err
     assert "suspended (go_suspend); waits to run again" in err and "(restart 1)" in err
+    assert err.index("suspend notice:") < err.index("go_suspend() called") < err.index("(restart 1)")
     assert err.strip().endswith(f"---- job {low_job} finished-succeeded")
 
 

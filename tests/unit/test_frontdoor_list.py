@@ -100,3 +100,12 @@ def test_since_accepts_durations_clock_times_and_dates():
     assert user.parse_since("2027-01-15", now) > 0
     with pytest.raises(common.Refused):
         user.parse_since("yesterday", now)
+
+
+def test_follow_prints_markers_in_time_order_once_settled(capsys):
+    late_notice = {"t": 100.0, "event": "notice", "run": 0, "cause": "user", "grace": 5}
+    early_suspend = {"t": 100.5, "event": "go_suspend", "run": 0}
+    rest = user._show_markers([early_suspend, late_notice], None, None, settled=100.2)
+    assert rest == [early_suspend] and "suspend notice: by you" in capsys.readouterr().err
+    assert user._show_markers(rest, None, None, settled=None) == []
+    assert "go_suspend() called" in capsys.readouterr().err

@@ -148,3 +148,14 @@ def test_gpus_on_a_cpu_only_group_say_use_0(fake, tmp_path):
     script.write_text("print(1)\n")
     rc, out = dry_run("--gpus-per-node", "1", str(script))
     assert rc == 2 and "have no GPUs; use 0" in out
+
+
+def test_a_single_process_script_on_several_nodes_gets_a_warning(fake, tmp_path):
+    single = tmp_path / "one.py"
+    single.write_text("import torch\nprint(1)\n")
+    multi = tmp_path / "many.py"
+    multi.write_text("from slurm_hai.multiprocessing import spawn\n")
+    r = CliRunner().invoke(submit_cli.main, ["--dry-run", "-n", "2", str(single)])
+    assert r.exit_code == 0 and "looks single-process" in r.output and "each of 2 nodes" in r.output
+    for argv in (["-n", "2", str(multi)], ["-n", "1", str(single)]):
+        assert "single-process" not in CliRunner().invoke(submit_cli.main, ["--dry-run", *argv]).output

@@ -1,0 +1,68 @@
+"""Small promises of the command line: --version, quiet broken pipes, no-config message,
+run-local's progress and traceback."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from slurm_hai import __version__
+from slurm_hai.cli.common import no_config_hint, one_line_errors
+
+BIN = Path(sys.executable).parent
+
+
+def run(*argv: str, env: dict | None = None, **kw) -> subprocess.CompletedProcess:
+    return subprocess.run([str(BIN / argv[0]), *argv[1:]], text=True, capture_output=True, timeout=60,
+                          env={**os.environ, **(env or {})}, **kw)
+
+
+@pytest.mark.parametrize("cmd", ["hai", "hai-submit"])
+def test_version(cmd):
+    p = run(cmd, "--version")
+    assert p.returncode == 0 and p.stdout.strip() == f"{cmd} (slurm-hai) {__version__}"
+
+
+def test_a_broken_pipe_is_not_turned_into_an_error_line():
+    @one_line_errors
+    def writes():
+        raise BrokenPipeError(32, "Broken pipe")
+
+    with pytest.raises(BrokenPipeError):
+        writes()
+
+
+def test_output_cut_short_by_head_ends_quietly(tmp_path):
+    for i in range(3000):
+        (tmp_path / f"step-{i}").mkdir()
+    p = subprocess.run(f"{BIN / 'hai'} ckpt ls {tmp_path} | head -1", shell=True, text=True, capture_output=True,
+                       timeout=60)
+    assert p.stdout.split()[0] == "STEP" and p.stderr == ""
+
+
+def test_a_slurm_conf_that_names_no_file_is_one_line_at_once(tmp_path):
+    t0 = time.monotonic()
+    p = run("hai", "list", env={"SLURM_CONF": str(tmp_path / "nope.conf")})
+    assert time.monotonic() - t0 < 10  # Slurm itself would retry for 60 s
+    assert p.returncode == 1 and p.stderr.count("\n") == 1
+    assert p.stderr.startswith("Error: no Slurm configuration found:") and "export SLURM_CONF=" in p.stderr
+
+
+def test_slurms_dns_srv_errors_become_one_line():
+    slurm = ("squeue: error: resolve_ctls_from_dns_srv: res_nsearch error: Unknown host fetch_config: DNS SRV "
+             "lookup failed fatal: Could not establish a configuration source")
+    assert no_config_hint(slurm).startswith("no Slurm configuration found")
+    assert no_config_hint("squeue: Invalid job id specified") == ""
+
+
+def test_run_local_shows_progress_and_the_traceback_of_a_failed_run(tmp_path):
+    script = tmp_path / "bad.py"
+    script.write_text("print('hello')\nraise RuntimeError('boom at step 3')\n")
+    p = run("hai", "run-local", str(script), "--restarts", "0", "--job-dir", str(tmp_path / "job"))
+    assert p.returncode == 1
+    assert "run 0 started" in p.stdout and "RuntimeError: boom at step 3" in p.stdout and "Traceback" in p.stdout
