@@ -14,7 +14,7 @@ from typing import Callable
 import click
 
 from ..policy import Policy, load_policy, policy_path
-from .common import one_line_errors
+from .common import emit_json, one_line_errors
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 DEFAULT_SPANK_SO = "/usr/lib/x86_64-linux-gnu/slurm-wlm/hai_spank.so"
@@ -285,6 +285,9 @@ def daemon(policy_file: str | None, once: bool, interval: float, lock_file: str 
         write_pid(lock_path)
         d = PolicyDaemon(backend(), policy=policy, policy_path=path, interval=interval, dry_run=dry_run)
         code = d.run(once=once, stop=stop)
+        why = "after one cycle (--once)" if once and not stop.is_set() else "on a signal" if stop.is_set() else (
+            f"with status {code}")
+        logging.getLogger("hai-policyd").info("policy daemon stopped %s", why)
     finally:
         lock.release()
     sys.exit(code)
@@ -293,8 +296,9 @@ def daemon(policy_file: str | None, once: bool, interval: float, lock_file: str 
 @main.command()
 @_policy_option
 @click.argument("job_ids", nargs=-1, type=int)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON: [{job_id, user, state, why}].")
 @one_line_errors
-def explain(policy_file: str | None, job_ids: tuple[int, ...]) -> None:
+def explain(policy_file: str | None, job_ids: tuple[int, ...], as_json: bool) -> None:
     """Say in words why jobs wait (all pending and running jobs when none is given)."""
     from ..scheduling import explain as explain_job
     from ..slurm import backend
@@ -306,8 +310,12 @@ def explain(policy_file: str | None, job_ids: tuple[int, ...]) -> None:
     if missing:
         raise click.ClickException(f"no such job in the queue: {', '.join(map(str, sorted(missing)))}")
     now = time.time()
-    for j in sorted(wanted, key=lambda j: j.job_id):
-        click.echo(f"{j.job_id:>8}  {j.user:<12} {explain_job(j, jobs, policy, now)}")
+    rows = [(j, explain_job(j, jobs, policy, now)) for j in sorted(wanted, key=lambda j: j.job_id)]
+    if as_json:
+        emit_json([{"job_id": j.job_id, "user": j.user, "state": j.state, "why": why} for j, why in rows])
+        return
+    for j, why in rows:
+        click.echo(f"{j.job_id:>8}  {j.user:<12} {why}")
 
 
 if __name__ == "__main__":  # pragma: no cover

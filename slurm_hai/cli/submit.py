@@ -137,6 +137,9 @@ def main(script, args, name, nodes, priority, gpus_per_node, group, env, time_li
     try:
         job_id = slurm.submit(text)
     except SlurmError as e:
+        policy_refusal = str(e).split("sbatch: hai: ", 1)
+        if len(policy_refusal) == 2:  # job_submit.lua's own words (quota, level): nothing to add
+            raise Refused(policy_refusal[1]) from None
         if "Requested node configuration is not available" in str(e):
             raise Refused(f"no node of the job's group can run it ({nodes} node(s), {req.gpus_per_node} GPUs "
                           "each); `scontrol show partition` lists the groups") from None
