@@ -16,6 +16,7 @@ reports it, so one odd job never hides the others (the daemon logs it and goes o
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Callable
 
@@ -194,7 +195,72 @@ ACCOUNTING: Spec = {  # sacct --json
 # also for a job `sacct -o exitcode` shows as 3:0: that exit code is unknown, not 0.
 ACCOUNTING_V38: Spec = {**ACCOUNTING, "exit_code": (("exit_code",), lambda value: None, False)}
 
-PYSLURM: Spec = {  # pyslurm.Job.to_dict() (pyslurm 25.11)
+# ------------------------------------------------------------------ pyslurm (25.11)
+# pyslurm hands over Python values instead of JSON: None for unset numbers and text, the
+# string "UNLIMITED" for infinite ones, a job state as ONE word (Slurm's job_state_string:
+# the first flag if the job has one, "COMPLETING", else the base state), the reason as the
+# job's state description when it has one, else the reason's name, and an exit code as two
+# attributes (`exit_code`, `exit_code_signal`).
+
+
+def _pyslurm_number(value: object) -> int:
+    """pyslurm's numbers: None (unset) and "UNLIMITED" count as 0, as in the JSON shapes."""
+    if isinstance(value, str) and value.upper() == "UNLIMITED":
+        return 0
+    return _number(value)
+
+
+def _pyslurm_state(value: object) -> str:
+    """pyslurm's one-word job state: a base state, or a flag that hides the base state
+    (see `pyslurm_exact`)."""
+    if isinstance(value, str) and value and value.split()[0] == value:
+        return value
+    raise _Shape(f"{_kind(value)}, expected a job state")
+
+
+def _pyslurm_exit(rec: object) -> int | None:
+    """`exit_code` and `exit_code_signal` of a pyslurm record: the exit code, or 128+signal."""
+    if not isinstance(rec, dict):
+        raise _Shape(f"{_kind(rec)}, expected a record")
+    code, signal = rec.get("exit_code"), rec.get("exit_code_signal")
+    if signal:
+        return 128 + _number(signal)
+    return None if code is None else _number(code)
+
+
+def _pyslurm_allocated_nodes(rec: object) -> int:
+    """pyslurm.db.Job.num_nodes is the requested count for a job that never started; sacct's
+    allocation_nodes is 0 then."""
+    if not isinstance(rec, dict):
+        raise _Shape(f"{_kind(rec)}, expected a record")
+    return _number(rec.get("num_nodes")) if rec.get("start_time") else 0
+
+
+PYSLURM: Spec = {  # pyslurm.Job attributes (pyslurm 25.11); () is the whole record
+    "job_id": (("id",), _number, True),
+    "name": (("name",), _text, False),
+    "user": (("user_name",), _text, False),
+    "state": (("state",), _pyslurm_state, True),
+    "reason": (("state_reason",), _text, False),
+    "qos": (("qos",), _text, False),
+    "partition": (("partition",), _text, False),
+    "num_nodes": (("num_nodes",), _pyslurm_number, False),
+    "node_list": (("allocated_nodes",), _text, False),
+    "restart_count": (("requeue_count",), _pyslurm_number, False),
+    "submit_time": (("submit_time",), _pyslurm_number, False),
+    "start_time": (("start_time",), _pyslurm_number, False),
+    "eligible_time": (("eligible_time",), _pyslurm_number, False),
+    "priority": (("priority",), _pyslurm_number, False),
+    "exit_code": ((), _pyslurm_exit, False),
+    "batch_host": (("batch_host",), _text, False),
+    "comment": (("comment",), _text, False),
+    "admin_comment": (("admin_comment",), _text, False),
+    "account": (("account",), _text, False),
+    "preempt_time": (("preempt_time",), _pyslurm_number, False),
+    "end_time": (("end_time",), _pyslurm_number, False),
+}
+
+PYSLURM_DB: Spec = {  # pyslurm.db.Job attributes (pyslurm 25.11): what sacct --json reads
     "job_id": (("id",), _number, True),
     "name": (("name",), _text, False),
     "user": (("user_name",), _text, False),
@@ -202,21 +268,61 @@ PYSLURM: Spec = {  # pyslurm.Job.to_dict() (pyslurm 25.11)
     "reason": (("state_reason",), _text, False),
     "qos": (("qos",), _text, False),
     "partition": (("partition",), _text, False),
-    "num_nodes": (("num_nodes",), _number, False),
-    "node_list": (("allocated_nodes",), _text, False),
-    "restart_count": (("requeue_count",), _number, False),
-    "submit_time": (("submit_time",), _number, False),
-    "start_time": (("start_time",), _number, False),
-    "eligible_time": (("eligible_time",), _number, False),
-    "priority": (("priority",), _number, False),
-    "exit_code": (("exit_code",), _exit, False),
-    "batch_host": (("batch_host",), _text, False),
+    "num_nodes": ((), _pyslurm_allocated_nodes, False),
+    "node_list": (("nodelist",), _text, False),
+    "restart_count": (("requeue_count",), _pyslurm_number, False),
+    "submit_time": (("submit_time",), _pyslurm_number, False),
+    "start_time": (("start_time",), _pyslurm_number, False),
+    "eligible_time": (("eligible_time",), _pyslurm_number, False),
+    "priority": (("priority",), _pyslurm_number, False),
+    "exit_code": ((), _pyslurm_exit, False),
     "comment": (("comment",), _text, False),
     "admin_comment": (("admin_comment",), _text, False),
     "account": (("account",), _text, False),
-    "preempt_time": (("preempt_time",), _number, False),
-    "end_time": (("end_time",), _number, False),
+    "end_time": (("end_time",), _pyslurm_number, False),
 }
+
+
+def attributes(spec: Spec) -> tuple[str, ...]:
+    """The attributes a backend reads from a pyslurm object to make a record for `spec`."""
+    names = {path[0] for path, _, _ in spec.values() if path}
+    if any(not path for path, _, _ in spec.values()):  # whole-record converters read these
+        names |= {"exit_code", "exit_code_signal", "num_nodes", "start_time"}
+    return tuple(sorted(names))
+
+
+_REASON_NAME = re.compile(r"[A-Za-z0-9_]+")
+
+
+def pyslurm_exact(job: JobInfo) -> bool:
+    """Whether a JobInfo read through pyslurm is what squeue says. pyslurm hides the base
+    state of a job with a state flag (COMPLETING, CONFIGURING, REQUEUED, ...) and gives the
+    state description in place of the reason's name (`ReqNodeNotAvail, UnavailableNodes:n1`);
+    such jobs have to be read again from squeue."""
+    return job.state in BASE_STATES and bool(_REASON_NAME.fullmatch(job.reason))
+
+
+def node_is_idle(state: object) -> bool:
+    """Whether pyslurm's node state (`IDLE`, `IDLE+DRAIN`, `MIXED`, ...) is what `sinfo %t`
+    prints as `idle`: base state IDLE and no flag that sinfo shows (drain, not responding,
+    reserved, powered down, planned, ...)."""
+    if not isinstance(state, str) or not state:
+        return False
+    base, *flags = state.upper().split("+")
+    return base == "IDLE" and all(flag in _IDLE_FLAGS for flag in flags)
+
+
+_IDLE_FLAGS = frozenset({"CLOUD", "DYNAMIC_FUTURE", "DYNAMIC_NORM", "EXTERNAL", "RESUME"})
+
+
+def minutes_text(value: object) -> str:
+    """A time limit in minutes (pyslurm) as scontrol prints it: UNLIMITED, M:SS or D-HH:MM:SS."""
+    if value is None or isinstance(value, str) and value.upper() == "UNLIMITED":
+        return "UNLIMITED"
+    minutes = _number(value)
+    days, rest = divmod(minutes * 60, 86400)
+    hours, rest = divmod(rest, 3600)
+    return f"{days}-{hours:02d}:{rest // 60:02d}:{rest % 60:02d}" if days else f"{hours:02d}:{rest // 60:02d}:{rest % 60:02d}"
 
 
 def _lookup(rec: dict, path: tuple[str, ...]) -> tuple[bool, object]:
@@ -242,7 +348,7 @@ def job_from_record(rec: object, spec: Spec = JOB_INFO, where: str = "squeue --j
     another shape. `where` names the release and command for that line."""
     if not isinstance(rec, dict):
         raise RecordError(f"{where}: a job record is {_kind(rec)}, expected an object")
-    job = rec.get("job_id", "?")
+    job = rec.get("job_id", rec.get("id", "?"))
     values = {}
     for name, (path, convert, required) in spec.items():
         found, raw = _lookup(rec, path)
@@ -252,7 +358,7 @@ def job_from_record(rec: object, spec: Spec = JOB_INFO, where: str = "squeue --j
         try:
             values[name] = convert(raw)
         except (_Shape, TypeError, ValueError) as e:
-            raise RecordError(f"{where}: job {job} field {'.'.join(path)} is {e}; "
+            raise RecordError(f"{where}: job {job} field {'.'.join(path) or name} is {e}; "
                               "this Slurm version is not supported by this slurm-hai") from None
     values["reason"] = values["reason"] or "None"
     return JobInfo(**values)
