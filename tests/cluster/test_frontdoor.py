@@ -10,6 +10,9 @@ from __future__ import annotations
 import json
 import os
 import pwd
+import re
+import shlex
+import shutil
 import subprocess
 import textwrap
 import time
@@ -199,3 +202,146 @@ def test_gpus_per_node_default_comes_from_the_groups_nodes_and_impossible_reques
                          (["-n", "5"], "ask for at most -n 4")):
         p = live.run(["hai-submit", "-p", "LOW", *args, str(script)], user="hai-bob", check=False)
         assert needle in one_error_line(p) and "Requested node configuration" not in p.stderr
+
+
+# ---------------------------------------------------------------- every command the docs show
+
+REPO = Path(__file__).resolve().parents[2]
+TOOLS = ("hai", "hai-submit", "hai-admin")
+JOB_ARG = {"status", "logs", "suspend", "stop"}  # hai subcommands whose first argument is a job id
+
+
+def doc_commands() -> list[tuple[str, list[str], str | None]]:
+    """(where, argv, the `Error:` line the doc shows after it, if any) for every command line
+    of README.md and the user guide (```sh / ```console blocks) and of the --help examples."""
+    found = []
+    for doc in ("README.md", "docs/user-guide.md"):
+        text = (REPO / doc).read_text()
+        for lang, body in re.findall(r"```(sh|console|bash)\n(.*?)```", text, flags=re.S):
+            lines = body.splitlines()
+            for i, line in enumerate(lines):
+                if lang == "console":
+                    if not line.startswith("$ "):
+                        continue
+                    line = line[2:]
+                words = shlex.split(line, comments=True)
+                if words and words[0] in TOOLS:
+                    after = lines[i + 1] if i + 1 < len(lines) else ""
+                    found.append((doc, words, after if lang == "console" and after.startswith("Error: ") else None))
+    for tool in TOOLS:
+        text = subprocess.run([tool, "--help"], text=True, capture_output=True, check=True).stdout
+        for block in re.findall(r"(?:Examples|Typical use)[^\n]*:\n(.*?)(?:\n\n|\Z)", text, flags=re.S):
+            for line in block.splitlines():
+                command = re.split(r"\s{2,}(?=[a-z(])", line.strip())[0]
+                if command.split()[:1] == [tool]:
+                    found.append((f"{tool} --help", shlex.split(command), None))
+    return found
+
+
+def completion_lines() -> list[str]:
+    text = (REPO / "README.md").read_text() + (REPO / "docs/user-guide.md").read_text()
+    return sorted(set(re.findall(r'eval "\$\((_[A-Z_]+_COMPLETE=bash_source [a-z-]+)\)"', text)))
+
+
+DOC_JOB = """
+    import os, time
+    import torch
+    import slurm_hai.client as hai
+    from slurm_hai.checkpoint import CheckpointManager, TrainingState
+
+    rank, run = int(os.environ["RANK"]), hai.restart_count()
+    print(f"rank {rank} run {run}", flush=True)
+    model = torch.nn.Linear(2, 1)
+    state = TrainingState(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    mgr = CheckpointManager(os.path.join(os.environ["HAI_JOB_DIR"], "checkpoints"))
+    if rank == 0:
+        mgr.load(into=state)
+    while run == 0:
+        if hai.receive_suspend_command():  # rank 0 only
+            state.step = 1
+            mgr.save(state.step, state)
+            hai.go_suspend()
+        time.sleep(0.1)
+    time.sleep(2)
+"""
+
+
+def test_every_command_shown_in_the_readme_the_guide_and_the_help_works(live, tmp_path):
+    commands = doc_commands()
+    assert len(commands) >= 30 and completion_lines()  # the docs were read, not skipped
+    work = user_dir(live, "fd-docs", "hai-alice")
+    shutil.copytree(REPO / "examples", work / "examples")
+    shutil.copy(REPO / "examples" / "train.py", work / "train.py")
+    write(work / "doc_job.py", DOC_JOB, "hai-alice")
+    subprocess.run(["chown", "-R", "hai-alice:hai-alice", str(work)], check=True)
+
+    def alice(argv, **kw):
+        return live.run(argv, user="hai-alice", cwd=work, check=False, timeout=300, **kw)
+
+    job = json.loads(alice(["hai-submit", "--json", "-n", "2", "-p", "LOW", "doc_job.py"]).stdout)["job_id"]
+    write(work / "sleeper.py", "import time; time.sleep(600)\n", "hai-alice")
+    other = json.loads(alice(["hai-submit", "--json", "-p", "LOW", "sleeper.py"]).stdout)["job_id"]
+    st = wait_state(live, job, lambda s: s["state"] == "running", 60, "running", user="hai-alice")
+    ckpts = f"{st['job_dir']}/checkpoints"
+    policy = str(live.state / "etc" / "policy.toml")
+    admin_out = tmp_path / "render"
+
+    def concrete(argv: list[str]) -> tuple[str, list[str]]:
+        """The phase it runs in and the command with the docs' placeholders filled in."""
+        argv = list(argv)
+        if argv[0] == "hai-admin":
+            argv = [{"policy.toml": policy, "/etc/slurm-hai/policy.toml": policy, "DIR": str(admin_out),
+                     "/etc/slurm/hai": str(admin_out)}.get(a, a) for a in argv]
+            if argv[1] == "daemon":
+                argv += ["--once", "--lock", str(tmp_path / "daemon.lock")]
+            return "admin", argv
+        if argv[0] == "hai-submit":
+            return "any", argv if any(a == "--dry-run" for a in argv) else [argv[0], "--dry-run", *argv[1:]]
+        argv = [re.sub(r"^~/\.hai/jobs/\d+/checkpoints$", ckpts, a).replace("DIR", ckpts) for a in argv]
+        if argv[1] in JOB_ARG and len(argv) > 2 + argv.count("-f"):
+            i = 3 if argv[2] == "-f" else 2
+            argv[i] = str(other if argv[1] == "stop" else job)
+        phase = {"suspend": "suspend", "stop": "stop", "logs": "after", "ckpt": "after"}.get(argv[1], "any")
+        return phase, argv
+
+    plan: dict[str, list] = {"any": [], "suspend": [], "after": [], "stop": [], "admin": []}
+    seen = set()
+    for where, argv, error in commands:
+        phase, real = concrete(argv)
+        if error:  # the doc shows it refused: it must be, with that very line, and submit nothing
+            real, phase = argv, "any"
+        key = shlex.join(real)
+        if key not in seen:
+            seen.add(key)
+            plan[phase].append((where, real, error))
+
+    def check(where, argv, error):
+        p = live.run(argv, check=False, timeout=300) if argv[0] == "hai-admin" else alice(argv)
+        shown = f"{where}: `{shlex.join(argv)}` exited {p.returncode}:\n{p.stdout[-2000:]}\n{p.stderr[-2000:]}"
+        if error:
+            assert p.returncode == 2 and p.stderr.strip() == error, shown
+        elif argv[:2] == ["hai-admin", "plan"]:
+            assert p.returncode in (0, 3) and "Traceback" not in p.stderr, shown
+        else:
+            assert p.returncode == 0 and "Traceback" not in p.stderr, shown
+        return p
+
+    for item in plan["any"] + plan["admin"]:
+        check(*item)
+    for item in plan["suspend"]:
+        check(*item)
+    wait_state(live, job, lambda s: s["state"] == "finished-succeeded", 120, "the documented job's end",
+               user="hai-alice")
+    outputs = {shlex.join(item[1]): check(*item).stdout for item in plan["after"]}
+    wait_state(live, other, lambda s: s["state"] == "running", 60, "the second job running", user="hai-alice")
+    for item in plan["stop"]:
+        check(*item)
+    assert status(live, other, "hai-alice")["state"] == "finished-stopped"
+    # what the documented commands printed is what the docs promise
+    assert "rank 1 run 0" in outputs[f"hai logs {job} --rank 1"]
+    assert "rank 0 run 1" in outputs[f"hai logs {job} --restart 1"] and "run 0" not in outputs[f"hai logs {job} --restart 1"]
+    assert "step-1" in outputs[f"hai ckpt ls {ckpts}"] or "1" in outputs[f"hai ckpt ls {ckpts}"].split()
+    for line in completion_lines():
+        var, prog = line.split("=bash_source ")
+        p = subprocess.run([prog], env={**live.env, var: "bash_source"}, text=True, capture_output=True)
+        assert p.returncode == 0 and "complete " in p.stdout, line
