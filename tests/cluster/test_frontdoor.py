@@ -345,3 +345,45 @@ def test_every_command_shown_in_the_readme_the_guide_and_the_help_works(live, tm
         var, prog = line.split("=bash_source ")
         p = subprocess.run([prog], env={**live.env, var: "bash_source"}, text=True, capture_output=True)
         assert p.returncode == 0 and "complete " in p.stdout, line
+
+
+# ---------------------------------------------------------------- minors: Ctrl-C, --json, time limit
+
+def test_ctrl_c_in_logs_follow_says_the_job_goes_on(live):
+    d = user_dir(live, "fd-ctrlc", "hai-alice")
+    script = write(d / "ticker.py", "import time\nwhile True:\n    print('tick', flush=True); time.sleep(0.5)\n",
+                   "hai-alice")
+    job = json.loads(live.run(["hai-submit", "--json", "-p", "LOW", str(script)], user="hai-alice").stdout)["job_id"]
+    wait_state(live, job, lambda s: s["state"] == "running", 60, "running", user="hai-alice")
+    argv = ["runuser", "-u", "hai-alice", "--", "env", "HOME=/home/hai-alice", "hai", "logs", "-f", str(job)]
+    follow = subprocess.Popen(argv, env=live.env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              cwd="/home/hai-alice", start_new_session=True)
+    time.sleep(3)
+    os.killpg(follow.pid, 2)  # Ctrl-C reaches the terminal's whole foreground group
+    out, err = follow.communicate(timeout=30)
+    assert "tick" in out and "Aborted" not in err and "Traceback" not in err
+    assert f"job {job} goes on" in err and follow.returncode == 130
+    assert status(live, job, "hai-alice")["state"] == "running"
+    logs = json.loads(live.run(["hai", "logs", "--json", str(job)], user="hai-alice").stdout)
+    assert logs["job_id"] == job and logs["runs"][0]["run"] == 0 and "tick" in logs["runs"][0]["text"]
+    rank1 = live.run(["hai", "logs", str(job), "--rank", "1"], user="hai-alice", check=False)
+    assert "has no rank 1" in one_error_line(rank1)
+    stopped = json.loads(live.run(["hai", "stop", "--json", str(job)], user="hai-alice").stdout)
+    assert stopped == {"job_id": job, "state": "finished-stopped"}
+    not_running = live.run(["hai", "suspend", str(job)], user="hai-alice", check=False)
+    assert "is finished-stopped, not running" in one_error_line(not_running) and "PENDING" not in not_running.stderr
+
+
+def test_a_notice_from_the_time_limit_says_time_limit(live):
+    d = user_dir(live, "fd-timelimit", "hai-alice")
+    script = write(d / "limited.py", """
+        import time, slurm_hai.client as hai
+        while hai.restart_count() == 0:
+            if hai.receive_suspend_command():
+                hai.go_suspend()
+            time.sleep(0.1)
+    """, "hai-alice")
+    job = json.loads(live.run(["hai-submit", "--json", "-p", "LOW", "--time", "1", "--grace", "5", str(script)],
+                              user="hai-alice").stdout)["job_id"]
+    st = wait_state(live, job, lambda s: s["state"] == "finished-succeeded", 150, "the end", user="hai-alice")
+    assert st["suspends"] == 1 and ": time limit (continues in a new run)" in st["last_suspend"]
