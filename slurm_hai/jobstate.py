@@ -128,6 +128,8 @@ def status(job_id: int, job: JobInfo | None, final: dict | None, request: dict, 
     `events`: the job directory's events (none for another user's job: `private`)."""
     hist = history(events, owner_uid)
     state = hai_state(job, final, suspended_runs)
+    if explained and job is not None and job.reason in SLURM_REASONS and explained.endswith(f": {job.reason}"):
+        explained = f"{explained[:-len(job.reason)]}{SLURM_REASONS[job.reason]}"  # words, not Slurm's code
     reason = explained if (explained and not final) else reason_in_words(job, final)
     if state == "suspended" and hist.last_suspend:
         reason = f"{hist.last_suspend}; {reason}" if reason else hist.last_suspend
@@ -205,6 +207,26 @@ def notice_cause(me: JobInfo | None, queue: Sequence[JobInfo], events: Sequence[
     if me is not None and me.end_time and me.start_time and 0 < me.end_time - now <= notice_seconds + NOTICE_SLACK:
         return {"cause": "time_limit", "limit_at": me.end_time}
     return {"cause": "unknown"}
+
+
+UNLIMITED_SECONDS = 365 * 86400  # a running job's end_time this far out means "no time limit"
+
+
+def back_estimate(events: Sequence[dict], queue: Sequence[JobInfo], now: float | None = None) -> str:
+    """When a job suspended for another may run again: when that job ends, which its time
+    limit bounds; or why there is no estimate. '' when the job was not preempted by a job
+    that still runs."""
+    notices = [e for e in events if e.get("event") == "notice"]
+    if not notices or notices[-1].get("cause") != "preempted" or not notices[-1].get("by_job"):
+        return ""
+    other = next((j for j in queue if j.job_id == notices[-1]["by_job"]), None)
+    if other is None or other.state not in ("RUNNING", "PENDING", "CONFIGURING"):
+        return ""
+    if other.state != "RUNNING":
+        return f"job {other.job_id} is starting on its nodes; once it runs, its time limit bounds the wait"
+    if other.end_time and other.end_time - other.start_time < UNLIMITED_SECONDS:
+        return f"runs again when job {other.job_id} ends, by {clock(other.end_time, now)} at the latest (its time limit)"
+    return f"no estimate: job {other.job_id} has no time limit"
 
 
 def clock(t: float, now: float | None = None) -> str:

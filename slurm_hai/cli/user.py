@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import sys
@@ -11,7 +12,7 @@ import click
 
 from .. import __version__
 from ..jobdir import JobDir, default_root
-from ..jobstate import HaiStatus, clock, marker
+from ..jobstate import HaiStatus, back_estimate, clock, marker
 from ..jobstate import status as hai_status
 from ..slurm.records import JobInfo
 from .ckpt import ckpt
@@ -76,9 +77,15 @@ def job_status(job_id: int, job: JobInfo | None, jobdir: JobDir, queue: list[Job
             from ..policy import find_policy
 
             policy = find_policy()
-        explained = explain(job, queue if queue is not None else backend().jobs(), policy)
-    return hai_status(job_id, job, final, request, runs, explained, last_run, events=events,
-                      private=not readable, owner_uid=owner_uid)
+        queue = queue if queue is not None else backend().jobs()
+        explained = explain(job, queue, policy)
+    st = hai_status(job_id, job, final, request, runs, explained, last_run, events=events,
+                    private=not readable, owner_uid=owner_uid)
+    if st.state == "suspended" and events:
+        estimate = back_estimate(events, queue if queue is not None else backend().jobs())
+        if estimate:
+            st = dataclasses.replace(st, reason=f"{st.reason}; {estimate}")
+    return st
 
 
 def _status_of(job_id: int):

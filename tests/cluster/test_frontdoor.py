@@ -98,7 +98,8 @@ def test_submit_refuses_what_could_only_fail_later_as_the_jobs_user(live):
     # nothing reached Slurm
     assert live.run(["squeue", "-h", "-u", "hai-bob"]).stdout.strip() == ""
     # and the good script is accepted from the same place
-    assert live.run(["hai-submit", "--dry-run", "-p", "LOW", str(good)], user="hai-bob").stdout.startswith("#!/bin/bash")
+    dry = live.run(["hai-submit", "--dry-run", "-p", "LOW", str(good)], user="hai-bob")
+    assert dry.stdout.startswith("#!/bin/bash")
 
 
 # ---------------------------------------------------------------- major 2: listings for everyone
@@ -146,11 +147,15 @@ def test_a_preempted_user_is_told_by_whom_and_when_in_status_and_in_logs_follow(
     follow = subprocess.Popen(argv, env=live.env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               cwd="/home/hai-alice")
     bd = user_dir(live, "fd-preempt-high", "hai-bob")
-    high = write(bd / "high.py", "import time; time.sleep(6)\n", "hai-bob")
-    high_job = json.loads(live.run(["hai-submit", "--json", "-n", "1", "-p", "HIGH", str(high)],
+    high = write(bd / "high.py", "import time; time.sleep(10)\n", "hai-bob")
+    high_job = json.loads(live.run(["hai-submit", "--json", "-n", "1", "-p", "HIGH", "--time", "5", str(high)],
                                    user="hai-bob").stdout)["job_id"]
     st = wait_state(live, low_job, lambda s: s["state"] == "suspended", 60, "LOW suspended", user="hai-alice")
     assert f"preempted by job {high_job} (HIGH)" in st["reason"] and st["reason"].startswith("suspended at ")
+    # and when it may run again: when the HIGH job ends, bounded by its 5-minute limit
+    st = wait_state(live, low_job, lambda s: f"runs again when job {high_job} ends, by " in s["reason"], 30,
+                    "an estimate", user="hai-alice")
+    assert st["state"] == "suspended" and "at the latest (its time limit)" in st["reason"]
     assert st["suspends"] == 1 and st["forced_suspends"] == 0
     assert f"preempted by job {high_job} (HIGH)" in st["last_suspend"]
     st = wait_state(live, low_job, lambda s: s["state"] == "finished-succeeded", 120, "LOW's rerun", user="hai-alice")
@@ -339,7 +344,8 @@ def test_every_command_shown_in_the_readme_the_guide_and_the_help_works(live, tm
     assert status(live, other, "hai-alice")["state"] == "finished-stopped"
     # what the documented commands printed is what the docs promise
     assert "rank 1 run 0" in outputs[f"hai logs {job} --rank 1"]
-    assert "rank 0 run 1" in outputs[f"hai logs {job} --restart 1"] and "run 0" not in outputs[f"hai logs {job} --restart 1"]
+    second_run = outputs[f"hai logs {job} --restart 1"]
+    assert "rank 0 run 1" in second_run and "run 0" not in second_run
     assert "step-1" in outputs[f"hai ckpt ls {ckpts}"] or "1" in outputs[f"hai ckpt ls {ckpts}"].split()
     for line in completion_lines():
         var, prog = line.split("=bash_source ")

@@ -21,7 +21,8 @@ def test_the_readme_job_example_is_examples_resumable_py_verbatim():
 
 def test_the_readme_job_example_runs_and_resumes_after_a_suspend(tmp_path):
     hai = Path(sys.executable).parent / "hai"
-    p = subprocess.run([str(hai), "run-local", str(REPO / "examples" / "resumable.py"), "--suspend-after", "1", "--grace", "120",
+    p = subprocess.run([str(hai), "run-local", str(REPO / "examples" / "resumable.py"), "--suspend-after", "1",
+                        "--grace", "120",
                         "--job-dir", str(tmp_path / "job")], text=True, capture_output=True, timeout=120)
     assert p.returncode == 0, p.stdout + p.stderr
     log = (tmp_path / "job" / "logs" / "rank-0.log").read_text()

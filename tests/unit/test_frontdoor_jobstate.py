@@ -107,3 +107,22 @@ def test_another_users_ended_job_is_told_in_words_from_slurm_alone():
     assert reason_in_words(job(5, "FAILED", "low", exit_code=3), None) == "exit code 3"
     assert reason_in_words(job(5, "COMPLETED", "low", exit_code=0), None) == "exited 0"
     assert reason_in_words(job(5, "PENDING", "low", reason="PartitionNodeLimit"), None).startswith("asks for more")
+
+
+def test_an_estimate_of_when_a_preempted_job_runs_again_or_why_there_is_none():
+    from slurm_hai.jobstate import back_estimate
+
+    evs = events_of_a_preempted_then_forced_job()
+    limited = job(133, "RUNNING", "high", start_time=int(NOW) - 10, end_time=int(NOW) + 3590)
+    at = time.strftime("%H:%M:%S", time.localtime(NOW + 3590))
+    assert back_estimate(evs, [limited], NOW) == f"runs again when job 133 ends, by {at} at the latest (its time limit)"
+    unlimited = job(133, "RUNNING", "high", start_time=int(NOW) - 10, end_time=int(NOW) + 10 * 365 * 86400)
+    assert back_estimate(evs, [unlimited], NOW) == "no estimate: job 133 has no time limit"
+    assert back_estimate(evs, [], NOW) == ""  # that job is gone: the line in the queue says the rest
+    assert "is starting on its nodes" in back_estimate(evs, [job(133, "PENDING", "high")], NOW)
+
+
+def test_slurm_codes_in_the_policys_account_become_words():
+    pending = job(5, "PENDING", "low", reason="PartitionNodeLimit")
+    st = status(5, pending, None, {}, 0, "pending at LOW: PartitionNodeLimit", 0)
+    assert st.reason == "pending at LOW: asks for more nodes than its node group has (or allows per job)"

@@ -78,7 +78,8 @@ def test_status_of_another_users_job_says_whose_it_is_in_words(world):
 
 def test_logs_of_another_users_job_is_one_line_not_an_errno(world):
     r = CliRunner().invoke(user.main, ["logs", "12"])
-    assert r.exit_code == 1 and r.output.strip() == "Error: job 12 belongs to someone-else; its logs are private to them"
+    assert r.exit_code == 1
+    assert r.output.strip() == "Error: job 12 belongs to someone-else; its logs are private to them"
 
 
 def test_a_rank_the_job_does_not_have_is_no_such_rank(world):
