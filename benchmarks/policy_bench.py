@@ -8,6 +8,24 @@ pending jobs over every level, requeued jobs out of submission order, AUTO jobs,
 jobs, quota waits and held jobs. A cycle is what the daemon does between `squeue --json`
 returning and the first scontrol call: parse the JSON, build JobInfo records, decide.
 Rows are medians over --repeats; the target is <= 1 s per cycle at 10,000 jobs.
+
+--live: the same cycle on a live cluster, with each backend (the CLI backend is the
+baseline). Needs SLURM_CONF (and PATH) of the cluster, and pyslurm for the pyslurm backend:
+
+    source $HAI_CLUSTER_DIR/etc/env
+    $PYSLURM_VENV/bin/python benchmarks/policy_bench.py --live --jobs 10000 50000 --repeats 3
+
+It fills the queue up to each size with held batch jobs (priority 0, so nothing runs), spread
+over every level's QOS with `hai-level=` admin comments, submitted through pyslurm (about
+2 ms a job; sbatch costs a process each). A cycle is `PolicyDaemon(backend, policy,
+dry_run=True).cycle()`: the backend's `jobs()` (squeue --json --states=all, or
+pyslurm.Jobs.load), `decide`, and the actions logged, not done; `jobs()` and `decide` are
+also timed on their own. `--cleanup` cancels what it submitted at the end.
+
+Slurm's default MaxJobCount is 10000 (slurmctld refuses more jobs): for the measured table
+in docs/benchmarks.md, MaxJobCount was raised by hand in the bench cluster's own rendered
+slurm.conf (/var/lib/slurm-hai/lc-pyslurm/etc/slurm.conf, MaxJobCount=60000) and its
+slurmctld restarted; `contrib/localcluster/up` renders the default again.
 """
 
 from __future__ import annotations
@@ -109,13 +127,109 @@ def cycle(text: str, policy) -> tuple[float, float, float, int]:
     return t1 - t0, t2 - t1, t3 - t2, len(actions)
 
 
+# ------------------------------------------------------------------ --live
+
+
+BENCH_NAME = "hai-bench"
+
+
+def fill_queue(n: int, policy, account: str) -> int:
+    """Submit held jobs until the cluster has `n` of ours; returns how many it submitted."""
+    import pyslurm
+
+    have = sum(1 for j in pyslurm.Jobs.load().values() if j.name == BENCH_NAME)
+    levels = list(policy.ladder)
+    rnd = random.Random(n)
+    for i in range(have, n):
+        lvl = rnd.choice(levels)
+        desc = pyslurm.JobSubmitDescription(
+            name=BENCH_NAME, script="#!/bin/sh\ntrue\n", priority=0, qos=lvl.qos, account=account,
+            nodes=1, standard_output="/dev/null", working_directory="/tmp",
+            comment=f"hai-dir=/tmp/bench/{i}", admin_comment=f"hai-level={lvl.name}", environment="HAI_BENCH=1")
+        desc.submit()
+        if (i + 1) % 5000 == 0:
+            print(f"  ... {i + 1} jobs in the queue", flush=True)
+    return max(0, n - have)
+
+
+def time_live(backend, policy, repeats: int) -> tuple[float, float, float, int, int]:
+    from slurm_hai.daemon import PolicyDaemon
+
+    daemon = PolicyDaemon(backend, policy=policy, dry_run=True)
+    read, dec, cyc = [], [], []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        jobs = backend.jobs()
+        t1 = time.perf_counter()
+        actions = decide(jobs, policy, time.time(), idle_nodes=backend.idle_nodes)
+        t2 = time.perf_counter()
+        result = daemon.cycle()
+        read.append(t1 - t0)
+        dec.append(t2 - t1)
+        cyc.append(result.seconds)
+    return statistics.median(read), statistics.median(dec), statistics.median(cyc), len(jobs), len(actions)
+
+
+def live(args, policy) -> int:
+    import logging
+    import os
+
+    from slurm_hai.slurm.cli import CliBackend
+
+    logging.getLogger("hai-policyd").setLevel(logging.WARNING)  # dry-run "would:" lines are not the point
+    if "SLURM_CONF" not in os.environ:
+        print("policy_bench --live: set SLURM_CONF (source $HAI_CLUSTER_DIR/etc/env)", file=sys.stderr)
+        return 2
+    backends = {"cli": CliBackend}
+    if "pyslurm" in args.backends:
+        from slurm_hai.slurm.pyslurm_backend import PyslurmBackend, why_not
+
+        if why_not():
+            print(f"policy_bench --live: {why_not()}", file=sys.stderr)
+            return 2
+        backends["pyslurm"] = PyslurmBackend
+    backends = {k: v for k, v in backends.items() if k in args.backends}
+    limit = int(CliBackend().config().get("MaxJobCount", "10000"))
+    release = CliBackend().scontrol(["--version"]).split()[-1]
+    print(f"policy daemon cycle on a live Slurm {release} cluster (MaxJobCount {limit}), median of "
+          f"{args.repeats}; Python {platform.python_version()}, {os.cpu_count()} CPUs")
+    header = f"{'jobs':>7}  {'backend':>8}  {'jobs()':>8}  {'decide':>8}  {'cycle':>8}  {'vs cli':>7}  {'actions':>7}"
+    print(header)
+    print("-" * len(header))
+    for n in args.jobs:
+        if n > limit - 50:
+            print(f"{n:>7}  skipped: MaxJobCount is {limit} (raise it in slurm.conf, restart slurmctld)")
+            continue
+        t0 = time.perf_counter()
+        added = fill_queue(n, policy, args.account)
+        if added:
+            print(f"  ({added} jobs submitted in {time.perf_counter() - t0:.0f} s)", flush=True)
+        base = None
+        for name, cls in backends.items():
+            read, dec, cyc, count, actions = time_live(cls(), policy, args.repeats)
+            base = base or cyc
+            print(f"{count:>7}  {name:>8}  {read * 1e3:>6.0f}ms  {dec * 1e3:>6.0f}ms  {cyc * 1e3:>6.0f}ms  "
+                  f"{cyc / base:>6.2f}x  {actions:>7}", flush=True)
+    if args.cleanup:
+        import subprocess
+
+        subprocess.run(["scancel", f"--name={BENCH_NAME}"], check=False)
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--jobs", type=int, nargs="+", default=[1000, 10000, 50000])
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--policy", default=str(REPO / "contrib" / "localcluster" / "policy.toml"))
+    ap.add_argument("--live", action="store_true", help="time each backend on the live cluster of SLURM_CONF")
+    ap.add_argument("--backends", nargs="+", default=["cli", "pyslurm"], choices=["cli", "pyslurm"])
+    ap.add_argument("--account", default="hai", help="--live: the account the held jobs are submitted under")
+    ap.add_argument("--cleanup", action="store_true", help="--live: cancel the submitted jobs at the end")
     args = ap.parse_args()
     policy = load_policy(args.policy)
+    if args.live:
+        return live(args, policy)
     print(f"policy daemon cycle, median of {args.repeats} runs; Python {platform.python_version()}, "
           f"{platform.machine()}, policy {Path(args.policy).name}")
     header = f"{'jobs':>7}  {'JSON MB':>7}  {'json.loads':>10}  {'JobInfo':>8}  {'decide':>8}  {'cycle':>8}  " \
