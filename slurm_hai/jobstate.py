@@ -131,10 +131,12 @@ def status(job_id: int, job: JobInfo | None, final: dict | None, request: dict, 
     if explained and job is not None and job.reason in SLURM_REASONS and explained.endswith(f": {job.reason}"):
         explained = f"{explained[:-len(job.reason)]}{SLURM_REASONS[job.reason]}"  # words, not Slurm's code
     reason = explained if (explained and not final) else reason_in_words(job, final)
-    if state == "suspended" and hist.last_suspend:
-        reason = f"{hist.last_suspend}; {reason}" if reason else hist.last_suspend
+    if state == "suspended" and hist.notice_pending:  # the run is ending; its `suspended` event comes next
+        reason = _join(hist.notice_pending.replace("suspend notice at ", "suspended at ", 1), reason)
+    elif state == "suspended" and hist.last_suspend:
+        reason = _join(hist.last_suspend, reason)
     elif state == "running" and hist.notice_pending:
-        reason = f"{hist.notice_pending}; {reason}" if reason else hist.notice_pending
+        reason = _join(hist.notice_pending, reason)
     ended = int(final.get("t", 0)) if final else (
         job.end_time if job and job.state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING",
                                                   "SUSPENDED") else 0)
@@ -207,6 +209,10 @@ def notice_cause(me: JobInfo | None, queue: Sequence[JobInfo], events: Sequence[
     if me is not None and me.end_time and me.start_time and 0 < me.end_time - now <= notice_seconds + NOTICE_SLACK:
         return {"cause": "time_limit", "limit_at": me.end_time}
     return {"cause": "unknown"}
+
+
+def _join(*parts: str) -> str:
+    return "; ".join(p for p in parts if p)
 
 
 UNLIMITED_SECONDS = 365 * 86400  # a running job's end_time this far out means "no time limit"

@@ -84,7 +84,7 @@ def job_status(job_id: int, job: JobInfo | None, jobdir: JobDir, queue: list[Job
     if st.state == "suspended" and events:
         estimate = back_estimate(events, queue if queue is not None else backend().jobs())
         if estimate:
-            st = dataclasses.replace(st, reason=f"{st.reason}; {estimate}")
+            st = dataclasses.replace(st, reason=f"{st.reason}; {estimate}" if st.reason else estimate)
     return st
 
 

@@ -150,7 +150,8 @@ def test_a_preempted_user_is_told_by_whom_and_when_in_status_and_in_logs_follow(
     high = write(bd / "high.py", "import time; time.sleep(10)\n", "hai-bob")
     high_job = json.loads(live.run(["hai-submit", "--json", "-n", "1", "-p", "HIGH", "--time", "5", str(high)],
                                    user="hai-bob").stdout)["job_id"]
-    st = wait_state(live, low_job, lambda s: s["state"] == "suspended", 60, "LOW suspended", user="hai-alice")
+    st = wait_state(live, low_job, lambda s: s["state"] == "suspended" and s["suspends"] == 1, 60, "LOW suspended",
+                    user="hai-alice")
     assert f"preempted by job {high_job} (HIGH)" in st["reason"] and st["reason"].startswith("suspended at ")
     # and when it may run again: when the HIGH job ends, bounded by its 5-minute limit
     st = wait_state(live, low_job, lambda s: f"runs again when job {high_job} ends, by " in s["reason"], 30,

@@ -126,3 +126,10 @@ def test_slurm_codes_in_the_policys_account_become_words():
     pending = job(5, "PENDING", "low", reason="PartitionNodeLimit")
     st = status(5, pending, None, {}, 0, "pending at LOW: PartitionNodeLimit", 0)
     assert st.reason == "pending at LOW: asks for more nodes than its node group has (or allows per job)"
+
+
+def test_a_job_requeued_before_its_suspended_event_is_told_from_its_notice():
+    evs = events_of_a_preempted_then_forced_job()[:3]  # notice written, run not yet marked suspended
+    at = time.strftime("%H:%M:%S", time.localtime(NOW - 30))
+    st = status(5, job(5, "COMPLETING", "low"), None, {}, 0, None, 0, events=evs)
+    assert st.state == "suspended" and st.reason == f"suspended at {at}: preempted by job 133 (HIGH)"
