@@ -1,7 +1,8 @@
 """The batch-script side of a job: runs once per run on the job's first node.
 
 It decides what a run's end means, which Slurm alone cannot:
-  * a run that was suspended (go_suspend, or forced after the grace) is requeued;
+  * a run that was suspended (go_suspend, or forced after the grace) is requeued (a
+    preempted job on Slurm 24.05+ by Slurm itself, once this script ends);
   * success, a failure without --retries left, and `hai stop` are final: final.json is
     written and a later rerun (Slurm requeues a job that ends during a grace period)
     exits at once without running anything;
@@ -84,6 +85,8 @@ def main(argv: list[str] | None = None) -> int:
         jobdir.event("suspended", run=run, how=how)
         print(f"slurm-hai: run {run} suspended ({how}); requeued", flush=True)
         try:
+            if slurm.requeued_when_batch_ends(job_id):
+                return 0  # a preempted job on 24.05+: Slurm requeues it now that we leave
             slurm.requeue(job_id)  # go_suspend or the launcher already did; harmless if so
         except SlurmError:
             pass
@@ -92,11 +95,15 @@ def main(argv: list[str] | None = None) -> int:
         jobdir.set_final("succeeded", 0)
         jobdir.event("finished", run=run, state="succeeded", exit_code=0)
         return 0
-    # A killed step may be Slurm ending the job (cancel, forced requeue): that is not a
-    # failure of the user's code, so wait a moment for our own SIGTERM before judging.
+    # A killed step may be Slurm ending the job (cancel, forced requeue, a node lost): that
+    # is not a failure of the user's code, so wait a moment for our own SIGTERM before
+    # judging. 25.11 may send it only KillWait later after a node failure, but has then
+    # already counted the requeue (restart count past this run) or left RUNNING.
     deadline = time.monotonic() + 2
     while not ending and time.monotonic() < deadline:
         time.sleep(0.1)
+    if not ending and requeued_by_slurm(slurm, job_id, run):
+        ending.append(signal.SIGTERM)
     if ending:
         jobdir.event("killed", run=run, exit_code=rc)
         return rc
@@ -111,6 +118,16 @@ def main(argv: list[str] | None = None) -> int:
     jobdir.event("finished", run=run, state="failed", exit_code=rc)
     print(f"slurm-hai: run {run} failed (exit {rc}); not requeued (no retries left)", flush=True)
     return rc
+
+
+def requeued_by_slurm(slurm, job_id: int, run: int) -> bool:
+    """Whether Slurm has already decided to end or requeue this run (it is no longer the
+    running run `run`); a Slurm that does not answer counts as no."""
+    try:
+        job = slurm.job(job_id)
+    except SlurmError:
+        return False
+    return job is not None and (job.restart_count > run or job.state != "RUNNING")
 
 
 if __name__ == "__main__":

@@ -84,12 +84,12 @@ def go_suspend() -> None:
         from .slurm import SlurmError, backend
 
         try:
-            backend().requeue(int(job_id))
+            backend().requeue_run(int(job_id))
         except SlurmError as e:  # already requeued by another rank, or being killed
             print(f"slurm-hai: go_suspend: {e}", file=sys.stderr, flush=True)
     sys.stdout.flush()
     sys.stderr.flush()
-    # The requeue (or the local simulator) stops this process; wait for it.
+    # The requeue (or the end of the steps, or the local simulator) stops this process.
     deadline = time.monotonic() + 600
     while time.monotonic() < deadline:
         time.sleep(1)

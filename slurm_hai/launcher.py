@@ -190,7 +190,7 @@ def main(argv: list[str] | None = None) -> int:
     job_id = env.get("SLURM_JOB_ID", "0")
     jobdir = JobDir(args.job_dir)
     node = NodeRun(cmd, env, jobdir, run, rank, args.grace, args.term_is_notice,
-                   force_suspend=lambda: slurm.requeue(int(job_id)),
+                   force_suspend=lambda: slurm.requeue_run(int(job_id)),
                    flag=flag_path(job_id, run) if rank == 0 else None,
                    why_notice=lambda: _why_notice(slurm, int(job_id), jobdir, args.grace))
     node.start()

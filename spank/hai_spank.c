@@ -46,7 +46,8 @@
  *       Where: srun (local context, slurm_spank_local_user_init) asks the
  *       controller once per srun (step layout + node record: 2 small RPCs,
  *       independent of the node count) and exports HAI_MASTER_NODE and
- *       HAI_MASTER_IP to the tasks. slurmstepd uses HAI_MASTER_IP when
+ *       HAI_MASTER_IP to the tasks (up to 22.05; from 25.11 the step does
+ *       not exist yet at that point, and the tasks look it up). slurmstepd uses HAI_MASTER_IP when
  *       HAI_MASTER_NODE equals the master node of its step; otherwise (batch
  *       step, no srun, stale value inherited from an outer step) task_init
  *       looks the node up itself (1 RPC per task of that step; batch step:
@@ -540,9 +541,12 @@ int slurm_spank_local_user_init(spank_t sp, int ac, char **av)
 	id.step_het_comp = NO_VAL;
 	id.step_id = stepid;
 	if (!(layout = slurm_job_step_layout_get(&id))) {
-		slurm_error("hai: cannot get the node list of step %u.%u: %s",
-			    jobid, stepid, slurm_strerror(errno));
-		return -1;
+		/* Slurm 25.11 creates the step only after this callback:
+		 * task_init then looks the master up on the nodes. */
+		slurm_debug("hai: no layout of step %u.%u yet (%s); the "
+			    "tasks look up the master themselves", jobid,
+			    stepid, slurm_strerror(errno));
+		return 0;
 	}
 	master = _first_host(layout->node_list);
 	slurm_job_step_layout_free(layout);

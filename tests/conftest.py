@@ -39,8 +39,8 @@ class LiveCluster:
         self.users = TEST_USERS
         bindir = str(Path(os.sys.executable).parent)
         prefix_file = state / "etc" / "slurm-prefix"  # written by `up`: empty for Debian's Slurm
-        prefix = prefix_file.read_text().strip() if prefix_file.exists() else ""
-        slurm_bin = f"{prefix}/bin:{prefix}/sbin:" if prefix else ""
+        prefix = (prefix_file.read_text().strip() if prefix_file.exists() else "") or "/usr"
+        slurm_bin = f"{prefix}/bin:{prefix}/sbin:"
         self.env = {**os.environ, "SLURM_CONF": str(self.conf), "PATH": f"{bindir}:{slurm_bin}{os.environ['PATH']}"}
         self.release = subprocess.run(["sinfo", "--version"], env=self.env, text=True,
                                       capture_output=True).stdout.split()[-1]

@@ -4,7 +4,8 @@
 
 For each `slurm-*.tar.gz` in DIR, oldest first:
 1. its own local cluster: state dir /var/lib/slurm-hai/localcluster-<version>, its own
-   ports, Slurm built once from the tarball (contrib/localcluster/slurm_build.py caches
+   ports and job ids (job directories never meet those of another version's run), Slurm
+   built once from the tarball (contrib/localcluster/slurm_build.py caches
    the build by checksum, so a second run builds nothing);
 2. the whole cluster suite (tests/cluster) against it; the unit tests do not depend on
    the Slurm version and ran once already with Debian's Slurm;
@@ -78,7 +79,8 @@ def main(argv: list[str]) -> int:
     for i, tarball in enumerate(tarballs):
         release = release_of(tarball)
         env = {**os.environ, "HAI_CLUSTER_DIR": f"/var/lib/slurm-hai/localcluster-{release}",
-               "HAI_CLUSTER_PORT_BASE": str(17000 + 100 * i), "HAI_SLURM_SOURCE": str(tarball.resolve())}
+               "HAI_CLUSTER_PORT_BASE": str(17000 + 100 * i), "HAI_CLUSTER_FIRST_JOB_ID": str(100_000 * (i + 1)),
+               "HAI_SLURM_SOURCE": str(tarball.resolve())}
         env.pop("HAI_SLURM_PREFIX", None)
         t0 = time.monotonic()
         rc = run([str(LOCALCLUSTER / "up")], env)

@@ -76,6 +76,7 @@ class Cluster:
     addr: str = "127.0.0.1"
     slurm_user: str = "slurm"
     cred_expire: int = 5
+    first_job_id: int = 1  # clusters side by side give their jobs distinct ids (and job dirs)
     gpus_per_node: int = GPUS_PER_NODE
     cpus: int = 1
     memory_mb: int = 1000
@@ -83,20 +84,22 @@ class Cluster:
     prefix: Path | None = None  # where Slurm is installed; None: Debian's packages on PATH
     version: SlurmVersion | None = None  # set by `up` once the binaries are known
 
+    @property
+    def slurm_root(self) -> Path:
+        return self.prefix or Path("/usr")  # Debian's packages install into /usr
+
     def tool(self, name: str) -> str:
-        """The Slurm command or daemon `name` of this cluster's Slurm."""
-        if self.prefix is None:
-            return name
+        """The Slurm command or daemon `name` of this cluster's Slurm (never another Slurm
+        that happens to come first on PATH)."""
         for sub in ("sbin", "bin"):
-            if (self.prefix / sub / name).exists():
-                return str(self.prefix / sub / name)
-        raise ClusterError(f"{self.prefix} has no {name}: is it a Slurm install prefix (bin/, sbin/)?")
+            if (self.slurm_root / sub / name).exists():
+                return str(self.slurm_root / sub / name)
+        raise ClusterError(f"{self.slurm_root} has no {name}: is it a Slurm install prefix (bin/, sbin/)?")
 
     @property
     def path(self) -> str:
         """PATH with this cluster's Slurm commands first."""
-        own = f"{self.prefix}/bin:{self.prefix}/sbin:" if self.prefix else ""
-        return own + os.environ.get("PATH", "/usr/bin:/bin")
+        return f"{self.slurm_root}/bin:{self.slurm_root}/sbin:" + os.environ.get("PATH", "/usr/bin:/bin")
 
     @property
     def ports(self) -> dict[str, int]:
@@ -130,7 +133,8 @@ class Cluster:
 
 def cluster_from_env() -> Cluster:
     state = Path(os.environ.get("HAI_CLUSTER_DIR", "/var/lib/slurm-hai/localcluster"))
-    c = Cluster(state=state, port_base=int(os.environ.get("HAI_CLUSTER_PORT_BASE", "16800")))
+    c = Cluster(state=state, port_base=int(os.environ.get("HAI_CLUSTER_PORT_BASE", "16800")),
+                first_job_id=int(os.environ.get("HAI_CLUSTER_FIRST_JOB_ID", "1")))
     c.cpus = os.cpu_count() or 1
     pw = state / "etc" / "db_password"
     c.db_password = pw.read_text().strip() if pw.exists() else ""
@@ -415,7 +419,7 @@ def render_configs(c: Cluster) -> bool:
     changed |= write_if_changed(etc / "plugstack.conf", plug)
     write_if_changed(etc / "slurmdbd.conf", render("slurm/slurmdbd.conf.j2", **ctx), 0o600, slurm)
     write_if_changed(etc / "policy.toml", POLICY_FILE.read_text())
-    path = f"export PATH={c.prefix}/bin:{c.prefix}/sbin:$PATH\n" if c.prefix else ""
+    path = f"export PATH={c.slurm_root}/bin:{c.slurm_root}/sbin:$PATH\n"
     write_if_changed(etc / "env", f"export SLURM_CONF={c.slurm_conf}\nexport HAI_POLICY={etc / 'policy.toml'}\n{path}")
     write_if_changed(c.prefix_file, f"{c.prefix or ''}\n")
     return changed

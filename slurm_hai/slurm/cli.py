@@ -12,6 +12,7 @@ from typing import Sequence
 
 from .base import SlurmError
 from .records import JobInfo, RecordError, jobs_from_json
+from .version import SlurmVersion
 
 log = logging.getLogger("slurm_hai.slurm")
 
@@ -72,13 +73,16 @@ def _readable(doc: object, command: str, wanted: Sequence[int] = ()) -> list[Job
 
 class CliBackend:
     name = "cli"
+    _version: SlurmVersion | None = None
 
     def submit(self, script: str, args: Sequence[str] = ()) -> int:
         out = _run(["sbatch", "--parsable", *args], input=script).stdout.strip()
         return int(out.split(";")[0])
 
     def jobs(self, job_ids: Sequence[int] = (), user: str | None = None) -> list[JobInfo]:
-        argv = ["squeue", "--json"]
+        # --states=all: from 23.02 `squeue --json` honours squeue's default state filter and
+        # leaves out jobs that ended (22.05 printed them): the daemon and `hai status` need them.
+        argv = ["squeue", "--json", "--states=all"]
         if job_ids:
             argv.append("--jobs=" + ",".join(str(j) for j in job_ids))
         if user:
@@ -102,6 +106,35 @@ class CliBackend:
 
     def requeue(self, job_id: int) -> None:
         _run(["scontrol", "requeue", str(job_id)])
+
+    def version(self) -> SlurmVersion:
+        """The version of the Slurm the commands talk to (asked once per process)."""
+        if self._version is None:
+            self._version = SlurmVersion.parse(_run(["scontrol", "--version"]).stdout)
+        return self._version
+
+    def requeue_run(self, job_id: int) -> bool:
+        """Requeue the job's current run the way this Slurm keeps its books straight.
+
+        A job being preempted (its grace period runs) on Slurm 24.05 and later must be
+        requeued by Slurm itself, when its batch script ends (see
+        `SlurmVersion.requeues_preempted_job_on_exit`): for such a job this ends the job's
+        steps (SIGTERM to every step, not to the batch script) and returns True, and the
+        batch script must then simply exit. Otherwise it runs `scontrol requeue` and
+        returns False."""
+        if self.requeued_when_batch_ends(job_id):
+            _run(["scancel", "--signal=TERM", str(job_id)])
+            return True
+        self.requeue(job_id)
+        return False
+
+    def requeued_when_batch_ends(self, job_id: int) -> bool:
+        """Whether Slurm itself requeues the job as soon as its batch script ends: a job in
+        its preemption grace period, on Slurm 24.05 and later."""
+        if not self.version().requeues_preempted_job_on_exit:
+            return False
+        job = self.job(job_id)
+        return job is not None and job.state == "RUNNING" and bool(job.preempt_time)
 
     def cancel(self, job_id: int, signal: str | None = None) -> None:
         argv = ["scancel"]

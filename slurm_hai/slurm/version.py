@@ -53,6 +53,16 @@ class SlurmVersion:
         return self >= SlurmVersion(25, 11)
 
     @property
+    def requeues_preempted_job_on_exit(self) -> bool:
+        """From 24.05 a job whose batch script ends during its preemption grace period is
+        requeued by Slurm, and that is the only path that clears Slurm's mark of the
+        preemption (GRACE_PREEMPT: src/slurmctld/proc_req.c, _slurm_rpc_complete_batch_script,
+        and job_mgr.c, _job_complete; same in 25.11.7 and 26.05.3). `scontrol requeue`
+        leaves the mark, and Slurm then requeues the job's next run once more when it ends
+        (seen on 25.11: a finished job ran again)."""
+        return self >= SlurmVersion(24, 5)
+
+    @property
     def json_scontrol(self) -> bool:
         """`scontrol show job --json` (23.02 and later; 22.05 prints text only)."""
         return self >= SlurmVersion(23, 2)

@@ -75,7 +75,8 @@ def test_accounting_agrees_with_the_queue_on_finished_jobs(release):
         fields.append("exit_code")
     for scenario in ("completed", "failed", "cancelled"):
         q, a = parsed["squeue.json"][ids[scenario]], parsed["sacct.json"][ids[scenario]]
-        for field in fields:
+        # slurmdbd keeps a cancelled job's signal on its batch step, not on the job
+        for field in fields if scenario != "cancelled" else [f for f in fields if f != "exit_code"]:
             assert getattr(q, field) == getattr(a, field), (release, scenario, field)
 
 
