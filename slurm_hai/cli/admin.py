@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import re
 import signal
 import sys
 import threading
@@ -167,6 +169,48 @@ def _plan(policy: Policy, partitions: bool):
     return plan_policy(policy, backend(), partitions=partitions)
 
 
+QUOTA_DROPPED = re.compile(r"^(\S+): .*MaxTRESPU node=(\d+) -> \(none\)")
+
+
+def quota_loss_warning(changes) -> str:
+    """A warning naming every quota the changes would remove (a quota that becomes
+    unlimited, a per-user or per-account override deleted); '' when none is. An empty or
+    near-empty policy file means "no quotas", which is rarely what was meant."""
+    dropped = [f"{m.group(1)} ({m.group(2)} nodes per user)" for c in changes
+               if (m := QUOTA_DROPPED.match(c.why))]
+    deleted = [c.args[-1].split("=", 1)[1] for c in changes
+               if c.tool == "sacctmgr" and c.args[:2] == ("delete", "qos") and "=" in c.args[-1]]
+    if not dropped and not deleted:
+        return ""
+    parts = ([f"removes the quota of {', '.join(dropped)}"] if dropped else []) + (
+        [f"deletes the overrides {', '.join(deleted)}"] if deleted else [])
+    return f"warning: this policy {' and '.join(parts)}; is the policy file the one you meant?"
+
+
+RENDERED_CHECKED = {"job_submit.lua": ("slurm/job_submit.lua.j2", "--"), "hai-policy.conf": ("slurm/hai-policy.conf.j2", "#")}
+
+
+def stale_rendered_files(policy: Policy, conf_dir: Path) -> list[str]:
+    """The rendered files installed beside slurm.conf (job_submit.lua, hai-policy.conf)
+    that differ from what this policy renders, comments aside: they need `render` again."""
+    from ..qos import template_context
+    from ..render import render as render_template
+
+    ctx = template_context(policy)
+    stale = []
+    for name, (template, comment) in RENDERED_CHECKED.items():
+        installed = conf_dir / name
+        if not installed.is_file():
+            continue
+
+        def body(text: str) -> list[str]:
+            return [ln.rstrip() for ln in text.splitlines() if ln.strip() and not ln.lstrip().startswith(comment)]
+
+        if body(installed.read_text(errors="replace")) != body(render_template(template, **ctx)):
+            stale.append(str(installed))
+    return stale
+
+
 def _show(changes, as_json: bool) -> None:
     import shlex
 
@@ -192,6 +236,13 @@ def plan(policy_file: str | None, no_partitions: bool, as_json: bool) -> None:
     """
     policy, _ = _load(policy_file)
     changes = _plan(policy, not no_partitions)
+    warning = quota_loss_warning(changes)
+    if warning:
+        click.echo(warning, err=True)
+    conf_dir = Path(os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf")).parent
+    for path in stale_rendered_files(policy, conf_dir):
+        click.echo(f"note: {path} differs from what this policy renders: run `hai-admin render` and install it "
+                   "(slurm.conf fragments then need `scontrol reconfigure`)", err=True)
     if not changes:
         if as_json:
             click.echo("[]")
@@ -219,6 +270,9 @@ def apply(policy_file: str | None, no_partitions: bool, quiet: bool) -> None:
     from ..slurm import backend
 
     policy, path = _load(policy_file)
+    warning = quota_loss_warning(_plan(policy, not no_partitions))
+    if warning:
+        click.echo(warning, err=True)
 
     def report(change) -> None:
         if not quiet:

@@ -66,3 +66,32 @@ def test_run_local_shows_progress_and_the_traceback_of_a_failed_run(tmp_path):
     p = run("hai", "run-local", str(script), "--restarts", "0", "--job-dir", str(tmp_path / "job"))
     assert p.returncode == 1
     assert "run 0 started" in p.stdout and "RuntimeError: boom at step 3" in p.stdout and "Traceback" in p.stdout
+
+
+def test_a_policy_that_would_drop_quotas_is_named_in_a_warning():
+    from slurm_hai.cli.admin import quota_loss_warning
+    from slurm_hai.qos import Change
+
+    changes = [
+        Change("sacctmgr", ("modify", "qos", "where", "name=high", "set", "MaxTRESPU=node=-1"),
+               "high: Preempt -normal.u.bob; MaxTRESPU node=2 -> (none)"),
+        Change("sacctmgr", ("delete", "qos", "where", "name=high.u.bob"), "override gone from the policy: high.u.bob"),
+        Change("sacctmgr", ("modify", "qos", "where", "name=low", "set", "Priority=0"), "low: Priority 1 -> 0"),
+    ]
+    warning = quota_loss_warning(changes)
+    assert "removes the quota of high (2 nodes per user)" in warning and "deletes the overrides high.u.bob" in warning
+    assert quota_loss_warning(changes[2:]) == ""
+
+
+def test_plan_notes_a_rendered_file_the_policy_no_longer_matches(tmp_path):
+    from slurm_hai.cli.admin import stale_rendered_files
+    from slurm_hai.policy import default_policy
+    from slurm_hai.qos import template_context
+    from slurm_hai.render import render
+
+    policy = default_policy()
+    lua = render("slurm/job_submit.lua.j2", **template_context(policy))
+    (tmp_path / "job_submit.lua").write_text("-- rendered elsewhere, from another path\n" + lua)
+    assert stale_rendered_files(policy, tmp_path) == []  # comments aside, the same
+    (tmp_path / "job_submit.lua").write_text(lua.replace("HIGH", "HIGHER", 1))
+    assert stale_rendered_files(policy, tmp_path) == [str(tmp_path / "job_submit.lua")]
