@@ -394,3 +394,20 @@ def test_a_notice_from_the_time_limit_says_time_limit(live):
                               user="hai-alice").stdout)["job_id"]
     st = wait_state(live, job, lambda s: s["state"] == "finished-succeeded", 150, "the end", user="hai-alice")
     assert st["suspends"] == 1 and ": time limit (continues in a new run)" in st["last_suspend"]
+
+
+def test_a_retry_after_a_failure_is_counted_and_marked_apart_from_suspends(live):
+    d = user_dir(live, "fd-retry", "hai-alice")
+    script = write(d / "flaky.py", """
+        import sys, time, slurm_hai.client as hai
+        print("run", hai.restart_count(), flush=True)
+        time.sleep(2)
+        sys.exit(3 if hai.restart_count() == 0 else 0)
+    """, "hai-alice")
+    job = json.loads(live.run(["hai-submit", "--json", "-p", "LOW", "--retries", "1", str(script)],
+                              user="hai-alice").stdout)["job_id"]
+    follow = live.run(["hai", "logs", "-f", str(job)], user="hai-alice", timeout=120)
+    assert "run 0" in follow.stdout and "run 1" in follow.stdout
+    assert "run 0: failed with exit code 3; retry 1 of 1" in follow.stderr and "(restart 1)" in follow.stderr
+    st = status(live, job, "hai-alice")
+    assert st["state"] == "finished-succeeded" and st["retries"] == 1 and st["suspends"] == 0 and st["restarts"] == 1
