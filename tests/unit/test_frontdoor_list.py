@@ -110,3 +110,31 @@ def test_follow_prints_markers_in_time_order_once_settled(capsys):
     assert rest == [early_suspend] and "suspend notice: by you" in capsys.readouterr().err
     assert user._show_markers(rest, None, None, settled=None) == []
     assert "go_suspend() called" in capsys.readouterr().err
+
+
+def test_logs_follow_asks_slurm_about_its_own_job_only_every_few_seconds(world, monkeypatch, tmp_path, capsys):
+    slurm, _ = world
+    mine = JobDir.for_job(11, tmp_path / "mine").create()
+    mine.rank_log(0).write_text("hello\n")
+
+    class Clock:  # 0.5 s per tick, no real waiting; the job ends after 30 s
+        now = 1_000.0
+
+        def monotonic(self):
+            return self.now
+
+        def time(self):
+            return self.now
+
+        def sleep(self, s):
+            self.now += s
+            if self.now >= 1_030 and mine.final() is None:
+                mine.set_final("succeeded", 0)
+
+    monkeypatch.setattr(user, "time", Clock())
+    user.follow_logs(11, rank=0, restart=None)
+    asked = [c for c in slurm.calls if c[0] == "jobs"]
+    assert all(c[1] == (11,) for c in asked)  # never the whole queue
+    assert 5 <= len(asked) <= 8  # the lookup, then once per 5 s over 30 s (not 60 times)
+    out = capsys.readouterr()
+    assert out.out == "hello\n" and out.err.strip().endswith("---- job 11 finished-succeeded")
