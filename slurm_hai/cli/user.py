@@ -209,7 +209,11 @@ def list_jobs(all_users, since, state, as_json):
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @one_line_errors
 def quota(as_json):
-    """Your node quota and usage per level, e.g. `HIGH  1 of 2 nodes in use`."""
+    """Show your node quota per level and how many nodes you use of it.
+
+    Counts your running jobs' nodes at each level against the policy's per-user quota
+    (`hai-admin check` shows everyone's); a job beyond it waits, a job larger than it is
+    refused at submit."""
     from ..policy import find_policy
     from ..qos import level_of_qos
 
