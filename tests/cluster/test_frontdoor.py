@@ -14,6 +14,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 import textwrap
 import time
 from pathlib import Path
@@ -235,7 +236,9 @@ def doc_commands() -> list[tuple[str, list[str], str | None]]:
                     after = lines[i + 1] if i + 1 < len(lines) else ""
                     found.append((doc, words, after if lang == "console" and after.startswith("Error: ") else None))
     for tool in TOOLS:
-        text = subprocess.run([tool, "--help"], text=True, capture_output=True, check=True).stdout
+        # the venv's own command: `make test` runs pytest without the venv on PATH
+        text = subprocess.run([str(Path(sys.executable).parent / tool), "--help"], text=True, capture_output=True,
+                              check=True).stdout
         for block in re.findall(r"(?:Examples|Typical use)[^\n]*:\n(.*?)(?:\n\n|\Z)", text, flags=re.S):
             for line in block.splitlines():
                 command = re.split(r"\s{2,}(?=[a-z(])", line.strip())[0]
