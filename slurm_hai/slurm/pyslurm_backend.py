@@ -24,12 +24,12 @@ Kept on the Slurm commands (inherited from the CLI backend), because pyslurm lac
 - `scontrol()` (partition create/update from `hai-admin apply`, `show node -o` text);
 - `update_job()` of any other field, or with an empty value: pyslurm cannot clear a
   string (an empty value means "unchanged" to it);
-- the job state and reason of a job whose state has a flag or whose reason is a
-  description: pyslurm gives Slurm's one-word state (`COMPLETING`, `CONFIGURING`,
-  `REQUEUED`: the base state is lost) and the description in place of the reason's name;
-  those few jobs are read again with squeue, so both backends give the same JobInfo.
-Known difference left: an exit code of 128 or more that is not a signal (`exit 130`)
-reads as code - 128 through pyslurm (its `_get_exit_code`).
+- the record of a job pyslurm cannot give exactly (`records.pyslurm_exact`): a state
+  with a flag (pyslurm gives Slurm's one-word state, `COMPLETING`, `CONFIGURING`,
+  `REQUEUED`: the base state is lost), a reason that is a description (pyslurm gives it in
+  place of the reason's name), an exit code of 1..127, or 0 for a FAILED job (pyslurm
+  reports `exit 143` as 15 and `exit 128` as 0). Those few jobs are read again with one
+  squeue, so both backends give the same JobInfo.
 
 pyslurm's errors (pyslurm.RPCError and others) become a one-line SlurmError.
 """
@@ -49,6 +49,8 @@ from .records import (PYSLURM, PYSLURM_DB, JobInfo, attributes, job_from_record,
 
 # Job.load per id up to this many ids; more: one Jobs.load of the whole queue.
 LOAD_EACH_UP_TO = 16
+# squeue --jobs=ID,... for up to this many jobs pyslurm cannot tell exactly; more: all of squeue.
+SQUEUE_BY_ID_UP_TO = 200
 JOB_ATTRS = attributes(PYSLURM)
 DB_ATTRS = attributes(PYSLURM_DB)
 # scontrol update field -> JobSubmitDescription attribute (and how its value is given)
@@ -162,8 +164,9 @@ class PyslurmBackend(CliBackend):
             out.append(info)
             if not pyslurm_exact(info):
                 inexact.append(info.job_id)
-        if inexact:  # flagged states, described reasons: squeue has the base state and the name
-            again = {j.job_id: j for j in CliBackend.jobs(self, inexact)}
+        if inexact:  # flagged states, described reasons, doubtful exit codes: squeue knows
+            ask = inexact if len(inexact) <= SQUEUE_BY_ID_UP_TO else ()  # else one squeue of all
+            again = {j.job_id: j for j in CliBackend.jobs(self, ask) if j.job_id in set(inexact)}
             out = [again.get(j.job_id, j) if j.job_id in inexact else j for j in out]
             out = [j for j in out if j.job_id not in inexact or j.job_id in again]
         return out

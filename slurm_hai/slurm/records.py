@@ -296,10 +296,14 @@ _REASON_NAME = re.compile(r"[A-Za-z0-9_]+")
 
 def pyslurm_exact(job: JobInfo) -> bool:
     """Whether a JobInfo read through pyslurm is what squeue says. pyslurm hides the base
-    state of a job with a state flag (COMPLETING, CONFIGURING, REQUEUED, ...) and gives the
-    state description in place of the reason's name (`ReqNodeNotAvail, UnavailableNodes:n1`);
-    such jobs have to be read again from squeue."""
-    return job.state in BASE_STATES and bool(_REASON_NAME.fullmatch(job.reason))
+    state of a job with a state flag (COMPLETING, CONFIGURING, REQUEUED, ...), gives the
+    state description in place of the reason's name (`ReqNodeNotAvail, UnavailableNodes:n1`)
+    and reports an exit code of 128 or more that is not a signal as code - 128 (`exit 143`
+    reads 15, `exit 128` reads 0: a signal reads 128+N here, so 1..127 and a FAILED job's 0
+    are in doubt); such jobs have to be read again from squeue."""
+    doubtful_exit = job.exit_code is not None and (0 < job.exit_code < 128
+                                                   or job.exit_code == 0 and job.state == "FAILED")
+    return job.state in BASE_STATES and bool(_REASON_NAME.fullmatch(job.reason)) and not doubtful_exit
 
 
 def node_is_idle(state: object) -> bool:

@@ -78,3 +78,13 @@ def test_node_idle_as_sinfo_says(state, idle):
 def test_minutes_as_scontrol_prints_them():
     assert [minutes_text(v) for v in (None, "UNLIMITED", 30, 1500)] == ["UNLIMITED", "UNLIMITED", "00:30:00",
                                                                        "1-01:00:00"]
+
+
+@pytest.mark.parametrize("state,code,signal,exact", [
+    ("FAILED", 3, 0, False),  # `exit 3` or `exit 131`: pyslurm cannot tell
+    ("FAILED", 0, 0, False),  # `exit 128`
+    ("CANCELLED", 0, 15, True), ("CANCELLED", 0, 0, True), ("COMPLETED", 0, 0, True), ("PENDING", 0, 0, True),
+    ("FAILED", 0, 9, True), ("PENDING", 2, 0, False)])
+def test_exit_codes_pyslurm_cannot_tell_apart_are_not_exact(state, code, signal, exact):
+    rec = {**RUNNING, "state": state, "exit_code": code, "exit_code_signal": signal}
+    assert pyslurm_exact(job_from_record(rec, PYSLURM)) is exact
