@@ -53,8 +53,9 @@ def pyslurm_python(requirement: str, prefix: Path) -> Path:
     venv = prefix.with_name(prefix.name + "-pyslurm-venv")
     wheels = prefix.with_name(prefix.name + "-pyslurm-wheels")
     py = venv / "bin" / "python"
+    # pyslurm records where it found libslurmfull.so (prefix/lib/slurm): no rpath needed
     build_env = {**os.environ, "SLURM_INCLUDE_DIR": str(prefix / "include"), "SLURM_LIB_DIR": str(prefix / "lib"),
-                 "LDFLAGS": f"-Wl,-rpath,{prefix / 'lib'}"}
+                 "PYSLURM_BUILD_JOBS": str(os.cpu_count() or 1)}
     if not py.exists():
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     if not list(wheels.glob("pyslurm-*.whl")):

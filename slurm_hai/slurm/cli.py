@@ -28,6 +28,8 @@ def _run(argv: Sequence[str], input: str | None = None, check: bool = True) -> s
     except subprocess.TimeoutExpired:
         raise SlurmError(f"{argv[0]} did not answer within {TIMEOUT:.0f} s: is slurmctld up? "
                          "(scontrol ping)") from None
+    except OSError as e:  # e.g. E2BIG: an argument list too long for one command
+        raise SlurmError(f"{argv[0]} could not be run: {e.strerror}") from None
     if check and p.returncode != 0:
         raise SlurmError(f"{argv[0]}: {_detail(argv[0], p.stderr or p.stdout) or f'exit {p.returncode}'}")
     return p
