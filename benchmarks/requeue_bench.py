@@ -31,7 +31,6 @@ import argparse
 import os
 import re
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path

@@ -19,7 +19,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import textwrap
 import time
 import timeit
 from pathlib import Path

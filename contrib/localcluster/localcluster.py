@@ -23,7 +23,6 @@ import dataclasses
 import os
 import pwd
 import secrets
-import shutil
 import signal
 import socket
 import subprocess

@@ -19,7 +19,6 @@ import textwrap
 import time
 from pathlib import Path
 
-import pytest
 from waiting import wait_for
 
 

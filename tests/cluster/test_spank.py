@@ -12,7 +12,6 @@ from __future__ import annotations
 import ipaddress
 import re
 import socket
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 

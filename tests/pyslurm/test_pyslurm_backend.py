@@ -38,20 +38,11 @@ from slurm_hai.slurm import SlurmError  # noqa: E402
 from slurm_hai.slurm.cli import CliBackend  # noqa: E402
 from slurm_hai.slurm.pyslurm_backend import JOB_ATTRS, PyslurmBackend, _record  # noqa: E402
 from slurm_hai.slurm.records import PYSLURM, job_from_record, pyslurm_exact  # noqa: E402
+from waiting import wait_for  # noqa: E402  (tests/waiting.py, shared with tests/cluster)
 
 pytestmark = pytest.mark.cluster
 
 SLEEP = "#!/bin/bash\nsleep 300\n"
-
-
-def wait_for(predicate: Callable[[], object], timeout: float, what: str, interval: float = 0.3):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout} s waiting for {what}")
 
 
 @pytest.fixture(scope="module")

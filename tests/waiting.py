@@ -1,4 +1,4 @@
-"""Polling helper shared by the cluster tests (test modules import it by name)."""
+"""Polling helper shared by the live-cluster tests (tests/cluster, tests/pyslurm import it by name)."""
 
 from __future__ import annotations
 
