@@ -22,7 +22,8 @@ epilogs failed"), which is not what a suspend wants.
     .venv/bin/python benchmarks/requeue_bench.py [--repeats 5]
 
 Uses $HAI_CLUSTER_DIR (default /var/lib/slurm-hai/localcluster), as root, cluster idle.
-The slurm.conf of that cluster is changed for the requeue_delay rows and put back after.
+The slurm.conf of that cluster is changed for the rows (with and without requeue_delay;
+slurmctld reads it once per lifetime, so it is restarted) and put back after.
 """
 
 from __future__ import annotations
@@ -115,16 +116,21 @@ def main() -> None:
     work.mkdir(mode=0o755)
     rows: list[tuple[str, list[float]]] = []
     t_start = time.monotonic()
-    rows.append(("slurm", measure(c, args.repeats, False, work)))
-    rows.append(("start-now (the daemon's rule)", measure(c, args.repeats, True, work)))
-    if version.requeue_delay:
-        original = c.slurm_conf.read_text()
-        try:
-            c.slurm_conf.write_text(with_requeue_delay(original))
+    original = c.slurm_conf.read_text()
+    plain = re.sub(r",requeue_delay=\d+", "", original)  # the templates set it from 25.11
+    try:
+        if plain != original:
+            c.slurm_conf.write_text(plain)
+            restart_slurmctld(c)
+        rows.append(("slurm", measure(c, args.repeats, False, work)))
+        rows.append(("start-now (the daemon's rule)", measure(c, args.repeats, True, work)))
+        if version.requeue_delay:
+            c.slurm_conf.write_text(with_requeue_delay(plain))
             restart_slurmctld(c)
             rows.append(("requeue_delay=0", measure(c, args.repeats, False, work)))
             rows.append(("requeue_delay=0 + start-now", measure(c, args.repeats, True, work)))
-        finally:
+    finally:
+        if c.slurm_conf.read_text() != original:
             c.slurm_conf.write_text(original)
             restart_slurmctld(c)
     base = statistics.median(rows[0][1])
