@@ -21,9 +21,10 @@ from typing import Callable
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-# tests/pyslurm needs pyslurm built against the cluster's Slurm (25.11): tests/each_slurm.py
-# runs it in its own virtualenv; the main venv has no pyslurm and does not collect it.
-collect_ignore = [] if importlib.util.find_spec("pyslurm") else ["pyslurm"]
+# tests/with_pyslurm needs pyslurm built against the cluster's Slurm (25.11): tests/each_slurm.py
+# runs it in its own virtualenv; the main venv has no pyslurm and does not collect it. (The
+# directory is not named pyslurm: on sys.path it would pass for the package.)
+collect_ignore = [] if importlib.util.find_spec("pyslurm") else ["with_pyslurm"]
 STATE = Path(os.environ.get("HAI_CLUSTER_DIR", "/var/lib/slurm-hai/localcluster"))
 TEST_USERS = ("hai-alice", "hai-bob")
 TESTED_RELEASES: list[str] = []  # the Slurm release the session's cluster runs, once booted

@@ -32,7 +32,7 @@ import slurm_build  # noqa: E402
 
 # Slurm release series -> the pyslurm release built for it (PyPI has pyslurm for 25.11 only).
 PYSLURM = {"25.11": "pyslurm==25.11.2"}
-PYSLURM_TESTS = ["tests/pyslurm"]
+PYSLURM_TESTS = ["tests/with_pyslurm"]
 
 
 def release_of(tarball: Path) -> str:

@@ -1,4 +1,4 @@
-"""Polling helper shared by the live-cluster tests (tests/cluster, tests/pyslurm import it by name)."""
+"""Polling helper shared by the live-cluster tests (tests/cluster, tests/with_pyslurm import it by name)."""
 
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """pyslurm's value shapes -> JobInfo (records.PYSLURM, PYSLURM_DB): pure, no pyslurm needed.
 
 The records below have the attribute names and value kinds pyslurm 25.11.2 gives (checked on
-a live 25.11 cluster by tests/pyslurm/test_pyslurm_backend.py)."""
+a live 25.11 cluster by tests/with_pyslurm/test_pyslurm_backend.py)."""
 
 from __future__ import annotations
 

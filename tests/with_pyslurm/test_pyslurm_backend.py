@@ -7,7 +7,7 @@ venv; without pyslurm this module fails to import, loudly):
     export HAI_CLUSTER_DIR=... HAI_CLUSTER_PORT_BASE=... HAI_SLURM_PREFIX=<25.11 prefix>
     PY=$(python -c 'import sys; sys.path.insert(0, "tests"); import each_slurm, pathlib; \\
          print(each_slurm.pyslurm_python("pyslurm==25.11.2", pathlib.Path("<25.11 prefix>")))')
-    $PY -m pytest tests/pyslurm
+    $PY -m pytest tests/with_pyslurm
 
 (a) both backends give the same JobInfo for the same live jobs; (b) every write that goes
 through pyslurm really happens (checked with scontrol); (c) `backend()` picks pyslurm when
