@@ -516,21 +516,30 @@ def explain(job: JobInfo, jobs: Sequence[JobInfo], policy: Policy, now: float | 
     if reason in ("Dependency", "DependencyNeverSatisfied"):
         return "waiting for its dependency" if reason == "Dependency" else "its dependency can never be satisfied"
     if reason in WAITING_FOR_NODES and lvl is not None:
-        return f"{auto}waiting for {_nodes(job.num_nodes)} at {lvl.name} (position {_position(job, snap)} in line)"
+        return f"{auto}waiting for {_nodes(job.num_nodes)} at {lvl.name} ({_position(job, snap)})"
     return f"{auto}pending at {name}: {reason}"
 
 
-def _position(job: JobInfo, snap: Snapshot) -> int:
-    """1 + the pending jobs of the same group that Slurm would start before `job`."""
+def _position(job: JobInfo, snap: Snapshot) -> str:
+    """Where `job` stands in line, and behind whom: the pending jobs (not held) of an
+    overlapping group that Slurm starts before it, those of higher levels and the earlier
+    ones of its own level; e.g. "position 2 in line, behind job 133 at HIGH"."""
     mine = snap.level[job.job_id]
     parts = set(job.partition.split(","))
-    ahead = 0
+    ahead: list[tuple[JobInfo, Level]] = []
     for j in snap.jobs:
         if j.job_id == job.job_id or j.state != "PENDING" or is_held(j) or not parts & set(j.partition.split(",")):
             continue
         lvl = snap.level[j.job_id]
-        if lvl is None:
-            continue
-        if lvl.value > mine.value or (lvl.value == mine.value and j.job_id < job.job_id):
-            ahead += 1
-    return ahead + 1
+        if lvl is not None and (lvl.value > mine.value or (lvl.value == mine.value and j.job_id < job.job_id)):
+            ahead.append((j, lvl))
+    where = f"position {len(ahead) + 1} in line"
+    if not ahead:
+        return where
+    if len(ahead) <= 3:
+        return f"{where}, behind " + " and ".join(f"job {j.job_id} at {lvl.name}" for j, lvl in ahead)
+    higher = sum(1 for _, lvl in ahead if lvl.value > mine.value)
+    same = len(ahead) - higher
+    return f"{where}, behind " + " and ".join(
+        text for n, text in ((higher, f"{higher} job{'s' if higher != 1 else ''} at higher levels"),
+                             (same, f"{same} earlier at {mine.name}")) if n)

@@ -389,8 +389,13 @@ def test_explain_waiting_for_nodes_with_position():
     jobs = [job(1, "RUNNING", nodes=4, user="root"), job(2, qos="high", nodes=2, reason="Resources"),
             job(3, nodes=1), job(4, nodes=3, reason="Priority"), job(5, qos="low")]
     assert explain(jobs[1], jobs, POLICY, NOW) == "waiting for 2 nodes at HIGH (position 1 in line)"
-    assert explain(jobs[3], jobs, POLICY, NOW) == "waiting for 3 nodes at NORMAL (position 3 in line)"
-    assert explain(jobs[4], jobs, POLICY, NOW) == "waiting for 1 node at LOW (position 4 in line)"
+    assert explain(jobs[3], jobs, POLICY, NOW) == ("waiting for 3 nodes at NORMAL (position 3 in line, "
+                                                   "behind job 2 at HIGH and job 3 at NORMAL)")
+    assert explain(jobs[4], jobs, POLICY, NOW) == ("waiting for 1 node at LOW (position 4 in line, "
+                                                   "behind job 2 at HIGH and job 3 at NORMAL and job 4 at NORMAL)")
+    crowd = [*jobs, *(job(10 + i, qos="low") for i in range(3)), job(20, qos="low")]
+    assert explain(crowd[-1], crowd, POLICY, NOW) == ("waiting for 1 node at LOW (position 8 in line, "
+                                                      "behind 3 jobs at higher levels and 4 earlier at LOW)")
 
 
 def test_explain_requeue_delay_and_holds():
