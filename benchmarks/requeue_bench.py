@@ -117,7 +117,7 @@ def main() -> None:
     rows: list[tuple[str, list[float]]] = []
     t_start = time.monotonic()
     original = c.slurm_conf.read_text()
-    plain = re.sub(r",requeue_delay=\d+", "", original)  # the templates set it from 25.11
+    plain = re.sub(r",requeue_delay=\d+", "", original)  # a site may have set it
     try:
         if plain != original:
             c.slurm_conf.write_text(plain)
