@@ -261,25 +261,10 @@ PYSLURM: Spec = {  # pyslurm.Job attributes (pyslurm 25.11); () is the whole rec
 }
 
 PYSLURM_DB: Spec = {  # pyslurm.db.Job attributes (pyslurm 25.11): what sacct --json reads
-    "job_id": (("id",), _number, True),
-    "name": (("name",), _text, False),
-    "user": (("user_name",), _text, False),
+    **{name: row for name, row in PYSLURM.items() if name not in ("batch_host", "preempt_time")},
     "state": (("state",), _state, True),
-    "reason": (("state_reason",), _text, False),
-    "qos": (("qos",), _text, False),
-    "partition": (("partition",), _text, False),
     "num_nodes": ((), _pyslurm_allocated_nodes, False),
     "node_list": (("nodelist",), _text, False),
-    "restart_count": (("requeue_count",), _pyslurm_number, False),
-    "submit_time": (("submit_time",), _pyslurm_number, False),
-    "start_time": (("start_time",), _pyslurm_number, False),
-    "eligible_time": (("eligible_time",), _pyslurm_number, False),
-    "priority": (("priority",), _pyslurm_number, False),
-    "exit_code": ((), _pyslurm_exit, False),
-    "comment": (("comment",), _text, False),
-    "admin_comment": (("admin_comment",), _text, False),
-    "account": (("account",), _text, False),
-    "end_time": (("end_time",), _pyslurm_number, False),
 }
 
 
