@@ -28,6 +28,7 @@ REPO = Path(__file__).resolve().parents[1]
 LOCALCLUSTER = REPO / "contrib" / "localcluster"
 sys.path.insert(0, str(LOCALCLUSTER))
 
+import localcluster  # noqa: E402
 import slurm_build  # noqa: E402
 
 # Slurm release series -> the pyslurm release built for it (PyPI has pyslurm for 25.11 only).
@@ -60,6 +61,7 @@ def pyslurm_python(requirement: str, prefix: Path) -> Path:
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
     if not list(wheels.glob("pyslurm-*.whl")):
         print(f"building {requirement} against {prefix} (a few minutes, once)", flush=True)
+        localcluster.install_packages(["python3-dev"])  # Python.h, for pyslurm's C extension
         subprocess.run([str(py), "-m", "pip", "install", "-q", "cython>=3", "wheel"], check=True)
         subprocess.run([str(py), "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels),
                         requirement], check=True, env=build_env)
