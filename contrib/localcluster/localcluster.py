@@ -80,7 +80,7 @@ class Cluster:
     cpus: int = 1
     memory_mb: int = 1000
     db_password: str = ""
-    prefix: Path | None = None  # where Slurm is installed; None: Debian's packages on PATH
+    prefix: Path | None = None  # where Slurm is installed; None: Debian's packages (/usr)
     version: SlurmVersion | None = None  # set by `up` once the binaries are known
 
     @property
