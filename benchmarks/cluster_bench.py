@@ -52,7 +52,7 @@ ENV["HAI_HOME"] = str(WORK / "hai")
 # checkpoint of it and calls go_suspend(). Reruns only report that they started.
 OURS = """
 import os, sys, time
-import slurm_hai.client as hai
+import slurm_hai as hai
 run = hai.restart_count()
 print(f"start run={run} t={time.time():.3f}", flush=True)
 if run > 0:

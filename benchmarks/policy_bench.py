@@ -42,9 +42,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout too
 
-from slurm_hai.policy import load_policy  # noqa: E402
-from slurm_hai.qos import level_base  # noqa: E402
-from slurm_hai.scheduling import decide  # noqa: E402
+from slurm_hai.policy.model import load_policy  # noqa: E402
+from slurm_hai.policy.ladder import level_base  # noqa: E402
+from slurm_hai.policy.rules import decide  # noqa: E402
 from slurm_hai.slurm.records import jobs_from_json  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
@@ -153,7 +153,7 @@ def fill_queue(n: int, policy, account: str) -> int:
 
 
 def time_live(backend, policy, repeats: int) -> tuple[float, float, float, int, int]:
-    from slurm_hai.daemon import PolicyDaemon
+    from slurm_hai.controller.daemon import PolicyDaemon
 
     daemon = PolicyDaemon(backend, policy=policy, dry_run=True)
     read, dec, cyc = [], [], []

@@ -34,7 +34,7 @@ def bench_poll() -> list[tuple[str, float]]:
     flag = os.path.join(d, "flag")
     Path(flag).write_bytes(b"0")
     os.environ["HAI_SUSPEND_FLAG"] = flag
-    setup = "import os, slurm_hai.client as c; c.receive_suspend_command()\ndef empty(): return False"
+    setup = "import os, slurm_hai.runtime.client as c; c.receive_suspend_command()\ndef empty(): return False"
     return [
         ("empty Python call (floor)", per_call_us("empty()", setup)),
         ("os.path.exists(flag) (naive poll)", per_call_us(f"os.path.exists({flag!r})", setup)),
@@ -43,7 +43,7 @@ def bench_poll() -> list[tuple[str, float]]:
 
 
 JOB = """
-import time, slurm_hai.client as client
+import time, slurm_hai.runtime.client as client
 if client.restart_count() == 0:
     while True:
         if {cooperate} and client.receive_suspend_command():

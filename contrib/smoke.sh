@@ -37,7 +37,7 @@ mkdir -p "$SMOKE_DIR" "$HAI_HOME"
 # on the suspend notice (rank 0's node) it records its progress and calls go_suspend().
 cat > "$SMOKE_DIR/smoke_job.py" <<'PY'
 import os, sys, time
-import slurm_hai.client as hai
+import slurm_hai as hai
 
 units = int(sys.argv[1])
 rank = int(os.environ["RANK"])

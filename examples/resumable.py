@@ -3,7 +3,7 @@ import time
 
 import torch
 
-import slurm_hai.client as hai
+import slurm_hai as hai
 from slurm_hai.checkpoint import CheckpointManager, TrainingState
 
 STEPS = 300

@@ -7,7 +7,7 @@ What it shows, in the order a job meets it:
 
 1. `spawn(main, nprocs=N)` starts N processes on each node (one per GPU on a real cluster;
    here N CPU processes). The job runs this script once per node; RANK / WORLD_SIZE count
-   nodes, `slurm_hai.distributed` turns them into the global process rank and size.
+   nodes, `get_rank()`/`get_world_size()` turn them into the global process rank and size.
 2. `init_process_group("gloo")` (use "nccl" on GPUs) joins all processes of all nodes.
 3. Model, optimizer, LR schedule, a shuffled `ResumableSampler` and each rank's RNG are
    bundled in one `TrainingState`; `CheckpointManager.load(into=state)` resumes from the
@@ -25,8 +25,8 @@ What it shows, in the order a job meets it:
 Do NOT install a SIGUSR2/SIGTERM handler: the launcher turns Slurm's signals into the flag
 that receive_suspend_command() reads, and makes your processes ignore the notice signal.
 
-Uses only the public API: slurm_hai.client, slurm_hai.checkpoint,
-slurm_hai.multiprocessing.spawn and slurm_hai.distributed.
+Uses only the public API: `slurm_hai` (the suspend protocol, spawn, init_process_group,
+get_rank, get_world_size) and `slurm_hai.checkpoint`.
 """
 
 from __future__ import annotations
@@ -44,10 +44,9 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.data import DataLoader, TensorDataset
 
-import slurm_hai.client as hai
+import slurm_hai as hai
+from slurm_hai import get_rank, get_world_size, init_process_group, spawn
 from slurm_hai.checkpoint import CheckpointManager, ResumableSampler, TrainingState
-from slurm_hai.distributed import get_rank, get_world_size, init_process_group
-from slurm_hai.multiprocessing import spawn
 
 # The lines the demo (examples/demo.py) and the tests read from the log start with this.
 TAG = "[train]"

@@ -33,10 +33,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from slurm_hai.apply import apply_policy  # noqa: E402
-from slurm_hai.levels import ladder_arg  # noqa: E402
-from slurm_hai.policy import Policy, PolicyError, load_policy  # noqa: E402
-from slurm_hai.qos import template_context  # noqa: E402
+from slurm_hai.controller.apply import apply_policy  # noqa: E402
+from slurm_hai.policy.levels import ladder_arg  # noqa: E402
+from slurm_hai.policy.model import Policy, PolicyError, load_policy  # noqa: E402
+from slurm_hai.policy.ladder import template_context  # noqa: E402
 from slurm_hai.render import render  # noqa: E402
 from slurm_hai.slurm import SlurmError  # noqa: E402
 from slurm_hai.slurm.cli import CliBackend  # noqa: E402
@@ -468,7 +468,7 @@ def accounting_answers(c: Cluster) -> bool:
 
 def setup_accounting(c: Cluster) -> None:
     """Cluster, account and users (what only a test cluster needs), then the policy's QOS
-    ladder and QOS access through `slurm_hai.apply.apply_policy`, as `hai-admin apply` does.
+    ladder and QOS access through `slurm_hai.controller.apply.apply_policy`, as `hai-admin apply` does.
     Idempotent and quick on a cluster that is already set up (reads, no changes)."""
     if c.name not in run(["sacctmgr", "-n", "-P", "show", "cluster", "format=cluster"], c).stdout.split():
         sacctmgr(c, "add", "cluster", c.name)

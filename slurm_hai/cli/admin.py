@@ -15,7 +15,7 @@ from typing import Callable
 
 import click
 
-from ..policy import Policy, load_policy, policy_path
+from ..policy.model import Policy, load_policy, policy_path
 from .common import emit_json, one_line_errors
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
@@ -135,8 +135,8 @@ def render(policy_file: str | None, out_dir: str, spank_plugin: str) -> None:
     what Slurm has. slurmctld re-reads job_submit.lua by itself when it changes; the
     slurm.conf fragments need `scontrol reconfigure` (PreemptType: a restart).
     """
-    from ..levels import ladder_arg
-    from ..qos import ClusterState, offline_access_changes, plan_changes, template_context
+    from ..policy.levels import ladder_arg
+    from ..policy.ladder import ClusterState, offline_access_changes, plan_changes, template_context
     from ..render import render as render_template
 
     policy, _ = _load(policy_file)
@@ -163,7 +163,7 @@ def render(policy_file: str | None, out_dir: str, spank_plugin: str) -> None:
 
 
 def _plan(policy: Policy, partitions: bool):
-    from ..apply import plan_policy
+    from ..controller.apply import plan_policy
     from ..slurm import backend
 
     return plan_policy(policy, backend(), partitions=partitions)
@@ -193,7 +193,7 @@ RENDERED_CHECKED = {"job_submit.lua": ("slurm/job_submit.lua.j2", "--"), "hai-po
 def stale_rendered_files(policy: Policy, conf_dir: Path) -> list[str]:
     """The rendered files installed beside slurm.conf (job_submit.lua, hai-policy.conf)
     that differ from what this policy renders, comments aside: they need `render` again."""
-    from ..qos import template_context
+    from ..policy.ladder import template_context
     from ..render import render as render_template
 
     ctx = template_context(policy)
@@ -266,7 +266,7 @@ def apply(policy_file: str | None, no_partitions: bool, quiet: bool) -> None:
     Partition changes made with scontrol last until slurmctld restarts: install the
     `render` output (partitions.conf) to keep them.
     """
-    from ..apply import apply_policy
+    from ..controller.apply import apply_policy
     from ..slurm import backend
 
     policy, path = _load(policy_file)
@@ -319,7 +319,7 @@ def daemon(policy_file: str | None, once: bool, interval: float, lock_file: str 
     leads (lock file); Slurm errors are logged and retried with back-off. The policy file
     is re-read when it changes. SIGTERM/SIGINT stop it after the current cycle.
     """
-    from ..daemon import DEFAULT_LOCK, LockBusy, PolicyDaemon, leader_lock, write_pid
+    from ..controller.daemon import DEFAULT_LOCK, LockBusy, PolicyDaemon, leader_lock, write_pid
     from ..slurm import backend
 
     logging.basicConfig(level=getattr(logging, log_level.upper()), stream=sys.stderr,
@@ -354,7 +354,7 @@ def daemon(policy_file: str | None, once: bool, interval: float, lock_file: str 
 @one_line_errors
 def explain(policy_file: str | None, job_ids: tuple[int, ...], as_json: bool) -> None:
     """Say in words why jobs wait (all pending and running jobs when none is given)."""
-    from ..scheduling import explain as explain_job
+    from ..policy.rules import explain as explain_job
     from ..slurm import backend
 
     policy, _ = _load(policy_file)

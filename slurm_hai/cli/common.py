@@ -9,7 +9,7 @@ from typing import Callable, Iterable, Sequence
 
 import click
 
-from ..jobdir import JobDir, default_root
+from ..jobs.jobdir import JobDir, default_root
 from ..slurm import SlurmError
 from ..slurm import backend as slurm_backend
 from ..slurm.records import JobInfo
@@ -49,7 +49,7 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
 
 def parse_priority(text: str):
     """A level (or AUTO) from the user's -p, or Refused with a near match suggested."""
-    from ..levels import DEFAULT_LADDER, LevelError, parse_level
+    from ..policy.levels import DEFAULT_LADDER, LevelError, parse_level
 
     try:
         return parse_level(text)

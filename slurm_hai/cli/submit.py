@@ -11,10 +11,10 @@ import time
 import click
 
 from .. import __version__
-from ..jobdir import JobDir, default_root, write_atomic
-from ..levels import AUTO
+from ..jobs.jobdir import JobDir, default_root, write_atomic
+from ..policy.levels import AUTO
 from ..slurm import SlurmError
-from ..submit import (JobRequest, RequestError, check_files, fit_to_group, node_gpus, render_script,
+from ..jobs.request import (JobRequest, RequestError, check_files, fit_to_group, node_gpus, render_script,
                       single_process_warning, validate)
 from .common import Refused, backend, did_you_mean, no_config_hint, emit_json, one_line_errors, parse_priority
 
@@ -92,7 +92,7 @@ def main(script, args, name, nodes, priority, gpus_per_node, group, env, time_li
 
     The job runs SCRIPT once on every node (RANK = node rank, WORLD_SIZE = nodes,
     MASTER_IP/MASTER_PORT of rank 0); start one process per GPU with
-    slurm_hai.multiprocessing.spawn. When a higher level needs the nodes, rank 0's
+    slurm_hai.spawn. When a higher level needs the nodes, rank 0's
     receive_suspend_command() turns True: commit a checkpoint and call go_suspend(). The
     job is requeued and later runs SCRIPT again from the start (resume from your
     checkpoint). Logs of every run: `hai logs JOB`.
@@ -115,7 +115,7 @@ def main(script, args, name, nodes, priority, gpus_per_node, group, env, time_li
         raise Refused(str(e)) from None
     req.gpus_per_node = group_gpus(slurm, group, nodes, gpus_per_node, dry_run)
     if level == AUTO:
-        from ..scheduling import resolve_auto_for_user  # needs the policy and the live queue
+        from ..policy.rules import resolve_auto_for_user  # needs the policy and the live queue
 
         req.priority = resolve_auto_for_user(getpass.getuser(), nodes, slurm)
     try:

@@ -11,9 +11,9 @@ import time
 import click
 
 from .. import __version__
-from ..jobdir import JobDir, default_root
-from ..jobstate import HaiStatus, back_estimate, clock, marker
-from ..jobstate import status as hai_status
+from ..jobs.jobdir import JobDir, default_root
+from ..jobs.status import HaiStatus, back_estimate, clock, marker
+from ..jobs.status import status as hai_status
 from ..slurm.records import JobInfo
 from .ckpt import ckpt
 from .common import (Refused, backend, check_owner, current_user, did_you_mean, emit_json, job_dir_of, job_id_arg,
@@ -59,7 +59,7 @@ def job_status(job_id: int, job: JobInfo | None, jobdir: JobDir, queue: list[Job
                policy=None) -> HaiStatus:
     """The HAI status of one job; `queue` (every job Slurm knows) and `policy` let the policy
     explain it (pass them when listing many jobs: one squeue call, one policy read)."""
-    from ..scheduling import explain
+    from ..policy.rules import explain
 
     readable = may_read(job)
     events, final, request, owner_uid = [], None, {}, None
@@ -74,7 +74,7 @@ def job_status(job_id: int, job: JobInfo | None, jobdir: JobDir, queue: list[Job
     explained = None
     if job is not None and job.state in ("PENDING", "RUNNING"):
         if policy is None:
-            from ..policy import find_policy
+            from ..policy.model import find_policy
 
             policy = find_policy()
         queue = queue if queue is not None else backend().jobs()
@@ -157,7 +157,7 @@ def _own_ended_jobs(known: set[int]) -> list[tuple[int, JobDir]]:
 
 
 def _list(all_users: bool, as_json: bool, since: float | None = None, state: str | None = None) -> None:
-    from ..policy import find_policy
+    from ..policy.model import find_policy
 
     queue = backend().jobs()  # one squeue call for the whole listing
     policy = find_policy()  # one policy read
@@ -214,8 +214,8 @@ def quota(as_json):
     Counts your running jobs' nodes at each level against the policy's per-user quota
     (`hai-admin check` shows everyone's); a job beyond it waits, a job larger than it is
     refused at submit."""
-    from ..policy import find_policy
-    from ..qos import level_of_qos
+    from ..policy.model import find_policy
+    from ..policy.ladder import level_of_qos
 
     policy = find_policy()
     me = current_user()
@@ -281,7 +281,7 @@ def follow_logs(job_id: int, rank: int, restart: int | None) -> None:
     """Print the rank's log and keep printing as it grows, across suspensions, until the end;
     a marker line on stderr at each notice, suspend, retry and restart. Reads the job's own
     files every FOLLOW_TICK s and asks Slurm about this one job every FOLLOW_SLURM_EVERY s."""
-    from ..jobstate import hai_state
+    from ..jobs.status import hai_state
 
     job, jobdir = lookup(job_id)
     _check_logs_readable(job_id, job)
@@ -423,7 +423,7 @@ def run_local(script, args, suspend_after, restarts, grace, python, job_dir):
     """Run SCRIPT here, without Slurm, as a one-node job that gets the suspend notice
     after --suspend-after seconds and is restarted, to test resume logic locally.
     Arguments after `--` go to the script."""
-    from ..simulate import simulate
+    from ..runtime.simulate import simulate
 
     cmd = [python, script, *args] if script.endswith(".py") else [script, *args]
     rc = simulate(cmd, suspend_after=suspend_after, restarts=restarts, grace=grace, job_dir=job_dir)

@@ -304,7 +304,7 @@ def test_slurmd_stopped_and_started_again_job_resumes_from_last_commit(story, re
 IGNORES_NOTICE = """
     import os, sys, time
     import torch
-    import slurm_hai.client as hai
+    import slurm_hai as hai
     from slurm_hai.checkpoint import CheckpointManager
 
     # Never polls receive_suspend_command(): it only checkpoints every 10 steps.
@@ -351,7 +351,7 @@ def test_job_that_ignores_the_notice_is_forced_off_and_resumes_from_its_last_che
 ENDS_ON_NOTICE = """
     import os, sys, time
     from pathlib import Path
-    import slurm_hai.client as hai
+    import slurm_hai as hai
 
     code = int(sys.argv[1])  # exit code to end with when the notice comes; -1: just run 3 s
     rank = int(os.environ["RANK"])
@@ -399,7 +399,7 @@ def test_job_that_finishes_or_fails_during_its_grace_is_never_run_again(story):
 
 WORKER = """
     import os, sys, time
-    import slurm_hai.client as hai
+    import slurm_hai as hai
 
     units = int(sys.argv[1])  # half-second units of work; progress kept in the whole-life state
     rank = int(os.environ["RANK"])

@@ -130,7 +130,7 @@ def test_list_all_and_status_work_for_every_user_from_what_slurm_shows(live):
 def test_a_preempted_user_is_told_by_whom_and_when_in_status_and_in_logs_follow(live):
     d = user_dir(live, "fd-preempt", "hai-alice")
     low = write(d / "low.py", """
-        import time, slurm_hai.client as hai
+        import time, slurm_hai.runtime.client as hai
         run = hai.restart_count()
         print(f"low run {run}", flush=True)
         while run == 0:
@@ -173,7 +173,7 @@ def test_a_preempted_user_is_told_by_whom_and_when_in_status_and_in_logs_follow(
 def test_hai_suspend_is_by_you_and_a_forced_suspend_shows_in_status(live):
     d = user_dir(live, "fd-byyou", "hai-alice")
     script = write(d / "deaf.py", """
-        import time, slurm_hai.client as hai
+        import time, slurm_hai.runtime.client as hai
         print("run", hai.restart_count(), flush=True)
         if hai.restart_count() == 0:
             time.sleep(300)  # never polls: forced after the grace
@@ -254,7 +254,7 @@ def completion_lines() -> list[str]:
 DOC_JOB = """
     import os, time
     import torch
-    import slurm_hai.client as hai
+    import slurm_hai as hai
     from slurm_hai.checkpoint import CheckpointManager, TrainingState
 
     rank, run = int(os.environ["RANK"]), hai.restart_count()
@@ -386,7 +386,7 @@ def test_ctrl_c_in_logs_follow_says_the_job_goes_on(live):
 def test_a_notice_from_the_time_limit_says_time_limit(live):
     d = user_dir(live, "fd-timelimit", "hai-alice")
     script = write(d / "limited.py", """
-        import time, slurm_hai.client as hai
+        import time, slurm_hai.runtime.client as hai
         while hai.restart_count() == 0:
             if hai.receive_suspend_command():
                 hai.go_suspend()
@@ -401,7 +401,7 @@ def test_a_notice_from_the_time_limit_says_time_limit(live):
 def test_a_retry_after_a_failure_is_counted_and_marked_apart_from_suspends(live):
     d = user_dir(live, "fd-retry", "hai-alice")
     script = write(d / "flaky.py", """
-        import sys, time, slurm_hai.client as hai
+        import sys, time, slurm_hai.runtime.client as hai
         print("run", hai.restart_count(), flush=True)
         time.sleep(2)
         sys.exit(3 if hai.restart_count() == 0 else 0)

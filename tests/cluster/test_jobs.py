@@ -42,8 +42,8 @@ def wait_status(live, job: int, pred, timeout: float, what: str, user: str | Non
 NOTICE_PROBE = """
     import os, sys, time
     from pathlib import Path
-    import slurm_hai.client as client
-    from slurm_hai.multiprocessing import spawn
+    import slurm_hai as client
+    from slurm_hai import spawn
 
     OUT = Path(sys.argv[1])
 
@@ -87,7 +87,7 @@ def test_only_rank0_node_sees_the_notice_and_go_suspend_requeues(live):
 
 NONZERO_RANK_SUSPENDS = """
     import os, sys, time
-    import slurm_hai.client as client
+    import slurm_hai as client
 
     run = client.restart_count()
     rank = int(os.environ["RANK"])
@@ -121,7 +121,7 @@ def test_go_suspend_from_nonzero_rank_requeues_and_state_survives(live):
 
 TICKER = """
     import sys, time
-    import slurm_hai.client as client
+    import slurm_hai as client
     run = client.restart_count()
     print(f"tick run={run}", flush=True)
     while True:
@@ -156,7 +156,7 @@ def test_hai_suspend_logs_and_stop_across_two_restarts(live):
 def test_time_limited_job_continues_past_its_limit_by_suspending(live):
     out = live.shared_dir("timelimit")
     script = write_script(out, """
-        import time, slurm_hai.client as client
+        import time, slurm_hai.runtime.client as client
         run = client.restart_count()
         t0 = time.time()
         while run == 0:
@@ -179,7 +179,7 @@ def test_time_limited_job_continues_past_its_limit_by_suspending(live):
 def test_ignored_notice_is_forced_after_grace_and_requeued(live):
     out = live.shared_dir("ignore")
     script = write_script(out, """
-        import time, slurm_hai.client as client
+        import time, slurm_hai.runtime.client as client
         run = client.restart_count()
         print("run", run, flush=True)
         if run == 0:
@@ -201,7 +201,7 @@ def test_ignored_notice_is_forced_after_grace_and_requeued(live):
 def test_failure_is_final_unless_retries_allow(live, retries, expect_restarts):
     out = live.shared_dir(f"fail{retries}")
     script = write_script(out, """
-        import sys, slurm_hai.client as client
+        import sys, slurm_hai.runtime.client as client
         print("run", client.restart_count(), flush=True)
         sys.exit(3)
     """)
@@ -215,7 +215,7 @@ def test_failure_is_final_unless_retries_allow(live, retries, expect_restarts):
 def test_finished_job_is_not_rerun_even_if_requeued(live):
     out = live.shared_dir("done")
     script = write_script(out, """
-        import slurm_hai.client as client, time
+        import slurm_hai as client, time
         print("ran", client.restart_count(), flush=True)
         time.sleep(2)
     """)

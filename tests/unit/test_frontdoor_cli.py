@@ -70,7 +70,7 @@ def test_run_local_shows_progress_and_the_traceback_of_a_failed_run(tmp_path):
 
 def test_a_policy_that_would_drop_quotas_is_named_in_a_warning():
     from slurm_hai.cli.admin import quota_loss_warning
-    from slurm_hai.qos import Change
+    from slurm_hai.policy.ladder import Change
 
     changes = [
         Change("sacctmgr", ("modify", "qos", "where", "name=high", "set", "MaxTRESPU=node=-1"),
@@ -85,8 +85,8 @@ def test_a_policy_that_would_drop_quotas_is_named_in_a_warning():
 
 def test_plan_notes_a_rendered_file_the_policy_no_longer_matches(tmp_path):
     from slurm_hai.cli.admin import stale_rendered_files
-    from slurm_hai.policy import default_policy
-    from slurm_hai.qos import template_context
+    from slurm_hai.policy.model import default_policy
+    from slurm_hai.policy.ladder import template_context
     from slurm_hai.render import render
 
     policy = default_policy()

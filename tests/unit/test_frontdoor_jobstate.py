@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from slurm_hai.jobstate import history, marker, notice_cause, preemptor, reason_in_words, status
+from slurm_hai.jobs.status import history, marker, notice_cause, preemptor, reason_in_words, status
 from slurm_hai.slurm.records import JobInfo
 
 NOW = float(int(time.time()))  # today: times print as HH:MM:SS
@@ -110,7 +110,7 @@ def test_another_users_ended_job_is_told_in_words_from_slurm_alone():
 
 
 def test_an_estimate_of_when_a_preempted_job_runs_again_or_why_there_is_none():
-    from slurm_hai.jobstate import back_estimate
+    from slurm_hai.jobs.status import back_estimate
 
     evs = events_of_a_preempted_then_forced_job()
     limited = job(133, "RUNNING", "high", start_time=int(NOW) - 10, end_time=int(NOW) + 3590)

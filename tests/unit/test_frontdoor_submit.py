@@ -154,7 +154,7 @@ def test_a_single_process_script_on_several_nodes_gets_a_warning(fake, tmp_path)
     single = tmp_path / "one.py"
     single.write_text("import torch\nprint(1)\n")
     multi = tmp_path / "many.py"
-    multi.write_text("from slurm_hai.multiprocessing import spawn\n")
+    multi.write_text("from slurm_hai import spawn\n")
     r = CliRunner().invoke(submit_cli.main, ["--dry-run", "-n", "2", str(single)])
     assert r.exit_code == 0 and "looks single-process" in r.output and "each of 2 nodes" in r.output
     for argv in (["-n", "2", str(multi)], ["-n", "1", str(single)]):

@@ -1,6 +1,6 @@
 """A job directory left by an older job with the same id is never taken for a new job's."""
 
-from slurm_hai.jobdir import JobDir
+from slurm_hai.jobs.jobdir import JobDir
 
 
 def test_stale_dir_of_an_older_job_with_the_same_id_is_moved_aside(tmp_path):

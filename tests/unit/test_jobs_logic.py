@@ -9,13 +9,13 @@ import time
 
 import pytest
 
-from slurm_hai.contract import master_port, node_contract
-from slurm_hai.hostlist import expand
-from slurm_hai.jobdir import JobDir
-from slurm_hai.jobstate import hai_state
-from slurm_hai.levels import AUTO, LevelError, parse_level
+from slurm_hai.runtime.contract import master_port, node_contract
+from slurm_hai.slurm.hostlist import expand
+from slurm_hai.jobs.jobdir import JobDir
+from slurm_hai.jobs.status import hai_state
+from slurm_hai.policy.levels import AUTO, LevelError, parse_level
 from slurm_hai.slurm.records import JobInfo
-from slurm_hai.submit import JobRequest, RequestError, render_script, validate
+from slurm_hai.jobs.request import JobRequest, RequestError, render_script, validate
 
 
 @pytest.mark.parametrize("text,name", [("high", "HIGH"), ("30", "HIGH"), (" Low ", "LOW"), ("0", "LOW"),
@@ -113,7 +113,7 @@ def test_jobdir_is_private_and_final_is_written_once(tmp_path):
 
 
 def test_client_imports_nothing_heavy():
-    code = ("import sys, slurm_hai.client as c; c.receive_suspend_command(); "
+    code = ("import sys, slurm_hai.runtime.client as c; c.receive_suspend_command(); "
             "print(sorted(m for m in ('torch', 'click', 'jinja2', 'numpy') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], text=True, capture_output=True, check=True).stdout
     assert out.strip() == "[]"
@@ -122,7 +122,7 @@ def test_client_imports_nothing_heavy():
 def test_receive_suspend_command_sees_the_flag_and_only_the_flag(tmp_path):
     flag = tmp_path / "flag"
     flag.write_bytes(b"0")
-    code = ("import sys, time, slurm_hai.client as c\n"
+    code = ("import sys, time, slurm_hai.runtime.client as c\n"
             "assert c.receive_suspend_command() is False\n"
             "print('polling', flush=True)\n"
             "while not c.receive_suspend_command(): time.sleep(0.01)\n"
@@ -136,7 +136,7 @@ def test_receive_suspend_command_sees_the_flag_and_only_the_flag(tmp_path):
         f.write(b"1")
     assert p.stdout.readline().strip() == "seen"
     assert p.wait(5) == 0
-    no_flag = subprocess.run([sys.executable, "-c", "import slurm_hai.client as c; print(c.receive_suspend_command())"],
+    no_flag = subprocess.run([sys.executable, "-c", "import slurm_hai as c; print(c.receive_suspend_command())"],
                              env={k: v for k, v in os.environ.items() if k != "HAI_SUSPEND_FLAG"},
                              text=True, capture_output=True)
     assert no_flag.stdout.strip() == "False"
@@ -145,7 +145,7 @@ def test_receive_suspend_command_sees_the_flag_and_only_the_flag(tmp_path):
 def test_local_simulation_restarts_and_keeps_whole_life_state(tmp_path):
     script = tmp_path / "sim.py"
     script.write_text(
-        "import time, slurm_hai.client as c\n"
+        "import time, slurm_hai.runtime.client as c\n"
         "r = c.restart_count(); s = c.get_whole_life_state()\n"
         "print('run', r, 'state', s, flush=True)\n"
         "while r < 2:\n"

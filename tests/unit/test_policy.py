@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from slurm_hai.levels import DEFAULT_LADDER
-from slurm_hai.policy import (Demotion, NodeGroup, Policy, PolicyError, default_policy, find_policy, load_policy,
+from slurm_hai.policy.levels import DEFAULT_LADDER
+from slurm_hai.policy.model import (Demotion, NodeGroup, Policy, PolicyError, default_policy, find_policy, load_policy,
                               parse_policy)
 
 REPO = Path(__file__).resolve().parents[2]
@@ -190,5 +190,5 @@ def test_find_policy_order(tmp_path, monkeypatch):
     assert find_policy().grace_seconds == 9
     monkeypatch.delenv("HAI_POLICY")
     monkeypatch.setenv("SLURM_CONF", str(tmp_path / "none" / "slurm.conf"))
-    monkeypatch.setattr("slurm_hai.policy.SYSTEM_POLICY", tmp_path / "absent.toml")
+    monkeypatch.setattr("slurm_hai.policy.model.SYSTEM_POLICY", tmp_path / "absent.toml")
     assert find_policy() == default_policy()

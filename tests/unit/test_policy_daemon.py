@@ -12,8 +12,8 @@ import pytest
 from click.testing import CliRunner
 
 from slurm_hai.cli.admin import main as admin
-from slurm_hai.daemon import LockBusy, PolicyDaemon, leader_lock
-from slurm_hai.policy import load_policy
+from slurm_hai.controller.daemon import LockBusy, PolicyDaemon, leader_lock
+from slurm_hai.policy.model import load_policy
 from slurm_hai.slurm import SlurmError
 from slurm_hai.slurm.records import JobInfo
 
@@ -199,7 +199,7 @@ def test_admin_check_and_bad_policy_is_one_line(tmp_path):
 def test_admin_without_policy_is_a_usage_error(tmp_path, monkeypatch):
     monkeypatch.delenv("HAI_POLICY", raising=False)
     monkeypatch.setenv("SLURM_CONF", str(tmp_path / "slurm.conf"))
-    monkeypatch.setattr("slurm_hai.policy.SYSTEM_POLICY", tmp_path / "none.toml")
+    monkeypatch.setattr("slurm_hai.policy.model.SYSTEM_POLICY", tmp_path / "none.toml")
     r = CliRunner().invoke(admin, ["plan"])
     assert r.exit_code == 2 and "no policy file: pass --policy FILE" in r.output
 
@@ -223,7 +223,7 @@ def test_admin_daemon_exits_4_when_another_leads(tmp_path):
 
 
 def test_plan_exit_status_says_whether_changes_are_due(monkeypatch):
-    from slurm_hai.qos import Change
+    from slurm_hai.policy.ladder import Change
 
     monkeypatch.setattr("slurm_hai.cli.admin._plan", lambda policy, partitions: [])
     r = CliRunner().invoke(admin, ["plan", "--policy", str(LOCAL)])

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from slurm_hai.policy import default_policy, load_policy, parse_policy
-from slurm_hai.qos import (SHOW_FIELDS, ClusterState, desired_qos, level_of_qos, offline_access_changes, parse_qos,
+from slurm_hai.policy.model import default_policy, load_policy, parse_policy
+from slurm_hai.policy.ladder import (SHOW_FIELDS, ClusterState, desired_qos, level_of_qos, offline_access_changes, parse_qos,
                            plan, plan_changes, qos_for, qos_weight, template_context)
 from slurm_hai.render import render
 

@@ -1,4 +1,4 @@
-"""The policy daemon's decisions (slurm_hai.scheduling), one rule at a time, and explain()."""
+"""The policy daemon's decisions (slurm_hai.policy.rules), one rule at a time, and explain()."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from slurm_hai.policy import load_policy, parse_policy
-from slurm_hai.qos import LEVEL_STRIDE
-from slurm_hai.scheduling import (Action, auto_level, decide, explain, fcfs_priorities, resolve_auto_for_user,
+from slurm_hai.policy.model import load_policy, parse_policy
+from slurm_hai.policy.ladder import LEVEL_STRIDE
+from slurm_hai.policy.rules import (Action, auto_level, decide, explain, fcfs_priorities, resolve_auto_for_user,
                                   tags_of, with_tags)
 from slurm_hai.slurm.records import JobInfo
 

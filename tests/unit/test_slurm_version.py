@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from slurm_hai.policy import load_policy
-from slurm_hai.qos import template_context
+from slurm_hai.policy.model import load_policy
+from slurm_hai.policy.ladder import template_context
 from slurm_hai.render import render
 from slurm_hai.slurm.version import OLDEST_SUPPORTED, SlurmVersion
 

@@ -3,16 +3,16 @@
 `hai-admin plan/apply` and contrib/localcluster (its `up`) both go through `apply_policy`,
 so the local cluster is set up by exactly the code an administrator runs. Reading and
 writing go through the Slurm access layer (`slurm_hai.slurm`); the plan itself is pure
-(`slurm_hai.qos.plan_changes`).
+(`slurm_hai.policy.ladder.plan_changes`).
 """
 
 from __future__ import annotations
 
 from typing import Callable
 
-from .policy import Policy
-from .qos import ASSOC_FIELDS, SHOW_FIELDS, Change, ClusterState, plan_changes
-from .slurm import Backend, SlurmError
+from ..policy.model import Policy
+from ..policy.ladder import ASSOC_FIELDS, SHOW_FIELDS, Change, ClusterState, plan_changes
+from ..slurm import Backend, SlurmError
 
 
 def read_state(backend: Backend, policy: Policy, partitions: bool = True) -> ClusterState:

@@ -11,8 +11,8 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Iterable, Sequence
 
-from .levels import Level, level_of_qos
-from .slurm.records import JobInfo
+from ..policy.levels import Level, level_of_qos
+from ..slurm.records import JobInfo
 
 SLURM_REASONS = {
     "None": "",

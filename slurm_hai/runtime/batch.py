@@ -8,7 +8,7 @@ It decides what a run's end means, which Slurm alone cannot:
     exits at once without running anything;
   * a failure with retries left is requeued, counting the retry (never in a loop).
 
-`python -m slurm_hai.batch --job-dir DIR --grace S --retries N [--gpus G] -- CMD...`
+`python -m slurm_hai.runtime.batch --job-dir DIR --grace S --retries N [--gpus G] -- CMD...`
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import sys
 import time
 
 from .contract import master_node, restart_count, to_ipv4
-from .jobdir import JobDir
-from .slurm import SlurmError, backend
+from ..jobs.jobdir import JobDir
+from ..slurm import SlurmError, backend
 
 
 def srun_argv(args: argparse.Namespace, cmd: list[str], nodes: str) -> list[str]:
@@ -30,7 +30,7 @@ def srun_argv(args: argparse.Namespace, cmd: list[str], nodes: str) -> list[str]
             f"--job-name={os.environ.get('SLURM_JOB_NAME', 'hai')}"]
     if args.gpus:
         argv.append(f"--gres=gpu:{args.gpus}")
-    argv += [sys.executable, "-m", "slurm_hai.launcher", f"--job-dir={args.job_dir}", f"--grace={args.grace}"]
+    argv += [sys.executable, "-m", "slurm_hai.runtime.launcher", f"--job-dir={args.job_dir}", f"--grace={args.grace}"]
     if args.term_is_notice:
         argv.append("--term-is-notice")
     return [*argv, "--", *cmd]
@@ -49,7 +49,7 @@ def wait_to_be_requeued(ending: list[int]) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m slurm_hai.batch")
+    ap = argparse.ArgumentParser(prog="python -m slurm_hai.runtime.batch")
     ap.add_argument("--job-dir", required=True)
     ap.add_argument("--grace", type=float, default=5.0)
     ap.add_argument("--retries", type=int, default=0)

@@ -3,7 +3,7 @@
 Slurm enforces most of the HAI rules by itself once the QOS ladder is in place (higher
 level preempts lower, same level never, per-user quotas, refusal of a job larger than its
 quota). `decide(jobs, policy, now)` covers what it cannot do alone and returns the actions
-for slurm_hai.daemon to carry out:
+for slurm_hai.controller.daemon to carry out:
 
 - force-requeue   a job preempted by Slurm that still runs after its grace time (Slurm's own
                   check runs only every 30 s);
@@ -32,9 +32,9 @@ from dataclasses import dataclass
 from typing import Callable, Iterable, Mapping, Sequence
 
 from .levels import AUTO, Level
-from .policy import NodeGroup, Policy
-from .qos import LEVEL_STRIDE, level_base, level_of_qos, qos_for
-from .slurm.records import JobInfo
+from .model import NodeGroup, Policy
+from .ladder import LEVEL_STRIDE, level_base, level_of_qos, qos_for
+from ..slurm.records import JobInfo
 
 LEVEL_TAG = "hai-level"
 DEMOTED_TAG = "hai-demoted"
@@ -444,7 +444,7 @@ def fcfs_priorities(members: Sequence[JobInfo], base: int) -> list[int]:
 def resolve_auto_for_user(user: str, nodes: int, slurm, policy: Policy | None = None, account: str = "") -> str:
     """AUTO for a job about to be submitted: the level name to submit it at (reads the queue)."""
     if policy is None:
-        from .policy import find_policy
+        from .model import find_policy
 
         policy = find_policy()
     used: dict[tuple[str, str], int] = defaultdict(int)

@@ -18,7 +18,7 @@ import ipaddress
 import socket
 from typing import Callable, Mapping
 
-from .hostlist import expand
+from ..slurm.hostlist import expand
 
 DEFAULT_PORT_BASE = 2222
 DEFAULT_PORT_SPAN = 1

@@ -1,4 +1,4 @@
-"""The policy daemon's loop (I/O): read the queue, decide (slurm_hai.scheduling), act, log.
+"""The policy daemon's loop (I/O): read the queue, decide (slurm_hai.policy.rules), act, log.
 
 One leader at a time: the daemon holds an exclusive lock on a lock file (filelock) for as
 long as it runs; a second one exits with a message, or waits as a standby (`wait_for_lock`).
@@ -19,9 +19,9 @@ from typing import Callable
 
 import filelock
 
-from .policy import Policy, PolicyError, load_policy
-from .scheduling import Action, decide
-from .slurm import Backend, SlurmError
+from ..policy.model import Policy, PolicyError, load_policy
+from ..policy.rules import Action, decide
+from ..slurm import Backend, SlurmError
 
 log = logging.getLogger("hai-policyd")
 

@@ -14,7 +14,7 @@ output appended to logs/rank-<R>.log, and turns Slurm's signals into the HAI pro
 
 Signal handlers only record the signal; the main loop acts (no work in handlers).
 
-`python -m slurm_hai.launcher --job-dir DIR --grace S [--term-is-notice] -- CMD...`
+`python -m slurm_hai.runtime.launcher --job-dir DIR --grace S [--term-is-notice] -- CMD...`
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Callable
 
 from .contract import node_contract
-from .jobdir import JobDir
+from ..jobs.jobdir import JobDir
 
 TERM_TO_KILL_SECONDS = 3.0
 
@@ -163,7 +163,7 @@ class NodeRun:
 
 def _why_notice(slurm, job_id: int, jobdir: JobDir, grace: float) -> dict:
     """Ask Slurm why the notice came (one squeue call, after the flag is set)."""
-    from .jobstate import notice_cause
+    from ..jobs.status import notice_cause
 
     queue = slurm.jobs()
     me = next((j for j in queue if j.job_id == job_id), None)
@@ -171,7 +171,7 @@ def _why_notice(slurm, job_id: int, jobdir: JobDir, grace: float) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m slurm_hai.launcher")
+    ap = argparse.ArgumentParser(prog="python -m slurm_hai.runtime.launcher")
     ap.add_argument("--job-dir", required=True)
     ap.add_argument("--grace", type=float, default=5.0)
     ap.add_argument("--term-is-notice", action="store_true")
@@ -180,7 +180,7 @@ def main(argv: list[str] | None = None) -> int:
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:
         ap.error("no command given after --")
-    from .slurm import backend
+    from ..slurm import backend
 
     slurm = backend()
     env = dict(os.environ)

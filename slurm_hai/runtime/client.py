@@ -50,7 +50,7 @@ def receive_suspend_command() -> bool:
 
 
 def _job_dir():
-    from .jobdir import JobDir
+    from ..jobs.jobdir import JobDir
 
     path = os.environ.get("HAI_JOB_DIR")
     if not path:
@@ -81,7 +81,7 @@ def go_suspend() -> None:
         jobdir.event("go_suspend", run=run, host=os.uname().nodename, pid=os.getpid())
     job_id = os.environ.get("SLURM_JOB_ID")
     if job_id and not os.environ.get("HAI_SIMULATE"):
-        from .slurm import SlurmError, backend
+        from ..slurm import SlurmError, backend
 
         try:
             backend().requeue_run(int(job_id))

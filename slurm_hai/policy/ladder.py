@@ -22,8 +22,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .levels import Level
-from .policy import Policy
-from .slurm.version import OLDEST_SUPPORTED, SlurmVersion
+from .model import Policy
+from ..slurm.version import OLDEST_SUPPORTED, SlurmVersion
 
 # Multifactor priority = PriorityWeightQOS * qos.Priority / max(qos.Priority). QOS priority
 # is level value + 1 (never 0), so a job's priority is (value + 1) * LEVEL_STRIDE and the
@@ -183,7 +183,7 @@ class Change:
 
 @dataclass
 class ClusterState:
-    """What Slurm has now, as read by `slurm_hai.apply.read_state` (or empty: a new cluster)."""
+    """What Slurm has now, as read by `slurm_hai.controller.apply.read_state` (or empty: a new cluster)."""
 
     qos: dict[str, dict[str, str]] = field(default_factory=dict)  # name -> SHOW_FIELDS
     assocs: list[dict[str, str]] = field(default_factory=list)  # Cluster, Account, User, Partition, QOS, DefaultQOS

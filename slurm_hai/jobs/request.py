@@ -16,8 +16,8 @@ import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .levels import AUTO, Level, parse_level
-from .render import render
+from ..policy.levels import AUTO, Level, parse_level
+from ..render import render
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
@@ -140,7 +140,7 @@ def fit_to_group(group: str, nodes: dict[str, tuple[int, set[str]]], want_nodes:
     return gpus_per_node
 
 
-MULTI_PROCESS_SIGNS = ("spawn", "torch.distributed", "slurm_hai.distributed", "RANK", "init_process_group")
+MULTI_PROCESS_SIGNS = ("spawn", "torch.distributed", "slurm_hai", "RANK", "init_process_group")
 
 
 def single_process_warning(req: JobRequest) -> str:

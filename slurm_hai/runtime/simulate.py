@@ -13,7 +13,7 @@ import signal
 import tempfile
 import time
 
-from .jobdir import JobDir
+from ..jobs.jobdir import JobDir
 from .launcher import NodeRun, flag_path
 
 

@@ -1,0 +1,1 @@
+"""The controller side: the policy daemon's loop and `hai-admin apply`."""
