@@ -15,7 +15,6 @@ from __future__ import annotations
 import logging
 import operator
 import os
-import platform
 import socket
 import threading
 from collections.abc import Iterator, Mapping
@@ -24,21 +23,15 @@ from typing import Any
 
 import torch
 
-from .. import __version__
 from .commit import CheckpointStore
 from .errors import CheckpointError, CorruptCheckpointError, Problem
-from .fileio import describe_os_error, read_tensor_file, write_hashed_file
+from .fileio import describe_os_error, write_hashed_file
+from .layout import STATE_FILE, ActiveStaging, checkpoint_versions, rank_file_name, read_single_checkpoint
 from .manifest import LAYOUT_DCP, LAYOUT_SINGLE, FileEntry, Manifest, parse_step_dir_name, read_manifest
-from .serialize import flatten_state, is_stateful, unflatten_state
+from .serialize import flatten_state, is_stateful
 from .staging import HostBuffer, SaveHandle, StagedFile, run_in_background, stage_files
 
 log = logging.getLogger(__name__)
-
-STATE_FILE = "state.safetensors"
-
-
-def rank_file_name(rank: int) -> str:
-    return f"rank-{rank:05d}.safetensors"
 
 
 def distributed_world() -> tuple[int, int] | None:
@@ -53,10 +46,6 @@ def distributed_world() -> tuple[int, int] | None:
 def current_rank() -> int:
     world = distributed_world()
     return world[0] if world else 0
-
-
-def checkpoint_versions() -> dict[str, str]:
-    return {"slurm_hai": __version__, "torch": torch.__version__, "python": platform.python_version()}
 
 
 def restore_into(target: Any, loaded: Any, where: str = "") -> None:
@@ -111,11 +100,11 @@ class CheckpointManager:
         self._buffer = HostBuffer()
         self._inflight: SaveHandle | None = None
         self._thread: threading.Thread | None = None
-        self._active_staging: set[Path] = set()
+        self._active_staging = ActiveStaging()
         self._loading: set[int] = set()
         if current_rank() == 0:
             for store in self.stores:
-                store.clean_stale(self._active_staging)
+                store.clean_stale(self._active_staging.paths)
 
     @property
     def stores(self) -> list[CheckpointStore]:
@@ -141,10 +130,8 @@ class CheckpointManager:
         if step < 0 or isinstance(step, bool):
             raise CheckpointError(f"step must be a non-negative integer, got {step!r}")
         self.wait()  # at most one save in flight; raises the previous save's failure
-        if distributed_world() is not None:
-            from .sharded import save_sharded
-
-            return save_sharded(self, step, state)
+        if (world := distributed_world()) is not None:
+            return self._save_sharded(step, state, rank=world[0])
         handle = SaveHandle(step)
         targets = self._stores_missing(step)
         if not targets:
@@ -173,6 +160,16 @@ class CheckpointManager:
         if self._inflight is not None:
             handle, self._inflight = self._inflight, None
             handle.raise_error()
+
+    def _save_sharded(self, step: int, state: Any, *, rank: int) -> SaveHandle:
+        from .sharded import save_sharded
+
+        if self.fast is not None and rank == 0:
+            log.warning("fast_dir is not used for sharded saves: saving step %d to %s only", step, self.durable.root)
+        handle = save_sharded(self.durable, step, state, buffer=self._buffer, active_staging=self._active_staging)
+        if rank == 0 and not handle.skipped:
+            self._housekeeping([self.durable])
+        return handle
 
     def _stores_missing(self, step: int) -> list[CheckpointStore]:
         """Tiers that still need this step; a bad existing copy is quarantined first."""
@@ -229,16 +226,14 @@ class CheckpointManager:
         except OSError as exc:
             raise describe_os_error(exc, f"writing step {step} to {store.root}") from exc
         finally:
-            self._active_staging.discard(staging)
-            if staging.exists():
-                store.discard(staging)
+            self._active_staging.release(store, staging)
         return entries
 
     def _housekeeping(self, stores: list[CheckpointStore]) -> None:
         """Retention and stale-staging cleanup; never fails a save, only logs."""
         for store in stores:
             try:
-                store.clean_stale(self._active_staging)
+                store.clean_stale(self._active_staging.paths)
                 store.apply_retention(self._keep_for(store), protected=set(self._loading))
             except (OSError, CheckpointError) as exc:
                 log.error("checkpoint housekeeping in %s failed: %s", store.root, exc)
@@ -285,7 +280,13 @@ class CheckpointManager:
         if distributed_world() is not None:
             from .sharded import load_distributed
 
-            return load_distributed(self, step, into)
+            found = load_distributed(self.durable, step, into)
+            if found is None:
+                return None
+            self.loaded_step, state = found
+            if into is not None:
+                restore_into(into, state)
+            return state
         for found_step, store, path in self._candidates(step):
             self._loading.add(found_step)
             try:
@@ -325,28 +326,3 @@ class CheckpointManager:
                 raise CorruptCheckpointError(str(path), result.problems)
             return read_dcp_checkpoint(path, manifest, rank=0, into=into)
         return read_single_checkpoint(path, manifest, rank=current_rank())
-
-
-def read_single_checkpoint(path: Path, manifest: Manifest, rank: int) -> Any:
-    """Read state.safetensors (+ this rank's per-rank file), verifying before parsing."""
-    if STATE_FILE not in manifest.files:
-        raise CorruptCheckpointError(str(path), [Problem(STATE_FILE, "not listed in the manifest")])
-    main = read_tensor_file(path / STATE_FILE, manifest.files[STATE_FILE], STATE_FILE)
-    per_rank = read_rank_file(path, manifest, rank)
-    return unflatten_state(main.tree, main.tensors, per_rank)
-
-
-def read_rank_file(path: Path, manifest: Manifest, rank: int) -> list[Any] | None:
-    """This rank's PerRank values, or None when the checkpoint has none for this rank
-    (it was saved with a smaller world size)."""
-    name = rank_file_name(rank)
-    entry = manifest.files.get(name)
-    if entry is None:
-        if any(n.startswith("rank-") for n in manifest.files):
-            log.warning("%s has no per-rank state for rank %d (saved with world size %d)", path, rank, manifest.world_size)
-        return None
-    flat = read_tensor_file(path / name, entry, name)
-    values = unflatten_state(flat.tree, flat.tensors)
-    if not isinstance(values, list):
-        raise CorruptCheckpointError(str(path), [Problem(name, "per-rank file does not hold a list")])
-    return values

@@ -30,20 +30,13 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
+from .commit import CheckpointStore
 from .errors import CheckpointError, CorruptCheckpointError, Problem
 from .fileio import read_verified_file, write_hashed_file
-from .manager import (
-    CheckpointManager,
-    checkpoint_versions,
-    distributed_world,
-    rank_file_name,
-    read_rank_file,
-    read_single_checkpoint,
-    restore_into,
-)
+from .layout import ActiveStaging, checkpoint_versions, rank_file_name, read_rank_file, read_single_checkpoint
 from .manifest import LAYOUT_DCP, FileEntry, Manifest, check_file, hash_file, list_step_dirs, read_manifest
 from .serialize import flatten_state, unflatten_state
-from .staging import SaveHandle, stage_files
+from .staging import HostBuffer, SaveHandle, stage_files
 
 log = logging.getLogger(__name__)
 
@@ -96,14 +89,13 @@ def _hash_files(staging: Path, paths: list[Path]) -> dict[str, FileEntry]:
     return entries
 
 
-def save_sharded(mgr: CheckpointManager, step: int, state: Any) -> SaveHandle:
-    """Collective save; returns once committed on every rank (or raises on every rank)."""
-    world = distributed_world()
-    assert world is not None
-    rank, world_size = world
-    store = mgr.durable
-    if mgr.fast is not None and rank == 0:
-        log.warning("fast_dir is not used for sharded saves: saving step %d to %s only", step, store.root)
+def save_sharded(
+    store: CheckpointStore, step: int, state: Any, *, buffer: HostBuffer, active_staging: ActiveStaging
+) -> SaveHandle:
+    """Collective save into store; returns once committed on every rank (or raises on
+    every rank). PerRank values are copied through buffer; rank 0 keeps its staging dir in
+    active_staging while it is in use."""
+    rank, world_size = dist.get_rank(), dist.get_world_size()
 
     def open_staging() -> str | None:
         existing = store.step_path(step)
@@ -114,7 +106,7 @@ def save_sharded(mgr: CheckpointManager, step: int, state: Any) -> SaveHandle:
             store.quarantine(existing, "; ".join(str(p) for p in result.problems))
         staging = store.new_staging(step)
         (staging / DCP_DIR).mkdir(mode=0o700)
-        mgr._active_staging.add(staging)
+        active_staging.add(staging)
         return str(staging)
 
     # Flatten first and agree on the outcome: a rank that failed here and skipped dcp.save
@@ -145,7 +137,7 @@ def save_sharded(mgr: CheckpointManager, step: int, state: Any) -> SaveHandle:
             storage_writer=dcp.FileSystemWriter(str(staging / DCP_DIR), single_file_per_rank=True, sync_files=True),
         )
         if rank_part is not None:
-            (rank_staged,) = stage_files([(rank_file_name(rank), rank_part)], mgr._buffer)
+            (rank_staged,) = stage_files([(rank_file_name(rank), rank_part)], buffer)
             entries[rank_staged.name] = write_hashed_file(staging / rank_staged.name, rank_staged.image)
         if rank == 0:
             tree = json.dumps(global_part.tree, separators=(",", ":")).encode()
@@ -175,14 +167,10 @@ def save_sharded(mgr: CheckpointManager, step: int, state: Any) -> SaveHandle:
             )
             store.commit(staging, manifest)
         finally:
-            mgr._active_staging.discard(staging)
-            if staging.exists():
-                store.discard(staging)
+            active_staging.release(store, staging)
 
     _rank0_then_broadcast(commit)
     handle.finish()
-    if rank == 0:
-        mgr._housekeeping([store])
     return handle
 
 
@@ -201,9 +189,9 @@ def _verify_distributed(path: Path) -> list[Problem]:
     return merged
 
 
-def load_distributed(mgr: CheckpointManager, step: int | None, into: Any) -> Any:
-    """Collective load of the newest checkpoint every rank can read (any saved world size)."""
-    store = mgr.durable
+def load_distributed(store: CheckpointStore, step: int | None, into: Any) -> tuple[int, Any] | None:
+    """Collective load of the newest checkpoint every rank can read (any saved world size):
+    (its step, its state), or None when there is none. The caller restores into `into`."""
     rank = dist.get_rank()
     candidates = _rank0_then_broadcast(
         lambda: [s for s, _ in list_step_dirs(store.root) if step is None or s == step]
@@ -228,10 +216,7 @@ def load_distributed(mgr: CheckpointManager, step: int | None, into: Any) -> Any
         if errors:
             log.warning("skipping checkpoint %s: %s", path, "; ".join(errors))
             continue
-        mgr.loaded_step = found_step
-        if into is not None:
-            restore_into(into, state)
-        return state
+        return found_step, state
     if step is not None:
         raise CheckpointError(f"no valid checkpoint for step {step} in {store.root}")
     return None

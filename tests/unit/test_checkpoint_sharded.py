@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import pickle
 import socket
@@ -93,6 +94,24 @@ def _load_rank(rank: int, world_size: int, port: int, root: str) -> None:
         dist.destroy_process_group()
 
 
+def _save_steps_rank(rank: int, world_size: int, port: int, root: str) -> None:
+    init_gloo(rank, world_size, port)
+    try:
+        messages: list[str] = []
+        handler = logging.Handler()
+        handler.emit = lambda record: messages.append(record.getMessage())  # type: ignore[method-assign]
+        logging.getLogger("slurm_hai.checkpoint").addHandler(handler)
+        logging.getLogger("slurm_hai.checkpoint").setLevel(logging.WARNING)
+        mgr = CheckpointManager(root, keep_last=2, fast_dir=Path(root).parent / "fast")
+        state = make_state(seed=0)
+        for step in (1, 2, 3):
+            assert not mgr.save(step, state).skipped
+        assert mgr.save(3, state).skipped
+        (Path(root).parent / f"log-rank{rank}.txt").write_text("\n".join(messages))
+    finally:
+        dist.destroy_process_group()
+
+
 def spawn(fn, world_size: int, root: Path) -> None:
     mp.start_processes(fn, args=(world_size, free_port(), str(root)), nprocs=world_size, start_method="fork")
 
@@ -134,3 +153,15 @@ def test_a_corrupt_dcp_file_is_caught_before_dcp_unpickles_anything(tmp_path, mo
     assert CheckpointManager(root).load() is None  # the only checkpoint is bad: a fresh start
     assert unpickled == []
     assert len(list((root / ".quarantine").iterdir())) == 1
+
+
+def test_sharded_saves_apply_retention_skip_committed_steps_and_bypass_the_fast_tier(tmp_path):
+    root = tmp_path / "ckpt"
+    spawn(_save_steps_rank, 2, root)
+    assert sorted(p.name for p in root.glob("step-*")) == [step_dir_name(2), step_dir_name(3)]
+    assert not list(root.glob(".staging-*")) and not list(root.glob(".deleting-*"))
+    assert not list((tmp_path / "fast").glob("step-*"))
+    rank0_log = (tmp_path / "log-rank0.txt").read_text()
+    assert "fast_dir is not used for sharded saves: saving step 1" in rank0_log
+    assert "step 3 is already committed" in rank0_log
+    assert "fast_dir is not used" not in (tmp_path / "log-rank1.txt").read_text()
