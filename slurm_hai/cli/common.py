@@ -103,8 +103,11 @@ def job_dir_of(job_id: int, job: JobInfo | None) -> JobDir:
     return JobDir.for_job(job_id, root or default_root())
 
 
-def lookup(job_id: int) -> tuple[JobInfo | None, JobDir]:
-    job = backend().job(job_id)
+def lookup(job_id: int, queue: Sequence[JobInfo] | None = None) -> tuple[JobInfo | None, JobDir]:
+    """The job's Slurm record and its directory, or a one-line error when neither exists.
+    The record comes from `queue` when the command has read the whole queue already, else
+    from one squeue call for this job alone."""
+    job = backend().job(job_id) if queue is None else next((j for j in queue if j.job_id == job_id), None)
     jobdir = job_dir_of(job_id, job)
     if job is None and not jobdir.path.is_dir():
         raise click.ClickException(f"no job {job_id}: Slurm does not know it and there is no {jobdir.path}; "

@@ -7,6 +7,7 @@ import os
 import re
 import sys
 import time
+from typing import TYPE_CHECKING, Sequence
 
 import click
 
@@ -19,11 +20,14 @@ from .ckpt import ckpt
 from .common import (Refused, backend, check_owner, current_user, did_you_mean, emit_json, job_dir_of, job_id_arg,
                      lookup, one_line_errors, table)
 
+if TYPE_CHECKING:
+    from ..policy.model import Policy
+
 RUN_MARK = re.compile(r"^==== slurm-hai run (\d+) ")
 TERMINAL = ("finished-succeeded", "finished-failed", "finished-stopped")
 STATES = ("waiting", "running", "suspended", "finished", *TERMINAL)
 FOLLOW_TICK = 0.5  # how often `hai logs -f` reads the job's own files
-FOLLOW_SLURM_EVERY = 5.0  # how often it asks Slurm about the job (one job, not the queue)
+FOLLOW_SLURM_EVERY = 5.0  # at most this often it asks Slurm about the job (that job alone), when its log is quiet
 MARKER_SETTLE = 1.0  # marker lines wait this long, so events written late still print in order
 
 
@@ -55,11 +59,15 @@ def may_read(job: JobInfo | None) -> bool:
     return job is None or os.getuid() == 0 or job.user == current_user()
 
 
-def job_status(job_id: int, job: JobInfo | None, jobdir: JobDir, queue: list[JobInfo] | None = None,
-               policy=None) -> HaiStatus:
-    """The HAI status of one job; `queue` (every job Slurm knows) and `policy` let the policy
-    explain it (pass them when listing many jobs: one squeue call, one policy read)."""
-    from ..policy.rules import explain
+LIVE = ("PENDING", "RUNNING")  # the states the policy explains, from the whole queue
+
+
+def job_status(job_id: int, job: JobInfo | None, jobdir: JobDir, queue: Sequence[JobInfo] | None = None,
+               policy: Policy | None = None) -> HaiStatus:
+    """The HAI status of one job, from what the command has read already (asks Slurm nothing).
+    With `queue` (every job Slurm knows) and `policy`, the policy explains a waiting or running
+    job and a suspended one is told when it may run again; without them the reason is Slurm's."""
+    from ..policy.explain import explain
 
     readable = may_read(job)
     events, final, request, owner_uid = [], None, {}, None
@@ -72,25 +80,35 @@ def job_status(job_id: int, job: JobInfo | None, jobdir: JobDir, queue: list[Job
     runs = sum(1 for e in events if e.get("event") == "suspended")
     last_run = max((int(e.get("run", 0)) for e in events if e.get("event") == "start"), default=0)
     explained = None
-    if job is not None and job.state in ("PENDING", "RUNNING"):
-        if policy is None:
-            from ..policy.model import find_policy
-
-            policy = find_policy()
-        queue = queue if queue is not None else backend().jobs()
+    if job is not None and job.state in LIVE and queue is not None and policy is not None:
         explained = explain(job, queue, policy)
     st = hai_status(job_id, job, final, request, runs, explained, last_run, events=events,
                     private=not readable, owner_uid=owner_uid)
-    if st.state == "suspended" and events:
-        estimate = back_estimate(events, queue if queue is not None else backend().jobs())
+    if st.state == "suspended" and events and queue is not None:
+        estimate = back_estimate(events, queue)
         if estimate:
             st = dataclasses.replace(st, reason=f"{st.reason}; {estimate}" if st.reason else estimate)
     return st
 
 
-def _status_of(job_id: int):
-    job, jobdir = lookup(job_id)
-    return job_status(job_id, job, jobdir), job, jobdir
+def _has_ended(job_id: int) -> bool:
+    """Whether your own directory of the job says it ended for good (final.json)."""
+    try:
+        return JobDir.for_job(job_id, default_root()).final() is not None
+    except OSError:
+        return False
+
+
+def _status_of(job_id: int) -> tuple[HaiStatus, JobInfo | None, JobDir]:
+    """`hai status JOB` from one squeue call: the whole queue, which holds the job's record and
+    which the policy needs to say why the job waits or when it runs again; only the job's own
+    record when its directory says it has ended (then nothing is left to explain)."""
+    from ..policy.model import find_policy
+
+    queue = None if _has_ended(job_id) else backend().jobs()
+    job, jobdir = lookup(job_id, queue)
+    policy = find_policy() if queue is not None and job is not None and job.state in LIVE else None
+    return job_status(job_id, job, jobdir, queue, policy), job, jobdir
 
 
 def _when(t: int) -> str:
@@ -280,9 +298,12 @@ def _show_markers(events: list[dict], owner_uid: int | None, restart: int | None
 def follow_logs(job_id: int, rank: int, restart: int | None) -> None:
     """Print the rank's log and keep printing as it grows, across suspensions, until the end;
     a marker line on stderr at each notice, suspend, retry and restart. Reads the job's own
-    files every FOLLOW_TICK s and asks Slurm about this one job every FOLLOW_SLURM_EVERY s."""
+    files every FOLLOW_TICK s. Asks Slurm about this one job (never the queue) at most every
+    FOLLOW_SLURM_EVERY s, and only while the log is quiet: new output says the job runs, and
+    final.json says it has ended; Slurm is needed only for an end the job could not write."""
     from ..jobs.status import hai_state
 
+    slurm = backend()
     job, jobdir = lookup(job_id)
     _check_logs_readable(job_id, job)
     _check_rank(job_id, job, jobdir, rank)
@@ -292,11 +313,13 @@ def follow_logs(job_id: int, rank: int, restart: int | None) -> None:
     unshown: list[dict] = []
     try:
         while True:
+            printing = False
             if path.exists():
                 with open(path, "rb") as f:
                     f.seek(offset)
                     chunk = f.read()
-                if chunk:
+                printing = bool(chunk)
+                if printing:
                     offset += len(chunk)
                     text = chunk.decode(errors="replace")
                     if restart is not None:
@@ -307,8 +330,8 @@ def follow_logs(job_id: int, rank: int, restart: int | None) -> None:
             unshown += events[seen_events:]
             seen_events = len(events)
             final = jobdir.final()
-            if time.monotonic() - asked_at >= FOLLOW_SLURM_EVERY and not final:
-                job, asked_at = backend().job(job_id), time.monotonic()
+            if not final and not printing and time.monotonic() - asked_at >= FOLLOW_SLURM_EVERY:
+                job, asked_at = slurm.job(job_id), time.monotonic()
             state = hai_state(job, final, 0)
             ended = state in TERMINAL or state == "unknown"
             unshown = _show_markers(unshown, owner_uid, restart, settled=None if ended else time.time() - MARKER_SETTLE)
