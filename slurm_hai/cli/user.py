@@ -67,7 +67,7 @@ def job_status(job_id: int, job: JobInfo | None, jobdir: JobDir, queue: Sequence
     """The HAI status of one job, from what the command has read already (asks Slurm nothing).
     With `queue` (every job Slurm knows) and `policy`, the policy explains a waiting or running
     job and a suspended one is told when it may run again; without them the reason is Slurm's."""
-    from ..policy.explain import explain
+    from ..policy.rules import explain
 
     readable = may_read(job)
     events, final, request, owner_uid = [], None, {}, None
