@@ -190,7 +190,7 @@ def live(args, policy) -> int:
         backends["pyslurm"] = PyslurmBackend
     backends = {k: v for k, v in backends.items() if k in args.backends}
     limit = int(CliBackend().config().get("MaxJobCount", "10000"))
-    release = CliBackend().scontrol(["--version"]).split()[-1]
+    release = CliBackend().version()
     print(f"policy daemon cycle on a live Slurm {release} cluster (MaxJobCount {limit}), median of "
           f"{args.repeats}; Python {platform.python_version()}, {os.cpu_count()} CPUs")
     header = f"{'jobs':>7}  {'backend':>8}  {'jobs()':>8}  {'decide':>8}  {'cycle':>8}  {'vs cli':>7}  {'actions':>7}"

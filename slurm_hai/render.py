@@ -11,6 +11,8 @@ import shlex
 from functools import lru_cache
 import jinja2
 
+from .slurm.version import OLDEST_SUPPORTED
+
 
 @lru_cache(maxsize=1)
 def environment() -> jinja2.Environment:
@@ -23,6 +25,9 @@ def environment() -> jinja2.Environment:
         autoescape=False,
     )
     env.filters["sh"] = lambda value: shlex.quote(str(value))
+    # templates/slurm/ ask `slurm.<feature>`; unless the context names a version, the
+    # oldest supported one, whose spellings every later Slurm still accepts
+    env.globals["slurm"] = OLDEST_SUPPORTED
     return env
 
 

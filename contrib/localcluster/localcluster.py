@@ -33,10 +33,10 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from slurm_hai.controller.apply import apply_policy  # noqa: E402
+from slurm_hai.controller.apply import apply_changes, apply_policy  # noqa: E402
 from slurm_hai.policy.levels import ladder_arg  # noqa: E402
 from slurm_hai.policy.model import Policy, PolicyError, load_policy  # noqa: E402
-from slurm_hai.policy.ladder import template_context  # noqa: E402
+from slurm_hai.policy.ladder import Change, template_context  # noqa: E402
 from slurm_hai.render import render  # noqa: E402
 from slurm_hai.slurm import SlurmError  # noqa: E402
 from slurm_hai.slurm.cli import CliBackend  # noqa: E402
@@ -458,40 +458,56 @@ def start_mariadb(c: Cluster) -> None:
              "GRANT ALL ON slurm_acct_db.* TO 'slurm'@'127.0.0.1';")
 
 
-def sacctmgr(c: Cluster, *args: str, check: bool = True) -> subprocess.CompletedProcess:
-    return run(["sacctmgr", "-i", *args], c, check=check)
+def use_cluster(c: Cluster) -> CliBackend:
+    """slurm_hai's Slurm backend, pointed at this cluster's Slurm (its commands, SLURM_CONF)."""
+    os.environ["SLURM_CONF"] = str(c.slurm_conf)
+    if not os.environ.get("PATH", "").startswith(f"{c.slurm_root}/bin:"):
+        os.environ["PATH"] = c.path
+    return CliBackend()
 
 
 def accounting_answers(c: Cluster) -> bool:
-    return run(["sacctmgr", "-n", "-P", "show", "cluster", "format=cluster"], c, check=False).returncode == 0
+    try:
+        use_cluster(c).associations()
+    except SlurmError:
+        return False
+    return True
+
+
+def membership_changes(c: Cluster, assocs: list[dict[str, str]], users: list[dict[str, str]]) -> list[Change]:
+    """What only a test cluster needs in accounting: the cluster, the account, and root and
+    the test users in it as their default account. [] when all is there."""
+    ours = [a for a in assocs if a["Cluster"] == c.name]
+    changes = []
+    if not ours:
+        changes.append(Change("add", "cluster", name=c.name, why="the local cluster"))
+    if not any(a["Account"] == ACCOUNT and not a["User"] for a in ours):
+        changes.append(Change("add", "account", name=ACCOUNT, why="the test account",
+                              settings={"cluster": c.name, "description": "slurm-hai", "organization": "hai"}))
+    members = {a["User"] for a in ours if a["Account"] == ACCOUNT}
+    defaults = {u["User"]: u["DefaultAccount"] for u in users}
+    for user in ["root", *TEST_USERS]:
+        if user not in members:
+            new = {"defaultaccount": ACCOUNT} if user not in defaults else {}
+            changes.append(Change("add", "user", name=user, settings={"account": ACCOUNT, "cluster": c.name, **new},
+                                  why=f"{user} in account {ACCOUNT}"))
+        if user in defaults and defaults[user] != ACCOUNT:
+            changes.append(Change("modify", "user", where={"name": user}, settings={"defaultaccount": ACCOUNT},
+                                  why=f"{user} submits to {ACCOUNT} by default"))
+    return changes
 
 
 def setup_accounting(c: Cluster) -> None:
     """Cluster, account and users (what only a test cluster needs), then the policy's QOS
     ladder and QOS access through `slurm_hai.controller.apply.apply_policy`, as `hai-admin apply` does.
     Idempotent and quick on a cluster that is already set up (reads, no changes)."""
-    if c.name not in run(["sacctmgr", "-n", "-P", "show", "cluster", "format=cluster"], c).stdout.split():
-        sacctmgr(c, "add", "cluster", c.name)
-    accounts = run(["sacctmgr", "-n", "-P", "show", "account", "format=account"], c).stdout.split()
-    if ACCOUNT not in accounts:
-        sacctmgr(c, "add", "account", ACCOUNT, f"cluster={c.name}", "description=slurm-hai", "organization=hai")
-    users = run(["sacctmgr", "-n", "-P", "show", "assoc", f"cluster={c.name}", f"account={ACCOUNT}",
-                 "format=user"], c).stdout.split()
-    for user in ["root", *TEST_USERS]:
-        if user not in users:
-            sacctmgr(c, "add", "user", user, f"account={ACCOUNT}", f"cluster={c.name}")
-    defaults = dict(line.split("|", 1) for line in run(["sacctmgr", "-n", "-P", "show", "user",
-                                                        "format=user,defaultaccount"], c).stdout.splitlines() if line)
-    for user in ["root", *TEST_USERS]:
-        if defaults.get(user) != ACCOUNT:
-            sacctmgr(c, "modify", "user", "where", f"name={user}", "set", f"defaultaccount={ACCOUNT}")
-    # slurmctld may not run yet: partitions come from the rendered slurm.conf, not scontrol.
-    os.environ["SLURM_CONF"] = str(c.slurm_conf)
-    os.environ["PATH"] = c.path
+    backend = use_cluster(c)
     try:
-        done = apply_policy(local_policy(), CliBackend(), partitions=False)
+        apply_changes(backend, membership_changes(c, backend.associations(), backend.users()))
+        # slurmctld may not run yet: partitions come from the rendered slurm.conf, not scontrol.
+        done = apply_policy(local_policy(), backend, partitions=False)
     except SlurmError as e:
-        raise ClusterError(f"applying {POLICY_FILE}: {e}") from None
+        raise ClusterError(f"setting up accounting (the test users, then {POLICY_FILE}): {e}") from None
     if done:
         print(f"policy {POLICY_FILE.name}: {len(done)} accounting change(s) applied", flush=True)
 

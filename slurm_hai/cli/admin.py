@@ -138,17 +138,18 @@ def render(policy_file: str | None, out_dir: str, spank_plugin: str) -> None:
     from ..policy.levels import ladder_arg
     from ..policy.ladder import ClusterState, offline_access_changes, plan_changes, template_context
     from ..render import render as render_template
+    from ..slurm.commands import change_argv
 
     policy, _ = _load(policy_file)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     ctx = template_context(policy)
-    changes = plan_changes(policy, ClusterState())
+    changes = [(c, change_argv(c)) for c in plan_changes(policy, ClusterState())]
+    access = [(c, change_argv(c)) for c in offline_access_changes(policy)]
     files = {
         "hai-policy.conf": render_template("slurm/hai-policy.conf.j2", **ctx),
         "partitions.conf": render_template("slurm/partitions.conf.j2", **ctx),
-        "qos-ladder.sh": render_template("slurm/qos-ladder.sh.j2", changes=changes,
-                                         access=offline_access_changes(policy), **ctx),
+        "qos-ladder.sh": render_template("slurm/qos-ladder.sh.j2", changes=changes, access=access, **ctx),
         "job_submit.lua": render_template("slurm/job_submit.lua.j2", **ctx),
         "plugstack.conf": render_template("slurm/plugstack.conf.j2", spank_so=spank_plugin,
                                           levels_arg=ladder_arg(policy.ladder), max_grace=300,
@@ -178,8 +179,7 @@ def quota_loss_warning(changes) -> str:
     near-empty policy file means "no quotas", which is rarely what was meant."""
     dropped = [f"{m.group(1)} ({m.group(2)} nodes per user)" for c in changes
                if (m := QUOTA_DROPPED.match(c.why))]
-    deleted = [c.args[-1].split("=", 1)[1] for c in changes
-               if c.tool == "sacctmgr" and c.args[:2] == ("delete", "qos") and "=" in c.args[-1]]
+    deleted = [c.where["name"] for c in changes if (c.op, c.entity) == ("delete", "qos") and "name" in c.where]
     if not dropped and not deleted:
         return ""
     parts = ([f"removes the quota of {', '.join(dropped)}"] if dropped else []) + (
@@ -211,14 +211,23 @@ def stale_rendered_files(policy: Policy, conf_dir: Path) -> list[str]:
     return stale
 
 
-def _show(changes, as_json: bool) -> None:
+def _command(change) -> str:
+    """The command line that makes `change`, as `plan` and `apply` print it."""
     import shlex
 
+    from ..slurm.commands import change_argv
+
+    return shlex.join(change_argv(change))
+
+
+def _show(changes, as_json: bool) -> None:
     if as_json:
-        click.echo(json.dumps([{"argv": c.argv(), "why": c.why} for c in changes], indent=2))
+        from ..slurm.commands import change_argv
+
+        click.echo(json.dumps([{"argv": change_argv(c), "why": c.why} for c in changes], indent=2))
         return
     for c in changes:
-        click.echo(f"{shlex.join(c.argv())}\n    # {c.why}")
+        click.echo(f"{_command(c)}\n    # {c.why}")
 
 
 @main.command()
@@ -276,9 +285,7 @@ def apply(policy_file: str | None, no_partitions: bool, quiet: bool) -> None:
 
     def report(change) -> None:
         if not quiet:
-            import shlex
-
-            click.echo(f"{shlex.join(change.argv())}    # {change.why}")
+            click.echo(f"{_command(change)}    # {change.why}")
 
     done = apply_policy(policy, backend(), partitions=not no_partitions, report=report)
     click.echo(f"{len(done)} change(s) applied from {path}" if done else "no change: the cluster matches the policy")

@@ -14,7 +14,7 @@ from .. import __version__
 from ..jobs.jobdir import JobDir, default_root, write_atomic
 from ..policy.levels import AUTO
 from ..slurm import SlurmError
-from ..jobs.request import (JobRequest, RequestError, check_files, fit_to_group, node_gpus, render_script,
+from ..jobs.request import (JobRequest, RequestError, check_files, fit_to_group, render_script,
                       single_process_warning, validate)
 from .common import Refused, backend, did_you_mean, no_config_hint, emit_json, one_line_errors, parse_priority
 
@@ -38,7 +38,7 @@ def group_gpus(slurm, group: str | None, nodes: int, gpus_per_node: int | None, 
             known = [p["PartitionName"] for p in parts]
             raise Refused(f"-g {name}: no such node group; {did_you_mean(name, known)}"
                           f"groups: {', '.join(known)}")
-        return fit_to_group(name, node_gpus(slurm.scontrol(["show", "node", "-o"])), nodes, gpus_per_node)
+        return fit_to_group(name, {n.name: (n.gpus, n.partitions) for n in slurm.nodes()}, nodes, gpus_per_node)
     except RequestError as e:
         raise Refused(str(e)) from None
     except SlurmError as e:

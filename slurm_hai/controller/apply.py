@@ -2,8 +2,8 @@
 
 `hai-admin plan/apply` and contrib/localcluster (its `up`) both go through `apply_policy`,
 so the local cluster is set up by exactly the code an administrator runs. Reading and
-writing go through the Slurm access layer (`slurm_hai.slurm`); the plan itself is pure
-(`slurm_hai.policy.ladder.plan_changes`).
+writing go through the Slurm access layer (`slurm_hai.slurm`: typed reads, `apply(change)`);
+the plan itself is pure data (`slurm_hai.policy.ladder.plan_changes`).
 """
 
 from __future__ import annotations
@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Callable
 
 from ..policy.model import Policy
-from ..policy.ladder import ASSOC_FIELDS, SHOW_FIELDS, Change, ClusterState, plan_changes
-from ..slurm import Backend, SlurmError
+from ..policy.ladder import Change, ClusterState, plan_changes
+from ..slurm import Backend
 
 
 def read_state(backend: Backend, policy: Policy, partitions: bool = True) -> ClusterState:
@@ -22,9 +22,9 @@ def read_state(backend: Backend, policy: Policy, partitions: bool = True) -> Clu
     (scontrol): with partitions=False this works before slurmctld is started.
     """
     state = ClusterState()
-    for row in backend.sacctmgr_show("qos", SHOW_FIELDS):
+    for row in backend.qos():
         state.qos[row["Name"].lower()] = {k.lower(): v for k, v in row.items()}
-    state.assocs = backend.sacctmgr_show("assoc", ASSOC_FIELDS)
+    state.assocs = backend.associations()
     if partitions:
         state.partitions = {p["PartitionName"]: p for p in backend.partitions()}
         lists = {p.get("Nodes", "") for p in state.partitions.values()}
@@ -40,19 +40,11 @@ def plan_policy(policy: Policy, backend: Backend, partitions: bool = True) -> li
 
 
 def apply_changes(backend: Backend, changes: list[Change], report: Callable[[Change], None] | None = None) -> None:
-    """Run the changes in order; the first failure stops (later ones may depend on it)."""
+    """Make the changes in order; the first failure stops (later ones may depend on it)."""
     for change in changes:
         if report:
             report(change)
-        try:
-            if change.tool == "sacctmgr":
-                backend.sacctmgr(change.args)
-            elif change.tool == "scontrol":
-                backend.scontrol(change.args)
-            else:  # pragma: no cover - plan_changes makes no other kind
-                raise SlurmError(f"unknown change tool {change.tool}")
-        except SlurmError as e:
-            raise SlurmError(f"{e} (while: {' '.join(change.argv())})") from None
+        backend.apply(change)
 
 
 def apply_policy(policy: Policy, backend: Backend, partitions: bool = True,

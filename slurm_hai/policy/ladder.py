@@ -13,17 +13,22 @@ user's (account's) associations access to the variant instead of the level's bas
 variants are QOS Slurm itself enforces, so the refusal at submission, the pending reason
 (QOSMaxNodePerUserLimit) and preemption all work as for the base QOS.
 
-`desired_qos(policy)` says what each QOS must look like; `plan(desired, current)` turns the
-difference with what sacctmgr shows into sacctmgr argument lists.
+`desired_qos(policy)` says what each QOS must look like; `plan_changes(policy, state)` turns
+the difference with what Slurm has into `Change`s: data (add this QOS, set these fields of
+that association, update that partition), which `slurm_hai.slurm` renders to commands and
+applies. Nothing here knows a command line.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Mapping
 
 from .levels import Level
 from .model import Policy
-from ..slurm.version import OLDEST_SUPPORTED, SlurmVersion
+
+if TYPE_CHECKING:  # policy/ imports only the standard library at run time
+    from ..slurm.version import SlurmVersion
 
 # Multifactor priority = PriorityWeightQOS * qos.Priority / max(qos.Priority). QOS priority
 # is level value + 1 (never 0), so a job's priority is (value + 1) * LEVEL_STRIDE and the
@@ -127,36 +132,45 @@ def desired_qos(policy: Policy) -> list[QosSpec]:
     return specs
 
 
-SHOW_FIELDS = ("Name", "Priority", "Preempt", "GraceTime", "PreemptMode", "MaxTRESPU", "PreemptExemptTime", "Flags")
-
-
 def _normal(field: str, value: str) -> str:
     if field in ("Preempt", "Flags"):
         return ",".join(sorted(filter(None, value.split(","))))
     return value
 
 
-def plan(desired: list[QosSpec], current: dict[str, dict[str, str]]) -> list[list[str]]:
-    """sacctmgr argument lists (without `sacctmgr -i`) that make `current` match `desired`.
+def qos_changes(desired: list[QosSpec], current: dict[str, dict[str, str]]) -> list[Change]:
+    """The QOS changes that make `current` match `desired`, each with its reason.
 
-    `current` maps QOS name to the fields of `sacctmgr show qos` (SHOW_FIELDS, lower-cased
-    names as keys are fine). Returns [] when nothing needs to change. All `add` lists come
+    `current` maps QOS name to its fields as Slurm shows them (the keys of QosSpec.settings
+    and Name; lower-cased keys are fine). [] when nothing needs to change. Every `add` comes
     first: Preempt= may only name QOS that exist.
     """
-    adds: list[list[str]] = []
-    modifies: list[list[str]] = []
+    adds: list[Change] = []
+    modifies: list[Change] = []
     for spec in desired:
+        new = spec.name not in current
         have = {k.lower(): v for k, v in current.get(spec.name, {}).items()}
-        if spec.name not in current:
-            adds.append(["add", "qos", spec.name])
-        sets = []
-        for field, (shown, set_arg) in spec.settings().items():
-            now = _normal(field, have.get(field.lower(), ""))
+        if new:
+            adds.append(Change("add", "qos", name=spec.name, why=f"new QOS: {describe(spec)}"))
+        sets: dict[str, str] = {}
+        diffs = []
+        for key, (shown, value) in spec.settings().items():
+            now = _normal(key, have.get(key.lower(), ""))
             if now.lower() != shown.lower():
-                sets.append(f"{field}={set_arg}")
+                sets[key] = value
+                diffs.append(_difference(key, now, shown))
         if sets:
-            modifies.append(["modify", "qos", "where", f"name={spec.name}", "set", *sets])
+            why = f"{spec.name}: settings of the new QOS" if new else f"{spec.name}: " + "; ".join(diffs)
+            modifies.append(Change("modify", "qos", where={"name": spec.name}, settings=sets, why=why))
     return adds + modifies
+
+
+def _difference(key: str, now: str, want: str) -> str:
+    """One field's change in words: `Preempt +high -low`, `GraceTime 00:00:10 -> 00:00:05`."""
+    if key in ("Preempt", "Flags"):
+        added, removed = sorted(_set_of(want) - _set_of(now)), sorted(_set_of(now) - _set_of(want))
+        return f"{key} " + " ".join([f"+{x}" for x in added] + [f"-{x}" for x in removed])
+    return f"{key} {now or '(none)'} -> {want or '(none)'}"
 
 
 def describe(spec: QosSpec) -> str:
@@ -171,27 +185,33 @@ def describe(spec: QosSpec) -> str:
 
 @dataclass(frozen=True)
 class Change:
-    """One command that brings Slurm closer to the policy, and why."""
+    """One step that brings Slurm closer to the policy, as data, and why.
 
-    tool: str  # "sacctmgr" (run as `sacctmgr -i ARGS`) or "scontrol"
-    args: tuple[str, ...]
-    why: str
+    op "add", "modify" or "delete" of an accounting entity ("cluster", "account", "user",
+    "qos"; a user or account with `where` cluster/account/partition is an association), or
+    "create" or "update" of a "partition" (slurmctld). `name` is what add, create and
+    update name; `where` selects what modify and delete change; `settings` are the fields
+    to set, spelt and valued as Slurm takes them (its field names, `node=4`, `-1`: none).
+    `slurm_hai.slurm` renders a Change to a command (`commands.change_argv`) and makes it
+    (`Backend.apply`).
+    """
 
-    def argv(self) -> list[str]:
-        return [self.tool, *(["-i"] if self.tool == "sacctmgr" else []), *self.args]
+    op: str
+    entity: str
+    name: str = ""
+    where: Mapping[str, str] = field(default_factory=dict)
+    settings: Mapping[str, str] = field(default_factory=dict)
+    why: str = ""
 
 
 @dataclass
 class ClusterState:
     """What Slurm has now, as read by `slurm_hai.controller.apply.read_state` (or empty: a new cluster)."""
 
-    qos: dict[str, dict[str, str]] = field(default_factory=dict)  # name -> SHOW_FIELDS
+    qos: dict[str, dict[str, str]] = field(default_factory=dict)  # name -> Name and QosSpec.settings() fields
     assocs: list[dict[str, str]] = field(default_factory=list)  # Cluster, Account, User, Partition, QOS, DefaultQOS
     partitions: dict[str, dict[str, str]] | None = None  # None: partitions not looked at
     nodes: dict[str, frozenset[str]] = field(default_factory=dict)  # hostlist -> node names (expanded)
-
-
-ASSOC_FIELDS = ("Cluster", "Account", "User", "Partition", "QOS", "DefaultQOS")
 
 
 def group_allow_qos(policy: Policy, group) -> str:
@@ -207,37 +227,17 @@ def _set_of(text: str) -> set[str]:
 
 
 def plan_changes(policy: Policy, state: ClusterState) -> list[Change]:
-    """Every sacctmgr/scontrol command, in order, that makes `state` match `policy`.
+    """Every change, in order, that makes `state` match `policy`.
 
     Order: new QOS, QOS settings (Preempt= may only name QOS that exist), association
     access (which QOS each user/account may use, default QOS), stale override QOS removal,
     then partitions (AllowQos= may only name QOS that exist). [] when nothing is to change.
     """
     specs = desired_qos(policy)
-    by_name = {s.name: s for s in specs}
-    changes: list[Change] = []
-    for args in plan(specs, state.qos):
-        spec = by_name[args[2] if args[0] == "add" else args[3].split("=", 1)[1]]
-        if args[0] == "add":
-            why = f"new QOS: {describe(spec)}"
-        elif spec.name not in state.qos:
-            why = f"{spec.name}: settings of the new QOS"
-        else:
-            have = {k.lower(): v for k, v in state.qos[spec.name].items()}
-            diffs = []
-            for arg in args[5:]:
-                key = arg.split("=", 1)[0]
-                now, want = _normal(key, have.get(key.lower(), "")), spec.settings()[key][0]
-                if key in ("Preempt", "Flags"):
-                    added, removed = sorted(_set_of(want) - _set_of(now)), sorted(_set_of(now) - _set_of(want))
-                    diffs.append(f"{key} " + " ".join([f"+{x}" for x in added] + [f"-{x}" for x in removed]))
-                else:
-                    diffs.append(f"{key} {now or '(none)'} -> {want or '(none)'}")
-            why = f"{spec.name}: " + "; ".join(diffs)
-        changes.append(Change("sacctmgr", tuple(args), why))
+    changes = qos_changes(specs, state.qos)
 
     ladder_qos = {lvl.qos for lvl in policy.ladder}
-    desired_names = set(by_name)
+    desired_names = {s.name for s in specs}
     # Associations in the accounts the policy names; when it names none, only those of the
     # users and accounts that have a quota override (they need their variant QOS).
     def in_scope(row: dict[str, str]) -> bool:
@@ -261,25 +261,24 @@ def plan_changes(policy: Policy, state: ClusterState) -> list[Change]:
             continue
         if user:
             entity = "user"
-            where = ["where", f"cluster={row.get('Cluster', '')}", f"account={account}", f"name={user}"]
+            where = {"cluster": row.get("Cluster", ""), "account": account, "name": user}
             if row.get("Partition"):
-                where.append(f"partition={row['Partition']}")
+                where["partition"] = row["Partition"]
             who = f"user {user} in account {account}"
         else:
-            entity, where, who = "account", ["where", f"cluster={row.get('Cluster', '')}", f"name={account}"], \
-                f"account {account}"
+            entity, where, who = "account", {"cluster": row.get("Cluster", ""), "name": account}, f"account {account}"
         added, removed = sorted(want - have), sorted(have - want)
         detail = " ".join([f"+{q}" for q in added] + [f"-{q}" for q in removed])
         if default_now != default:
             detail += f"{'; ' if detail else ''}default {default_now or '(none)'} -> {default}"
-        changes.append(Change("sacctmgr", ("modify", entity, *where, "set", f"qos={','.join(sorted(want))}",
-                                           f"defaultqos={default}"), f"QOS access of {who}: {detail}"))
+        changes.append(Change("modify", entity, where=where, settings={"qos": ",".join(sorted(want)),
+                                                                       "defaultqos": default},
+                              why=f"QOS access of {who}: {detail}"))
 
     for name in sorted(state.qos):
         base, kind, owner = parse_qos(name)
         if kind and base in ladder_qos and name not in desired_names:
-            changes.append(Change("sacctmgr", ("delete", "qos", "where", f"name={name}"),
-                                  f"override gone from the policy: {name}"))
+            changes.append(Change("delete", "qos", where={"name": name}, why=f"override gone from the policy: {name}"))
 
     if state.partitions is not None:
         for group in policy.groups:
@@ -292,26 +291,26 @@ def _partition_changes(policy: Policy, group, state: ClusterState) -> list[Chang
             "Default": "YES" if group.default else "NO"}
     have = state.partitions.get(group.name) if state.partitions is not None else None
     if have is None:
-        args = ("create", f"PartitionName={group.name}", f"Nodes={group.nodes}",
-                *(f"{k}={v}" for k, v in want.items()), "OverSubscribe=EXCLUSIVE", "MaxTime=INFINITE", "State=UP")
-        return [Change("scontrol", args, f"new node group {group.name} ({group.nodes})")]
-    sets, diffs = [], []
+        settings = {"Nodes": group.nodes, **want, "OverSubscribe": "EXCLUSIVE", "MaxTime": "INFINITE", "State": "UP"}
+        return [Change("create", "partition", name=group.name, settings=settings,
+                       why=f"new node group {group.name} ({group.nodes})")]
+    sets: dict[str, str] = {}
+    diffs = []
     for key, value in want.items():
         now = have.get(key, "")
         same = _set_of(now) == _set_of(value) if key == "AllowQos" else now.upper() == value.upper()
         if not same:
-            sets.append(f"{key}={value}")
+            sets[key] = value
             diffs.append(f"{key} {now or '(none)'} -> {value}")
     if group.nodes.upper() != "ALL":
         now_nodes = state.nodes.get(have.get("Nodes", ""), frozenset())
         want_nodes = state.nodes.get(group.nodes)
         if want_nodes is not None and now_nodes != want_nodes:
-            sets.append(f"Nodes={group.nodes}")
+            sets["Nodes"] = group.nodes
             diffs.append(f"Nodes {have.get('Nodes') or '(none)'} -> {group.nodes}")
     if not sets:
         return []
-    return [Change("scontrol", ("update", f"PartitionName={group.name}", *sets),
-                   f"node group {group.name}: " + "; ".join(diffs))]
+    return [Change("update", "partition", name=group.name, settings=sets, why=f"node group {group.name}: " + "; ".join(diffs))]
 
 
 # ------------------------------------------------------------------ what the templates get
@@ -319,8 +318,8 @@ def _partition_changes(policy: Policy, group, state: ClusterState) -> list[Chang
 
 def template_context(policy: Policy, slurm: SlurmVersion | None = None) -> dict[str, object]:
     """Everything templates/slurm/*.j2 need from a policy, already checked and computed,
-    for the Slurm version `slurm` (default: the oldest supported, whose spellings every
-    later version still accepts).
+    for the Slurm version `slurm` (when None, `slurm_hai.render` gives the templates the
+    oldest supported, whose spellings every later version still accepts).
 
     Values are names validated by the policy loader ([A-Z0-9_] levels, [a-z0-9_-] owners,
     partition names) and integers, so they go into Lua strings and config lines as they are.
@@ -338,8 +337,8 @@ def template_context(policy: Policy, slurm: SlurmVersion | None = None) -> dict[
     groups = [{"name": g.name, "nodes": g.nodes, "priority_tier": g.priority_tier, "default": g.default,
                "allow_qos": group_allow_qos(policy, g)} for g in policy.groups]
     return {
+        **({"slurm": slurm} if slurm is not None else {}),
         "policy": policy,
-        "slurm": slurm or OLDEST_SUPPORTED,
         "qos_weight": qos_weight(policy),
         "levels_high_to_low": policy.levels_high_to_low,
         "default_quota": {lvl.name: policy.quota[lvl.name] for lvl in policy.ladder if lvl.name in policy.quota},
@@ -352,17 +351,17 @@ def template_context(policy: Policy, slurm: SlurmVersion | None = None) -> dict[
 def offline_access_changes(policy: Policy) -> list[Change]:
     """QOS access for `hai-admin render`'s script, written without reading the database:
     the policy's accounts and their users get the ladder, then each override owner its variants."""
-    def grant(user: str, account: str) -> tuple[str, str]:
+    def grant(user: str, account: str) -> dict[str, str]:
         names = sorted({qos_for(policy, lvl.name, user, account) for lvl in policy.ladder})
-        return f"qos={','.join(names)}", f"defaultqos={qos_for(policy, policy.default_level, user, account)}"
+        return {"qos": ",".join(names), "defaultqos": qos_for(policy, policy.default_level, user, account)}
 
     changes = []
     for account in policy.accounts:
-        changes.append(Change("sacctmgr", ("modify", "account", "where", f"name={account}", "set", *grant("", account)),
-                              f"account {account} uses the ladder"))
-        changes.append(Change("sacctmgr", ("modify", "user", "where", f"account={account}", "set",
-                                           *grant("", account)), f"users of account {account} use the ladder"))
+        changes.append(Change("modify", "account", where={"name": account}, settings=grant("", account),
+                              why=f"account {account} uses the ladder"))
+        changes.append(Change("modify", "user", where={"account": account}, settings=grant("", account),
+                              why=f"users of account {account} use the ladder"))
     for user in sorted(policy.user_quota):
-        changes.append(Change("sacctmgr", ("modify", "user", "where", f"name={user}", "set", *grant(user, "")),
-                              f"user {user} uses their quota override QOS"))
+        changes.append(Change("modify", "user", where={"name": user}, settings=grant(user, ""),
+                              why=f"user {user} uses their quota override QOS"))
     return changes

@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import os
 import signal
-import subprocess
 import sys
 import time
 
@@ -25,12 +24,9 @@ from ..jobs.jobdir import JobDir
 from ..slurm import SlurmError, backend
 
 
-def srun_argv(args: argparse.Namespace, cmd: list[str], nodes: str) -> list[str]:
-    argv = ["srun", f"--nodes={nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "--unbuffered",
-            f"--job-name={os.environ.get('SLURM_JOB_NAME', 'hai')}"]
-    if args.gpus:
-        argv.append(f"--gres=gpu:{args.gpus}")
-    argv += [sys.executable, "-m", "slurm_hai.runtime.launcher", f"--job-dir={args.job_dir}", f"--grace={args.grace}"]
+def launcher_argv(args: argparse.Namespace, cmd: list[str]) -> list[str]:
+    """The per-node launcher, which the job step starts once on every node."""
+    argv = [sys.executable, "-m", "slurm_hai.runtime.launcher", f"--job-dir={args.job_dir}", f"--grace={args.grace}"]
     if args.term_is_notice:
         argv.append("--term-is-notice")
     return [*argv, "--", *cmd]
@@ -77,8 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["HAI_MASTER_IP"] = to_ipv4(slurm.node_addr(master_node(os.environ)))
 
     ending = []
-    signal.signal(signal.SIGTERM, lambda s, f: ending.append(s))  # Slurm ends the job: srun gets it too
-    rc = subprocess.Popen(srun_argv(args, cmd, nodes), stdin=subprocess.DEVNULL).wait()  # EINTR is retried
+    signal.signal(signal.SIGTERM, lambda s, f: ending.append(s))  # Slurm ends the job: the step gets it too
+    rc = slurm.run_step(launcher_argv(args, cmd), nodes, args.gpus, os.environ.get("SLURM_JOB_NAME", "hai"))
 
     how = jobdir.suspended(run)
     if how:

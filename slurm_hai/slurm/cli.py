@@ -1,5 +1,6 @@
 """The default backend: Slurm's own commands (sbatch, squeue --json, scontrol, scancel,
-sacct, sacctmgr). Works on 22.05 and later; every call is an argv list, never a shell line.
+sacct, sacctmgr, sinfo, srun). Works on 22.05 and later; every call is an argv list, never a
+shell line. How a typed operation is spelt as a command is in `commands.py`.
 """
 
 from __future__ import annotations
@@ -8,11 +9,15 @@ import json
 import logging
 import os
 import subprocess
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence
 
-from .base import SlurmError
+from . import commands
+from .base import NodeInfo, SlurmError
 from .records import JobInfo, RecordError, jobs_from_json
 from .version import SlurmVersion
+
+if TYPE_CHECKING:
+    from ..policy.ladder import Change
 
 log = logging.getLogger("slurm_hai.slurm")
 
@@ -168,21 +173,40 @@ class CliBackend:
                 or "send_user_signal" in conf.get("PreemptParameters", "").lower())
 
     def node_addr(self, node: str) -> str:
-        out = _run(["scontrol", "show", "node", "-o", node]).stdout
-        for part in out.split():
-            if part.startswith("NodeAddr="):
-                return part.split("=", 1)[1]
-        raise SlurmError(f"scontrol: node {node} has no NodeAddr")
+        found = commands.nodes_from_text(_run(["scontrol", "show", "node", "-o", node]).stdout)
+        if not found or not found[0].addr:
+            raise SlurmError(f"scontrol: node {node} has no NodeAddr")
+        return found[0].addr
+
+    def nodes(self) -> list[NodeInfo]:
+        """Every node: its GPUs (gpu GRES) and partitions (`scontrol show node -o`)."""
+        return commands.nodes_from_text(_run(["scontrol", "show", "node", "-o"]).stdout)
 
     def expand_hostlist(self, hostlist: str) -> list[str]:
         return _run(["scontrol", "show", "hostnames", hostlist]).stdout.split()
 
-    def sacctmgr_show(self, entity: str, fields: Sequence[str], where: Sequence[str] = ()) -> list[dict[str, str]]:
-        out = _run(["sacctmgr", "-n", "-P", "show", entity, *where, "format=" + ",".join(fields)]).stdout
-        return [dict(zip(fields, line.split("|"))) for line in out.splitlines() if line.strip()]
+    def _show(self, entity: str, fields: Sequence[str]) -> list[dict[str, str]]:
+        return commands.parsable_rows(_run(commands.show_argv(entity, fields)).stdout, fields)
 
-    def sacctmgr(self, args: Sequence[str]) -> None:
-        _run(["sacctmgr", "-i", *args])
+    def qos(self) -> list[dict[str, str]]:
+        """Every QOS, keyed by commands.QOS_FIELDS, as `sacctmgr show qos` prints them."""
+        return self._show("qos", commands.QOS_FIELDS)
+
+    def associations(self) -> list[dict[str, str]]:
+        """Every association (commands.ASSOC_FIELDS); User is "" for an account's own."""
+        return self._show("assoc", commands.ASSOC_FIELDS)
+
+    def users(self) -> list[dict[str, str]]:
+        """Every accounting user and their default account (commands.USER_FIELDS)."""
+        return self._show("user", commands.USER_FIELDS)
+
+    def apply(self, change: Change) -> None:
+        """Make one policy change (sacctmgr -i / scontrol create|update); a failure names the command."""
+        argv = commands.change_argv(change)
+        try:
+            _run(argv)
+        except SlurmError as e:
+            raise SlurmError(f"{e} (while: {' '.join(argv)})") from None
 
     def partitions(self) -> list[dict[str, str]]:
         """`scontrol show partition -o`: one dict of KEY=VALUE per partition."""
@@ -205,5 +229,12 @@ class CliBackend:
                 idle[part] += int(count)
         return idle
 
-    def scontrol(self, args: Sequence[str]) -> str:
-        return _run(["scontrol", *args]).stdout
+    def run_step(self, command: Sequence[str], nodes: int | str, gpus_per_node: int = 0, job_name: str = "hai") -> int:
+        """Run `command` as one job step, once on each of `nodes` nodes (from inside a batch
+        script), and wait for it: its exit status. Slurm's SIGTERM to the batch script
+        reaches the step too; a signal handler of the caller does not cut the wait short."""
+        argv = commands.step_argv(command, nodes, gpus_per_node, job_name)
+        try:
+            return subprocess.Popen(argv, stdin=subprocess.DEVNULL).wait()  # EINTR is retried
+        except OSError as e:
+            raise SlurmError(f"srun could not be run: {e.strerror}; is this a Slurm batch job?") from None

@@ -16,12 +16,14 @@ Through pyslurm (no process started):
   `update_job()` of Priority, QOS, StartTime, Comment and AdminComment (`Job.modify`),
   `release()` (`Job.release`).
 
-Kept on the Slurm commands (inherited from the CLI backend), because pyslurm lacks them:
+Kept on the Slurm commands (inherited from the CLI backend), mostly because pyslurm lacks them:
 - `submit()`: pyslurm submits a JobSubmitDescription, not a batch script with sbatch's
   options; hai-submit renders a script and sbatch argv;
-- `sacctmgr_show()`/`sacctmgr()`: pyslurm.db has no QOS/association writes for all that
-  `hai-admin apply` changes;
-- `scontrol()` (partition create/update from `hai-admin apply`, `show node -o` text);
+- `qos()`, `associations()`, `users()` and `apply()` (sacctmgr, scontrol create/update):
+  pyslurm.db has no QOS/association writes for all that `hai-admin apply` changes, and
+  the reads stay beside the writes they are compared with;
+- `nodes()` (`scontrol show node -o`: GPUs and partitions; one call per hai-submit, not
+  worth a second GRES parser) and `run_step()` (a job step is srun's process, not an RPC);
 - `update_job()` of any other field, or with an empty value: pyslurm cannot clear a
   string (an empty value means "unchanged" to it);
 - the record of a job pyslurm cannot give exactly (`records.pyslurm_exact`): a state

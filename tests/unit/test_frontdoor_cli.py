@@ -73,10 +73,10 @@ def test_a_policy_that_would_drop_quotas_is_named_in_a_warning():
     from slurm_hai.policy.ladder import Change
 
     changes = [
-        Change("sacctmgr", ("modify", "qos", "where", "name=high", "set", "MaxTRESPU=node=-1"),
-               "high: Preempt -normal.u.bob; MaxTRESPU node=2 -> (none)"),
-        Change("sacctmgr", ("delete", "qos", "where", "name=high.u.bob"), "override gone from the policy: high.u.bob"),
-        Change("sacctmgr", ("modify", "qos", "where", "name=low", "set", "Priority=0"), "low: Priority 1 -> 0"),
+        Change("modify", "qos", where={"name": "high"}, settings={"MaxTRESPU": "node=-1"},
+               why="high: Preempt -normal.u.bob; MaxTRESPU node=2 -> (none)"),
+        Change("delete", "qos", where={"name": "high.u.bob"}, why="override gone from the policy: high.u.bob"),
+        Change("modify", "qos", where={"name": "low"}, settings={"Priority": "0"}, why="low: Priority 1 -> 0"),
     ]
     warning = quota_loss_warning(changes)
     assert "removes the quota of high (2 nodes per user)" in warning and "deletes the overrides high.u.bob" in warning

@@ -8,6 +8,8 @@ import pytest
 from click.testing import CliRunner
 
 from slurm_hai.cli import submit as submit_cli
+from slurm_hai.slurm.base import NodeInfo
+from slurm_hai.slurm.commands import nodes_from_text
 
 
 class FakeSlurm:
@@ -26,9 +28,9 @@ class FakeSlurm:
     def expand_hostlist(self, hostlist: str) -> list[str]:
         return ["n1", "n2"]
 
-    def scontrol(self, args) -> str:
-        return "".join(f"NodeName=n{i} Arch=x86_64 CPUTot=2 Gres={self.gres} Partitions=gpu State=IDLE\n"
-                       for i in (1, 2))
+    def nodes(self) -> list[NodeInfo]:
+        return nodes_from_text("".join(f"NodeName=n{i} Arch=x86_64 CPUTot=2 Gres={self.gres} Partitions=gpu "
+                                       "State=IDLE\n" for i in (1, 2)))
 
     def jobs(self, job_ids=(), user=None):
         return []

@@ -11,9 +11,10 @@ from pathlib import Path
 import pytest
 
 from slurm_hai.policy.model import default_policy, load_policy, parse_policy
-from slurm_hai.policy.ladder import (SHOW_FIELDS, ClusterState, desired_qos, level_of_qos, offline_access_changes, parse_qos,
-                           plan, plan_changes, qos_for, qos_weight, template_context)
+from slurm_hai.policy.ladder import (ClusterState, desired_qos, level_of_qos, offline_access_changes, parse_qos,
+                                    plan_changes, qos_changes, qos_for, qos_weight, template_context)
 from slurm_hai.render import render
+from slurm_hai.slurm.commands import QOS_FIELDS, change_argv
 
 REPO = Path(__file__).resolve().parents[2]
 LOCAL = load_policy(REPO / "contrib" / "localcluster" / "policy.toml")
@@ -40,14 +41,12 @@ def applied(policy, changes_state: ClusterState) -> ClusterState:
     state = ClusterState(qos=shown(policy), assocs=[dict(r) for r in changes_state.assocs],
                          partitions=changes_state.partitions, nodes=changes_state.nodes)
     for c in plan_changes(policy, changes_state):
-        if c.args[:2] in (("modify", "user"), ("modify", "account")):
-            where = dict(a.split("=", 1) for a in c.args[3:c.args.index("set")])
-            sets = dict(a.split("=", 1) for a in c.args[c.args.index("set") + 1:])
+        if c.op == "modify" and c.entity in ("user", "account"):
             for row in state.assocs:
-                user_match = row["User"] == where.get("name") if c.args[1] == "user" else row["User"] == ""
-                acct = where.get("account") if c.args[1] == "user" else where.get("name")
+                user_match = row["User"] == c.where.get("name") if c.entity == "user" else row["User"] == ""
+                acct = c.where.get("account") if c.entity == "user" else c.where.get("name")
                 if user_match and row["Account"] == acct:
-                    row["QOS"], row["DefaultQOS"] = sets["qos"], sets["defaultqos"]
+                    row["QOS"], row["DefaultQOS"] = c.settings["qos"], c.settings["defaultqos"]
     return state
 
 
@@ -97,19 +96,21 @@ def test_priority_weight_gives_each_level_its_band():
 
 
 def test_plan_creates_everything_on_an_empty_database():
-    cmds = plan(desired_qos(default_policy()), {})
-    adds = [c for c in cmds if c[0] == "add"]
-    assert len(adds) == 8 and cmds[:8] == adds  # Preempt= may only name QOS that exist
-    high = next(c for c in cmds if c[:4] == ["modify", "qos", "where", "name=high"])
-    assert "Preempt=above_normal,below_normal,low,normal,under_normal" in high
-    assert "Flags=DenyOnLimit" in high and "GraceTime=5" in high
-    assert not any(a.startswith("MaxTRESPU") for a in high)  # no quota in the default policy: none to set
-    low = next(c for c in cmds if c[:4] == ["modify", "qos", "where", "name=low"])
-    assert not any(a.startswith("Preempt=") for a in low)  # LOW preempts nothing: nothing to set
+    changes = qos_changes(desired_qos(default_policy()), {})
+    adds = [c for c in changes if c.op == "add"]
+    assert len(adds) == 8 and changes[:8] == adds  # Preempt= may only name QOS that exist
+    assert adds[0].why == "new QOS: level EXTREME_HIGH: quota unlimited per user"
+    high = next(c for c in changes if c.op == "modify" and c.where == {"name": "high"})
+    assert high.settings["Preempt"] == "above_normal,below_normal,low,normal,under_normal"
+    assert high.settings["Flags"] == "DenyOnLimit" and high.settings["GraceTime"] == "5"
+    assert "MaxTRESPU" not in high.settings  # no quota in the default policy: none to set
+    assert high.why == "high: settings of the new QOS"
+    low = next(c for c in changes if c.op == "modify" and c.where == {"name": "low"})
+    assert "Preempt" not in low.settings  # LOW preempts nothing: nothing to set
 
 
 def test_plan_is_empty_when_the_cluster_matches():
-    assert plan(desired_qos(LOCAL), shown(LOCAL)) == []
+    assert qos_changes(desired_qos(LOCAL), shown(LOCAL)) == []
     state = ClusterState(qos=shown(LOCAL), assocs=assocs_for(LOCAL))
     after = applied(LOCAL, state)
     assert plan_changes(LOCAL, after) == []
@@ -121,14 +122,14 @@ def test_plan_changes_only_what_differs():
     current["normal"]["maxtrespu"] = ""
     current["low"]["preempt"] = "normal"
     changes = plan_changes(LOCAL, ClusterState(qos=current))
-    assert [c.args for c in changes] == [
-        ("modify", "qos", "where", "name=high", "set", "GraceTime=5"),
-        ("modify", "qos", "where", "name=normal", "set", "MaxTRESPU=node=4"),
-        ("modify", "qos", "where", "name=low", "set", "Preempt=''"),
+    assert [(c.op, c.entity, c.where, c.settings) for c in changes] == [
+        ("modify", "qos", {"name": "high"}, {"GraceTime": "5"}),
+        ("modify", "qos", {"name": "normal"}, {"MaxTRESPU": "node=4"}),
+        ("modify", "qos", {"name": "low"}, {"Preempt": "''"}),
     ]
     assert changes[0].why == "high: GraceTime 00:00:10 -> 00:00:05"
+    assert changes[1].why == "normal: MaxTRESPU (none) -> node=4"
     assert changes[2].why == "low: Preempt -normal"
-    assert changes[0].argv()[:2] == ["sacctmgr", "-i"]
 
 
 def test_association_access_uses_variants_and_keeps_site_qos():
@@ -137,11 +138,12 @@ def test_association_access_uses_variants_and_keeps_site_qos():
     changes = plan_changes(LOCAL, ClusterState(qos=shown(LOCAL), assocs=rows))
     assert len(changes) == 1  # only hai-bob needs his variants; the account and others match
     (bob,) = changes
-    assert bob.args[:7] == ("modify", "user", "where", "cluster=hai", "account=hai", "name=hai-bob", "set")
-    qos = set(bob.args[7].removeprefix("qos=").split(","))
+    assert (bob.op, bob.entity, bob.where) == ("modify", "user", {"cluster": "hai", "account": "hai", "name": "hai-bob"})
+    assert list(bob.settings) == ["qos", "defaultqos"]
+    qos = set(bob.settings["qos"].split(","))
     assert {"normal.u.hai-bob", "high.u.hai-bob", "low", "under_normal"} <= qos
     assert "normal" not in qos and "high" not in qos
-    assert bob.args[8] == "defaultqos=normal.u.hai-bob"
+    assert bob.settings["defaultqos"] == "normal.u.hai-bob"
     assert "+normal.u.hai-bob" in bob.why.split() and "-normal" in bob.why.split()
     assert bob.why.endswith("; default normal -> normal.u.hai-bob")
 
@@ -151,14 +153,15 @@ def test_stale_override_qos_is_removed_after_access_changes():
     state = applied(LOCAL, state)
     without_bob = parse_policy({**_local_dict(), "quota": {"NORMAL": 4}})
     changes = plan_changes(without_bob, state)
-    kinds = [c.args[:2] for c in changes]
-    deletes = [c.args[3] for c in changes if c.args[0] == "delete"]
-    assert sorted(deletes) == sorted(f"name={lvl}.u.hai-bob" for lvl in
-                                     ("extreme_high", "very_high", "high", "above_normal", "normal"))
+    kinds = [(c.op, c.entity) for c in changes]
+    deletes = [c.where for c in changes if c.op == "delete"]
+    assert sorted(d["name"] for d in deletes) == sorted(f"{lvl}.u.hai-bob" for lvl in
+                                                        ("extreme_high", "very_high", "high", "above_normal", "normal"))
+    assert all(list(d) == ["name"] for d in deletes)
     assert kinds.index(("modify", "user")) < kinds.index(("delete", "qos"))
     # the site's own QOS are never deleted
     state.qos["site_special"] = {"name": "site_special"}
-    assert not any("site_special" in " ".join(c.args) for c in plan_changes(without_bob, state))
+    assert not any("site_special" in repr(c) for c in plan_changes(without_bob, state))
 
 
 def _local_dict() -> dict:
@@ -175,24 +178,26 @@ def test_partitions_are_compared_and_created():
     state = ClusterState(qos=shown(p), partitions=have, nodes={"n[1-4]": frozenset({"n1", "n2", "n3", "n4"}),
                                                                 "c1": frozenset({"c1"})})
     changes = plan_changes(p, state)
-    assert [c.tool for c in changes] == ["scontrol", "scontrol"]
-    assert changes[0].args == ("update", "PartitionName=gpu", "PriorityTier=2", "AllowQos=high,low")
-    assert changes[1].args[:3] == ("create", "PartitionName=cpu", "Nodes=c1")
+    assert [(c.op, c.entity, c.name) for c in changes] == [("update", "partition", "gpu"), ("create", "partition", "cpu")]
+    assert changes[0].settings == {"PriorityTier": "2", "AllowQos": "high,low"}
+    assert changes[0].why == "node group gpu: PriorityTier 1 -> 2; AllowQos ALL -> high,low"
+    assert changes[1].settings == {"Nodes": "c1", "PriorityTier": "1", "AllowQos": "ALL", "Default": "NO",
+                                   "OverSubscribe": "EXCLUSIVE", "MaxTime": "INFINITE", "State": "UP"}
     have["gpu"].update(PriorityTier="2", AllowQos="low,high")
     have["cpu"] = {"PartitionName": "cpu", "PriorityTier": "1", "AllowQos": "ALL", "Default": "NO", "Nodes": "c1"}
     assert plan_changes(p, state) == []
     have["gpu"]["Nodes"] = "n[1-2]"
     state.nodes["n[1-2]"] = frozenset({"n1", "n2"})
-    assert plan_changes(p, state)[0].args == ("update", "PartitionName=gpu", "Nodes=n[1-4]")
+    assert plan_changes(p, state)[0].settings == {"Nodes": "n[1-4]"}
 
 
 def test_partitions_not_read_are_left_alone():
-    assert all(c.tool == "sacctmgr" for c in plan_changes(LOCAL, ClusterState()))
+    assert all(c.entity != "partition" for c in plan_changes(LOCAL, ClusterState()))
 
 
-def test_show_fields_cover_every_setting():
+def test_the_qos_read_covers_every_setting_the_plan_compares():
     spec = desired_qos(LOCAL)[0]
-    assert set(spec.settings()) | {"Name"} == set(SHOW_FIELDS)
+    assert set(spec.settings()) | {"Name"} == set(QOS_FIELDS)
 
 
 # ------------------------------------------------------------------ rendered files
@@ -213,8 +218,8 @@ def test_rendered_slurm_conf_fragments():
 
 def test_qos_script_is_valid_shell_and_idempotent_on_adds(tmp_path):
     ctx = template_context(LOCAL)
-    text = render("slurm/qos-ladder.sh.j2", changes=plan_changes(LOCAL, ClusterState()),
-                  access=offline_access_changes(LOCAL), **ctx)
+    text = render("slurm/qos-ladder.sh.j2", changes=[(c, change_argv(c)) for c in plan_changes(LOCAL, ClusterState())],
+                  access=[(c, change_argv(c)) for c in offline_access_changes(LOCAL)], **ctx)
     path = tmp_path / "qos.sh"
     path.write_text(text)
     assert subprocess.run(["sh", "-n", str(path)]).returncode == 0

@@ -1,0 +1,110 @@
+"""How slurm-hai's typed Slurm operations are spelt as Slurm commands, and how the
+commands' text is read back (pure: no process is started here; `cli.py` runs them).
+
+- A policy change (`slurm_hai.policy.ladder.Change`) -> `sacctmgr -i ...` (accounting:
+  add, modify, delete of a cluster, account, user or QOS) or `scontrol create|update ...`
+  (slurmctld: a partition). `hai-admin plan` prints exactly these argv, `apply` runs them.
+- The job step the batch script runs -> `srun ...` (one task per node).
+- `sacctmgr -n -P show ...` and `scontrol show node -o` text -> rows and NodeInfo.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import TYPE_CHECKING, Mapping, Sequence
+
+from .base import NodeInfo
+
+if TYPE_CHECKING:
+    from ..policy.ladder import Change
+
+ACCOUNTING_OPS = ("add", "modify", "delete")  # sacctmgr, on slurmdbd
+ACCOUNTING_ENTITIES = ("cluster", "account", "user", "qos")
+CONTROLLER_OPS = ("create", "update")  # scontrol, on slurmctld (lasts until it restarts)
+CONTROLLER_KEYS = {"partition": "PartitionName"}  # entity -> the key that names it
+
+# What the typed reads ask sacctmgr for (the keys of their rows).
+QOS_FIELDS = ("Name", "Priority", "Preempt", "GraceTime", "PreemptMode", "MaxTRESPU", "PreemptExemptTime", "Flags")
+ASSOC_FIELDS = ("Cluster", "Account", "User", "Partition", "QOS", "DefaultQOS")
+USER_FIELDS = ("User", "DefaultAccount")
+
+KEY = re.compile(r"^[A-Za-z][A-Za-z0-9_]*$")
+
+
+def change_argv(change: Change) -> list[str]:
+    """The command that makes `change`; ValueError for an operation Slurm has no command for.
+
+    add:    sacctmgr -i add ENTITY NAME KEY=VALUE...
+    modify: sacctmgr -i modify ENTITY where KEY=VALUE... set KEY=VALUE...
+    delete: sacctmgr -i delete ENTITY where KEY=VALUE...
+    create/update: scontrol create|update PartitionName=NAME KEY=VALUE...
+    """
+    op, entity = change.op, change.entity
+    if op in ACCOUNTING_OPS and entity in ACCOUNTING_ENTITIES:
+        argv = ["sacctmgr", "-i", op, entity]
+        if op == "add":
+            return [*argv, _name(change), *_pairs(change.settings)]
+        if not change.where:
+            raise ValueError(f"{op} {entity} without `where` would change every {entity}")
+        argv += ["where", *_pairs(change.where)]
+        if op == "modify":
+            if not change.settings:
+                raise ValueError(f"modify {entity} with nothing to set")
+            argv += ["set", *_pairs(change.settings)]
+        return argv
+    if op in CONTROLLER_OPS and entity in CONTROLLER_KEYS:
+        return ["scontrol", op, f"{CONTROLLER_KEYS[entity]}={_name(change)}", *_pairs(change.settings)]
+    raise ValueError(f"no Slurm command to {op} a {entity}")
+
+
+def _name(change: Change) -> str:
+    if not change.name or _blank(change.name):
+        raise ValueError(f"{change.op} {change.entity} needs a name, not {change.name!r}")
+    return change.name
+
+
+def _pairs(fields: Mapping[str, str]) -> list[str]:
+    for key, value in fields.items():
+        if not KEY.match(key) or _blank(str(value)):
+            raise ValueError(f"not a Slurm setting: {key}={value!r}")
+    return [f"{key}={value}" for key, value in fields.items()]
+
+
+def _blank(text: str) -> bool:
+    """Whitespace would split one value into two arguments of the command."""
+    return any(ch.isspace() for ch in text)
+
+
+def show_argv(entity: str, fields: Sequence[str]) -> list[str]:
+    return ["sacctmgr", "-n", "-P", "show", entity, "format=" + ",".join(fields)]
+
+
+def parsable_rows(text: str, fields: Sequence[str]) -> list[dict[str, str]]:
+    """`sacctmgr -n -P show ... format=FIELDS` -> one dict per line."""
+    return [dict(zip(fields, line.split("|"))) for line in text.splitlines() if line.strip()]
+
+
+GRES_GPU = re.compile(r"(?:^|,)gpu(?::[^:,()]+)?:(\d+)")
+
+
+def nodes_from_text(text: str) -> list[NodeInfo]:
+    """`scontrol show node -o` -> one NodeInfo per node (GPUs: the sum of its gpu GRES)."""
+    nodes = []
+    for line in text.splitlines():
+        fields = dict(item.split("=", 1) for item in line.split() if "=" in item)
+        if "NodeName" not in fields:
+            continue
+        gpus = sum(int(n) for n in GRES_GPU.findall(fields.get("Gres", "")))
+        parts = frozenset(p for p in fields.get("Partitions", "").split(",") if p)
+        nodes.append(NodeInfo(fields["NodeName"], gpus, parts, fields.get("NodeAddr", "")))
+    return nodes
+
+
+def step_argv(command: Sequence[str], nodes: int | str, gpus_per_node: int = 0, job_name: str = "hai") -> list[str]:
+    """One job step running `command` once on each of `nodes` nodes: output unbuffered, and a
+    task that fails ends the others."""
+    argv = ["srun", f"--nodes={nodes}", "--ntasks-per-node=1", "--kill-on-bad-exit=1", "--unbuffered",
+            f"--job-name={job_name}"]
+    if gpus_per_node:
+        argv.append(f"--gres=gpu:{gpus_per_node}")
+    return [*argv, *command]
