@@ -136,6 +136,7 @@ def render(policy_file: str | None, out_dir: str, spank_plugin: str) -> None:
     slurm.conf fragments need `scontrol reconfigure` (PreemptType: a restart).
     """
     from ..policy.levels import ladder_arg
+    from ..policy.limits import spank_arguments
     from ..policy.ladder import ClusterState, offline_access_changes, plan_changes, template_context
     from ..render import render as render_template
     from ..slurm.commands import change_argv
@@ -152,8 +153,7 @@ def render(policy_file: str | None, out_dir: str, spank_plugin: str) -> None:
         "qos-ladder.sh": render_template("slurm/qos-ladder.sh.j2", changes=changes, access=access, **ctx),
         "job_submit.lua": render_template("slurm/job_submit.lua.j2", **ctx),
         "plugstack.conf": render_template("slurm/plugstack.conf.j2", spank_so=spank_plugin,
-                                          levels_arg=ladder_arg(policy.ladder), max_grace=300,
-                                          master_port_base=40000, master_port_span=10000),
+                                          **spank_arguments(ladder_arg(policy.ladder))),
     }
     for name, text in files.items():
         path = out / name
@@ -361,7 +361,7 @@ def daemon(policy_file: str | None, once: bool, interval: float, lock_file: str 
 @one_line_errors
 def explain(policy_file: str | None, job_ids: tuple[int, ...], as_json: bool) -> None:
     """Say in words why jobs wait (all pending and running jobs when none is given)."""
-    from ..policy.rules import explain as explain_job
+    from ..policy.explain import explain as explain_job
     from ..slurm import backend
 
     policy, _ = _load(policy_file)

@@ -10,6 +10,7 @@ from typing import Callable, Iterable, Sequence
 import click
 
 from ..jobs.jobdir import JobDir, default_root
+from ..jobs.request import did_you_mean
 from ..slurm import SlurmError
 from ..slurm import backend as slurm_backend
 from ..slurm.records import JobInfo
@@ -36,15 +37,6 @@ class Refused(click.ClickException):
     """A request refused before anything reached Slurm: one line, exit 2 (like a usage error)."""
 
     exit_code = 2
-
-
-def did_you_mean(word: str, choices: Iterable[str]) -> str:
-    """' did you mean HIGH?' for a near miss of one of `choices`, else ''."""
-    import difflib
-
-    by_upper = {c.upper(): c for c in choices}
-    found = difflib.get_close_matches(word.upper(), list(by_upper), n=1, cutoff=0.6)
-    return f"did you mean {by_upper[found[0]]}? " if found else ""
 
 
 def parse_priority(text: str):

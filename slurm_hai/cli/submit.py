@@ -2,51 +2,16 @@
 
 from __future__ import annotations
 
-import getpass
-import json
-import secrets
 import sys
 import time
 
 import click
 
 from .. import __version__
-from ..jobs.jobdir import JobDir, default_root, write_atomic
-from ..policy.levels import AUTO
-from ..slurm import SlurmError
-from ..jobs.request import (JobRequest, RequestError, check_files, fit_to_group, render_script,
-                      single_process_warning, validate)
-from .common import Refused, backend, did_you_mean, no_config_hint, emit_json, one_line_errors, parse_priority
-
-
-def term_is_notice(slurm) -> bool:
-    """Without send_user_signal, Slurm's preemption notice is SIGTERM."""
-    return not slurm.preempt_sends_user_signal()
-
-
-# Everything after SCRIPT belongs to the script, as with `sbatch script args`: option
-# parsing stops at the first positional argument.
-def group_gpus(slurm, group: str | None, nodes: int, gpus_per_node: int | None, dry_run: bool) -> int:
-    """--gpus-per-node fitted to the job's node group (Slurm's partition): the default is
-    what its nodes have; a request they can never satisfy is refused here, in our words."""
-    try:
-        parts = slurm.partitions()
-        name = group or next((p["PartitionName"] for p in parts if p.get("Default") == "YES"), None)
-        if name is None:
-            raise Refused("this cluster has no default node group; pass -g GROUP")
-        if name not in {p["PartitionName"] for p in parts}:
-            known = [p["PartitionName"] for p in parts]
-            raise Refused(f"-g {name}: no such node group; {did_you_mean(name, known)}"
-                          f"groups: {', '.join(known)}")
-        return fit_to_group(name, {n.name: (n.gpus, n.partitions) for n in slurm.nodes()}, nodes, gpus_per_node)
-    except RequestError as e:
-        raise Refused(str(e)) from None
-    except SlurmError as e:
-        if not dry_run:
-            raise
-        click.echo(f"hai-submit: cannot ask Slurm about the node group ({no_config_hint(str(e)) or e}); assuming "
-                   f"{gpus_per_node or 0} GPUs per node", err=True)
-        return gpus_per_node or 0
+from ..jobs.jobdir import default_root
+from ..jobs.request import JobRequest, RequestError
+from ..jobs.submit import prepare, submit
+from .common import Refused, backend, emit_json, no_config_hint, one_line_errors, parse_priority
 
 
 def script_args(args: tuple[str, ...]) -> list[str]:
@@ -103,60 +68,33 @@ def main(script, args, name, nodes, priority, gpus_per_node, group, env, time_li
       hai-submit --dry-run -p LOW --time 2:00:00 train.py
     """
     args = script_args(args)
-    slurm = backend()
-    root = default_root()
-    level = parse_priority(priority)
+    parse_priority(priority)  # a near miss gets a suggestion before anything else is checked
     req = JobRequest(script=script, args=args, name=name, nodes=nodes, priority=priority,
                      gpus_per_node=gpus_per_node, group=group, env=list(env), time=time_limit, grace=grace,
-                     retries=retries, workdir=workdir, python=python, job_root=str(root))
+                     retries=retries, workdir=workdir, python=python, job_root=str(default_root()))
+    slurm = backend()
     try:
-        check_files(req)
+        prepared = prepare(req, slurm, dry_run)
+        if prepared.slurm_unreachable:
+            why = no_config_hint(prepared.slurm_unreachable) or prepared.slurm_unreachable
+            click.echo(f"hai-submit: cannot ask Slurm about the node group ({why}); assuming "
+                       f"{prepared.context['gpus']} GPUs per node", err=True)
+        for warning in prepared.warnings:
+            click.echo(warning, err=True)
+        if dry_run:
+            click.echo(prepared.script, nl=False)
+            return
+        job = submit(prepared, slurm, default_root())
     except RequestError as e:
         raise Refused(str(e)) from None
-    req.gpus_per_node = group_gpus(slurm, group, nodes, gpus_per_node, dry_run)
-    if level == AUTO:
-        from ..policy.rules import resolve_auto_for_user  # needs the policy and the live queue
-
-        req.priority = resolve_auto_for_user(getpass.getuser(), nodes, slurm)
-    try:
-        context = validate(req)
-    except RequestError as e:
-        raise Refused(str(e)) from None
-    warning = single_process_warning(req)
-    if warning:
-        click.echo(warning, err=True)
-    # Ties this submission to its job directory, so a directory left by an older job with
-    # the same id is never taken for this job's (JobDir.claim).
-    token = secrets.token_hex(8)
-    context["env"] = [*context["env"], ("HAI_SUBMIT_TOKEN", token)]
-    text = render_script(context, term_is_notice=term_is_notice(slurm) if not dry_run else False)
-    if dry_run:
-        click.echo(text, nl=False)
-        return
-    root.mkdir(mode=0o700, parents=True, exist_ok=True)
-    try:
-        job_id = slurm.submit(text)
-    except SlurmError as e:
-        policy_refusal = str(e).split("sbatch: hai: ", 1)
-        if len(policy_refusal) == 2:  # job_submit.lua's own words (quota, level): nothing to add
-            raise Refused(policy_refusal[1]) from None
-        if "Requested node configuration is not available" in str(e):
-            raise Refused(f"no node of the job's group can run it ({nodes} node(s), {req.gpus_per_node} GPUs "
-                          "each); `scontrol show partition` lists the groups") from None
-        raise
-    jobdir = JobDir.for_job(job_id, root).claim(token)
-    request = {k: context[k] for k in ("name", "nodes", "gpus", "level", "partition", "time", "grace", "retries",
-                                        "workdir", "command")}
-    write_atomic(jobdir.path / "job.json", json.dumps({**request, "job_id": job_id, "user": getpass.getuser()}))
-    jobdir.event("submit", level=context["level"], nodes=nodes)
     if as_json:
-        emit_json({"job_id": job_id, "name": context["name"], "level": context["level"], "nodes": nodes,
-                   "job_dir": str(jobdir.path)})
+        emit_json({"job_id": job.job_id, "name": job.name, "level": job.level, "nodes": job.nodes,
+                   "job_dir": str(job.job_dir)})
     else:
-        click.echo(f"Submitted job {job_id} ({context['name']}: {nodes} node(s) at {context['level']}); "
-                   f"follow it with `hai logs -f {job_id}`")
+        click.echo(f"Submitted job {job.job_id} ({job.name}: {job.nodes} node(s) at {job.level}); "
+                   f"follow it with `hai logs -f {job.job_id}`")
     if follow:
         from .user import follow_logs
 
         time.sleep(0.5)
-        follow_logs(job_id, rank=0, restart=None)
+        follow_logs(job.job_id, rank=0, restart=None)

@@ -67,7 +67,7 @@ def job_status(job_id: int, job: JobInfo | None, jobdir: JobDir, queue: Sequence
     """The HAI status of one job, from what the command has read already (asks Slurm nothing).
     With `queue` (every job Slurm knows) and `policy`, the policy explains a waiting or running
     job and a suspended one is told when it may run again; without them the reason is Slurm's."""
-    from ..policy.rules import explain
+    from ..policy.explain import explain
 
     readable = may_read(job)
     events, final, request, owner_uid = [], None, {}, None
@@ -233,13 +233,13 @@ def quota(as_json):
     (`hai-admin check` shows everyone's); a job beyond it waits, a job larger than it is
     refused at submit."""
     from ..policy.model import find_policy
-    from ..policy.ladder import level_of_qos
+    from ..policy.levels import level_of_qos
 
     policy = find_policy()
     me = current_user()
     used: dict[str, int] = {}
     for j in backend().jobs(user=me):
-        lvl = level_of_qos(policy, j.qos)
+        lvl = level_of_qos(j.qos, policy.ladder)
         if lvl is not None and j.state in ("RUNNING", "CONFIGURING", "COMPLETING"):
             used[lvl.name] = used.get(lvl.name, 0) + j.num_nodes
     rows = [{"level": lvl.name, "value": lvl.value, "quota": policy.quota_for(lvl.name, me),

@@ -20,7 +20,7 @@ from typing import Callable
 import filelock
 
 from ..policy.model import Policy, PolicyError, load_policy
-from ..policy.rules import Action, decide
+from ..policy.rules import Action, decide, needs_idle_nodes
 from ..slurm import Backend, SlurmError
 
 log = logging.getLogger("hai-policyd")
@@ -87,7 +87,8 @@ class PolicyDaemon:
         # that is not Slurm's JSON at all raises SlurmError (RecordError), as Slurm down does.
         jobs = self.backend.jobs()
         now = self.clock()
-        actions = decide(jobs, self.policy, now, idle_nodes=self.backend.idle_nodes)
+        idle = self.backend.idle_nodes() if needs_idle_nodes(jobs, self.policy, now) else None
+        actions = decide(jobs, self.policy, now, idle_nodes=idle)
         failed = 0
         for action in actions:
             key = (action.job_id, action.rule)

@@ -7,12 +7,14 @@ system every node of the job sees (by default ~/.hai/jobs/<job id>):
     events.jsonl          one JSON object per line: submit, start, notice, suspend, ...
     logs/rank-<R>.log     the user's output on node rank R, all runs appended, each
                           run opened by a "==== slurm-hai run K ..." line
-    batch.log             the batch script's own output (Slurm's --output)
     whole_life_state      one integer kept across restarts
     submit_token          which submission owns this directory (see JobDir.claim)
     suspend.<K>           run K ended by a suspend (go_suspend or forced), not a failure
     retries_used          how many --retries were spent
     final.json            the job ended for good: {"state": succeeded|failed|stopped, ...}
+
+The batch script's own output (Slurm's --output) is `<root>/batch-<job id>.log`, beside the
+job directory: Slurm opens it before the directory exists.
 """
 
 from __future__ import annotations

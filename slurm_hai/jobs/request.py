@@ -15,8 +15,10 @@ import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Iterable
 
-from ..policy.levels import AUTO, Level, parse_level
+from ..policy.levels import AUTO, parse_level
+from ..policy.limits import MAX_GRACE
 from ..render import render
 
 NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -24,12 +26,20 @@ ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 TIME_RE = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^(\d+-\d+)$|^UNLIMITED$|^INFINITE$", re.I)
 GROUP_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 RESERVED_ENV = {"SLURM_", "HAI_JOB_DIR", "HAI_SUSPEND_FLAG", "HAI_CONTRACT", "HAI_SUBMIT_TOKEN"}
-MAX_GRACE = 300
 NOTICE_MARGIN = 30
 
 
 class RequestError(ValueError):
     """A bad hai-submit value; the message says what to do."""
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """'did you mean HIGH? ' for a near miss of one of `choices`, else ''."""
+    import difflib
+
+    by_upper = {c.upper(): c for c in choices}
+    found = difflib.get_close_matches(word.upper(), list(by_upper), n=1, cutoff=0.6)
+    return f"did you mean {by_upper[found[0]]}? " if found else ""
 
 
 @dataclass
@@ -70,9 +80,9 @@ def validate(req: JobRequest) -> dict:
         level = parse_level(req.priority)
     except ValueError as e:
         raise RequestError(str(e)) from None
-    if level == AUTO:
-        raise RequestError("AUTO must be resolved to a level before rendering")
-    assert isinstance(level, Level)
+    # AUTO goes to Slurm as the QOS "auto": job_submit.lua places the job, and the policy
+    # daemon moves it to the highest level where its owner has quota, every cycle.
+    qos, level_name = ("auto", AUTO) if level == AUTO else (level.qos, level.name)
     if req.group is not None and not GROUP_RE.match(req.group):
         raise RequestError(f"--group {req.group!r} is not a valid node group (partition) name")
     if req.time is not None and not TIME_RE.match(req.time):
@@ -96,7 +106,7 @@ def validate(req: JobRequest) -> dict:
     command = [req.python, str(script.resolve()), *req.args] if script.suffix == ".py" else [
         str(script.resolve()) if script.exists() else req.script, *req.args]
     return {
-        "name": name, "nodes": req.nodes, "gpus": req.gpus_per_node, "qos": level.qos, "level": level.name,
+        "name": name, "nodes": req.nodes, "gpus": req.gpus_per_node, "qos": qos, "level": level_name,
         "partition": req.group, "time": req.time, "grace": req.grace, "retries": req.retries,
         "notice_seconds": req.grace + NOTICE_MARGIN, "workdir": workdir, "job_root": req.job_root,
         "env": env, "python": sys.executable, "command": command,

@@ -24,56 +24,18 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Mapping
 
-from .levels import Level
+from . import tags
+from .levels import LEVEL_STRIDE, VARIANT_SEP, Level, parse_qos, variant_qos
 from .model import Policy
 
 if TYPE_CHECKING:  # policy/ imports only the standard library at run time
     from ..slurm.version import SlurmVersion
 
-# Multifactor priority = PriorityWeightQOS * qos.Priority / max(qos.Priority). QOS priority
-# is level value + 1 (never 0), so a job's priority is (value + 1) * LEVEL_STRIDE and the
-# policy daemon can order jobs inside one level with offsets below LEVEL_STRIDE.
-LEVEL_STRIDE = 1_000_000
-VARIANT_SEP = "."
 FLAGS = ("DenyOnLimit",)
 
 
 def qos_weight(policy: Policy) -> int:
     return (max(lvl.value for lvl in policy.ladder) + 1) * LEVEL_STRIDE
-
-
-def level_base(lvl: Level) -> int:
-    """The multifactor priority every job of `lvl` gets from Slurm (before the daemon's offsets)."""
-    return (lvl.value + 1) * LEVEL_STRIDE
-
-
-def variant_qos(lvl: Level, kind: str, owner: str) -> str:
-    """The QOS of an override: kind "u" (user) or "a" (account)."""
-    return VARIANT_SEP.join((lvl.qos, kind, owner))
-
-
-def parse_qos(name: str) -> tuple[str, str, str]:
-    """QOS name -> (base qos, kind, owner); kind and owner are "" for a base QOS."""
-    parts = name.lower().split(VARIANT_SEP, 2)
-    if len(parts) == 3 and parts[1] in ("u", "a") and parts[2]:
-        return parts[0], parts[1], parts[2]
-    return name.lower(), "", ""
-
-
-def level_of_qos(policy: Policy, qos: str) -> Level | None:
-    """The level a QOS (base or variant) belongs to; None for a QOS outside the ladder."""
-    base = parse_qos(qos)[0]
-    for lvl in policy.ladder:
-        if lvl.qos == base:
-            return lvl
-    return None
-
-
-def qos_for(policy: Policy, level: str, user: str = "", account: str = "") -> str:
-    """The QOS a job of `user` (in `account`) at `level` runs in."""
-    lvl = policy.level(level)
-    owner = policy.override_owner(level, user, account)
-    return variant_qos(lvl, *owner) if owner else lvl.qos
 
 
 @dataclass(frozen=True)
@@ -254,8 +216,8 @@ def plan_changes(policy: Policy, state: ClusterState) -> list[Change]:
         have = _set_of(row.get("QOS", ""))
         # keep the site's own QOS; replace ours (bases and variants) by the ones this owner uses
         site = {q for q in have if parse_qos(q)[0] not in ladder_qos}
-        want = site | {qos_for(policy, lvl.name, user, account) for lvl in policy.ladder}
-        default = qos_for(policy, policy.default_level, user, account)
+        want = site | {policy.qos_for(lvl.name, user, account) for lvl in policy.ladder}
+        default = policy.qos_for(policy.default_level, user, account)
         default_now = row.get("DefaultQOS", "").lower()
         if want == have and default_now == default:
             continue
@@ -345,6 +307,8 @@ def template_context(policy: Policy, slurm: SlurmVersion | None = None) -> dict[
         "user_overrides": overrides["u"],
         "account_overrides": overrides["a"],
         "node_groups": groups,
+        "level_tag": tags.LEVEL,
+        "variant_sep": VARIANT_SEP,
     }
 
 
@@ -352,8 +316,8 @@ def offline_access_changes(policy: Policy) -> list[Change]:
     """QOS access for `hai-admin render`'s script, written without reading the database:
     the policy's accounts and their users get the ladder, then each override owner its variants."""
     def grant(user: str, account: str) -> dict[str, str]:
-        names = sorted({qos_for(policy, lvl.name, user, account) for lvl in policy.ladder})
-        return {"qos": ",".join(names), "defaultqos": qos_for(policy, policy.default_level, user, account)}
+        names = sorted({policy.qos_for(lvl.name, user, account) for lvl in policy.ladder})
+        return {"qos": ",".join(names), "defaultqos": policy.qos_for(policy.default_level, user, account)}
 
     changes = []
     for account in policy.accounts:

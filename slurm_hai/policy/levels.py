@@ -1,7 +1,12 @@
-"""Priority levels of the HAI model (pure; no I/O).
+"""Priority levels of the HAI model and the Slurm names they take (pure; no I/O).
 
 A level is a name and a number. Higher numbers win. AUTO is not a level but a
-request: "the highest level where I still have quota" (resolved at submission).
+request: "the highest level where I still have quota".
+
+Each level is carried by a Slurm QOS: the lower-case level name (`normal`), or, for a
+per-user or per-account quota override, a variant of it named `<level>.u.<user>` or
+`<level>.a.<account>` (see policy/ladder.py). Every decoding of a QOS into a level goes
+through `level_of_qos`; job_submit.lua (rendered from the same names) decodes the same way.
 """
 
 from __future__ import annotations
@@ -58,9 +63,36 @@ def parse_level(text: str | int, ladder: tuple[Level, ...] = DEFAULT_LADDER) -> 
     raise LevelError(f"unknown priority level {raw!r}; use one of {choices} or AUTO")
 
 
+# Multifactor priority = PriorityWeightQOS * qos.Priority / max(qos.Priority). QOS priority
+# is level value + 1 (never 0), so a job's priority is (value + 1) * LEVEL_STRIDE and the
+# policy daemon can order jobs inside one level with offsets below LEVEL_STRIDE.
+LEVEL_STRIDE = 1_000_000
+VARIANT_SEP = "."
+
+
+def level_base(lvl: Level) -> int:
+    """The multifactor priority every job of `lvl` gets from Slurm (before the daemon's offsets)."""
+    return (lvl.value + 1) * LEVEL_STRIDE
+
+
+def variant_qos(lvl: Level, kind: str, owner: str) -> str:
+    """The QOS of an override: kind "u" (user) or "a" (account)."""
+    return VARIANT_SEP.join((lvl.qos, kind, owner))
+
+
+def parse_qos(name: str) -> tuple[str, str, str]:
+    """QOS name -> (base qos, kind, owner); kind and owner are "" for a base QOS."""
+    parts = name.lower().split(VARIANT_SEP, 2)
+    if len(parts) == 3 and parts[1] in ("u", "a") and parts[2]:
+        return parts[0], parts[1], parts[2]
+    return name.lower(), "", ""
+
+
 def level_of_qos(qos: str, ladder: tuple[Level, ...] = DEFAULT_LADDER) -> Level | None:
+    """The level a QOS (base or override variant) carries; None for a QOS outside the ladder."""
+    base = parse_qos(qos)[0]
     for lvl in ladder:
-        if lvl.qos == qos.lower():
+        if lvl.qos == base:
             return lvl
     return None
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from .levels import AUTO, DEFAULT_LADDER, Level
+from .levels import AUTO, DEFAULT_LADDER, Level, variant_qos
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -27,7 +27,7 @@ else:  # pragma: no cover - exercised on 3.10 only
 
 UNLIMITED = "unlimited"
 LEVEL_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
-# Users and accounts end up in QOS names (see qos.variant_qos); keep them to what Slurm and
+# Users and accounts end up in QOS names (see levels.variant_qos); keep them to what Slurm and
 # POSIX user names allow, without the '.' that separates a QOS name's parts.
 OWNER_NAME = re.compile(r"^[a-z_][a-z0-9_-]*\$?$")
 GROUP_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
@@ -107,6 +107,11 @@ class Policy:
         if account in self.account_quota and level in self.account_quota[account]:
             return ("a", account)
         return None
+
+    def qos_for(self, level: str, user: str = "", account: str = "") -> str:
+        """The QOS a job of `user` (in `account`) at `level` runs in."""
+        owner = self.override_owner(level, user, account)
+        return variant_qos(self.level(level), *owner) if owner else self.level(level).qos
 
     def group(self, name: str) -> NodeGroup | None:
         for g in self.groups:

@@ -21,7 +21,7 @@ for slurm_hai.controller.daemon to carry out:
 - fcfs            explicit priorities that keep each level's pending jobs in submission
                   (job id) order, so a requeued job keeps its place ahead of later jobs.
 
-`explain(job, jobs, policy)` says in words why a job waits (for `hai status`).
+policy/explain.py says in words why a job waits (for `hai status`), from the same snapshot.
 """
 
 from __future__ import annotations
@@ -29,16 +29,13 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Mapping, Sequence
 
-from .levels import AUTO, Level
+from .levels import AUTO, LEVEL_STRIDE, Level, level_base, level_of_qos, parse_qos
 from .model import NodeGroup, Policy
-from .ladder import LEVEL_STRIDE, level_base, level_of_qos, qos_for
-from ..slurm.records import JobInfo
+from .tags import DEMOTED as DEMOTED_TAG, LEVEL as LEVEL_TAG, YIELD as YIELD_TAG, parse as parse_tags, parse_yield, with_tags
+from .job import Job
 
-LEVEL_TAG = "hai-level"
-DEMOTED_TAG = "hai-demoted"
-YIELD_TAG = "hai-yield"
 ACTIVE = ("RUNNING", "SUSPENDED")
 WAITING_FOR_NODES = ("Resources", "Priority", "None")
 QUOTA_REASONS = ("QOSMaxNodePerUserLimit", "QOSMaxTRESPerUserLimit", "QOSMaxGRESPerUser", "QOSMaxCpuPerUserLimit")
@@ -71,38 +68,13 @@ class Action:
         return f"job {self.job_id}: {what} [{self.rule}] {self.why}"
 
 
-# ------------------------------------------------------------------ admin comment tags
-
-
-def tags_of(job: JobInfo) -> dict[str, str]:
-    out: dict[str, str] = {}
-    for part in job.admin_comment.replace(";", " ").split():
-        key, sep, value = part.partition("=")
-        if sep:
-            out[key] = value
-    return out
-
-
-def with_tags(comment: str, set_: Mapping[str, str] = {}, drop: Iterable[str] = ()) -> str:
-    """`comment` with tags set or dropped, other words kept in order."""
-    drop = set(drop) | set(set_)
-    words = [w for w in comment.replace(";", " ").split() if w.partition("=")[0] not in drop]
-    return " ".join(words + [f"{k}={v}" for k, v in set_.items()])
-
-
-def parse_yield(value: str) -> tuple[int, int] | None:
-    """`JOB@EPOCH` -> (job id, epoch)."""
-    job, _, at = value.partition("@")
-    return (int(job), int(at)) if job.isdigit() and at.isdigit() else None
-
-
 # ------------------------------------------------------------------ the snapshot
 
 
 class Snapshot:
     """The queue seen through the policy: levels, usage, pending lines (built once per cycle)."""
 
-    def __init__(self, jobs: Sequence[JobInfo], policy: Policy, now: float) -> None:
+    def __init__(self, jobs: Sequence[Job], policy: Policy, now: float) -> None:
         self.jobs = jobs
         self.policy = policy
         self.now = now
@@ -115,14 +87,14 @@ class Snapshot:
         self.demoted_level = policy.level(demotion.target) if demotion else None
         for j in jobs:
             if j.qos not in cache:
-                cache[j.qos] = level_of_qos(policy, j.qos)
+                cache[j.qos] = level_of_qos(j.qos, policy.ladder)
             lvl = cache[j.qos]
             self.level[j.job_id] = lvl
-            self.tags[j.job_id] = tags_of(j) if j.admin_comment else {}
+            self.tags[j.job_id] = parse_tags(j.admin_comment)
             if j.state in ACTIVE and lvl is not None:
                 self.used[(j.user, lvl.name)] += j.num_nodes
 
-    def submit_level(self, job: JobInfo) -> str | None:
+    def submit_level(self, job: Job) -> str | None:
         """The level the job was submitted at (AUTO for AUTO), from job_submit.lua's stamp."""
         tag = self.tags[job.job_id].get(LEVEL_TAG)
         if tag:
@@ -130,16 +102,13 @@ class Snapshot:
         lvl = self.level[job.job_id]
         return lvl.name if lvl else None
 
-    def is_demoted(self, job: JobInfo) -> bool:
+    def is_demoted(self, job: Job) -> bool:
         d = self.policy.demotion
         lvl = self.level[job.job_id]
         return (d is not None and lvl is not None and lvl.name == d.source and job.state in ACTIVE
                 and job.start_time > 0 and self.now - job.start_time >= d.after_seconds)
 
-    def effective_level(self, job: JobInfo) -> Level | None:
-        return self.demoted_level if self.is_demoted(job) else self.level[job.job_id]
-
-    def group_of(self, job: JobInfo) -> NodeGroup | None:
+    def group_of(self, job: Job) -> NodeGroup | None:
         for name in job.partition.split(","):
             g = self.policy.group(name)
             if g:
@@ -147,7 +116,7 @@ class Snapshot:
         return self.policy.default_group if not job.partition else None
 
 
-def is_held(job: JobInfo) -> bool:
+def is_held(job: Job) -> bool:
     return job.state == "PENDING" and (job.priority == 0 or job.reason.startswith("JobHeld")
                                        or job.reason == "JobHoldMaxRequeue")
 
@@ -204,10 +173,31 @@ class _Plan:
         return self.first + merged + self.after
 
 
-def decide(jobs: Sequence[JobInfo], policy: Policy, now: float | None = None, *,
-           idle_nodes: Mapping[str, int] | Callable[[], Mapping[str, int]] | None = None,
+def needs_idle_nodes(jobs: Sequence[Job], policy: Policy, now: float) -> bool:
+    """Whether `decide` will look at idle nodes: a demoted job runs and a job of a level
+    between the demotion's target and source waits (so the caller asks Slurm only then)."""
+    d = policy.demotion
+    if d is None:
+        return False
+    src, tgt = policy.level(d.source), policy.level(d.target)
+    levels = {lvl.qos: lvl for lvl in policy.ladder}
+    running_demoted = waiting_between = False
+    for j in jobs:
+        lvl = levels.get(parse_qos(j.qos)[0])
+        if lvl is None:
+            continue
+        if j.state == "RUNNING" and lvl == src and j.start_time > 0 and now - j.start_time >= d.after_seconds:
+            running_demoted = True
+        elif j.state == "PENDING" and tgt.value < lvl.value <= src.value:
+            waiting_between = True
+    return running_demoted and waiting_between
+
+
+def decide(jobs: Sequence[Job], policy: Policy, now: float | None = None, *,
+           idle_nodes: Mapping[str, int] | None = None,
            max_priority_updates: int = MAX_PRIORITY_UPDATES) -> list[Action]:
-    """The actions one daemon cycle takes for this queue snapshot (see the module doc)."""
+    """The actions one daemon cycle takes for this queue snapshot (see the module doc).
+    `idle_nodes` (partition -> idle node count) is needed only when `needs_idle_nodes`."""
     now = time.time() if now is None else now
     snap = Snapshot(jobs, policy, now)
     plan = _Plan()
@@ -226,7 +216,7 @@ def decide(jobs: Sequence[JobInfo], policy: Policy, now: float | None = None, *,
     return plan.actions()
 
 
-def _failed(job: JobInfo, snap: Snapshot, plan: _Plan, grace: int) -> None:
+def _failed(job: Job, snap: Snapshot, plan: _Plan, grace: int) -> None:
     """A job that died of its suspend notice (Slurm's preemption or the daemon's yield)."""
     if not job.start_time:
         return
@@ -242,7 +232,7 @@ def _failed(job: JobInfo, snap: Snapshot, plan: _Plan, grace: int) -> None:
             return
 
 
-def _running(job: JobInfo, snap: Snapshot, plan: _Plan, grace: int) -> None:
+def _running(job: Job, snap: Snapshot, plan: _Plan, grace: int) -> None:
     now, policy = snap.now, snap.policy
     pt = job.preempt_time
     if pt and pt >= job.start_time and now - pt >= grace:
@@ -273,7 +263,7 @@ def _running(job: JobInfo, snap: Snapshot, plan: _Plan, grace: int) -> None:
                     AdminComment=with_tags(job.admin_comment, drop=[DEMOTED_TAG]))
 
 
-def _pending(job: JobInfo, snap: Snapshot, plan: _Plan, level_changes: set[int]) -> None:
+def _pending(job: Job, snap: Snapshot, plan: _Plan, level_changes: set[int]) -> None:
     now, policy = snap.now, snap.policy
     tags = snap.tags[job.job_id]
     jid = job.job_id
@@ -313,12 +303,12 @@ def _pending(job: JobInfo, snap: Snapshot, plan: _Plan, level_changes: set[int])
         if lvl is None or best != lvl.name:
             plan.update(jid, "auto", f"AUTO: {best} is the highest level where {job.user} has quota for "
                         f"{job.num_nodes} node(s) now (was {lvl.name if lvl else job.qos})",
-                        QOS=qos_for(policy, best, job.user, job.account))
+                        QOS=policy.qos_for(best, job.user, job.account))
             level_changes.add(jid)
         snap.used[(job.user, best)] += job.num_nodes  # the next AUTO job of this user sees it taken
     elif job.restart_count > 0 and submit and lvl is not None and submit != lvl.name and _is_level(policy, submit):
         plan.update(jid, "restore-level", f"requeued: back at its submit-time level {submit} (was {lvl.name})",
-                    QOS=qos_for(policy, submit, job.user, job.account))
+                    QOS=policy.qos_for(submit, job.user, job.account))
         level_changes.add(jid)
     # Not within REQUEUE_SETTLE_SECONDS of the requeue (Slurm resets submit_time to it): a
     # relaunch in the same second as the requeue is killed by slurmctld with "Job credential
@@ -335,8 +325,7 @@ def _is_level(policy: Policy, name: str) -> bool:
 
 
 def _yield_for_demoted(snap: Snapshot, plan: _Plan,
-                       idle_nodes: Mapping[str, int] | Callable[[], Mapping[str, int]] | None,
-                       level_changes: set[int]) -> None:
+                       idle_nodes: Mapping[str, int] | None, level_changes: set[int]) -> None:
     """Preempt demoted jobs for the first waiting job of each group whose level Slurm will not
     let preempt them (a level above the demotion target, up to the demotion source)."""
     policy, now = snap.policy, snap.now
@@ -351,7 +340,7 @@ def _yield_for_demoted(snap: Snapshot, plan: _Plan,
     for j in snap.jobs:
         if YIELD_TAG in snap.tags[j.job_id] and j.state in ("RUNNING", "PENDING", "COMPLETING"):
             busy.update(j.partition.split(","))
-    heads: dict[str, JobInfo] = {}
+    heads: dict[str, Job] = {}
     for j in snap.jobs:
         if j.state != "PENDING" or is_held(j) or j.job_id in level_changes or YIELD_TAG in snap.tags[j.job_id]:
             continue
@@ -362,7 +351,7 @@ def _yield_for_demoted(snap: Snapshot, plan: _Plan,
             h = heads.get(part)
             if h is None or (lvl.value, -j.job_id) > (snap.level[h.job_id].value, -h.job_id):
                 heads[part] = j
-    idle: Mapping[str, int] | None = None
+    idle = idle_nodes or {}
     for part, head in sorted(heads.items()):
         hl = snap.level[head.job_id]
         if part in busy or head.reason not in WAITING_FOR_NODES or not (tgt.value < hl.value <= src.value):
@@ -372,8 +361,6 @@ def _yield_for_demoted(snap: Snapshot, plan: _Plan,
                    and snap.level[j.job_id].value >= hl.value]
         if not victims:
             continue
-        if idle is None:
-            idle = (idle_nodes() if callable(idle_nodes) else idle_nodes) or {}
         # nodes Slurm can give the head job by itself: idle ones, and those of lower levels it preempts
         own = idle.get(part, 0) + sum(j.num_nodes for j in snap.jobs if j.state in ACTIVE and j.partition == part
                                       and snap.level[j.job_id] is not None
@@ -402,7 +389,7 @@ def _fcfs(snap: Snapshot, plan: _Plan, level_changes: set[int], cap: int) -> Non
     time. Going from the last job to the first, a job keeps its priority when it already sorts
     before the next one, else it gets the next one's priority + 1 (within its level's band).
     """
-    groups: dict[tuple[str, str], list[JobInfo]] = defaultdict(list)
+    groups: dict[tuple[str, str], list[Job]] = defaultdict(list)
     for j in snap.jobs:
         if j.state != "PENDING" or is_held(j) or j.job_id in level_changes or YIELD_TAG in snap.tags[j.job_id]:
             continue
@@ -421,7 +408,7 @@ def _fcfs(snap: Snapshot, plan: _Plan, level_changes: set[int], cap: int) -> Non
         plan.update(jid, "fcfs", f"keeps its place in line (priority {old} -> {p})", Priority=str(p))
 
 
-def fcfs_priorities(members: Sequence[JobInfo], base: int) -> list[int]:
+def fcfs_priorities(members: Sequence[Job], base: int) -> list[int]:
     """Priorities for `members` (sorted by job id) that make Slurm run them in that order."""
     lo, hi = base - 1, base + LEVEL_STRIDE - 2  # Slurm's own rounding may give base - 1
     out = [0] * len(members)
@@ -436,110 +423,3 @@ def fcfs_priorities(members: Sequence[JobInfo], base: int) -> list[int]:
         out[i] = p
         nxt = (-p, j.submit_time, j.job_id)
     return out
-
-
-# ------------------------------------------------------------------ for hai-submit and hai status
-
-
-def resolve_auto_for_user(user: str, nodes: int, slurm, policy: Policy | None = None, account: str = "") -> str:
-    """AUTO for a job about to be submitted: the level name to submit it at (reads the queue)."""
-    if policy is None:
-        from .model import find_policy
-
-        policy = find_policy()
-    used: dict[tuple[str, str], int] = defaultdict(int)
-    for j in slurm.jobs(user=user):
-        lvl = level_of_qos(policy, j.qos)
-        if j.state in ACTIVE and lvl is not None:
-            used[(j.user, lvl.name)] += j.num_nodes
-    return auto_level(policy, user, account, nodes, used, policy.default_group)
-
-
-def _ago(seconds: float) -> str:
-    s = int(max(0, seconds))
-    if s < 120:
-        return f"{s} s"
-    if s < 7200:
-        return f"{s // 60} min"
-    return f"{s // 3600} h {s % 3600 // 60} min"
-
-
-def _nodes(n: int) -> str:
-    return f"{n} node" if n == 1 else f"{n} nodes"
-
-
-def explain(job: JobInfo, jobs: Sequence[JobInfo], policy: Policy, now: float | None = None) -> str:
-    """Why `job` is where it is, in words (for `hai status`); `jobs` is the whole queue."""
-    now = time.time() if now is None else now
-    snap = Snapshot(jobs if any(j.job_id == job.job_id for j in jobs) else [*jobs, job], policy, now)
-    lvl = snap.level.get(job.job_id)
-    name = lvl.name if lvl else (job.qos or "?")
-    tags = snap.tags[job.job_id]
-    if job.state == "RUNNING":
-        if job.preempt_time and job.preempt_time >= job.start_time:
-            return (f"running at {name}, asked to suspend {_ago(now - job.preempt_time)} ago "
-                    f"(forced off after {policy.grace_seconds} s)")
-        y = parse_yield(tags.get(YIELD_TAG, ""))
-        if y:
-            return (f"running, demoted; asked to give its nodes to job {y[0]} {_ago(now - y[1])} ago "
-                    f"(forced off after {policy.grace_seconds} s)")
-        if snap.is_demoted(job):
-            d = policy.demotion
-            return (f"running at {d.source} for {_ago(now - job.start_time)}: counts as {d.target} "
-                    f"(demoted after {_ago(d.after_seconds)}), so a {d.source} job may take its nodes")
-        return f"running at {name} on {_nodes(job.num_nodes)} for {_ago(now - job.start_time)}"
-    if job.state != "PENDING":
-        return job.state.lower().replace("_", " ")
-    auto = "AUTO, now " if snap.submit_level(job) == AUTO else ""
-    reason = job.reason
-    y = parse_yield(tags.get(YIELD_TAG, ""))
-    if y:
-        return f"gave its nodes to job {y[0]} (it had been demoted); waits until that job runs"
-    if lvl is not None and reason in QUOTA_REASONS + WAITING_FOR_NODES:
-        q = policy.quota_for(lvl.name, job.user, job.account)
-        used = snap.used.get((job.user, lvl.name), 0)
-        # Slurm's reason may lag (it is set by the next scheduling pass): the policy knows
-        if reason in QUOTA_REASONS or (q is not None and used + job.num_nodes > q):
-            return f"{auto}over quota at {lvl.name}: {used}/{q if q is not None else '-'} nodes in use"
-    if reason == "JobHoldMaxRequeue":
-        return (f"held by Slurm's requeue limit after {job.restart_count} restarts "
-                "(the policy daemon releases it)")
-    if reason == "BeginTime":
-        wait = job.eligible_time - now
-        if job.restart_count > 0:
-            return f"held back after requeue (restarts in ~{max(0, round(wait))} s)"
-        return f"starts no earlier than in {_ago(wait)} (--begin)"
-    if reason == "JobHeldUser":
-        return f"held by its owner (scontrol release {job.job_id})"
-    if reason == "JobHeldAdmin" or job.priority == 0:
-        return "held by an administrator"
-    if reason in ("Dependency", "DependencyNeverSatisfied"):
-        return "waiting for its dependency" if reason == "Dependency" else "its dependency can never be satisfied"
-    if reason in WAITING_FOR_NODES and lvl is not None:
-        return f"{auto}waiting for {_nodes(job.num_nodes)} at {lvl.name} ({_position(job, snap)})"
-    return f"{auto}pending at {name}: {reason}"
-
-
-def _position(job: JobInfo, snap: Snapshot) -> str:
-    """Where `job` stands in line, and behind whom: the pending jobs (not held) of an
-    overlapping group that Slurm starts before it, those of higher levels and the earlier
-    ones of its own level; e.g. "position 2 in line, behind job 133 at HIGH"."""
-    mine = snap.level[job.job_id]
-    parts = set(job.partition.split(","))
-    ahead: list[tuple[JobInfo, Level]] = []
-    for j in snap.jobs:
-        if j.job_id == job.job_id or j.state != "PENDING" or is_held(j) or not parts & set(j.partition.split(",")):
-            continue
-        lvl = snap.level[j.job_id]
-        if lvl is not None and (lvl.value > mine.value or (lvl.value == mine.value and j.job_id < job.job_id)):
-            ahead.append((j, lvl))
-    where = f"position {len(ahead) + 1} in line"
-    if not ahead:
-        return where
-    if len(ahead) <= 3:
-        return f"{where}, behind " + " and ".join(f"job {j.job_id} at {lvl.name}" for j, lvl in ahead)
-    higher = sum(1 for _, lvl in ahead if lvl.value > mine.value)
-    same = len(ahead) - higher
-    return f"{where}, behind " + " and ".join(
-        text for n, text in ((higher, f"{higher} job{'s' if higher != 1 else ''} at higher levels"),
-                             (same, f"{same} earlier at {mine.name}")) if n)

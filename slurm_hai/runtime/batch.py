@@ -14,15 +14,25 @@ It decides what a run's end means, which Slurm alone cannot:
 from __future__ import annotations
 
 import argparse
+import ipaddress
 import os
 import signal
+import socket
 import sys
 import time
 
-from .contract import master_node, restart_count, to_ipv4
+from .contract import master_node, restart_count
 from ..jobs.jobdir import JobDir
 from ..slurm import SlurmError, backend
 
+
+
+def ipv4(addr: str) -> str:
+    """A node's address as IPv4 (NodeAddr may be a host name: one DNS lookup)."""
+    try:
+        return str(ipaddress.IPv4Address(addr))
+    except ValueError:
+        return socket.gethostbyname(addr)
 
 def launcher_argv(args: argparse.Namespace, cmd: list[str]) -> list[str]:
     """The per-node launcher, which the job step starts once on every node."""
@@ -70,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"slurm-hai: job {job_id} run {run} on {os.environ.get('SLURM_JOB_NODELIST', '?')}", flush=True)
     # The master's address, looked up once for all nodes (the SPANK plugin does the same).
     if not os.environ.get("HAI_MASTER_IP"):
-        os.environ["HAI_MASTER_IP"] = to_ipv4(slurm.node_addr(master_node(os.environ)))
+        os.environ["HAI_MASTER_IP"] = ipv4(slurm.node_addr(master_node(os.environ)))
 
     ending = []
     signal.signal(signal.SIGTERM, lambda s, f: ending.append(s))  # Slurm ends the job: the step gets it too

@@ -7,21 +7,18 @@ launcher takes it as is; otherwise it computes it from Slurm's variables:
     RANK = NODE_RANK      node rank in the step (SLURM_NODEID)
     WORLD_SIZE            number of nodes of the step
     MASTER_IP = MASTER_ADDR   IPv4 address of the step's first node (its NodeAddr)
-    MASTER_PORT           HAI_MASTER_PORT, else HAI_MASTER_PORT_BASE (2222)
-                          + SLURM_JOB_ID % HAI_MASTER_PORT_SPAN (1)
+    MASTER_PORT           HAI_MASTER_PORT, else HAI_MASTER_PORT_BASE (40000)
+                          + SLURM_JOB_ID % HAI_MASTER_PORT_SPAN (10000) (policy/limits.py)
     HAI_RESTART_COUNT     SLURM_RESTART_COUNT (0 before the first restart)
 """
 
 from __future__ import annotations
 
-import ipaddress
-import socket
-from typing import Callable, Mapping
+from typing import Mapping
 
+from ..policy.limits import MASTER_PORT_BASE, MASTER_PORT_SPAN
 from ..slurm.hostlist import expand
 
-DEFAULT_PORT_BASE = 2222
-DEFAULT_PORT_SPAN = 1
 KEYS = ("MASTER_IP", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "NODE_RANK", "HAI_RESTART_COUNT")
 
 
@@ -32,8 +29,8 @@ def restart_count(env: Mapping[str, str]) -> int:
 def master_port(env: Mapping[str, str]) -> int:
     if env.get("HAI_MASTER_PORT"):
         return int(env["HAI_MASTER_PORT"])
-    base = int(env.get("HAI_MASTER_PORT_BASE") or DEFAULT_PORT_BASE)
-    span = max(1, int(env.get("HAI_MASTER_PORT_SPAN") or DEFAULT_PORT_SPAN))
+    base = int(env.get("HAI_MASTER_PORT_BASE") or MASTER_PORT_BASE)
+    span = max(1, int(env.get("HAI_MASTER_PORT_SPAN") or MASTER_PORT_SPAN))
     return base + int(env.get("SLURM_JOB_ID") or 0) % span
 
 
@@ -44,21 +41,16 @@ def master_node(env: Mapping[str, str]) -> str:
     return expand(nodelist)[0]
 
 
-def to_ipv4(addr: str) -> str:
-    try:
-        ipaddress.IPv4Address(addr)
-        return addr
-    except ValueError:
-        return socket.gethostbyname(addr)
-
-
-def node_contract(env: Mapping[str, str], node_addr: Callable[[str], str]) -> dict[str, str]:
-    """The contract variables for this node. `node_addr(name)` gives a node's NodeAddr."""
+def node_contract(env: Mapping[str, str]) -> dict[str, str]:
+    """The contract variables for this node. HAI_MASTER_IP (the master node's IPv4 address)
+    is looked up once per run by the batch script (runtime/batch.py) before the step starts."""
     if env.get("HAI_CONTRACT") == "spank" and all(env.get(k) for k in KEYS):
         return {k: env[k] for k in KEYS} | {"HAI_CONTRACT": "spank"}
     rank = int(env.get("SLURM_NODEID") or 0)
     world = int(env.get("SLURM_STEP_NUM_NODES") or env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or 1)
-    master = env.get("HAI_MASTER_IP") or to_ipv4(node_addr(master_node(env)))
+    master = env.get("HAI_MASTER_IP")
+    if not master:
+        raise KeyError("HAI_MASTER_IP is not set: the launcher runs under slurm_hai.runtime.batch")
     return {
         "MASTER_IP": master,
         "MASTER_ADDR": master,

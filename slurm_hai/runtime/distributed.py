@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import os
 
+from .contract import master_port
+
 
 def get_rank() -> int:
     return int(os.environ.get("HAI_GLOBAL_RANK", os.environ.get("RANK", "0")))
@@ -24,7 +26,7 @@ def init_process_group(backend: str = "gloo", timeout_seconds: float = 300) -> N
 
     dist.init_process_group(
         backend,
-        init_method=f"tcp://{os.environ.get('MASTER_IP', '127.0.0.1')}:{os.environ.get('MASTER_PORT', '2222')}",
+        init_method=f"tcp://{os.environ.get('MASTER_IP', '127.0.0.1')}:{os.environ.get('MASTER_PORT', master_port(os.environ))}",
         world_size=get_world_size(),
         rank=get_rank(),
         timeout=datetime.timedelta(seconds=timeout_seconds),

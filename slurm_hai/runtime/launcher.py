@@ -184,7 +184,7 @@ def main(argv: list[str] | None = None) -> int:
 
     slurm = backend()
     env = dict(os.environ)
-    env.update(node_contract(env, slurm.node_addr))
+    env.update(node_contract(env))
     env["HAI_JOB_DIR"] = args.job_dir
     rank, run = int(env["RANK"]), int(env["HAI_RESTART_COUNT"])
     job_id = env.get("SLURM_JOB_ID", "0")

@@ -14,6 +14,7 @@ import tempfile
 import time
 
 from ..jobs.jobdir import JobDir
+from .contract import master_port
 from .launcher import NodeRun, flag_path
 
 
@@ -37,7 +38,7 @@ def simulate(cmd: list[str], suspend_after: float, restarts: int, grace: float, 
     run = 0
     while True:
         env = dict(os.environ, HAI_SIMULATE="1", HAI_JOB_DIR=str(jobdir.path), RANK="0", NODE_RANK="0",
-                   WORLD_SIZE="1", MASTER_IP="127.0.0.1", MASTER_ADDR="127.0.0.1", MASTER_PORT="2222",
+                   WORLD_SIZE="1", MASTER_IP="127.0.0.1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port({})),
                    HAI_RESTART_COUNT=str(run), SLURM_RESTART_COUNT=str(run), HAI_CONTRACT="local")
         env.pop("SLURM_JOB_ID", None)
         node = NodeRun(cmd, env, jobdir, run, 0, grace, False, force_suspend=lambda: None,

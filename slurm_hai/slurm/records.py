@@ -20,6 +20,7 @@ import re
 from dataclasses import dataclass
 from typing import Callable
 
+from ..policy import tags
 from .base import SlurmError
 
 # Slurm's base job states (everything else in a v0.0.39+ state list is a flag).
@@ -57,14 +58,8 @@ class JobInfo:
 
     @property
     def tags(self) -> dict[str, str]:
-        """`key=value` pairs that slurm-hai stamps into the admin comment and comment."""
-        out: dict[str, str] = {}
-        for text in (self.comment, self.admin_comment):
-            for part in text.replace(";", " ").split():
-                if "=" in part:
-                    key, value = part.split("=", 1)
-                    out[key] = value
-        return out
+        """slurm-hai's tags from the comment and the admin comment (policy/tags.py)."""
+        return tags.parse(self.comment, self.admin_comment)
 
 
 # ------------------------------------------------------------------ value shapes

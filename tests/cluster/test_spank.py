@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from slurm_hai.policy.limits import MASTER_PORT_BASE, MASTER_PORT_SPAN
 from waiting import wait_for
 
 if TYPE_CHECKING:  # the fixtures come from tests/conftest.py
@@ -48,7 +49,7 @@ def plugin_args(c: LiveCluster) -> dict[str, str]:
 
 def expected_port(c: LiveCluster, job_id: int) -> int:
     args = plugin_args(c)
-    return int(args.get("master_port_base", 2222)) + job_id % int(args.get("master_port_span", 1))
+    return int(args.get("master_port_base", MASTER_PORT_BASE)) + job_id % int(args.get("master_port_span", MASTER_PORT_SPAN))
 
 
 def node_ipv4(c: LiveCluster, node: str) -> str:

@@ -40,20 +40,21 @@ def test_hostlist_expansion(text, hosts):
 
 def test_contract_computed_from_slurm_variables():
     env = {"SLURM_NODEID": "1", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "gpu[07-08]",
-           "SLURM_JOB_ID": "1234", "SLURM_RESTART_COUNT": "3"}
-    c = node_contract(env, node_addr={"gpu07": "10.0.0.7", "gpu08": "10.0.0.8"}.__getitem__)
-    assert c == {"MASTER_IP": "10.0.0.7", "MASTER_ADDR": "10.0.0.7", "MASTER_PORT": "2222", "WORLD_SIZE": "2",
+           "SLURM_JOB_ID": "1234", "SLURM_RESTART_COUNT": "3", "HAI_MASTER_IP": "10.0.0.7"}
+    c = node_contract(env)
+    assert c == {"MASTER_IP": "10.0.0.7", "MASTER_ADDR": "10.0.0.7", "MASTER_PORT": "41234", "WORLD_SIZE": "2",
                  "RANK": "1", "NODE_RANK": "1", "HAI_RESTART_COUNT": "3", "HAI_CONTRACT": "launcher"}
 
 
 def test_contract_from_the_spank_plugin_is_taken_as_is():
     env = {"HAI_CONTRACT": "spank", "MASTER_IP": "1.2.3.4", "MASTER_ADDR": "1.2.3.4", "MASTER_PORT": "40001",
            "WORLD_SIZE": "4", "RANK": "2", "NODE_RANK": "2", "HAI_RESTART_COUNT": "1"}
-    assert node_contract(env, node_addr=lambda n: pytest.fail("must not look up"))["MASTER_PORT"] == "40001"
+    assert node_contract(env)["MASTER_PORT"] == "40001"
 
 
 def test_master_port_spreads_jobs_over_the_span():
-    assert master_port({"SLURM_JOB_ID": "7"}) == 2222
+    assert master_port({"SLURM_JOB_ID": "7"}) == 40007
+    assert master_port({"SLURM_JOB_ID": "12345"}) == 42345
     assert master_port({"SLURM_JOB_ID": "7", "HAI_MASTER_PORT_BASE": "40000", "HAI_MASTER_PORT_SPAN": "100"}) == 40007
     assert master_port({"SLURM_JOB_ID": "7", "HAI_MASTER_PORT": "5000"}) == 5000
 

@@ -11,8 +11,9 @@ from pathlib import Path
 import pytest
 
 from slurm_hai.policy.model import default_policy, load_policy, parse_policy
-from slurm_hai.policy.ladder import (ClusterState, desired_qos, level_of_qos, offline_access_changes, parse_qos,
-                                    plan_changes, qos_changes, qos_for, qos_weight, template_context)
+from slurm_hai.policy.ladder import (ClusterState, desired_qos, offline_access_changes, plan_changes, qos_changes,
+                                    qos_weight, template_context)
+from slurm_hai.policy.levels import level_of_qos, parse_qos
 from slurm_hai.render import render
 from slurm_hai.slurm.commands import QOS_FIELDS, change_argv
 
@@ -78,17 +79,17 @@ def test_quota_overrides_are_variant_qos_with_the_level_relations():
 
 
 def test_qos_names_map_back_to_levels():
-    assert qos_for(LOCAL, "NORMAL", "hai-bob", "hai") == "normal.u.hai-bob"
-    assert qos_for(LOCAL, "NORMAL", "hai-alice", "hai") == "normal"
-    assert qos_for(LOCAL, "LOW", "hai-bob", "hai") == "low"
-    assert level_of_qos(LOCAL, "normal.u.hai-bob").name == "NORMAL"
-    assert level_of_qos(LOCAL, "above_normal.a.lab").name == "ABOVE_NORMAL"
-    assert level_of_qos(LOCAL, "site_special") is None
+    assert LOCAL.qos_for("NORMAL", "hai-bob", "hai") == "normal.u.hai-bob"
+    assert LOCAL.qos_for("NORMAL", "hai-alice", "hai") == "normal"
+    assert LOCAL.qos_for("LOW", "hai-bob", "hai") == "low"
+    assert level_of_qos("normal.u.hai-bob", LOCAL.ladder).name == "NORMAL"
+    assert level_of_qos("above_normal.a.lab", LOCAL.ladder).name == "ABOVE_NORMAL"
+    assert level_of_qos("site_special", LOCAL.ladder) is None
     assert parse_qos("high.u.a.b") == ("high", "u", "a.b")
     assert parse_qos("high") == ("high", "", "")
     p = parse_policy({"quota": {"accounts": {"lab": {"HIGH": 3}}, "users": {"ann": {"HIGH": 1}}}})
-    assert qos_for(p, "HIGH", "bob", "lab") == "high.a.lab"
-    assert qos_for(p, "HIGH", "ann", "lab") == "high.u.ann"
+    assert p.qos_for("HIGH", "bob", "lab") == "high.a.lab"
+    assert p.qos_for("HIGH", "ann", "lab") == "high.u.ann"
 
 
 def test_priority_weight_gives_each_level_its_band():

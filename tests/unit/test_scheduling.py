@@ -8,9 +8,10 @@ from pathlib import Path
 import pytest
 
 from slurm_hai.policy.model import load_policy, parse_policy
-from slurm_hai.policy.ladder import LEVEL_STRIDE
-from slurm_hai.policy.rules import (Action, auto_level, decide, explain, fcfs_priorities, resolve_auto_for_user,
-                                  tags_of, with_tags)
+from slurm_hai.policy.levels import LEVEL_STRIDE
+from slurm_hai.policy.explain import explain
+from slurm_hai.policy.rules import Action, auto_level, decide, fcfs_priorities, needs_idle_nodes
+from slurm_hai.policy.tags import parse as parse_tags, with_tags
 from slurm_hai.slurm.records import JobInfo
 
 REPO = Path(__file__).resolve().parents[2]
@@ -179,18 +180,13 @@ def test_no_yield_when_idle_nodes_suffice_or_the_level_preempts_by_itself():
     assert not [a for a in decide([*jobs[:2], normal], p, NOW, idle_nodes={}) if a.kind == "signal"]
 
 
-def test_idle_nodes_are_read_only_when_needed():
-    calls = []
-
-    def idle():
-        calls.append(1)
-        return {"gpu": 0}
-
-    decide([job(1), job(2, "RUNNING")], POLICY, NOW, idle_nodes=idle)
-    assert calls == []
+def test_idle_nodes_are_needed_only_while_a_demoted_job_runs_and_a_job_above_it_waits():
+    assert not needs_idle_nodes([job(1), job(2, "RUNNING")], POLICY, NOW)
     p, jobs = demoted_scene()
-    decide(jobs, p, NOW, idle_nodes=idle)
-    assert calls == [1]
+    assert needs_idle_nodes(jobs, p, NOW)
+    assert not needs_idle_nodes(jobs[:2], p, NOW)  # nobody waits
+    assert not needs_idle_nodes([jobs[2]], p, NOW)  # nothing demoted runs
+    assert not needs_idle_nodes(jobs, replace(p, demotion=None), NOW)
 
 
 def test_yielding_job_is_requeued_after_grace_and_held_until_the_waiting_job_runs():
@@ -278,14 +274,6 @@ def test_auto_job_already_right_is_left_alone():
                   POLICY, NOW) == []
 
 
-def test_resolve_auto_for_user_reads_the_queue():
-    class FakeSlurm:
-        def jobs(self, job_ids=(), user=None):
-            return [job(1, "RUNNING", "high.u.hai-bob", user="hai-bob")]
-
-    assert resolve_auto_for_user("hai-bob", 1, FakeSlurm(), POLICY, "hai") == "ABOVE_NORMAL"
-
-
 # ------------------------------------------------------------------ (c) FCFS across requeues
 
 
@@ -364,7 +352,7 @@ def test_a_requeue_of_this_very_second_is_not_started_early():
 def test_tags_round_trip():
     assert with_tags("hai-level=HIGH other", {"hai-demoted": "NORMAL"}) == "hai-level=HIGH other hai-demoted=NORMAL"
     assert with_tags("hai-level=HIGH hai-demoted=NORMAL", drop=["hai-demoted"]) == "hai-level=HIGH"
-    assert tags_of(job(1, admin_comment="hai-level=AUTO;hai-yield=3@5")) == {"hai-level": "AUTO", "hai-yield": "3@5"}
+    assert parse_tags("hai-level=AUTO;hai-yield=3@5") == {"hai-level": "AUTO", "hai-yield": "3@5"}
 
 
 # ------------------------------------------------------------------ explain

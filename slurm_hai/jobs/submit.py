@@ -1,0 +1,96 @@
+"""Submitting a job (the use case behind hai-submit): check the request against the files
+and the node group, render the sbatch script, submit it, claim the job directory.
+
+Every refusal is a RequestError whose message says what to do; nothing reaches Slurm
+before the request is known to be sound.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import secrets
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..slurm import Backend, SlurmError
+from .jobdir import JobDir, write_atomic
+from .request import (JobRequest, RequestError, check_files, did_you_mean, fit_to_group, render_script,
+                      single_process_warning, validate)
+
+
+@dataclass
+class Prepared:
+    """A checked request: the template context, the sbatch script, warnings to show, and
+    (dry run only) why Slurm could not be asked about the node group."""
+
+    context: dict
+    script: str
+    token: str
+    warnings: list[str]
+    slurm_unreachable: str = ""
+
+
+@dataclass
+class Submitted:
+    job_id: int
+    name: str
+    level: str
+    nodes: int
+    job_dir: Path
+
+
+def group_gpus(slurm: Backend, req: JobRequest) -> int:
+    """--gpus-per-node fitted to the job's node group (Slurm's partition): the default is
+    what its nodes have; a request they can never satisfy is refused, in our words."""
+    parts = slurm.partitions()
+    name = req.group or next((p["PartitionName"] for p in parts if p.get("Default") == "YES"), None)
+    if name is None:
+        raise RequestError("this cluster has no default node group; pass -g GROUP")
+    known = [p["PartitionName"] for p in parts]
+    if name not in known:
+        raise RequestError(f"-g {name}: no such node group; {did_you_mean(name, known)}groups: {', '.join(known)}")
+    return fit_to_group(name, {n.name: (n.gpus, n.partitions) for n in slurm.nodes()}, req.nodes, req.gpus_per_node)
+
+
+def prepare(req: JobRequest, slurm: Backend, dry_run: bool = False) -> Prepared:
+    """Check `req` (files, node group, every value) and render its sbatch script."""
+    check_files(req)
+    unreachable = ""
+    try:
+        req.gpus_per_node = group_gpus(slurm, req)
+    except SlurmError as e:
+        if not dry_run:
+            raise
+        unreachable, req.gpus_per_node = str(e), req.gpus_per_node or 0  # a dry run assumes what was asked
+    context = validate(req)
+    warnings = [w for w in (single_process_warning(req),) if w]
+    # Ties this submission to its job directory, so a directory left by an older job with
+    # the same id is never taken for this job's (JobDir.claim).
+    token = secrets.token_hex(8)
+    context["env"] = [*context["env"], ("HAI_SUBMIT_TOKEN", token)]
+    # Without send_user_signal, Slurm's preemption notice is SIGTERM.
+    term_is_notice = False if dry_run else not slurm.preempt_sends_user_signal()
+    return Prepared(context, render_script(context, term_is_notice=term_is_notice), token, warnings, unreachable)
+
+
+def submit(prepared: Prepared, slurm: Backend, root: Path) -> Submitted:
+    """sbatch the prepared script, claim its job directory, record the request."""
+    ctx = prepared.context
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    try:
+        job_id = slurm.submit(prepared.script)
+    except SlurmError as e:
+        policy_refusal = str(e).split("sbatch: hai: ", 1)
+        if len(policy_refusal) == 2:  # job_submit.lua's own words (quota, level): nothing to add
+            raise RequestError(policy_refusal[1]) from None
+        if "Requested node configuration is not available" in str(e):
+            raise RequestError(f"no node of the job's group can run it ({ctx['nodes']} node(s), {ctx['gpus']} GPUs "
+                               "each); `scontrol show partition` lists the groups") from None
+        raise
+    jobdir = JobDir.for_job(job_id, root).claim(prepared.token)
+    request = {k: ctx[k] for k in ("name", "nodes", "gpus", "level", "partition", "time", "grace", "retries",
+                                   "workdir", "command")}
+    write_atomic(jobdir.path / "job.json", json.dumps({**request, "job_id": job_id, "user": getpass.getuser()}))
+    jobdir.event("submit", level=ctx["level"], nodes=ctx["nodes"])
+    return Submitted(job_id, ctx["name"], ctx["level"], ctx["nodes"], jobdir.path)

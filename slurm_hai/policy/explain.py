@@ -1,0 +1,106 @@
+"""Why a job is where it is, in words, for `hai status` and `hai-admin why` (pure).
+
+Reads the same snapshot of the queue as the daemon's rules (policy/rules.py), so the words
+and the daemon's actions never disagree.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+from .levels import AUTO, Level
+from .model import Policy
+from .job import Job
+from .rules import QUOTA_REASONS, WAITING_FOR_NODES, Snapshot, is_held
+from .tags import YIELD as YIELD_TAG, parse_yield
+
+
+def _ago(seconds: float) -> str:
+    s = int(max(0, seconds))
+    if s < 120:
+        return f"{s} s"
+    if s < 7200:
+        return f"{s // 60} min"
+    return f"{s // 3600} h {s % 3600 // 60} min"
+
+
+def _nodes(n: int) -> str:
+    return f"{n} node" if n == 1 else f"{n} nodes"
+
+
+def explain(job: Job, jobs: Sequence[Job], policy: Policy, now: float | None = None) -> str:
+    """Why `job` is where it is, in words (for `hai status`); `jobs` is the whole queue."""
+    now = time.time() if now is None else now
+    snap = Snapshot(jobs if any(j.job_id == job.job_id for j in jobs) else [*jobs, job], policy, now)
+    lvl = snap.level.get(job.job_id)
+    name = lvl.name if lvl else (job.qos or "?")
+    tags = snap.tags[job.job_id]
+    if job.state == "RUNNING":
+        if job.preempt_time and job.preempt_time >= job.start_time:
+            return (f"running at {name}, asked to suspend {_ago(now - job.preempt_time)} ago "
+                    f"(forced off after {policy.grace_seconds} s)")
+        y = parse_yield(tags.get(YIELD_TAG, ""))
+        if y:
+            return (f"running, demoted; asked to give its nodes to job {y[0]} {_ago(now - y[1])} ago "
+                    f"(forced off after {policy.grace_seconds} s)")
+        if snap.is_demoted(job):
+            d = policy.demotion
+            return (f"running at {d.source} for {_ago(now - job.start_time)}: counts as {d.target} "
+                    f"(demoted after {_ago(d.after_seconds)}), so a {d.source} job may take its nodes")
+        return f"running at {name} on {_nodes(job.num_nodes)} for {_ago(now - job.start_time)}"
+    if job.state != "PENDING":
+        return job.state.lower().replace("_", " ")
+    auto = "AUTO, now " if snap.submit_level(job) == AUTO else ""
+    reason = job.reason
+    y = parse_yield(tags.get(YIELD_TAG, ""))
+    if y:
+        return f"gave its nodes to job {y[0]} (it had been demoted); waits until that job runs"
+    if lvl is not None and reason in QUOTA_REASONS + WAITING_FOR_NODES:
+        q = policy.quota_for(lvl.name, job.user, job.account)
+        used = snap.used.get((job.user, lvl.name), 0)
+        # Slurm's reason may lag (it is set by the next scheduling pass): the policy knows
+        if reason in QUOTA_REASONS or (q is not None and used + job.num_nodes > q):
+            return f"{auto}over quota at {lvl.name}: {used}/{q if q is not None else '-'} nodes in use"
+    if reason == "JobHoldMaxRequeue":
+        return (f"held by Slurm's requeue limit after {job.restart_count} restarts "
+                "(the policy daemon releases it)")
+    if reason == "BeginTime":
+        wait = job.eligible_time - now
+        if job.restart_count > 0:
+            return f"held back after requeue (restarts in ~{max(0, round(wait))} s)"
+        return f"starts no earlier than in {_ago(wait)} (--begin)"
+    if reason == "JobHeldUser":
+        return f"held by its owner (scontrol release {job.job_id})"
+    if reason == "JobHeldAdmin" or job.priority == 0:
+        return "held by an administrator"
+    if reason in ("Dependency", "DependencyNeverSatisfied"):
+        return "waiting for its dependency" if reason == "Dependency" else "its dependency can never be satisfied"
+    if reason in WAITING_FOR_NODES and lvl is not None:
+        return f"{auto}waiting for {_nodes(job.num_nodes)} at {lvl.name} ({_position(job, snap)})"
+    return f"{auto}pending at {name}: {reason}"
+
+
+def _position(job: Job, snap: Snapshot) -> str:
+    """Where `job` stands in line, and behind whom: the pending jobs (not held) of an
+    overlapping group that Slurm starts before it, those of higher levels and the earlier
+    ones of its own level; e.g. "position 2 in line, behind job 133 at HIGH"."""
+    mine = snap.level[job.job_id]
+    parts = set(job.partition.split(","))
+    ahead: list[tuple[Job, Level]] = []
+    for j in snap.jobs:
+        if j.job_id == job.job_id or j.state != "PENDING" or is_held(j) or not parts & set(j.partition.split(",")):
+            continue
+        lvl = snap.level[j.job_id]
+        if lvl is not None and (lvl.value > mine.value or (lvl.value == mine.value and j.job_id < job.job_id)):
+            ahead.append((j, lvl))
+    where = f"position {len(ahead) + 1} in line"
+    if not ahead:
+        return where
+    if len(ahead) <= 3:
+        return f"{where}, behind " + " and ".join(f"job {j.job_id} at {lvl.name}" for j, lvl in ahead)
+    higher = sum(1 for _, lvl in ahead if lvl.value > mine.value)
+    same = len(ahead) - higher
+    return f"{where}, behind " + " and ".join(
+        text for n, text in ((higher, f"{higher} job{'s' if higher != 1 else ''} at higher levels"),
+                             (same, f"{same} earlier at {mine.name}")) if n)

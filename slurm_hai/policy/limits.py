@@ -1,0 +1,21 @@
+"""Fixed limits of the HAI contract that Python, the SPANK plugin (spank/hai_spank.c, its
+HAI_DEFAULT_* values) and the rendered plugstack.conf must agree on (pure).
+
+tests/unit/test_vocabulary.py fails when the C defaults drift from these values.
+"""
+
+from __future__ import annotations
+
+# The most a job may ask between its suspend notice and a forced stop (hai-submit --grace,
+# sbatch --hai-grace).
+MAX_GRACE = 300
+# A job's rendezvous port, when nothing sets HAI_MASTER_PORT: MASTER_PORT_BASE +
+# (job id % MASTER_PORT_SPAN), so that two jobs sharing a node do not collide.
+MASTER_PORT_BASE = 40000
+MASTER_PORT_SPAN = 10000
+
+
+def spank_arguments(levels_arg: str) -> dict[str, object]:
+    """What plugstack.conf passes to hai_spank.so (templates/slurm/plugstack.conf.j2)."""
+    return {"levels_arg": levels_arg, "max_grace": MAX_GRACE, "master_port_base": MASTER_PORT_BASE,
+            "master_port_span": MASTER_PORT_SPAN}

@@ -1,0 +1,92 @@
+"""The import rules of docs/design.md, checked on the source:
+
+- policy/ imports only the standard library (and itself);
+- runtime/client imports only the standard library when training code imports it;
+- runtime/ pulls in neither click nor jinja2;
+- no module outside slurm/ names a Slurm command.
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[2] / "slurm_hai"
+SLURM_COMMANDS = {"sbatch", "srun", "salloc", "squeue", "scontrol", "scancel", "sacct", "sacctmgr", "sinfo",
+                  "sprio", "sshare", "sdiag", "sstat", "strigger"}
+
+
+def modules(under: str = "") -> list[Path]:
+    return sorted(p for p in (PACKAGE / under).rglob("*.py") if "__pycache__" not in p.parts)
+
+
+def imports(path: Path) -> list[tuple[str, int]]:
+    """(absolute module name, line) of every import, less those under `if TYPE_CHECKING:`."""
+    tree = ast.parse(path.read_text())
+    package = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts[:-1])
+    skipped = {id(n) for node in ast.walk(tree) if isinstance(node, ast.If)
+               and getattr(node.test, "id", "") == "TYPE_CHECKING" for n in ast.walk(node)}
+    found = []
+    for node in ast.walk(tree):
+        if id(node) in skipped:
+            continue
+        if isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                found.append((".".join(base + ([node.module] if node.module else [])), node.lineno))
+            else:
+                found.append((node.module or "", node.lineno))
+    return found
+
+
+# tomli is tomllib on Python 3.10; site hooks are loaded by the interpreter, not by us.
+NOT_OURS = {"tomli", "sitecustomize", "usercustomize"}
+
+
+def is_stdlib(name: str) -> bool:
+    return name.split(".")[0] in sys.stdlib_module_names | NOT_OURS or name == "__future__"
+
+
+@pytest.mark.parametrize("path", modules("policy"), ids=lambda p: p.name)
+def test_policy_imports_only_the_standard_library(path):
+    bad = [(name, line) for name, line in imports(path)
+           if not is_stdlib(name) and not name.startswith("slurm_hai.policy")]
+    assert not bad, f"{path.relative_to(PACKAGE)} imports {bad}"
+
+
+def imported_by(module: str) -> list[str]:
+    code = f"import sys, json; import {module}; print(json.dumps(sorted(sys.modules)))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    return json.loads(out)
+
+
+def test_the_client_loads_only_the_standard_library():
+    loaded = imported_by("slurm_hai.runtime.client")
+    foreign = [m for m in loaded if not is_stdlib(m) and not m.startswith(("slurm_hai", "_"))]
+    assert not foreign, foreign
+    public = imported_by("slurm_hai")  # `import slurm_hai as hai` costs nothing more
+    assert not [m for m in public if not is_stdlib(m) and not m.startswith(("slurm_hai", "_"))]
+
+
+@pytest.mark.parametrize("path", modules("runtime"), ids=lambda p: p.name)
+def test_runtime_needs_neither_click_nor_jinja2(path):
+    module = ".".join(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+    loaded = imported_by(module)
+    assert not [m for m in loaded if m.split(".")[0] in ("click", "jinja2")], module
+
+
+@pytest.mark.parametrize("path", [p for p in modules() if "slurm" not in p.relative_to(PACKAGE).parts[:1]],
+                         ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_only_the_slurm_package_names_a_slurm_command(path):
+    """A string that is exactly a Slurm command's name is how argv starts; outside slurm/
+    there must be none (docstrings and messages that merely mention one are fine)."""
+    named = [(node.value, node.lineno) for node in ast.walk(ast.parse(path.read_text()))
+             if isinstance(node, ast.Constant) and node.value in SLURM_COMMANDS]
+    assert not named, f"{path.relative_to(PACKAGE)} runs Slurm itself: {named}"
