@@ -113,22 +113,6 @@ def validate(req: JobRequest) -> dict:
     }
 
 
-GRES_GPU_RE = re.compile(r"(?:^|,)gpu(?::[^:,()]+)?:(\d+)")
-
-
-def node_gpus(scontrol_nodes: str) -> dict[str, tuple[int, set[str]]]:
-    """`scontrol show node -o` -> node -> (GPUs it has, its partitions). Pure."""
-    nodes: dict[str, tuple[int, set[str]]] = {}
-    for line in scontrol_nodes.splitlines():
-        fields = dict(item.split("=", 1) for item in line.split() if "=" in item)
-        if "NodeName" not in fields:
-            continue
-        gpus = sum(int(n) for n in GRES_GPU_RE.findall(fields.get("Gres", "")))
-        parts = {p for p in fields.get("Partitions", "").split(",") if p}
-        nodes[fields["NodeName"]] = (gpus, parts)
-    return nodes
-
-
 def fit_to_group(group: str, nodes: dict[str, tuple[int, set[str]]], want_nodes: int,
                  gpus_per_node: int | None) -> int:
     """The --gpus-per-node to ask for on `group` (default: what every node of it has, 0
