@@ -13,6 +13,7 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..policy.model import Policy, PolicyError, find_policy
 from ..slurm import Backend, SlurmError
 from .jobdir import JobDir, write_atomic
 from .request import (JobRequest, RequestError, check_files, did_you_mean, fit_to_group, render_script,
@@ -40,9 +41,9 @@ class Submitted:
     job_dir: Path
 
 
-def group_gpus(slurm: Backend, req: JobRequest) -> int:
-    """--gpus-per-node fitted to the job's node group (Slurm's partition): the default is
-    what its nodes have; a request they can never satisfy is refused, in our words."""
+def group_gpus(slurm: Backend, req: JobRequest) -> tuple[str, int]:
+    """The job's node group (Slurm's partition) and --gpus-per-node fitted to it: the default
+    is what its nodes have; a request they can never satisfy is refused, in our words."""
     parts = slurm.partitions()
     name = req.group or next((p["PartitionName"] for p in parts if p.get("Default") == "YES"), None)
     if name is None:
@@ -50,20 +51,32 @@ def group_gpus(slurm: Backend, req: JobRequest) -> int:
     known = [p["PartitionName"] for p in parts]
     if name not in known:
         raise RequestError(f"-g {name}: no such node group; {did_you_mean(name, known)}groups: {', '.join(known)}")
-    return fit_to_group(name, {n.name: (n.gpus, n.partitions) for n in slurm.nodes()}, req.nodes, req.gpus_per_node)
+    return name, fit_to_group(name, {n.name: (n.gpus, n.partitions) for n in slurm.nodes()}, req.nodes,
+                              req.gpus_per_node)
 
 
-def prepare(req: JobRequest, slurm: Backend, dry_run: bool = False) -> Prepared:
-    """Check `req` (files, node group, every value) and render its sbatch script."""
+def prepare(req: JobRequest, slurm: Backend, dry_run: bool = False, policy: Policy | None = None) -> Prepared:
+    """Check `req` (files, node group, every value, the policy's min_gpus) and render its
+    sbatch script. `policy`: the cluster's (default: found as `hai-admin` finds it)."""
     check_files(req)
-    unreachable = ""
     try:
-        req.gpus_per_node = group_gpus(slurm, req)
+        policy = policy or find_policy()
+    except PolicyError as e:
+        raise RequestError(f"the cluster's policy cannot be read: {e}") from None
+    unreachable, group = "", req.group
+    try:
+        group, req.gpus_per_node = group_gpus(slurm, req)
     except SlurmError as e:
         if not dry_run:
             raise
-        unreachable, req.gpus_per_node = str(e), req.gpus_per_node or 0  # a dry run assumes what was asked
+        # a dry run assumes what was asked, else what the group must have
+        unreachable = str(e)
+        req.gpus_per_node = req.gpus_per_node if req.gpus_per_node is not None else policy.min_gpus_for(group)
     context = validate(req)
+    # HAI's 8-GPU rule; job_submit.lua refuses plain sbatch with the same words
+    short = policy.min_gpus_refusal(group, req.gpus_per_node)
+    if short:
+        raise RequestError(short)
     warnings = [w for w in (single_process_warning(req),) if w]
     # Ties this submission to its job directory, so a directory left by an older job with
     # the same id is never taken for this job's (JobDir.claim).

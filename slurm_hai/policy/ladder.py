@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Mapping
 
 from . import tags
 from .levels import LEVEL_STRIDE, VARIANT_SEP, Level, parse_qos, variant_qos
-from .model import Policy
+from .model import MIN_GPUS_REFUSAL, Policy
 
 if TYPE_CHECKING:  # policy/ imports only the standard library at run time
     from ..slurm.version import SlurmVersion
@@ -309,6 +309,11 @@ def template_context(policy: Policy, slurm: SlurmVersion | None = None) -> dict[
         "node_groups": groups,
         "level_tag": tags.LEVEL,
         "variant_sep": VARIANT_SEP,
+        # the 8-GPU rule: GPUs per node by node group (partition), the top-level value for others
+        "min_gpus": policy.min_gpus,
+        "group_min_gpus": {g.name: policy.min_gpus_for(g.name) for g in policy.groups},
+        "default_group": policy.default_group.name if policy.default_group else "",
+        "min_gpus_refusal": MIN_GPUS_REFUSAL,
     }
 
 

@@ -26,6 +26,13 @@ else:  # pragma: no cover - exercised on 3.10 only
     import tomli as tomllib
 
 UNLIMITED = "unlimited"
+# "Every task uses at least 8 GPUs" (HAI's scheduling page): a training job takes whole nodes.
+HAI_MIN_GPUS = 8
+MAX_GPUS_PER_NODE = 64  # what hai-submit accepts per node
+# One text for hai-submit and job_submit.lua (a printf format both Python and Lua's string.format
+# read): node group, GPUs needed, GPUs asked for, GPUs needed.
+MIN_GPUS_REFUSAL = ("node group %s takes jobs of at least %d GPUs per node (whole nodes); this job asks for %d per "
+                    "node: use --gpus-per-node=%d")
 LEVEL_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
 # Users and accounts end up in QOS names (see levels.variant_qos); keep them to what Slurm and
 # POSIX user names allow, without the '.' that separates a QOS name's parts.
@@ -46,6 +53,7 @@ class NodeGroup:
     priority_tier: int = 1
     levels: tuple[str, ...] = ()  # empty: every level
     default: bool = False
+    min_gpus: int | None = None  # GPUs per node its jobs must ask for; None: the policy's min_gpus
 
     def accepts(self, level: str) -> bool:
         return not self.levels or level in self.levels
@@ -76,6 +84,8 @@ class Policy:
     allow_auto: bool = True
     # what the daemon sends a job's steps when it preempts a demoted job (hai-submit's --signal)
     notice_signal: str = "USR2"
+    # GPUs per node a job must ask for (HAI: at least 8, a whole node); a group may set its own
+    min_gpus: int = HAI_MIN_GPUS
     source: str = field(default="<default>", compare=False)
 
     def level(self, name: str) -> Level:
@@ -112,6 +122,21 @@ class Policy:
         """The QOS a job of `user` (in `account`) at `level` runs in."""
         owner = self.override_owner(level, user, account)
         return variant_qos(self.level(level), *owner) if owner else self.level(level).qos
+
+    def min_gpus_for(self, group: str | None) -> int:
+        """GPUs per node a job in node group `group` must ask for (None: the default group;
+        a partition the policy does not name: the top-level min_gpus)."""
+        g = self.group(group) if group is not None else self.default_group
+        return g.min_gpus if g is not None and g.min_gpus is not None else self.min_gpus
+
+    def min_gpus_refusal(self, group: str | None, gpus_per_node: int) -> str | None:
+        """The one-line refusal (job_submit.lua says the same) of a job in `group` asking for
+        `gpus_per_node` GPUs per node, or None when that is enough."""
+        need = self.min_gpus_for(group)
+        if gpus_per_node >= need:
+            return None
+        name = group if group is not None else (self.default_group.name if self.default_group else "-")
+        return MIN_GPUS_REFUSAL % (name, need, gpus_per_node, need)
 
     def group(self, name: str) -> NodeGroup | None:
         for g in self.groups:
@@ -178,9 +203,9 @@ def parse_policy(data: Mapping[str, Any], source: str = "policy.toml") -> Policy
 
 
 TOP_KEYS = ("default_level", "grace_seconds", "min_run_seconds", "accounts", "allow_auto", "notice_signal",
-            "levels", "demotion", "quota", "groups")
+            "min_gpus", "levels", "demotion", "quota", "groups")
 DEMOTION_KEYS = ("enabled", "from", "to", "after_seconds")
-GROUP_KEYS = ("nodes", "priority_tier", "levels", "default")
+GROUP_KEYS = ("nodes", "priority_tier", "levels", "default", "min_gpus")
 DURATION = re.compile(r"^\s*(\d+)\s*(s|m|h|d)?\s*$")
 UNIT = {None: 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
 
@@ -252,12 +277,14 @@ class _Parser:
         accounts = self.owner_list("", "accounts", data.get("accounts", []))
         allow_auto = self.boolean("", "allow_auto", data.get("allow_auto", True))
         notice = self.signal_name("", "notice_signal", data.get("notice_signal", "USR2"))
+        min_gpus = self.integer("", "min_gpus", data.get("min_gpus", HAI_MIN_GPUS), 0, MAX_GPUS_PER_NODE)
         demotion = self.demotion(data.get("demotion"), ladder)
         quota, users, accts = self.quotas(data.get("quota", {}), names)
         groups = self.groups(data.get("groups"), names)
         return Policy(ladder=ladder, default_level=default_level, grace_seconds=grace, min_run_seconds=min_run,
                       demotion=demotion, quota=quota, groups=groups, user_quota=users, account_quota=accts,
-                      accounts=accounts, allow_auto=allow_auto, notice_signal=notice, source=self.source)
+                      accounts=accounts, allow_auto=allow_auto, notice_signal=notice, min_gpus=min_gpus,
+                      source=self.source)
 
     def ladder(self, raw: Any) -> tuple[Level, ...]:
         if raw is None:
@@ -374,7 +401,10 @@ class _Parser:
                 raise self.error(table, "levels", f"expected a list of level names, got {levels_raw!r}")
             levels = tuple(self.level_name(table, "levels", lv, names) for lv in levels_raw)
             default = self.boolean(table, "default", g.get("default", False))
-            out.append(NodeGroup(name=name, nodes=nodes, priority_tier=tier, levels=levels, default=default))
+            min_gpus = (self.integer(table, "min_gpus", g["min_gpus"], 0, MAX_GPUS_PER_NODE) if "min_gpus" in g
+                        else None)
+            out.append(NodeGroup(name=name, nodes=nodes, priority_tier=tier, levels=levels, default=default,
+                                 min_gpus=min_gpus))
         defaults = [g.name for g in out if g.default]
         if len(defaults) > 1:
             raise self.error("groups", None, f"only one group can be the default, got {', '.join(defaults)}")

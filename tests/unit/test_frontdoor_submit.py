@@ -41,6 +41,8 @@ def fake(monkeypatch, tmp_path):
     slurm = FakeSlurm()
     monkeypatch.setattr(submit_cli, "backend", lambda: slurm)
     monkeypatch.setenv("HAI_HOME", str(tmp_path / "hai"))
+    (tmp_path / "policy.toml").write_text("")  # HAI's default policy (min_gpus = 8), whatever this host has
+    monkeypatch.setenv("HAI_POLICY", str(tmp_path / "policy.toml"))
     return slurm
 
 
@@ -126,6 +128,9 @@ def test_gpus_default_to_what_the_groups_nodes_have(fake, tmp_path):
     rc, out = dry_run(str(script))
     assert rc == 0 and "#SBATCH --gres=gpu:8" in out and "--gpus=8" in out
     fake.gres = "(null)"  # CPU-only nodes: no GPU request at all
+    rc, out = dry_run(str(script))
+    assert rc == 2 and "node group gpu takes jobs of at least 8 GPUs per node" in out  # HAI's 8-GPU rule
+    (tmp_path / "policy.toml").write_text("min_gpus = 0\n")  # e.g. a test partition
     rc, out = dry_run(str(script))
     assert rc == 0 and "--gres" not in out and "--gpus=0" in out
     fake.gres = "gpu:a100:4(S:0-1),gpu:v100:2"

@@ -94,6 +94,24 @@ default = true
     assert p.source.endswith("policy.toml")
 
 
+def test_min_gpus_is_hai_8_unless_the_policy_or_a_group_says_otherwise(tmp_path):
+    assert load_text(tmp_path, "").min_gpus == 8
+    p = load_text(tmp_path, """
+min_gpus = 4
+[groups.train]
+nodes = "g[1-8]"
+[groups.test]
+nodes = "t1"
+min_gpus = 0
+""")
+    assert p.min_gpus == 4 and [g.min_gpus for g in p.groups] == [None, 0]
+    assert (p.min_gpus_for("train"), p.min_gpus_for("test"), p.min_gpus_for(None), p.min_gpus_for("other")) == \
+        (4, 0, 4, 4)
+    assert p.min_gpus_refusal("test", 0) is None and p.min_gpus_refusal("train", 4) is None
+    assert p.min_gpus_refusal(None, 2) == ("node group train takes jobs of at least 4 GPUs per node (whole nodes); "
+                                           "this job asks for 2 per node: use --gpus-per-node=4")
+
+
 def test_quota_precedence_user_then_account_then_default():
     p = parse_policy({"quota": {"NORMAL": 4, "HIGH": 2, "users": {"alice": {"NORMAL": 1, "HIGH": "unlimited"}},
                                 "accounts": {"lab": {"NORMAL": 6, "LOW": 3}}}})
@@ -159,6 +177,9 @@ def test_lower_levels_never_include_own():
      "[groups] only one group can be the default, got a, b"),
     ('[groups."a b"]\nnodes = "a"', "[groups] a b: a group (partition) name is"),
     ("quota = 3", "quota: expected a table, got 3"),
+    ("min_gpus = -1", "min_gpus: expected an integer from 0 to 64, got -1"),
+    ('min_gpus = "8"', "min_gpus: expected an integer from 0 to 64, got '8'"),
+    ('[groups.gpu]\nnodes = "a"\nmin_gpus = 65', "[groups.gpu] min_gpus: expected an integer from 0 to 64, got 65"),
 ])
 def test_bad_field_is_one_located_error(tmp_path, text, message):
     got = error_of(tmp_path, text)

@@ -306,7 +306,8 @@ def test_job_submit_lua_maps_levels_quotas_and_auto(tmp_path):
 
 @pytest.mark.skipif(LUA is None, reason="no lua interpreter (apt-get install lua5.3)")
 def test_job_submit_lua_account_override_and_auto_off(tmp_path):
-    p = parse_policy({"allow_auto": False, "quota": {"NORMAL": 2, "accounts": {"lab": {"NORMAL": "unlimited"}}}})
+    p = parse_policy({"allow_auto": False, "min_gpus": 0,  # these jobs ask for no GPUs
+                      "quota": {"NORMAL": 2, "accounts": {"lab": {"NORMAL": "unlimited"}}}})
     got = run_lua(tmp_path, p, [
         {"user": "ann", "account": "lab", "nodes": 9, "qos": "normal"},
         {"user": "ann", "nodes": 3, "qos": "normal"},

@@ -10,14 +10,16 @@ from pathlib import Path
 
 import pytest
 
-from slurm_hai.jobs.request import JobRequest, render_script, validate
+from slurm_hai.jobs.request import JobRequest, RequestError, render_script, validate
+from slurm_hai.jobs.submit import prepare
 from slurm_hai.policy import tags
 from slurm_hai.policy.ladder import template_context
 from slurm_hai.policy.levels import DEFAULT_LADDER, ladder_arg, level_of_qos
 from slurm_hai.policy.limits import MASTER_PORT_BASE, MASTER_PORT_SPAN, MAX_GRACE
-from slurm_hai.policy.model import parse_policy
+from slurm_hai.policy.model import Policy, parse_policy
 from slurm_hai.policy.rules import auto_level
 from slurm_hai.render import render
+from slurm_hai.slurm.base import NodeInfo
 
 REPO = Path(__file__).resolve().parents[2]
 POLICY = parse_policy({
@@ -29,10 +31,10 @@ POLICY = parse_policy({
 USERS = (("alice", "hai"), ("bob", "hai"), ("ann", "lab"), ("carl", "lab"))
 
 
-def run_lua(tmp_path: Path, cases: list[dict]) -> list[tuple[str, str, str, str]]:
+def run_lua(tmp_path: Path, cases: list[dict], policy: Policy = POLICY) -> list[tuple[str, str, str, str]]:
     """Each case through slurm_job_submit; (rc, qos, admin_comment, message) per case."""
     lua = tmp_path / "job_submit.lua"
-    lua.write_text(render("slurm/job_submit.lua.j2", **template_context(POLICY)))
+    lua.write_text(render("slurm/job_submit.lua.j2", **template_context(policy)))
 
     def literal(value: object) -> str:
         if value is None:
@@ -82,7 +84,7 @@ def test_job_submit_lua_places_every_job_where_policy_says(tmp_path):
         for wanted in [lvl.name for lvl in POLICY.ladder] + ["AUTO"]:
             for nodes in (1, 2, 3, 5):
                 cases.append({"user_name": user, "account": account, "min_nodes": nodes,
-                              "spank_job_env": [f"HAI_PRIORITY={wanted.lower()}"]})
+                              "tres_per_node": "gres/gpu:8", "spank_job_env": [f"HAI_PRIORITY={wanted.lower()}"]})
                 wants.append(expected(user, account, wanted, nodes))
     results = run_lua(tmp_path, cases)
     assert len(results) == len(cases)
@@ -95,7 +97,8 @@ def test_job_submit_lua_places_every_job_where_policy_says(tmp_path):
 
 def test_job_submit_lua_decodes_a_qos_as_policy_does(tmp_path):
     names = ["high", "HIGH", "normal.u.bob", "high.a.lab", "site_special", "auto"]
-    results = run_lua(tmp_path, [{"user_name": "alice", "account": "hai", "min_nodes": 1, "qos": n} for n in names])
+    results = run_lua(tmp_path, [{"user_name": "alice", "account": "hai", "min_nodes": 1, "tres_per_node": "gres:gpu:8",
+                                  "qos": n} for n in names])
     for name, (rc, qos, comment, said) in zip(names, results):
         lvl = level_of_qos(name, POLICY.ladder)
         if name == "auto":
@@ -125,3 +128,89 @@ def test_auto_is_left_to_the_cluster_not_decided_by_the_client(tmp_path, priorit
     context = validate(req)
     assert (context["qos"], context["level"]) == ("auto", "AUTO")
     assert "#SBATCH --qos=auto\n" in render_script(context, term_is_notice=False)
+
+
+# The 8-GPU rule: HAI's 8 at the top, a test partition that takes anything, a big-node group.
+GPU_POLICY = parse_policy({"min_gpus": 8, "groups": {"gpu": {"nodes": "g[1-4]"}, "test": {"nodes": "t1", "min_gpus": 0},
+                                                     "big": {"nodes": "b[1-2]", "min_gpus": 16}}})
+# What a job's GPUs per node look like to job_submit.lua on each Slurm: 22.05 writes
+# "gres:gpu:N" for --gres=gpu:N and --gpus-per-node=N, 23.02 and later "gres/gpu:N"
+# (src/common/slurm_opt.c, gres_prepend_tres_type); --gpus=N is tres_per_job over the nodes.
+GPU_REQUESTS = [
+    ({}, 0),
+    ({"tres_per_node": "gres:gpu:8"}, 8),
+    ({"tres_per_node": "gres/gpu:8"}, 8),
+    ({"tres_per_node": "gres/gpu:4"}, 4),
+    ({"tres_per_node": "gres/gpu:a100:16"}, 16),
+    ({"tres_per_node": "gres:gpu:a100:2"}, 2),
+    ({"tres_per_node": "gres/gpu"}, 1),
+    ({"tres_per_node": "gres/gpu:v100"}, 1),
+    ({"tres_per_node": "gres/shard:8"}, 0),
+    ({"tres_per_node": "gres/gpu:8,gres/shard:2"}, 8),
+    ({"tres_per_job": "gres/gpu:16", "min_nodes": 2}, 8),
+    ({"tres_per_job": "gres:gpu:12", "min_nodes": 2}, 6),
+    ({"tres_per_task": "gres/gpu:1", "ntasks_per_node": 8}, 8),
+    ({"tres_per_task": "gres/gpu:2", "num_tasks": 4, "min_nodes": 2}, 4),
+]
+
+
+def test_job_submit_lua_refuses_too_few_gpus_per_node_as_policy_says(tmp_path):
+    cases, wants = [], []
+    for request, gpus in GPU_REQUESTS:
+        for partition in (None, "gpu", "test", "big", "site_own", "test,big"):
+            cases.append({"user_name": "alice", "account": "hai", "min_nodes": 1, "partition": partition, **request})
+            groups = (partition or GPU_POLICY.default_group.name).split(",")
+            wants.append(next((r for g in groups for r in [GPU_POLICY.min_gpus_refusal(g, gpus)] if r), None))
+    results = run_lua(tmp_path, cases, GPU_POLICY)
+    for case, want, (rc, qos, comment, said) in zip(cases, wants, results):
+        if want is None:
+            assert rc == "0" and said == "", (case, said)
+        else:
+            assert (rc, said) == ("-1", f"hai: {want}"), case
+    assert sum(w is not None for w in wants) > 10 and sum(w is None for w in wants) > 10
+
+
+def test_min_gpus_defaults_to_hai_and_groups_override_it():
+    assert parse_policy({}).min_gpus == 8 and parse_policy({}).min_gpus_for(None) == 8
+    assert GPU_POLICY.min_gpus_for("gpu") == 8 and GPU_POLICY.min_gpus_for(None) == 8
+    assert GPU_POLICY.min_gpus_for("test") == 0 and GPU_POLICY.min_gpus_for("big") == 16
+    assert GPU_POLICY.min_gpus_for("site_own") == 8  # a partition the policy does not name: the top level
+    assert parse_policy({"min_gpus": 0}).min_gpus_refusal(None, 0) is None
+    assert GPU_POLICY.min_gpus_refusal("gpu", 4) == (
+        "node group gpu takes jobs of at least 8 GPUs per node (whole nodes); this job asks for 4 per node: "
+        "use --gpus-per-node=8")
+
+
+class _Nodes:
+    """What hai-submit asks Slurm before submitting: partitions and nodes (GPU_POLICY's groups)."""
+
+    name = "fake"
+
+    def partitions(self) -> list[dict[str, str]]:
+        return [{"PartitionName": g.name, "Default": "YES" if g.default else "NO"} for g in GPU_POLICY.groups]
+
+    def nodes(self) -> list[NodeInfo]:
+        gpus = {"gpu": 8, "test": 8, "big": 16}
+        return [NodeInfo(f"{g.name}{i}", gpus[g.name], frozenset([g.name])) for g in GPU_POLICY.groups for i in (1, 2)]
+
+
+@pytest.mark.parametrize("group,gpus", [(None, 0), (None, 4), (None, None), ("gpu", 2), ("test", 0), ("big", 8),
+                                        ("big", None), ("big", 16)])
+def test_hai_submit_refuses_too_few_gpus_in_job_submit_luas_words(tmp_path, group, gpus):
+    """hai-submit refuses before sbatch what job_submit.lua would refuse, with the same line
+    (its default --gpus-per-node is what the group's nodes have)."""
+    script = tmp_path / "train.py"
+    script.write_text("print(1)\n")
+    req = JobRequest(script=str(script), group=group, gpus_per_node=gpus, job_root=str(tmp_path))
+    try:
+        prepared = prepare(req, _Nodes(), dry_run=True, policy=GPU_POLICY)  # type: ignore[arg-type]
+        python = None
+    except RequestError as e:
+        python = str(e)
+    asked = prepared.context["gpus"] if python is None else req.gpus_per_node
+    case = {"user_name": "alice", "account": "hai", "min_nodes": 1, "partition": group}
+    if asked:
+        case["tres_per_node"] = f"gres/gpu:{asked}"
+    [(rc, _, _, said)] = run_lua(tmp_path, [case], GPU_POLICY)
+    assert python == (said.removeprefix("hai: ") or None), (python, said)
+    assert rc == ("-1" if python else "0")
