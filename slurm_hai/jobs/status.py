@@ -194,11 +194,14 @@ def notice_cause(me: JobInfo | None, queue: Sequence[JobInfo], events: Sequence[
     user (by_uid), time_limit (limit_at) or unknown. `notice_seconds`: how long before the
     time limit the job asked for the notice (grace + 30)."""
     if me is not None:
-        y = me.tags.get("hai-yield", "")  # the policy daemon asked a demoted job to give way
+        # the policy daemon asked the job to give way: it was demoted, or the job it yields to is
+        # earlier in line at its level
+        y = me.tags.get("hai-yield", "")
         if y and "@" in y and y.split("@")[0].isdigit():
             other = next((j for j in queue if j.job_id == int(y.split("@")[0])), None)
+            why = "demoted" if "hai-demoted" in me.tags else "earlier_in_line"
             return {"cause": "preempted", "by_job": int(y.split("@")[0]),
-                    "by_level": level_name(other) if other else "", "demoted": True}
+                    "by_level": level_name(other) if other else "", why: True}
         if me.preempt_time and me.preempt_time >= me.start_time:
             other = preemptor(me, queue)
             return {"cause": "preempted", **({"by_job": other.job_id, "by_level": level_name(other)}
@@ -246,6 +249,8 @@ def why_notice(ev: dict, owner_uid: int | None = None) -> str:
     """A notice event's cause in words."""
     cause = ev.get("cause")
     if cause == "preempted":
+        if ev.get("by_job") and ev.get("earlier_in_line"):  # the policy daemon's place-in-line rule
+            return f"for job {ev['by_job']}, earlier in line at {ev.get('by_level') or 'its level'}"
         if ev.get("by_job"):
             lvl = f" ({ev['by_level']})" if ev.get("by_level") else ""
             extra = ", which needed the nodes of its demoted level" if ev.get("demoted") else ""

@@ -13,7 +13,7 @@ from .levels import AUTO, Level
 from .model import Policy
 from .job import Job
 from .rules import QUOTA_REASONS, WAITING_FOR_NODES, Snapshot, is_held
-from .tags import YIELD as YIELD_TAG, parse_yield
+from .tags import DEMOTED as DEMOTED_TAG, YIELD as YIELD_TAG, parse_yield
 
 
 def _ago(seconds: float) -> str:
@@ -42,8 +42,11 @@ def explain(job: Job, jobs: Sequence[Job], policy: Policy, now: float | None = N
                     f"(forced off after {policy.grace_seconds} s)")
         y = parse_yield(tags.get(YIELD_TAG, ""))
         if y:
-            return (f"running, demoted; asked to give its nodes to job {y[0]} {_ago(now - y[1])} ago "
-                    f"(forced off after {policy.grace_seconds} s)")
+            if DEMOTED_TAG in tags:
+                return (f"running, demoted; asked to give its nodes to job {y[0]} {_ago(now - y[1])} ago "
+                        f"(forced off after {policy.grace_seconds} s)")
+            return (f"running at {name}; asked to give its nodes to job {y[0]}, earlier in line at {name}, "
+                    f"{_ago(now - y[1])} ago (forced off after {policy.grace_seconds} s)")
         if snap.is_demoted(job):
             d = policy.demotion
             return (f"running at {d.source} for {_ago(now - job.start_time)}: counts as {d.target} "
@@ -55,7 +58,9 @@ def explain(job: Job, jobs: Sequence[Job], policy: Policy, now: float | None = N
     reason = job.reason
     y = parse_yield(tags.get(YIELD_TAG, ""))
     if y:
-        return f"gave its nodes to job {y[0]} (it had been demoted); waits until that job runs"
+        if DEMOTED_TAG in tags:
+            return f"gave its nodes to job {y[0]} (it had been demoted); waits until that job runs"
+        return f"suspended for job {y[0]}, earlier in line at {name}; waits until that job runs"
     if lvl is not None and reason in QUOTA_REASONS + WAITING_FOR_NODES:
         q = policy.quota_for(lvl.name, job.user, job.account)
         used = snap.used.get((job.user, lvl.name), 0)

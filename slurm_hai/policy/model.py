@@ -84,6 +84,9 @@ class Policy:
     allow_auto: bool = True
     # what the daemon sends a job's steps when it preempts a demoted job (hai-submit's --signal)
     notice_signal: str = "USR2"
+    # levels at which a waiting job earlier in line suspends later jobs of other users (HAI
+    # rule 3); None: every level
+    fcfs_preempt_levels: tuple[str, ...] | None = None
     # GPUs per node a job must ask for (HAI: at least 8, a whole node); a group may set its own
     min_gpus: int = HAI_MIN_GPUS
     source: str = field(default="<default>", compare=False)
@@ -137,6 +140,10 @@ class Policy:
             return None
         name = group if group is not None else (self.default_group.name if self.default_group else "-")
         return MIN_GPUS_REFUSAL % (name, need, gpus_per_node, need)
+
+    def fcfs_preempts(self, level: str) -> bool:
+        """Whether a waiting job at `level` takes the nodes of later jobs of other users of it."""
+        return self.fcfs_preempt_levels is None or level in self.fcfs_preempt_levels
 
     def group(self, name: str) -> NodeGroup | None:
         for g in self.groups:
@@ -203,7 +210,7 @@ def parse_policy(data: Mapping[str, Any], source: str = "policy.toml") -> Policy
 
 
 TOP_KEYS = ("default_level", "grace_seconds", "min_run_seconds", "accounts", "allow_auto", "notice_signal",
-            "min_gpus", "levels", "demotion", "quota", "groups")
+            "fcfs_preempt_levels", "min_gpus", "levels", "demotion", "quota", "groups")
 DEMOTION_KEYS = ("enabled", "from", "to", "after_seconds")
 GROUP_KEYS = ("nodes", "priority_tier", "levels", "default", "min_gpus")
 DURATION = re.compile(r"^\s*(\d+)\s*(s|m|h|d)?\s*$")
@@ -277,6 +284,8 @@ class _Parser:
         accounts = self.owner_list("", "accounts", data.get("accounts", []))
         allow_auto = self.boolean("", "allow_auto", data.get("allow_auto", True))
         notice = self.signal_name("", "notice_signal", data.get("notice_signal", "USR2"))
+        fcfs = self.level_list("", "fcfs_preempt_levels", data["fcfs_preempt_levels"], names) \
+            if "fcfs_preempt_levels" in data else None
         min_gpus = self.integer("", "min_gpus", data.get("min_gpus", HAI_MIN_GPUS), 0, MAX_GPUS_PER_NODE)
         demotion = self.demotion(data.get("demotion"), ladder)
         quota, users, accts = self.quotas(data.get("quota", {}), names)
@@ -284,7 +293,7 @@ class _Parser:
         return Policy(ladder=ladder, default_level=default_level, grace_seconds=grace, min_run_seconds=min_run,
                       demotion=demotion, quota=quota, groups=groups, user_quota=users, account_quota=accts,
                       accounts=accounts, allow_auto=allow_auto, notice_signal=notice, min_gpus=min_gpus,
-                      source=self.source)
+                      fcfs_preempt_levels=fcfs, source=self.source)
 
     def ladder(self, raw: Any) -> tuple[Level, ...]:
         if raw is None:
@@ -305,6 +314,11 @@ class _Parser:
             seen[number] = name
             out.append(Level(number, name))
         return tuple(sorted(out, key=lambda lvl: -lvl.value))
+
+    def level_list(self, table: str, key: str, raw: Any, names: set[str]) -> tuple[str, ...]:
+        if not isinstance(raw, list):
+            raise self.error(table, key, f"expected a list of level names, got {raw!r}")
+        return tuple(dict.fromkeys(self.level_name(table, key, item, names) for item in raw))
 
     def owner_list(self, table: str, key: str, raw: Any) -> tuple[str, ...]:
         if not isinstance(raw, list):

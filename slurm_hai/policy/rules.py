@@ -11,9 +11,12 @@ for slurm_hai.controller.daemon to carry out:
                   marks it FAILED instead of requeueing it);
 - demote          mark a running ABOVE_NORMAL job that has run `after_seconds` as demoted
                   (admin comment `hai-demoted=NORMAL`); a running job's QOS cannot change;
-- yield           preempt demoted jobs for a waiting job of a level that Slurm will not let
-                  preempt them (their QOS is still ABOVE_NORMAL): suspend notice, grace,
-                  requeue, held until that job runs (admin comment `hai-yield=JOB@TIME`);
+- yield           preempt running jobs that Slurm will not preempt for the first waiting job
+                  of a node group: demoted jobs, for a job of a level that Slurm will not let
+                  preempt them (their QOS is still ABOVE_NORMAL); later-started jobs of other
+                  users of its own level (HAI rule 3: only the same user's jobs are exempt;
+                  `fcfs_preempt_levels`). Suspend notice, grace, requeue, held until that job
+                  runs (admin comment `hai-yield=JOB@TIME`);
 - restore-level   give a requeued job back its submit-time level (admin comment `hai-level`);
 - auto            put a pending AUTO job at the highest level where its user has quota left;
 - start-now       a requeued job held back for `cred_expire` (reason BeginTime): start it now;
@@ -174,30 +177,45 @@ class _Plan:
 
 
 def needs_idle_nodes(jobs: Sequence[Job], policy: Policy, now: float) -> bool:
-    """Whether `decide` will look at idle nodes: a demoted job runs and a job of a level
-    between the demotion's target and source waits (so the caller asks Slurm only then)."""
+    """Whether `decide` may preempt for a waiting job and so needs the idle nodes (the caller
+    asks Slurm only then): a demoted job runs and a job of a level between the demotion's
+    target and source waits, or a job waits for nodes while a later job of another user of its
+    level runs in its group (at a level of `fcfs_preempt_levels`)."""
     d = policy.demotion
-    if d is None:
-        return False
-    src, tgt = policy.level(d.source), policy.level(d.target)
+    src, tgt = (policy.level(d.source), policy.level(d.target)) if d else (None, None)
     levels = {lvl.qos: lvl for lvl in policy.ladder}
     running_demoted = waiting_between = False
+    first: dict[tuple[str, int], tuple[int, str]] = {}  # (partition, level) -> earliest waiting (id, user)
+    later: dict[tuple[str, int], list[tuple[int, str]]] = defaultdict(list)  # running (id, user)
     for j in jobs:
         lvl = levels.get(parse_qos(j.qos)[0])
         if lvl is None:
             continue
-        if j.state == "RUNNING" and lvl == src and j.start_time > 0 and now - j.start_time >= d.after_seconds:
-            running_demoted = True
-        elif j.state == "PENDING" and tgt.value < lvl.value <= src.value:
-            waiting_between = True
-    return running_demoted and waiting_between
+        if j.state == "RUNNING":
+            if d and lvl == src and j.start_time > 0 and now - j.start_time >= d.after_seconds:
+                running_demoted = True
+            elif policy.fcfs_preempts(lvl.name) and now - j.start_time >= policy.min_run_seconds:
+                later[(j.partition, lvl.value)].append((j.job_id, j.user))
+        elif j.state == "PENDING":
+            if d and tgt.value < lvl.value <= src.value:
+                waiting_between = True
+            if j.reason in WAITING_FOR_NODES and not is_held(j) and policy.fcfs_preempts(lvl.name):
+                for part in j.partition.split(","):
+                    key = (part, lvl.value)
+                    if key not in first or j.job_id < first[key][0]:
+                        first[key] = (j.job_id, j.user)
+    if running_demoted and waiting_between:
+        return True
+    return any(jid > first[key][0] and user != first[key][1]
+               for key, runs in later.items() if key in first for jid, user in runs)
 
 
 def decide(jobs: Sequence[Job], policy: Policy, now: float | None = None, *,
            idle_nodes: Mapping[str, int] | None = None,
            max_priority_updates: int = MAX_PRIORITY_UPDATES) -> list[Action]:
     """The actions one daemon cycle takes for this queue snapshot (see the module doc).
-    `idle_nodes` (partition -> idle node count) is needed only when `needs_idle_nodes`."""
+    `idle_nodes` (partition -> idle node count) is needed only when `needs_idle_nodes`;
+    without it, nothing is preempted (yield)."""
     now = time.time() if now is None else now
     snap = Snapshot(jobs, policy, now)
     plan = _Plan()
@@ -211,7 +229,7 @@ def decide(jobs: Sequence[Job], policy: Policy, now: float | None = None, *,
             _pending(job, snap, plan, level_changes)
         elif state == "FAILED":
             _failed(job, snap, plan, grace)
-    _yield_for_demoted(snap, plan, idle_nodes, level_changes)
+    _yield(snap, plan, idle_nodes, level_changes)
     _fcfs(snap, plan, level_changes, max_priority_updates)
     return plan.actions()
 
@@ -248,8 +266,9 @@ def _running(job: Job, snap: Snapshot, plan: _Plan, grace: int) -> None:
             plan.update(job.job_id, "yield", f"job {waiting} no longer waits for its nodes: preemption called off",
                         AdminComment=with_tags(job.admin_comment, drop=[YIELD_TAG]))
         elif now - at >= grace:
+            why = "demoted" if DEMOTED_TAG in tags else "later in line"
             plan.add(Action("requeue", job.job_id, "yield",
-                            f"demoted, gives its nodes to job {waiting}: grace of {grace} s is over"))
+                            f"{why}, gives its nodes to job {waiting}: grace of {grace} s is over"))
             plan.then(Action("hold", job.job_id, "yield", f"held until job {waiting} runs"))
         return
     demoted = snap.is_demoted(job)
@@ -324,17 +343,26 @@ def _is_level(policy: Policy, name: str) -> bool:
     return any(lvl.name == name for lvl in policy.ladder)
 
 
-def _yield_for_demoted(snap: Snapshot, plan: _Plan,
-                       idle_nodes: Mapping[str, int] | None, level_changes: set[int]) -> None:
-    """Preempt demoted jobs for the first waiting job of each group whose level Slurm will not
-    let preempt them (a level above the demotion target, up to the demotion source)."""
+def _yield(snap: Snapshot, plan: _Plan, idle_nodes: Mapping[str, int] | None, level_changes: set[int]) -> None:
+    """Preempt running jobs that Slurm will not preempt for the first waiting job of each
+    group, one preemption in flight per group. HAI orders a level's jobs by job id, running or
+    not; Slurm's QOS ladder preempts only lower levels. Taken, in this order:
+    - demoted jobs, for a job of a level above the demotion target, up to the demotion source;
+    - later jobs (higher id) of other users of the waiting job's own level, at a level of
+      `fcfs_preempt_levels` (HAI rule 3 exempts only the same user's jobs).
+    Idle nodes and those of lower levels (Slurm preempts them itself) count first; then just
+    enough victims, the most recently started first (they lose the least work); none that
+    has run less than `min_run_seconds`."""
+    if idle_nodes is None:  # needs_idle_nodes said no: there is nothing to preempt for
+        return
     policy, now = snap.policy, snap.now
     d = policy.demotion
-    if d is None:
-        return
-    src, tgt = policy.level(d.source), policy.level(d.target)
-    demoted = [j for j in snap.jobs if j.state == "RUNNING" and snap.is_demoted(j)]
-    if not demoted:
+    src, tgt = (policy.level(d.source), policy.level(d.target)) if d else (None, None)
+    candidates = [j for j in snap.jobs if j.state == "RUNNING" and snap.level[j.job_id] is not None
+                  and YIELD_TAG not in snap.tags[j.job_id] and j.job_id not in plan.touched
+                  and now - j.start_time >= policy.min_run_seconds
+                  and not (j.preempt_time and j.preempt_time >= j.start_time)]  # Slurm preempts it already
+    if not candidates:
         return
     busy: set[str] = set()  # partitions with a preemption in flight: one at a time
     for j in snap.jobs:
@@ -351,34 +379,49 @@ def _yield_for_demoted(snap: Snapshot, plan: _Plan,
             h = heads.get(part)
             if h is None or (lvl.value, -j.job_id) > (snap.level[h.job_id].value, -h.job_id):
                 heads[part] = j
-    idle = idle_nodes or {}
     for part, head in sorted(heads.items()):
         hl = snap.level[head.job_id]
-        if part in busy or head.reason not in WAITING_FOR_NODES or not (tgt.value < hl.value <= src.value):
+        for_demoted = d is not None and tgt.value < hl.value <= src.value
+        in_line = policy.fcfs_preempts(hl.name)
+        if part in busy or head.reason not in WAITING_FOR_NODES or not (for_demoted or in_line):
             continue
-        victims = [j for j in demoted if j.partition == part and YIELD_TAG not in snap.tags[j.job_id]
-                   and j.job_id not in plan.touched and now - j.start_time >= policy.min_run_seconds
-                   and snap.level[j.job_id].value >= hl.value]
+        q = policy.quota_for(hl.name, head.user, head.account)
+        if q is not None and head.num_nodes + sum(
+                j.num_nodes for j in snap.jobs if j.state in ACTIVE and j.user == head.user
+                and snap.level[j.job_id] is not None and snap.level[j.job_id].value == hl.value) > q:
+            continue  # over its quota (Slurm's reason may lag): more nodes would not start it
+        victims: list[tuple[int, Job, str]] = []  # (order, job, why)
+        for j in candidates:
+            lvl = snap.level[j.job_id]
+            if j.partition != part:
+                continue
+            if snap.is_demoted(j):
+                if for_demoted and lvl.value >= hl.value:
+                    victims.append((0, j, f"demoted to {tgt.name} after {now - j.start_time:.0f} s; job "
+                                          f"{head.job_id} ({hl.name}) needs its nodes"))
+            elif in_line and lvl.value == hl.value and j.job_id > head.job_id and j.user != head.user:
+                victims.append((1, j, f"job {head.job_id} of {head.user}, earlier in line at {hl.name}, "
+                                      f"needs its nodes"))
         if not victims:
             continue
         # nodes Slurm can give the head job by itself: idle ones, and those of lower levels it preempts
-        own = idle.get(part, 0) + sum(j.num_nodes for j in snap.jobs if j.state in ACTIVE and j.partition == part
-                                      and snap.level[j.job_id] is not None
-                                      and snap.level[j.job_id].value < hl.value)
+        own = idle_nodes.get(part, 0) + sum(j.num_nodes for j in snap.jobs if j.state in ACTIVE and j.partition == part
+                                            and snap.level[j.job_id] is not None
+                                            and snap.level[j.job_id].value < hl.value)
         need = head.num_nodes - own
-        if need <= 0 or sum(v.num_nodes for v in victims) < need:
+        if need <= 0 or sum(j.num_nodes for _, j, _ in victims) < need:
             continue
-        victims.sort(key=lambda v: -v.start_time)  # the most recent run loses the least work
-        for v in victims:
+        victims.sort(key=lambda v: (v[0], -v[1].start_time))  # the most recent run loses the least work
+        for _, v, why in victims:
             if need <= 0:
                 break
             need -= v.num_nodes
-            plan.add(Action("signal", v.job_id, "yield",
-                            f"demoted to {tgt.name} after {now - v.start_time:.0f} s; job {head.job_id} "
-                            f"({hl.name}) needs its nodes: suspend notice, forced off after {policy.grace_seconds} s",
-                            (("signal", policy.notice_signal),)))
+            # the tag first: the job's launcher reads it when the notice comes (jobs.status.notice_cause)
             plan.update(v.job_id, "yield", f"yields to job {head.job_id}",
                         AdminComment=with_tags(v.admin_comment, {YIELD_TAG: f"{head.job_id}@{int(now)}"}))
+            plan.then(Action("signal", v.job_id, "yield",
+                             f"{why}: suspend notice, forced off after {policy.grace_seconds} s",
+                             (("signal", policy.notice_signal),)))
         busy.add(part)
 
 

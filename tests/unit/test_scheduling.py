@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_hai.policy.model import load_policy, parse_policy
+from slurm_hai.policy.model import PolicyError, load_policy, parse_policy
 from slurm_hai.policy.levels import LEVEL_STRIDE
 from slurm_hai.policy.explain import explain
 from slurm_hai.policy.rules import Action, auto_level, decide, fcfs_priorities, needs_idle_nodes
@@ -156,7 +156,7 @@ def demoted_scene(**head_kw):
              admin_comment="hai-level=ABOVE_NORMAL hai-demoted=NORMAL")
     d2 = job(2, "RUNNING", "above_normal", nodes=2, start_time=NOW - 200,
              admin_comment="hai-level=ABOVE_NORMAL hai-demoted=NORMAL")
-    head = job(3, qos="above_normal", user="hai-bob", nodes=2, reason="Resources", **head_kw)
+    head = job(3, qos="above_normal", user="hai-carol", nodes=2, reason="Resources", **head_kw)
     return p, [d1, d2, head]
 
 
@@ -236,6 +236,159 @@ def test_one_preemption_in_flight_per_group():
     victim = replace(jobs[1], admin_comment=f"{jobs[1].admin_comment} hai-yield=3@{NOW - 1}")
     other = job(4, qos="above_normal", nodes=4, reason="Resources")
     assert not [a for a in decide([jobs[0], victim, jobs[2], other], p, NOW, idle_nodes={}) if a.kind == "signal"]
+
+
+# ------------------------------------------------------------------ (h) a place in line holds against later jobs
+
+
+def line_scene(**later_kw):
+    """alice's job 10 (requeued: earlier in line) waits for 3 nodes; one node is idle; later
+    jobs of other users at NORMAL hold the rest: bob's 20 (started 100 s ago), carol's 30
+    (50 s ago), bob's 40 (200 s ago)."""
+    head = job(10, nodes=3, reason="Resources", restart_count=1)
+    later = [job(20, "RUNNING", "normal.u.hai-bob", user="hai-bob", start_time=NOW - 100, **later_kw),
+             job(30, "RUNNING", user="hai-carol", start_time=NOW - 50, **later_kw),
+             job(40, "RUNNING", "normal.u.hai-bob", user="hai-bob", start_time=NOW - 200, **later_kw)]
+    return [head, *later]
+
+
+def signals(actions: list[Action]) -> list[int]:
+    return [a.job_id for a in actions if a.kind == "signal"]
+
+
+def test_an_earlier_job_of_another_user_gets_the_nodes_of_later_ones_back():
+    jobs = line_scene()
+    actions = decide(jobs, POLICY, NOW, idle_nodes={"gpu": 1})
+    # just enough (3 nodes, 1 idle), the most recently started first; the tag before the notice
+    assert signals(actions) == [30, 20]
+    assert [(a.kind, a.job_id) for a in actions if a.rule == "yield"] == [
+        ("update", 30), ("update", 20), ("signal", 30), ("signal", 20)]
+    assert fields(actions, 30) == {"AdminComment": f"hai-level=NORMAL hai-yield=10@{NOW}"}
+    sig = next(a for a in actions if a.kind == "signal")
+    assert sig.field_dict() == {"signal": "USR2"}
+    assert "job 10 of hai-alice, earlier in line at NORMAL, needs its nodes" in sig.why
+    assert needs_idle_nodes(jobs, POLICY, NOW)
+
+
+def test_nodes_slurm_frees_by_itself_count_first_and_higher_levels_are_never_taken():
+    head, *later = line_scene()
+    low = job(50, "RUNNING", "low", user="hai-bob", nodes=2, start_time=NOW - 10)
+    # LOW's 2 nodes (Slurm preempts them for NORMAL) + 1 idle: nothing else is needed
+    assert signals(decide([head, *later, low], POLICY, NOW, idle_nodes={"gpu": 1})) == []
+    # a later HIGH job of another user is above the waiting job: not its to take
+    high = job(60, "RUNNING", "high", user="hai-carol", nodes=3, start_time=NOW - 1)
+    assert signals(decide([head, high], POLICY, NOW, idle_nodes={"gpu": 0})) == []
+    # an earlier job of another user keeps its nodes: it is ahead in line
+    early = job(5, "RUNNING", user="hai-bob", nodes=3, start_time=NOW - 1)
+    assert signals(decide([head, early], POLICY, NOW, idle_nodes={"gpu": 0})) == []
+
+
+def test_the_same_users_later_job_is_never_suspended():
+    head, *later = line_scene()
+    alices = [replace(j, user="hai-alice", qos="normal") for j in later]
+    assert signals(decide([head, *alices], POLICY, NOW, idle_nodes={"gpu": 1})) == []
+    assert not needs_idle_nodes([head, *alices], POLICY, NOW)
+    # her own most recent job is passed over, bob's are taken
+    mixed = [later[0], replace(later[1], user="hai-alice"), later[2]]
+    assert signals(decide([head, *mixed], POLICY, NOW, idle_nodes={"gpu": 1})) == [20, 40]
+
+
+def test_jobs_younger_than_min_run_seconds_are_not_taken():
+    p = replace(POLICY, min_run_seconds=120)
+    jobs = line_scene()
+    # only bob's 40 has run 120 s: not enough for 2 nodes, so nothing at all
+    assert signals(decide(jobs, p, NOW, idle_nodes={"gpu": 1})) == []
+    assert signals(decide(jobs, p, NOW, idle_nodes={"gpu": 2})) == [40]
+    assert not needs_idle_nodes(jobs, replace(POLICY, min_run_seconds=300), NOW)
+
+
+def test_the_per_level_switch_turns_it_off():
+    jobs = line_scene()
+    for p in (replace(POLICY, fcfs_preempt_levels=("HIGH",)), parse_policy({"fcfs_preempt_levels": []})):
+        assert signals(decide(jobs, p, NOW, idle_nodes={"gpu": 1})) == []
+        assert not needs_idle_nodes(jobs, p, NOW)
+    on = parse_policy({"fcfs_preempt_levels": ["normal", "NORMAL", "LOW"]})
+    assert on.fcfs_preempt_levels == ("NORMAL", "LOW") and on.fcfs_preempts("NORMAL")
+    assert signals(decide(jobs, on, NOW, idle_nodes={"gpu": 1})) == [30, 20]
+    assert parse_policy({}).fcfs_preempt_levels is None and POLICY.fcfs_preempts("UNDER_NORMAL")  # HAI: every level
+
+
+@pytest.mark.parametrize("value,message", [
+    ("NORMAL", "policy.toml: fcfs_preempt_levels: expected a list of level names, got 'NORMAL'"),
+    (["NORMAL", "MEDIUM"], "policy.toml: fcfs_preempt_levels: unknown level 'MEDIUM'"),
+    ([1], "policy.toml: fcfs_preempt_levels: expected a non-empty string, got 1"),
+])
+def test_the_per_level_switch_is_checked(value, message):
+    with pytest.raises(PolicyError) as e:
+        parse_policy({"fcfs_preempt_levels": value})
+    assert str(e.value).startswith(message) and "\n" not in str(e.value)
+
+
+def test_no_suspension_when_idle_nodes_suffice():
+    jobs = line_scene()
+    assert signals(decide(jobs, POLICY, NOW, idle_nodes={"gpu": 3})) == []
+    assert signals(decide(jobs, POLICY, NOW)) == []  # idle nodes not asked for: nothing is preempted
+    # a waiting job over its quota would not start on more nodes: alice runs 2 of her 4 NORMAL nodes
+    busy = job(7, "RUNNING", nodes=2, start_time=NOW - 500, partition="other")
+    assert signals(decide([*jobs, busy], POLICY, NOW, idle_nodes={"gpu": 0})) == []
+
+
+def test_only_a_job_waiting_for_nodes_and_first_in_line_takes_nodes():
+    head, *later = line_scene()
+    for not_waiting in (replace(head, reason="BeginTime"), replace(head, reason="JobHeldUser", priority=0),
+                        replace(head, reason="Dependency")):
+        assert signals(decide([not_waiting, *later], POLICY, NOW, idle_nodes={"gpu": 1})) == []
+    # a waiting HIGH job is first in line: the NORMAL one behind it takes nothing meanwhile
+    high = job(70, "PENDING", "high", user="hai-carol", nodes=4, reason="Resources", priority=BASE["HIGH"])
+    assert signals(decide([head, *later, high], POLICY, NOW, idle_nodes={"gpu": 1})) == []
+
+
+def test_a_demoted_job_goes_before_a_later_job_of_the_waiting_jobs_own_level():
+    p = replace(POLICY, demotion=replace(POLICY.demotion, after_seconds=60))
+    head = job(10, "PENDING", "above_normal", nodes=2, reason="Resources")
+    demoted = job(5, "RUNNING", "above_normal", user="hai-carol", start_time=NOW - 300,
+                  admin_comment="hai-level=ABOVE_NORMAL hai-demoted=NORMAL")
+    later = job(20, "RUNNING", "above_normal.u.hai-bob", user="hai-bob", start_time=NOW - 10)
+    actions = decide([head, demoted, later], p, NOW, idle_nodes={"gpu": 0})
+    assert signals(actions) == [5, 20]
+    assert "demoted to NORMAL" in next(a for a in actions if a.kind == "signal" and a.job_id == 5).why
+
+
+def test_no_loop_the_suspended_job_waits_held_until_the_earlier_one_runs():
+    head, bob, carol, bob2 = line_scene()
+    tagged = replace(carol, admin_comment=f"hai-level=NORMAL hai-yield=10@{NOW}")
+    assert explain(tagged, [head, tagged], POLICY, NOW + 2) == (
+        "running at NORMAL; asked to give its nodes to job 10, earlier in line at NORMAL, 2 s ago "
+        "(forced off after 5 s)")
+    # one preemption in flight per group: nothing more while it is under way
+    assert decide([head, bob, tagged, bob2], POLICY, NOW + 2, idle_nodes={"gpu": 1}) == []
+    # grace over: requeued and held
+    mine = [(a.kind, a.rule) for a in decide([head, tagged, bob2], POLICY, NOW + 6, idle_nodes={"gpu": 2})]
+    assert mine == [("requeue", "yield"), ("hold", "yield")]
+    assert "later in line, gives its nodes to job 10" in decide([head, tagged], POLICY, NOW + 6)[0].why
+    held = replace(tagged, state="PENDING", reason="JobHeldAdmin", priority=0, restart_count=1)
+    assert explain(held, [head, held], POLICY, NOW + 7) == (
+        "suspended for job 10, earlier in line at NORMAL; waits until that job runs")
+    assert decide([head, held], POLICY, NOW + 7, idle_nodes={"gpu": 3}) == []
+    # job 10 runs: released, and it waits behind job 10 without taking anything back
+    ran = replace(head, state="RUNNING", reason="None", start_time=NOW + 8)
+    actions = decide([ran, held], POLICY, NOW + 9, idle_nodes={"gpu": 0})
+    assert [(a.kind, a.job_id) for a in actions] == [("update", 30), ("release", 30)]
+    assert fields(actions, 30) == {"AdminComment": "hai-level=NORMAL"}
+    waiting = replace(held, reason="Resources", priority=BASE["NORMAL"], admin_comment="hai-level=NORMAL")
+    assert signals(decide([ran, waiting], POLICY, NOW + 10, idle_nodes={"gpu": 0})) == []
+    assert not needs_idle_nodes([ran, waiting], POLICY, NOW + 10)
+
+
+def test_the_launcher_names_the_earlier_job_it_gives_way_to():
+    from slurm_hai.jobs.status import notice_cause, why_notice
+
+    me = job(30, "RUNNING", user="hai-carol", start_time=NOW - 50, admin_comment=f"hai-level=NORMAL hai-yield=10@{NOW}")
+    cause = notice_cause(me, [me, job(10, nodes=3, reason="Resources")], [], NOW, 35)
+    assert cause == {"cause": "preempted", "by_job": 10, "by_level": "NORMAL", "earlier_in_line": True}
+    assert why_notice(cause) == "for job 10, earlier in line at NORMAL"
+    demoted = replace(me, admin_comment=f"hai-level=ABOVE_NORMAL hai-demoted=NORMAL hai-yield=10@{NOW}")
+    assert notice_cause(demoted, [demoted], [], NOW, 35)["demoted"] is True
 
 
 # ------------------------------------------------------------------ (f) AUTO
@@ -394,8 +547,9 @@ def test_explain_requeue_delay_and_holds():
                                             "(the policy daemon releases it)")
     u = job(3, reason="JobHeldUser", priority=0)
     assert explain(u, [u], POLICY, NOW) == "held by its owner (scontrol release 3)"
-    y = job(4, reason="JobHeldAdmin", priority=0, admin_comment="hai-level=ABOVE_NORMAL hai-yield=9@1")
-    assert "gave its nodes to job 9" in explain(y, [y], POLICY, NOW)
+    y = job(4, reason="JobHeldAdmin", priority=0,
+            admin_comment="hai-level=ABOVE_NORMAL hai-demoted=NORMAL hai-yield=9@1")
+    assert "gave its nodes to job 9 (it had been demoted)" in explain(y, [y], POLICY, NOW)
 
 
 def test_explain_running_demoted_and_preempted():
