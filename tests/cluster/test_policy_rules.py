@@ -130,7 +130,7 @@ def test_higher_level_preempts_lower_which_is_requeued_not_cancelled(rules):
 # ----------------------------------------------------------------- rule 2
 
 
-def test_same_level_never_preempts_whichever_user(rules, policy_file):
+def test_a_later_job_of_the_same_level_never_preempts_whichever_user(rules, policy_file):
     c, log = rules
     first = sbatch(c, "-N4", "--qos=normal", user=ALICE)
     running(c, first)
@@ -165,6 +165,37 @@ def test_fcfs_within_a_level_and_a_requeued_job_keeps_its_place(rules):
     prio = {j: int(c.job(j)["Priority"]) for j in later}
     assert prio[later[0]] >= prio[later[1]]  # the later ones keep their own order (then by submit time)
     assert daemon_lines(log(), first, "fcfs"), log()
+
+
+@pytest.mark.parametrize("later_user", [BOB, ALICE], ids=["other-user", "same-user"])
+def test_an_earlier_job_gets_its_nodes_back_from_a_later_job_of_another_user(rules, later_user):
+    """HAI orders a level's jobs by job id, running or not; rule 3 exempts only the same user."""
+    c, log = rules
+    blocker = sbatch(c, "-N1", "--qos=high", user="root")  # one node out of reach of the NORMAL jobs
+    running(c, blocker)
+    first = sbatch(c, "-N3", "--qos=normal", user=ALICE)
+    running(c, first)
+    later = sbatch(c, "-N1", "--qos=normal", user=later_user)
+    high = sbatch(c, "-N2", "--qos=very_high", user="root", wrap="sleep 6")
+    # the VERY_HIGH job takes two of `first`'s nodes; `later` starts on the third while `first` waits
+    c.wait_job(first, lambda j: j["Restarts"] == "1" and j["JobState"] == "PENDING", 30, "the requeue")
+    running(c, later, 30, "the later job to start on the node left over")
+    assert state(c, first) == "PENDING"
+    c.wait_job(high, lambda j: j["JobState"] == "COMPLETED", 30, "the VERY_HIGH job to end")
+    if later_user == ALICE:  # her own later job keeps running: the earlier one waits for it
+        time.sleep(4)  # 8 daemon cycles: for another user's job it acts within one
+        info = c.job(later)
+        assert info["JobState"] == "RUNNING" and info["Restarts"] == "0", info
+        assert state(c, first) == "PENDING"
+        assert not daemon_lines(log(), later, "yield"), log()
+        return
+    # bob's later job is suspended for it: `first` runs again before `later`
+    running(c, first, GRACE + 20, "the earlier job to get its nodes back")
+    info = c.wait_job(later, lambda j: j["Restarts"] == "1" and j["Reason"] != "JobHeldAdmin"
+                      and "hai-yield" not in j["AdminComment"], 20, "the later job to be requeued and released")
+    assert info["JobState"] == "PENDING", info  # behind `first` again (the blocker holds the fourth node)
+    lines = daemon_lines(log(), later, "yield")
+    assert any(f"job {first} of {ALICE}, earlier in line at NORMAL, needs its nodes" in line for line in lines), log()
 
 
 # ----------------------------------------------------------------- rule 4
