@@ -17,7 +17,8 @@ baseline). Needs SLURM_CONF (and PATH) of the cluster, and pyslurm for the pyslu
 
 It fills the queue up to each size with held batch jobs (priority 0, so nothing runs), spread
 over every level's QOS with `hai-level=` admin comments, submitted through pyslurm (about
-2 ms a job; sbatch costs a process each). A cycle is `PolicyDaemon(backend, policy,
+2 ms a job; where pyslurm is not installed, `sbatch --hold`, a process each: `fill_queue`,
+which benchmarks/list_bench.py uses too). A cycle is `PolicyDaemon(backend, policy,
 dry_run=True).cycle()`: the backend's `jobs()` (squeue --json --states=all, or
 pyslurm.Jobs.load), `decide`, and the actions logged, not done; `jobs()` and `decide` are
 also timed on their own. `--cleanup` cancels what it submitted at the end.
@@ -43,7 +44,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout too
 
 from slurm_hai.policy.model import load_policy  # noqa: E402
-from slurm_hai.policy.ladder import level_base  # noqa: E402
+from slurm_hai.policy.levels import level_base  # noqa: E402
 from slurm_hai.policy.rules import decide  # noqa: E402
 from slurm_hai.slurm.records import jobs_from_json  # noqa: E402
 
@@ -133,10 +134,16 @@ def cycle(text: str, policy) -> tuple[float, float, float, int]:
 BENCH_NAME = "hai-bench"
 
 
-def fill_queue(n: int, policy, account: str) -> int:
-    """Submit held jobs until the cluster has `n` of ours; returns how many it submitted."""
-    import pyslurm
-
+def fill_queue(n: int, policy, account: str, user: str | None = None) -> int:
+    """Submit held jobs until the cluster has `n` of ours; returns how many it submitted.
+    Through pyslurm where it is installed; else, or for another `user` (root submits as them),
+    with `sbatch --hold`, a process each (Slurm 22.05 has no pyslurm)."""
+    try:
+        import pyslurm
+    except ImportError:
+        pyslurm = None
+    if pyslurm is None or user:
+        return _fill_with_sbatch(n, policy, account, user)
     have = sum(1 for j in pyslurm.Jobs.load().values() if j.name == BENCH_NAME)
     levels = list(policy.ladder)
     rnd = random.Random(n)
@@ -150,6 +157,32 @@ def fill_queue(n: int, policy, account: str) -> int:
         if (i + 1) % 5000 == 0:
             print(f"  ... {i + 1} jobs in the queue", flush=True)
     return max(0, n - have)
+
+
+def _fill_with_sbatch(n: int, policy, account: str, user: str | None) -> int:
+    """fill_queue with sbatch: the same held jobs, 4 submissions at a time; job_submit.lua
+    stamps the level into the admin comment (users cannot set it)."""
+    import getpass
+    import subprocess
+    from concurrent.futures import ThreadPoolExecutor
+
+    user = user or getpass.getuser()
+    mine = subprocess.run(["squeue", "-h", f"--name={BENCH_NAME}", f"--user={user}", "-o", "%i"],
+                          capture_output=True, text=True, check=True).stdout.split()
+    rnd = random.Random(n)
+    levels = [rnd.choice(list(policy.ladder)) for _ in range(n)]
+
+    def submit(i: int) -> None:
+        subprocess.run(["sbatch", "--parsable", "--hold", f"--job-name={BENCH_NAME}", f"--qos={levels[i].qos}",
+                        f"--account={account}", f"--uid={user}", "--nodes=1", "--output=/dev/null", "--chdir=/tmp",
+                        f"--comment=hai-dir=/tmp/bench/{i}", "--export=NONE,HAI_BENCH=1", "--wrap=true"],
+                       capture_output=True, text=True, check=True)
+        if (i + 1) % 1000 == 0:
+            print(f"  ... {i + 1} jobs of {user} in the queue", flush=True)
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(submit, range(len(mine), n)))
+    return max(0, n - len(mine))
 
 
 def time_live(backend, policy, repeats: int) -> tuple[float, float, float, int, int]:

@@ -27,7 +27,9 @@ RUN_MARK = re.compile(r"^==== slurm-hai run (\d+) ")
 TERMINAL = ("finished-succeeded", "finished-failed", "finished-stopped")
 STATES = ("waiting", "running", "suspended", "finished", *TERMINAL)
 FOLLOW_TICK = 0.5  # how often `hai logs -f` reads the job's own files
-FOLLOW_SLURM_EVERY = 5.0  # at most this often it asks Slurm about the job (that job alone), when its log is quiet
+# At most this often `hai logs -f` asks Slurm about its job (that job alone), and only while the
+# log is quiet: on Slurm 22.05 a one-job `squeue --json` costs a whole-queue read (docs/benchmarks.md).
+FOLLOW_SLURM_EVERY = 5.0
 MARKER_SETTLE = 1.0  # marker lines wait this long, so events written late still print in order
 
 

@@ -1,0 +1,176 @@
+"""`hai list` and `hai status JOB` against a live queue of 10,000 jobs: one tree against another.
+
+    source $HAI_CLUSTER_DIR/etc/env
+    git worktree add --detach /work/bench-before <the commit before the change>
+    .venv/bin/python benchmarks/list_bench.py --before /work/bench-before --jobs 10000 --repeats 5
+
+Each command runs as a user runs it: a new `hai` process with PYTHONPATH at the tree under
+test (--before; --after is this checkout), so each time includes Python's start and the
+imports, the Slurm commands as the backend (HAI_SLURM_BACKEND=cli). The two trees take turns
+(which one goes first alternates), and each figure is the median of --repeats. A shim first
+on PATH counts the squeue processes of each command, and slurmctld's own count of job-info
+RPCs (`sdiag`) is read around one more run of each.
+
+The queue is policy_bench's (`fill_queue`): held batch jobs (priority 0, so nothing runs and
+the queue stays as it is), one node each, over every level's QOS. All but --mine of them
+belong to another user (--others), as on a shared cluster, where `hai list` shows a few
+jobs of yours among everyone's. Measured: `hai list`; `hai status` of one of your waiting
+jobs (the policy says why it waits: it needs the whole queue); of one that Slurm cancelled
+(no final.json: nothing to explain); and of your newest job whose directory says it ended
+(if there is one, e.g. from the cluster tests). --cleanup cancels the jobs at the end.
+
+Slurm's default MaxJobCount is 10000 (slurmctld refuses more jobs): for 10,000 jobs, raise
+it in the cluster's own rendered slurm.conf and restart slurmctld (MaxJobCount is not
+reloaded by `scontrol reconfigure`); `contrib/localcluster/up` renders the default again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from policy_bench import BENCH_NAME, fill_queue  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+HAI = "import sys; from slurm_hai.cli.user import main; sys.argv[0] = 'hai'; main()"
+JOB_INFO_RPC = re.compile(r"(REQUEST_JOB_INFO|REQUEST_JOB_INFO_SINGLE|REQUEST_JOB_USER_INFO)\s+\(\s*\d+\)\s+count:(\d+)")
+
+
+def slurm(*argv: str) -> str:
+    return subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+
+
+def job_info_rpcs() -> int:
+    """How many job-info RPCs slurmctld has answered (sdiag's counts by message type)."""
+    return sum(int(m.group(2)) for m in JOB_INFO_RPC.finditer(slurm("sdiag")))
+
+
+class Hai:
+    """Runs `hai ARGV` from a tree, with a squeue shim that counts the squeue processes."""
+
+    def __init__(self, shim_dir: Path) -> None:
+        self.log = shim_dir / "squeue.log"
+        shim = shim_dir / "squeue"
+        shim.write_text(f'#!/bin/sh\necho "$*" >> {self.log}\nexec {shutil.which("squeue")} "$@"\n')
+        shim.chmod(0o755)
+        self.env = {**os.environ, "PATH": f"{shim_dir}:{os.environ['PATH']}", "HAI_SLURM_BACKEND": "cli"}
+
+    def run(self, tree: Path, argv: list[str]) -> tuple[float, int]:
+        """(seconds, squeue calls) of one `hai ARGV` run from `tree`."""
+        self.log.write_text("")
+        t0 = time.perf_counter()
+        # -P and a neutral cwd: `python -c` would put the cwd first on sys.path, ahead of PYTHONPATH
+        p = subprocess.run([sys.executable, "-P", "-c", HAI, *argv], env={**self.env, "PYTHONPATH": str(tree)},
+                           cwd=self.log.parent, capture_output=True, text=True)
+        seconds = time.perf_counter() - t0
+        if p.returncode != 0:
+            raise SystemExit(f"list_bench: `hai {' '.join(argv)}` from {tree} failed: {p.stderr.strip()}")
+        return seconds, len(self.log.read_text().splitlines())
+
+
+def newest_ended_job_dir() -> int | None:
+    """Your newest job whose directory has a final.json (e.g. from the cluster tests)."""
+    root = Path(os.environ.get("HAI_HOME") or Path.home() / ".hai") / "jobs"
+    ids = [int(d.name) for d in root.iterdir() if d.name.isdigit() and (d / "final.json").exists()] \
+        if root.is_dir() else []
+    return max(ids, default=None)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--before", required=True, type=Path, help="the tree before the change (a git worktree)")
+    ap.add_argument("--after", type=Path, default=REPO, help="the tree after it (default: this checkout)")
+    ap.add_argument("--jobs", type=int, default=10000, help="bench jobs in the queue, all users")
+    ap.add_argument("--mine", type=int, default=20, help="of those, the invoking user's")
+    ap.add_argument("--others", default="hai-alice", help="the user the rest belong to")
+    ap.add_argument("--account", default="hai")
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--policy", default=os.environ.get("HAI_POLICY") or str(REPO / "contrib/localcluster/policy.toml"))
+    ap.add_argument("--cleanup", action="store_true", help="cancel the bench jobs at the end")
+    args = ap.parse_args()
+    if "SLURM_CONF" not in os.environ:
+        print("list_bench: set SLURM_CONF (source $HAI_CLUSTER_DIR/etc/env)", file=sys.stderr)
+        return 2
+    sys.path.insert(0, str(args.after))
+    from slurm_hai.policy.model import load_policy
+
+    policy, me = load_policy(args.policy), getpass.getuser()
+    limit = int(re.search(r"MaxJobCount\s*=\s*(\d+)", slurm("scontrol", "show", "config")).group(1))
+    if args.jobs > limit - 50:
+        print(f"list_bench: MaxJobCount is {limit}; raise it in slurm.conf and restart slurmctld", file=sys.stderr)
+        return 2
+    t0 = time.perf_counter()
+    added = fill_queue(args.jobs - args.mine, policy, args.account, user=args.others)
+    added += fill_queue(args.mine, policy, args.account, user=me)
+    if added:
+        print(f"({added} held jobs submitted in {time.perf_counter() - t0:.0f} s)", flush=True)
+    mine = sorted(int(j) for j in slurm("squeue", "-h", f"--name={BENCH_NAME}", f"--user={me}", "-t", "PD",
+                                        "-o", "%i").split())
+    waiting, cancelled = mine[0], mine[-1]
+    slurm("scancel", str(cancelled))
+    in_ctld = len(slurm("squeue", "-h", "--states=all", "-o", "%i").split())
+    rows = [("hai list", ["list"]), ("hai status JOB, waiting (the policy says why)", ["status", str(waiting)]),
+            ("hai status JOB, cancelled (no final.json)", ["status", str(cancelled)])]
+    ended = newest_ended_job_dir()
+    if ended is not None:
+        rows.append(("hai status JOB, ended (final.json)", ["status", str(ended)]))
+
+    release = slurm("scontrol", "--version").split()[-1]
+    print(f"{in_ctld} jobs in slurmctld ({len(mine)} of {me}), Slurm {release}, Python {platform.python_version()}, "
+          f"{os.cpu_count()} CPUs; median of {args.repeats}, the trees alternating")
+    with tempfile.TemporaryDirectory() as shim_dir:
+        hai = Hai(Path(shim_dir))
+        trees = {"before": args.before.resolve(), "after": args.after.resolve()}
+        times: dict[tuple[str, str], list[float]] = {}
+        calls: dict[tuple[str, str], int] = {}
+        rpcs: dict[tuple[str, str], int] = {}
+        for name, argv in rows:  # one counting run each (not timed): squeue processes, slurmctld's RPCs
+            for side, tree in trees.items():
+                n0 = job_info_rpcs()
+                _, calls[name, side] = hai.run(tree, argv)
+                rpcs[name, side] = job_info_rpcs() - n0
+        for r in range(args.repeats):
+            for name, argv in rows:
+                for side in (("before", "after") if r % 2 == 0 else ("after", "before")):
+                    seconds, _ = hai.run(trees[side], argv)
+                    times.setdefault((name, side), []).append(seconds)
+        reads = {what: min(timed(argv) for _ in range(3)) for what, argv in (
+            ("the whole queue (squeue --json --states=all)", ["squeue", "--json", "--states=all"]),
+            (f"one job (the same with --jobs={waiting})", ["squeue", "--json", "--states=all", f"--jobs={waiting}"]),
+            ("one job, not JSON (scontrol show job -o)", ["scontrol", "show", "job", "-o", str(waiting)]))}
+    print()
+    print("| command | before | after | after/before | squeue calls | job-info RPCs (sdiag) |")
+    print("|---|---:|---:|---:|---:|---:|")
+    for name, _ in rows:
+        b, a = (statistics.median(times[name, s]) for s in ("before", "after"))
+        print(f"| `{name}` | {b:.2f} s | {a:.2f} s | {a / b:.2f}x | {calls[name, 'before']} -> "
+              f"{calls[name, 'after']} | {rpcs[name, 'before']} -> {rpcs[name, 'after']} |")
+    print("\nOne read of Slurm, best of 3:")
+    for what, (seconds, size) in reads.items():
+        print(f"  {what}: {seconds:.3f} s, {size / 1e6:.1f} MB")
+    if args.cleanup:
+        subprocess.run(["scancel", f"--name={BENCH_NAME}"], check=False)
+    return 0
+
+
+def timed(argv: list[str]) -> tuple[float, int]:
+    """(seconds, bytes printed) of one Slurm command."""
+    t0 = time.perf_counter()
+    out = subprocess.run(argv, capture_output=True, check=True).stdout
+    return time.perf_counter() - t0, len(out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
