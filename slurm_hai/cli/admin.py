@@ -88,9 +88,14 @@ def check(policy_file: str | None, as_json: bool) -> None:
     d = policy.demotion
     click.echo(f"  grace {policy.grace_seconds} s, minimum run {policy.min_run_seconds} s, "
                + (f"demotion {d.source} -> {d.target} after {d.after_seconds} s" if d else "no demotion"))
+    fcfs = policy.fcfs_preempt_levels
+    click.echo("  a waiting job takes back its place in line from later jobs of other users at "
+               + ("every level" if fcfs is None else ", ".join(fcfs) if fcfs else "no level")
+               + f"; at least {policy.min_gpus} GPU(s) per node")
     for g in policy.groups:
         click.echo(f"  node group {g.name}: nodes {g.nodes}, PriorityTier {g.priority_tier}, levels "
-                   f"{', '.join(g.levels) if g.levels else 'all'}{' (default)' if g.default else ''}")
+                   f"{', '.join(g.levels) if g.levels else 'all'}{' (default)' if g.default else ''}"
+                   + (f", at least {g.min_gpus} GPU(s) per node" if g.min_gpus is not None else ""))
 
 
 def _policy_json(policy: Policy) -> dict:
@@ -108,8 +113,10 @@ def _policy_json(policy: Policy) -> dict:
         "accounts": list(policy.accounts),
         "allow_auto": policy.allow_auto,
         "notice_signal": policy.notice_signal,
+        "fcfs_preempt_levels": None if policy.fcfs_preempt_levels is None else list(policy.fcfs_preempt_levels),
+        "min_gpus": policy.min_gpus,
         "groups": [{"name": g.name, "nodes": g.nodes, "priority_tier": g.priority_tier, "levels": list(g.levels),
-                    "default": g.default} for g in policy.groups],
+                    "default": g.default, "min_gpus": g.min_gpus} for g in policy.groups],
     }
 
 

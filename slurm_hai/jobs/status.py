@@ -11,7 +11,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Iterable, Sequence
 
-from ..policy.levels import Level, level_of_qos
+from ..policy.levels import Level, level_of_qos, parse_qos
 from ..slurm.records import JobInfo
 
 SLURM_REASONS = {
@@ -104,14 +104,15 @@ def reason_in_words(job: JobInfo | None, final: dict | None) -> str:
 
 
 def level_of_job(job: JobInfo) -> Level | None:
-    """The level of a job's QOS, a base QOS (`high`) or a per-user/account variant
-    (`high.u.alice`, see qos.py): the part before the first dot."""
-    return level_of_qos(job.qos.split(".", 1)[0]) if job.qos else None
+    """The level of a job's QOS, a base QOS (`high`) or a quota override's variant of it
+    (`high.u.alice`, policy/levels.py)."""
+    return level_of_qos(job.qos) if job.qos else None
 
 
 def level_name(job: JobInfo) -> str:
+    """The job's level as users name it: `NORMAL` for `normal.u.bob` too, whatever the ladder."""
     lvl = level_of_job(job)
-    return lvl.name if lvl else job.qos.upper()
+    return lvl.name if lvl else parse_qos(job.qos)[0].upper()
 
 
 def level_of(job: JobInfo | None, request: dict) -> str:

@@ -3,7 +3,8 @@
 Admin comment (only slurmctld's job_submit.lua, root and SlurmUser can write it: trusted):
     hai-level=NAME        the level the job was submitted at (job_submit.lua)
     hai-demoted=NAME      the policy daemon demoted the running job to NAME
-    hai-yield=JOB@EPOCH   the daemon asked the demoted job to give way to JOB at EPOCH
+    hai-yield=JOB@EPOCH   the daemon asked the job to give way to JOB at EPOCH (a demoted job,
+                          or a later job of another user at the level of JOB, earlier in line)
 Job comment (written by hai-submit, editable by the job's owner: a hint, never trusted):
     hai-dir=PATH          where the job's state directory lives
 """

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 
-from slurm_hai.jobs.status import history, marker, notice_cause, preemptor, reason_in_words, status
+from slurm_hai.jobs.status import history, level_name, marker, notice_cause, preemptor, reason_in_words, status
 from slurm_hai.slurm.records import JobInfo
 
 NOW = float(int(time.time()))  # today: times print as HH:MM:SS
@@ -133,3 +133,10 @@ def test_a_job_requeued_before_its_suspended_event_is_told_from_its_notice():
     at = time.strftime("%H:%M:%S", time.localtime(NOW - 30))
     st = status(5, job(5, "COMPLETING", "low"), None, {}, 0, None, 0, events=evs)
     assert st.state == "suspended" and st.reason == f"suspended at {at}: preempted by job 133 (HIGH)"
+
+
+def test_a_quota_override_qos_shows_as_its_level():
+    assert level_name(job(1, "RUNNING", "normal.u.hai-bob")) == "NORMAL"
+    assert level_name(job(2, "RUNNING", "above_normal.a.lab")) == "ABOVE_NORMAL"
+    assert level_name(job(3, "RUNNING", "gold.u.bob")) == "GOLD"  # a site's own ladder
+    assert level_name(job(4, "RUNNING", "high")) == "HIGH"
