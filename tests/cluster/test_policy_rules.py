@@ -250,6 +250,36 @@ def test_auto_runs_at_the_highest_level_with_quota_left(rules):
     assert daemon_lines(log(), second, "auto"), log()
 
 
+def test_a_waiting_auto_job_moves_down_when_its_quota_fills_and_up_when_it_frees(rules):
+    """AUTO is decided every cycle (HAI's simple_fifo assigner): the job waits (its --begin)
+    while alice's quota at VERY_HIGH (2 nodes) fills and frees again."""
+    c, log = rules
+    waiting = sbatch(c, "-N2", "--qos=auto", "--begin=now+60")
+    qos = lambda: c.job(waiting)["QOS"]  # noqa: E731
+    wait_for(lambda: qos() == "very_high", 10, "job_submit.lua to place it at VERY_HIGH (EXTREME_HIGH holds 1)")
+    holder = sbatch(c, "-N1", "--qos=very_high")
+    running(c, holder)
+    wait_for(lambda: qos() == "high", 10, "the daemon to move it down: 1 + 2 nodes exceed VERY_HIGH's 2")
+    c.run(["scancel", str(holder)])
+    wait_for(lambda: qos() == "very_high", 15, "the daemon to move it back up once the quota is free")
+    assert state(c, waiting) == "PENDING" and c.job(waiting)["AdminComment"].strip() == "hai-level=AUTO"
+    assert len(daemon_lines(log(), waiting, "auto")) >= 2, log()
+
+
+def test_hai_submit_auto_leaves_the_level_to_the_cluster(rules):
+    c, _ = rules
+    d = c.shared_dir("auto-submit", owner=BOB)
+    script = d / "job.sh"
+    script.write_text("#!/bin/bash\nsleep 30\n")
+    script.chmod(0o700)
+    subprocess.run(["chown", BOB, str(script)], check=True)
+    out = c.run(["hai-submit", "--json", "-p", "AUTO", str(script)], user=BOB).stdout
+    job = int(re.search(r'"job_id": (\d+)', out).group(1))
+    info = c.wait_job(job, lambda j: j["JobState"] in ("PENDING", "RUNNING"), 10, "the job")
+    # bob: no quota at EXTREME_HIGH and VERY_HIGH, 1 node at HIGH
+    assert info["QOS"] == "high.u.hai-bob" and info["AdminComment"].strip() == "hai-level=AUTO", info
+
+
 # ----------------------------------------------------------------- rule 6
 
 
