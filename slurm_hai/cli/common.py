@@ -102,8 +102,15 @@ def lookup(job_id: int, queue: Sequence[JobInfo] | None = None) -> tuple[JobInfo
     job = backend().job(job_id) if queue is None else next((j for j in queue if j.job_id == job_id), None)
     jobdir = job_dir_of(job_id, job)
     if job is None and not jobdir.path.is_dir():
-        raise click.ClickException(f"no job {job_id}: Slurm does not know it and there is no {jobdir.path}; "
-                                   "see `hai list`")
+        # slurmctld forgets a job MinJobAge after its end; slurmdbd still has it (sacct)
+        try:
+            job = backend().accounting(job_id)
+        except SlurmError:  # no accounting on this cluster: nothing more to know
+            job = None
+        if job is None:
+            raise click.ClickException(f"no job {job_id}: Slurm does not know it and there is no {jobdir.path}; "
+                                       "see `hai list`")
+        jobdir = job_dir_of(job_id, job)
     return job, jobdir
 
 

@@ -392,12 +392,11 @@ def logs(job, follow, rank, restart, as_json):
 @one_line_errors
 def stop(job, as_json):
     """Stop JOB for good: it is cancelled and never restarted."""
+    from ..jobs import control
+
     info, jobdir = lookup(job)
     check_owner(info, "stop")
-    backend().cancel(job)
-    if jobdir.path.is_dir() and may_read(info):
-        jobdir.set_final("stopped", 0, reason="stopped by its user")
-        jobdir.event("stop", by=os.getuid())
+    control.stop(backend(), job, jobdir, writable=jobdir.path.is_dir() and may_read(info))
     if as_json:
         emit_json({"job_id": job, "state": "finished-stopped"})
     else:
@@ -411,20 +410,14 @@ def stop(job, as_json):
 def suspend(job, as_json):
     """Suspend JOB gracefully: rank 0 gets the suspend notice, the job commits, calls
     go_suspend() (or is suspended by force after its grace time) and is requeued."""
+    from ..jobs import control
+
     info, jobdir = lookup(job)
     check_owner(info, "suspend")
     if info is None or info.state != "RUNNING":
         st = job_status(job, info, jobdir)
         raise click.ClickException(f"job {job} is {st.state}, not running; only a running job can be suspended")
-    readable = jobdir.path.is_dir() and may_read(info)
-    if readable:  # before the signal: the launcher reads it to tell why the notice came
-        jobdir.event("suspend_requested", by=os.getuid())
-    try:
-        backend().cancel(job, signal="USR2")  # to the job's steps only; Slurm checks ownership
-    except Exception:
-        if readable:
-            jobdir.event("suspend_request_failed", by=os.getuid())
-        raise
+    control.request_suspend(backend(), job, jobdir, writable=jobdir.path.is_dir() and may_read(info))
     if as_json:
         emit_json({"job_id": job, "notice_sent": True})
     else:

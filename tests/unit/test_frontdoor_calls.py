@@ -32,6 +32,7 @@ class RecordingBackend:
 
     def __init__(self, queue: list[JobInfo], clock=lambda: 0.0) -> None:
         self.queue, self.clock, self.calls = queue, clock, []
+        self.history: dict[int, JobInfo] = {}  # what slurmdbd still has of jobs slurmctld forgot
 
     def _record(self, name: str, *args) -> None:
         self.calls.append((self.clock(), name, *args))
@@ -49,7 +50,7 @@ class RecordingBackend:
 
     def accounting(self, job_id):
         self._record("accounting", job_id)
-        return None
+        return self.history.get(job_id)
 
     def submit(self, script, args=()):
         self._record("submit")
@@ -164,6 +165,16 @@ def test_status_of_an_ended_job_asks_slurm_about_that_job_alone(world):
     r = CliRunner().invoke(user.main, ["status", "25", "--json"])
     assert r.exit_code == 0 and json.loads(r.output)["state"] == "finished-succeeded"
     assert [c[1:] for c in slurm.reads()] == [("job", 25)] and policy_reads == []
+
+
+def test_status_of_a_job_slurmctld_forgot_comes_from_accounting_only_then(world):
+    slurm, _, _ = world
+    slurm.history[31] = slurm_job(31, common.current_user(), "FAILED")
+    r = CliRunner().invoke(user.main, ["status", "31", "--json"])
+    assert r.exit_code == 0 and json.loads(r.output)["state"].startswith("finished"), r.output
+    assert [c[1] for c in slurm.reads()] == ["jobs", "accounting"]  # sacct only for what squeue forgot
+    r = CliRunner().invoke(user.main, ["status", "32"])
+    assert r.exit_code == 1 and "no job 32" in r.output
 
 
 def test_list_reads_the_whole_queue_once_however_many_jobs(world):
