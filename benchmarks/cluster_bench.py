@@ -229,12 +229,13 @@ def restart_latency_stock() -> float:
 # ------------------------------------------------------------------ the daemon
 
 
-def start_daemon() -> subprocess.Popen:
+def start_daemon(interval: float = 0.5, extra: list[str] | None = None) -> subprocess.Popen:
     log = open(WORK / "daemon.log", "a")
+    started = read_text(WORK / "daemon.log").count("policy daemon started")
     proc = subprocess.Popen([str(BIN / "hai-admin"), "daemon", "--policy", str(STATE / "etc" / "policy.toml"),
-                             "--interval", "0.5", "--lock", str(WORK / "policyd.lock")], env=ENV, stdout=log,
+                             "--interval", str(interval), "--lock", str(WORK / "policyd.lock"), *(extra or [])], env=ENV, stdout=log,
                             stderr=subprocess.STDOUT, cwd=WORK)
-    wait_for("the policy daemon", lambda: "policy daemon started" in read_text(WORK / "daemon.log"), 20, 0.1)
+    wait_for("the policy daemon", lambda: read_text(WORK / "daemon.log").count("policy daemon started") > started, 20, 0.1)
     return proc
 
 
@@ -244,6 +245,284 @@ def stop_daemon(proc: subprocess.Popen) -> None:
         proc.wait(15)
     except subprocess.TimeoutExpired:
         proc.kill()
+
+
+# ------------------------------------------------------------------ latency (issue 19)
+#
+# --latency: the 2-node HIGH hai-submit job (the same command every time), measured in one
+# run, alternating: (a) its start on the idle cluster, (b) its start while a cooperative
+# LOW job holds all 4 nodes, (c) the restart of a preempted job (requeue -> its script
+# running again). Each preemption is cut into phases from the job events (events.jsonl) and
+# Slurm's own log lines (slurmctld, slurmd; millisecond timestamps). --lever NAME=VALUE
+# runs every repeat once as the baseline and once with the lever, alternating.
+
+HIGH_SCRIPT = "print('high running', flush=True)\n"
+# The LOW job of (b) and the job of (c): cooperates like OURS, without torch (the checkpoint
+# is a small JSON file written atomically), so that a repeat is short.
+COOP = """
+import json, os, sys, time
+import slurm_hai as hai
+run = hai.restart_count()
+print(f"start run={run} t={time.time():.3f}", flush=True)
+if run > 0:
+    sys.exit(0)
+rank = int(os.environ["RANK"])
+print("ready", flush=True)
+step = 0
+while True:
+    if rank == 0 and hai.receive_suspend_command():
+        path = os.path.join(os.environ["HAI_JOB_DIR"], "ckpt.json")
+        with open(path + ".tmp", "w") as f:
+            json.dump({"step": step}, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.rename(path + ".tmp", path)
+        hai.go_suspend()
+    step += 1
+    time.sleep(0.01)
+"""
+
+LOG_TIME = "%Y-%m-%dT%H:%M:%S"
+
+
+def events(job_dir: Path) -> list[dict]:
+    out = []
+    for line in read_text(job_dir / "events.jsonl").splitlines():
+        try:
+            out.append(json.loads(line))
+        except ValueError:
+            pass
+    return out
+
+
+def event_time(job_dir: Path, name: str, **match) -> float | None:
+    return next((e["t"] for e in events(job_dir) if e.get("event") == name
+                 and all(e.get(k) == v for k, v in match.items())), None)
+
+
+class SlurmLogs:
+    """Slurm's own timestamps: the lines slurmctld and slurmd write from a mark on."""
+
+    def __init__(self) -> None:
+        self.files = [STATE / "log" / "slurmctld.log", *sorted((STATE / "log").glob("slurmd-n*.log"))]
+        self.offsets: dict[Path, int] = {}
+
+    def mark(self) -> None:
+        self.offsets = {f: f.stat().st_size if f.exists() else 0 for f in self.files}
+
+    def lines(self) -> list[tuple[float, str, str]]:
+        """(epoch, file stem, text) of every line written since mark()."""
+        out = []
+        for f in self.files:
+            with open(f, errors="replace") as fh:
+                fh.seek(self.offsets.get(f, 0))
+                for line in fh:
+                    if line.startswith("[") and "]" in line:
+                        stamp, _, text = line[1:].partition("] ")
+                        try:
+                            base, _, ms = stamp.partition(".")
+                            t = time.mktime(time.strptime(base, LOG_TIME)) + float(f"0.{ms or 0}")
+                        except ValueError:
+                            continue
+                        out.append((t, f.stem, text.strip()))
+        return sorted(out)
+
+    def first(self, lines, *needles: str, after: float = 0.0, source: str = "slurmctld") -> float | None:
+        return next((t for t, src, text in lines if t >= after and src.startswith(source)
+                     and all(n in text for n in needles)), None)
+
+    def last(self, lines, *needles: str, after: float = 0.0, source: str = "slurmd") -> float | None:
+        hits = [t for t, src, text in lines if t >= after and src.startswith(source) and all(n in text for n in needles)]
+        return max(hits) if hits else None
+
+
+LOGS = SlurmLogs()
+
+
+def submit_high(nodes: int = 2) -> tuple[float, int, Path]:
+    script = WORK / "high.py"
+    script.write_text(HIGH_SCRIPT)
+    t0 = time.time()
+    info = json.loads(run(["hai-submit", "--json", "-n", str(nodes), "-p", "HIGH", "--gpus-per-node", "8",
+                           "--name", "bench-high", str(script)]).stdout)
+    return t0, int(info["job_id"]), Path(info["job_dir"])
+
+
+def submit_coop(nodes: int, level: str) -> tuple[int, Path]:
+    script = WORK / "coop.py"
+    script.write_text(COOP)
+    info = json.loads(run(["hai-submit", "--json", "-n", str(nodes), "-p", level, "--gpus-per-node", "8",
+                           "--name", "bench-coop", str(script)]).stdout)
+    job_dir = Path(info["job_dir"])
+    wait_for("the cooperative job to be ready", lambda: "ready" in read_text(job_dir / "logs" / "rank-0.log"), 180)
+    return int(info["job_id"]), job_dir
+
+
+def idle_start() -> float:
+    t0, high, hdir = submit_high()
+    t = wait_for("the HIGH job's script", lambda: event_time(hdir, "start", run=0), 120, 0.02)
+    drain([high])
+    return t - t0
+
+
+# requeued: slurmd's first "CANCELLED ... DUE TO JOB REQUEUE" line (Slurm acts on the
+# requeue); nodes released: slurmctld's "Requeuing JobId" (batch_requeue_fini: the last
+# epilog is complete, the nodes are free in slurmctld's books).
+PHASES = ("submitted", "notice", "checkpoint committed (go_suspend)", "requeued", "nodes released",
+          "HIGH allocated", "HIGH script running")
+RESTART_PHASES = ("requeued", "nodes released", "start-now (daemon)", "allocated", "script running")
+
+
+def preemption() -> tuple[float, dict[str, float]]:
+    """HIGH while a cooperative LOW job holds all 4 nodes: (total, phase -> seconds from t0)."""
+    low, ldir = submit_coop(4, "LOW")
+    LOGS.mark()
+    t0, high, hdir = submit_high()
+    t_run = wait_for("the HIGH job's script", lambda: event_time(hdir, "start", run=0), 120, 0.02)
+    time.sleep(0.3)  # slurmd's "done with job" lines of the LOW job
+    lines = LOGS.lines()
+    marks = {
+        "submitted": LOGS.first(lines, "_slurm_rpc_submit_batch_job:", f"JobId={high} "),
+        "notice": event_time(ldir, "notice", run=0),
+        "checkpoint committed (go_suspend)": event_time(ldir, "go_suspend", run=0),
+        "requeued": LOGS.first(lines, f"JOB {low} ", "DUE TO JOB REQUEUE", source="slurmd"),
+        "nodes released": LOGS.first(lines, f"Requeuing JobId={low}"),
+        "HIGH allocated": LOGS.first(lines, f"JobId={high} ", "Allocate") or LOGS.first(lines, f"JobId={high} ",
+                                                                                            "Started"),
+        "HIGH script running": t_run,
+    }
+    (WORK / "preempt-lines.log").open("a").write(
+        f"--- low {low} high {high} t0 {t0:.3f}\n" + "".join(f"{t:.3f} {s} {x}\n" for t, s, x in lines
+                                                              if str(low) in x or str(high) in x))
+    drain([low, high])
+    return t_run - t0, {k: (v - t0 if v else float("nan")) for k, v in marks.items()}
+
+
+def restart() -> tuple[float, dict[str, float]]:
+    """A 2-node HIGH job suspended (`hai suspend` -> go_suspend -> requeue) on the idle
+    cluster: requeue request (go_suspend) -> its script running again."""
+    job, jdir = submit_coop(2, "HIGH")
+    LOGS.mark()
+    run(["hai", "suspend", str(job)])
+    t_run = wait_for("run 1", lambda: event_time(jdir, "start", run=1), 120, 0.02)
+    asked = event_time(jdir, "go_suspend", run=0)
+    lines = LOGS.lines()
+    marks = {
+        "requeued": LOGS.first(lines, f"JOB {job} ", "DUE TO JOB REQUEUE", source="slurmd"),
+        "nodes released": LOGS.first(lines, f"Requeuing JobId={job}"),
+        "start-now (daemon)": LOGS.first(lines, f"JobId={job}", "StartTime") or LOGS.first(
+            lines, "update_job", f"JobId={job}"),
+        "allocated": LOGS.first(lines, f"JobId={job} ", "Allocate", after=asked) or LOGS.first(
+            lines, f"JobId={job} ", "Started", after=asked),
+        "script running": t_run,
+    }
+    (WORK / "restart-lines.log").open("a").write(
+        f"--- job {job} asked {asked:.3f}\n" + "".join(f"{t:.3f} {s} {x}\n" for t, s, x in lines if str(job) in x))
+    drain([job])
+    return t_run - asked, {k: (v - asked if v else float("nan")) for k, v in marks.items()}
+
+
+SCHED_LINE = "SchedulerParameters="
+
+
+def slurm_conf() -> Path:
+    return Path(ENV["SLURM_CONF"])
+
+
+def set_sched(params: str) -> None:
+    """Rewrite SchedulerParameters in the cluster's slurm.conf and reconfigure slurmctld."""
+    conf = slurm_conf()
+    lines = [f"{SCHED_LINE}{params}" if line.startswith(SCHED_LINE) else line for line in conf.read_text().splitlines()]
+    conf.write_text("\n".join(lines) + "\n")
+    run(["scontrol", "reconfigure"])
+    wait_for("slurmctld to take the new SchedulerParameters", lambda: f"= {params}\n" in run(
+        ["scontrol", "show", "config"]).stdout, 60, 0.3)
+    time.sleep(1)
+
+
+def current_sched() -> str:
+    return next(line[len(SCHED_LINE):] for line in slurm_conf().read_text().splitlines() if line.startswith(SCHED_LINE))
+
+
+def apply_variant(variant: dict, base_sched: str) -> subprocess.Popen | None:
+    """Set the variant's Slurm settings; start the policy daemon with its interval."""
+    sched = variant.get("sched", base_sched)
+    if sched != current_sched():
+        set_sched(sched)
+    return start_daemon(variant.get("daemon_interval", 2.0), variant.get("daemon_args", []))
+
+
+def parse_lever(text: str) -> dict:
+    key, _, value = text.partition("=")
+    if key == "sched":  # sched=+batch_sched_delay=0 adds, sched=LIST replaces
+        return {"sched": value}
+    if key == "daemon-interval":
+        return {"daemon_interval": float(value)}
+    raise SystemExit(f"unknown lever {text!r} (sched=..., daemon-interval=S)")
+
+
+def latency_main(args) -> None:
+    base_sched = current_sched()
+    variants = [("baseline", {})]
+    if args.lever:
+        lever = parse_lever(args.lever)
+        if lever.get("sched", "").startswith("+"):
+            lever["sched"] = f"{base_sched},{lever['sched'][1:]}"
+        variants.append((args.lever, lever))
+    res = {name: {"idle": [], "pre": [], "restart": [], "phases": [], "rphases": []} for name, _ in variants}
+    t_start = time.time()
+    print(f"Slurm {run(['sinfo', '-V']).stdout.strip()}; SchedulerParameters={base_sched}", flush=True)
+    try:
+        for i in range(args.repeats):
+            for name, variant in (variants if i % 2 == 0 else variants[::-1]):
+                daemon = apply_variant(variant, base_sched)
+                try:
+                    r = res[name]
+                    r["idle"].append(idle_start())
+                    total, phases = preemption()
+                    r["pre"].append(total)
+                    r["phases"].append(phases)
+                    total, phases = restart()
+                    r["restart"].append(total)
+                    r["rphases"].append(phases)
+                finally:
+                    stop_daemon(daemon)
+                print(f"repeat {i + 1}/{args.repeats} {name}: idle {r['idle'][-1]:.2f} s, preemption "
+                      f"{r['pre'][-1]:.2f} s, restart {r['restart'][-1]:.2f} s", flush=True)
+    finally:
+        if current_sched() != base_sched:
+            set_sched(base_sched)
+    print(f"\nlatency, medians of {args.repeats}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+          f"{platform.node()}, {os.cpu_count()} cores, took {time.time() - t_start:.0f} s")
+
+    def m(values) -> float:
+        values = [v for v in values if v == v]
+        return statistics.median(values) if values else float("nan")
+
+    names = [n for n, _ in variants]
+    rows = []
+    for name in names:
+        r = res[name]
+        idle = m(r["idle"])
+        rows.append((name, idle, m(r["pre"]), m(r["pre"]) / idle, m(r["restart"]), m(r["restart"]) / idle))
+    print("| variant | idle start | preemption | preemption / idle | restart | restart / idle |\n|---|---|---|---|---|---|")
+    for name, idle, pre, pr, rs, rr in rows:
+        print(f"| {name} | {idle:.2f} s | {pre:.2f} s | {pr:.2f}x | {rs:.2f} s | {rr:.2f}x |")
+    for title, key, phases in (("preemption: HIGH command at 0", "phases", PHASES),
+                               ("restart: go_suspend (requeue request) at 0", "rphases", RESTART_PHASES)):
+        print(f"\n{title}; median time of each mark (and the phase since the previous mark)\n"
+              f"| mark | {' | '.join(names)} |\n|---|{'---|' * len(names)}")
+        for ph in phases:
+            cells = []
+            for name in names:
+                at = m([p[ph] for p in res[name][key]])
+                prev = phases.index(ph)
+                gap = m([p[ph] - (p[phases[prev - 1]] if prev else 0.0) for p in res[name][key]])
+                cells.append(f"{at:.2f} s (+{gap:.2f})")
+            print(f"| {ph} | {' | '.join(cells)} |")
+    print("raw: " + json.dumps({n: {k: [round(x, 3) for x in v] for k, v in r.items() if k in ("idle", "pre", "restart")}
+                                for n, r in res.items()}))
+    print(f"Slurm's log lines of each job: {WORK}/preempt-lines.log, {WORK}/restart-lines.log")
 
 
 # ------------------------------------------------------------------ main
@@ -258,10 +537,17 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--gib", type=float, default=1.0, help="state held by the LOW job for measurement 3")
     ap.add_argument("--markdown", action="store_true", help="also print the table as Markdown")
+    ap.add_argument("--latency", action="store_true",
+                    help="only the latency run of issue 19: idle start, preemption, restart of a 2-node HIGH job, "
+                         "with phases")
+    ap.add_argument("--lever", help="with --latency: also run every repeat with this lever, alternating with "
+                                    "the baseline: sched=PARAMS (sched=+KEY=V adds to the current), daemon-interval=S")
     args = ap.parse_args()
     WORK.mkdir(mode=0o755, parents=True)
     if run(["squeue", "-h", "-o", "%i"]).stdout.split():
         raise SystemExit("the cluster is busy: the benchmark needs it idle (squeue shows jobs)")
+    if args.latency:
+        return latency_main(args)
     r: dict[str, list[float]] = {k: [] for k in (
         "pre_ours", "pre_stock", "pre_stock_dies", "rq_ours", "rq_stock", "restart_ours", "restart_stock",
         "big_ours", "big_stock", "big_high_ours", "big_high_stock")}
