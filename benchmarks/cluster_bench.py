@@ -229,11 +229,11 @@ def restart_latency_stock() -> float:
 # ------------------------------------------------------------------ the daemon
 
 
-def start_daemon(interval: float = 0.5, extra: list[str] | None = None) -> subprocess.Popen:
+def start_daemon(interval: float = 0.5, extra: list[str] | None = None, env: dict | None = None) -> subprocess.Popen:
     log = open(WORK / "daemon.log", "a")
     started = read_text(WORK / "daemon.log").count("policy daemon started")
     proc = subprocess.Popen([str(BIN / "hai-admin"), "daemon", "--policy", str(STATE / "etc" / "policy.toml"),
-                             "--interval", str(interval), "--lock", str(WORK / "policyd.lock"), *(extra or [])], env=ENV, stdout=log,
+                             "--interval", str(interval), "--lock", str(WORK / "policyd.lock"), *(extra or [])], env={**ENV, **(env or {})}, stdout=log,
                             stderr=subprocess.STDOUT, cwd=WORK)
     wait_for("the policy daemon", lambda: read_text(WORK / "daemon.log").count("policy daemon started") > started, 20, 0.1)
     return proc
@@ -449,7 +449,7 @@ def apply_variant(variant: dict, base_sched: str) -> subprocess.Popen | None:
     sched = variant.get("sched", base_sched)
     if sched != current_sched():
         set_sched(sched)
-    return start_daemon(variant.get("daemon_interval", 2.0), variant.get("daemon_args", []))
+    return start_daemon(variant.get("daemon_interval", 2.0), variant.get("daemon_args", []), variant.get("daemon_env"))
 
 
 def parse_lever(text: str) -> dict:
@@ -458,12 +458,16 @@ def parse_lever(text: str) -> dict:
         return {"sched": value}
     if key == "daemon-interval":
         return {"daemon_interval": float(value)}
-    raise SystemExit(f"unknown lever {text!r} (sched=..., daemon-interval=S)")
+    if key == "daemon-wake":  # the baseline is the daemon that only polls (the code before issue 19)
+        return {}
+    raise SystemExit(f"unknown lever {text!r} (sched=..., daemon-interval=S, daemon-wake)")
 
 
 def latency_main(args) -> None:
     base_sched = current_sched()
     variants = [("baseline", {})]
+    if args.lever == "daemon-wake":
+        variants = [("baseline (daemon polls every 2 s)", {"daemon_env": {"HAI_POLICYD_NO_EARLY_WAKE": "1"}})]
     if args.lever:
         lever = parse_lever(args.lever)
         if lever.get("sched", "").startswith("+"):
@@ -541,7 +545,8 @@ def main() -> None:
                     help="only the latency run of issue 19: idle start, preemption, restart of a 2-node HIGH job, "
                          "with phases")
     ap.add_argument("--lever", help="with --latency: also run every repeat with this lever, alternating with "
-                                    "the baseline: sched=PARAMS (sched=+KEY=V adds to the current), daemon-interval=S")
+                                    "the baseline: sched=PARAMS (sched=+KEY=V adds to the current), daemon-interval=S, "
+                                    "daemon-wake (baseline: the daemon without its start-now wake)")
     args = ap.parse_args()
     WORK.mkdir(mode=0o755, parents=True)
     if run(["squeue", "-h", "-o", "%i"]).stdout.split():

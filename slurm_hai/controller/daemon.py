@@ -20,7 +20,7 @@ from typing import Callable
 import filelock
 
 from ..policy.model import Policy, PolicyError, load_policy
-from ..policy.rules import Action, decide, needs_idle_nodes
+from ..policy.rules import Action, decide, needs_idle_nodes, start_now_due
 from ..slurm import Backend, SlurmError
 
 log = logging.getLogger("hai-policyd")
@@ -43,11 +43,13 @@ class CycleResult:
     actions: list[Action]
     failed: int
     seconds: float
+    wake_at: float | None = None  # a start-now falls due before the next interval (clock time)
 
 
 class PolicyDaemon:
     def __init__(self, backend: Backend, policy: Policy | None = None, policy_path: str | Path | None = None,
-                 interval: float = 2.0, dry_run: bool = False, clock: Callable[[], float] = time.time) -> None:
+                 interval: float = 2.0, dry_run: bool = False, clock: Callable[[], float] = time.time,
+                 wake_for_start_now: bool | None = None) -> None:
         if policy is None and policy_path is None:
             raise ValueError("a policy or a policy file is needed")
         self.backend = backend
@@ -58,6 +60,12 @@ class PolicyDaemon:
         self.dry_run = dry_run
         self.clock = clock
         self._failed: dict[tuple[int, str], float] = {}
+        # Wake when a requeued job's start-now falls due rather than at the next interval
+        # (issue 19: restart latency). HAI_POLICYD_NO_EARLY_WAKE=1 turns it off, for the
+        # benchmark's baseline (benchmarks/cluster_bench.py --lever daemon-wake).
+        if wake_for_start_now is None:
+            wake_for_start_now = not os.environ.get("HAI_POLICYD_NO_EARLY_WAKE")
+        self.wake_for_start_now = wake_for_start_now
 
     # ------------------------------------------------------------ one cycle
 
@@ -106,7 +114,8 @@ class PolicyDaemon:
             else:
                 log.info("%s", action.describe())
         self._failed = {k: t for k, t in self._failed.items() if t > now}
-        return CycleResult(len(jobs), actions, failed, time.monotonic() - t0)
+        wake_at = start_now_due(jobs, now) if self.wake_for_start_now else None
+        return CycleResult(len(jobs), actions, failed, time.monotonic() - t0, wake_at)
 
     def execute(self, action: Action) -> None:
         b, jid = self.backend, action.job_id
@@ -150,7 +159,10 @@ class PolicyDaemon:
                     "cycle: %d jobs, %d actions, %d failed, %.1f s%s", result.jobs, len(result.actions),
                     result.failed, result.seconds,
                     " (slow: slurmctld busy or restarting?)" if result.seconds > SLOW_CYCLE else "")
-            if once or stop.wait(self.interval):
+            wait = self.interval
+            if result.wake_at is not None:  # a start-now falls due sooner: be there (+50 ms)
+                wait = min(wait, max(0.05, result.wake_at + 0.05 - self.clock()))
+            if once or stop.wait(wait):
                 break
         return 0
 

@@ -339,6 +339,17 @@ def _pending(job: Job, snap: Snapshot, plan: _Plan, level_changes: set[int]) -> 
                     f"+{job.eligible_time - now:.0f} s: eligible now", StartTime="now")
 
 
+def start_now_due(jobs: Sequence[Job], now: float) -> float | None:
+    """When the next start-now falls due: the earliest moment a requeued job that Slurm holds
+    back becomes REQUEUE_SETTLE_SECONDS old. The daemon wakes then instead of at its next
+    interval (a restart otherwise waits up to one interval more; docs/benchmarks.md)."""
+    due = [job.submit_time + REQUEUE_SETTLE_SECONDS for job in jobs
+           if job.restart_count > 0 and job.reason == "BeginTime" and job.eligible_time > now
+           and now - job.submit_time < REQUEUE_SETTLE_SECONDS
+           and 0 <= job.eligible_time - job.submit_time <= REQUEUE_DELAY_MAX]
+    return min(due) if due else None
+
+
 def _is_level(policy: Policy, name: str) -> bool:
     return any(lvl.name == name for lvl in policy.ladder)
 

@@ -286,3 +286,26 @@ def test_output_that_is_not_json_is_a_slurm_error(tmp_path, monkeypatch):
     d = PolicyDaemon(CliBackend(), policy=load_policy(LOCAL), clock=lambda: NOW)
     with pytest.raises(SlurmError, match="squeue --json printed something that is not JSON: slurm_load_jobs"):
         d.cycle()
+
+
+# ------------------------------------------------------------------ the start-now wake (issue 19)
+
+
+def test_daemon_wakes_when_a_start_now_falls_due():
+    held = job(1, reason="BeginTime", restart_count=1, submit_time=NOW - 1, eligible_time=NOW + 5)
+    d = PolicyDaemon(FakeSlurm([held]), policy=load_policy(LOCAL), clock=lambda: NOW, wake_for_start_now=True)
+    result = d.cycle()
+    assert not result.actions  # 1 s after the requeue: not yet (the credential hazard)
+    assert result.wake_at == NOW + 1  # REQUEUE_SETTLE_SECONDS after the requeue, not the next interval
+    later = PolicyDaemon(FakeSlurm([held]), policy=load_policy(LOCAL), clock=lambda: NOW + 1.05,
+                         wake_for_start_now=True).cycle()
+    assert [a.rule for a in later.actions] == ["start-now"] and later.wake_at is None
+
+
+def test_daemon_without_the_wake_only_polls(monkeypatch):
+    held = job(1, reason="BeginTime", restart_count=1, submit_time=NOW - 1, eligible_time=NOW + 5)
+    monkeypatch.setenv("HAI_POLICYD_NO_EARLY_WAKE", "1")
+    assert PolicyDaemon(FakeSlurm([held]), policy=load_policy(LOCAL), clock=lambda: NOW).cycle().wake_at is None
+    user_begin = job(2, reason="BeginTime", restart_count=1, submit_time=NOW - 1, eligible_time=NOW + 3600)
+    assert PolicyDaemon(FakeSlurm([user_begin]), policy=load_policy(LOCAL), clock=lambda: NOW,
+                        wake_for_start_now=True).cycle().wake_at is None
