@@ -9,6 +9,9 @@ jobs, quota waits and held jobs. A cycle is what the daemon does between `squeue
 returning and the first scontrol call: parse the JSON, build JobInfo records, decide.
 Rows are medians over --repeats; the target is <= 1 s per cycle at 10,000 jobs.
 
+--explain: `hai-admin explain` over every pending and running job of the same queue: one
+Explainer against explain() per job.
+
 --live: the same cycle on a live cluster, with each backend (the CLI backend is the
 baseline). Needs SLURM_CONF (and PATH) of the cluster, and pyslurm for the pyslurm backend:
 
@@ -45,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a check
 
 from slurm_hai.policy.model import load_policy  # noqa: E402
 from slurm_hai.policy.levels import level_base  # noqa: E402
+from slurm_hai.policy.explain import Explainer, explain  # noqa: E402
 from slurm_hai.policy.rules import decide  # noqa: E402
 from slurm_hai.slurm.records import jobs_from_json  # noqa: E402
 
@@ -126,6 +130,22 @@ def cycle(text: str, policy) -> tuple[float, float, float, int]:
     actions = decide(jobs, policy, NOW, idle_nodes={"gpu": 0})
     t3 = time.perf_counter()
     return t1 - t0, t2 - t1, t3 - t2, len(actions)
+
+
+def explain_all(text: str, policy, sample: int = 20) -> tuple[float, float, int]:
+    """`hai-admin explain` (and `hai list --all`) over every live job: one Explainer (one
+    snapshot, each group's line sorted once) against explain() per job (the baseline: a
+    snapshot and a scan of the queue for each; timed on `sample` jobs, times the job count)."""
+    jobs = [j for j in jobs_from_json(json.loads(text))[0] if j.state in ("PENDING", "RUNNING")]
+    t0 = time.perf_counter()
+    why = Explainer(jobs, policy, NOW)
+    words = [why(j) for j in jobs]
+    t1 = time.perf_counter()
+    step = max(1, len(jobs) // sample)
+    picked = jobs[::step][:sample]
+    assert [explain(j, jobs, policy, NOW) for j in picked] == [words[jobs.index(j)] for j in picked]
+    t2 = time.perf_counter()
+    return t1 - t0, (t2 - t1) / len(picked) * len(jobs), len(jobs)
 
 
 # ------------------------------------------------------------------ --live
@@ -256,6 +276,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--policy", default=str(REPO / "contrib" / "localcluster" / "policy.toml"))
     ap.add_argument("--live", action="store_true", help="time each backend on the live cluster of SLURM_CONF")
+    ap.add_argument("--explain", action="store_true", help="time explaining every live job (hai-admin explain)")
     ap.add_argument("--backends", nargs="+", default=["cli", "pyslurm"], choices=["cli", "pyslurm"])
     ap.add_argument("--account", default="hai", help="--live: the account the held jobs are submitted under")
     ap.add_argument("--cleanup", action="store_true", help="--live: cancel the submitted jobs at the end")
@@ -263,6 +284,15 @@ def main() -> int:
     policy = load_policy(args.policy)
     if args.live:
         return live(args, policy)
+    if args.explain:
+        print(f"explain every pending and running job, median of {args.repeats} runs (baseline: explain() per job)")
+        print(f"{'jobs':>7}  {'explained':>9}  {'Explainer':>10}  {'per job':>10}  {'ratio':>7}")
+        for n in args.jobs:
+            text = synthetic_queue(n, policy)
+            runs = [explain_all(text, policy) for _ in range(args.repeats)]
+            new, old = statistics.median(r[0] for r in runs), statistics.median(r[1] for r in runs)
+            print(f"{n:>7}  {runs[0][2]:>9}  {new:>9.2f}s  {old:>9.2f}s  {old / new:>6.0f}x")
+        return 0
     print(f"policy daemon cycle, median of {args.repeats} runs; Python {platform.python_version()}, "
           f"{platform.machine()}, policy {Path(args.policy).name}")
     header = f"{'jobs':>7}  {'JSON MB':>7}  {'json.loads':>10}  {'JobInfo':>8}  {'decide':>8}  {'cycle':>8}  " \

@@ -368,7 +368,7 @@ def daemon(policy_file: str | None, once: bool, interval: float, lock_file: str 
 @one_line_errors
 def explain(policy_file: str | None, job_ids: tuple[int, ...], as_json: bool) -> None:
     """Say in words why jobs wait (all pending and running jobs when none is given)."""
-    from ..policy.explain import explain as explain_job
+    from ..policy.explain import Explainer
     from ..slurm import backend
 
     policy, _ = _load(policy_file)
@@ -377,8 +377,8 @@ def explain(policy_file: str | None, job_ids: tuple[int, ...], as_json: bool) ->
     missing = set(job_ids) - {j.job_id for j in wanted}
     if missing:
         raise click.ClickException(f"no such job in the queue: {', '.join(map(str, sorted(missing)))}")
-    now = time.time()
-    rows = [(j, explain_job(j, jobs, policy, now)) for j in sorted(wanted, key=lambda j: j.job_id)]
+    why = Explainer(jobs, policy)
+    rows = [(j, why(j)) for j in sorted(wanted, key=lambda j: j.job_id)]
     if as_json:
         emit_json([{"job_id": j.job_id, "user": j.user, "state": j.state, "why": why} for j, why in rows])
         return

@@ -7,7 +7,7 @@ import os
 import re
 import sys
 import time
-from typing import TYPE_CHECKING, Sequence
+from typing import Sequence
 
 import click
 
@@ -15,13 +15,11 @@ from .. import __version__
 from ..jobs.jobdir import JobDir, default_root
 from ..jobs.status import HaiStatus, back_estimate, clock, marker
 from ..jobs.status import status as hai_status
+from ..policy.explain import Explainer
 from ..slurm.records import JobInfo
 from .ckpt import ckpt
 from .common import (Refused, backend, check_owner, current_user, did_you_mean, emit_json, job_dir_of, job_id_arg,
                      lookup, one_line_errors, table)
-
-if TYPE_CHECKING:
-    from ..policy.model import Policy
 
 RUN_MARK = re.compile(r"^==== slurm-hai run (\d+) ")
 TERMINAL = ("finished-succeeded", "finished-failed", "finished-stopped")
@@ -65,12 +63,11 @@ LIVE = ("PENDING", "RUNNING")  # the states the policy explains, from the whole 
 
 
 def job_status(job_id: int, job: JobInfo | None, jobdir: JobDir, queue: Sequence[JobInfo] | None = None,
-               policy: Policy | None = None) -> HaiStatus:
+               why: Explainer | None = None) -> HaiStatus:
     """The HAI status of one job, from what the command has read already (asks Slurm nothing).
-    With `queue` (every job Slurm knows) and `policy`, the policy explains a waiting or running
-    job and a suspended one is told when it may run again; without them the reason is Slurm's."""
-    from ..policy.explain import explain
-
+    With `queue` (every job Slurm knows) a suspended job is told when it may run again; with
+    `why` (the policy's Explainer over that queue) a waiting or running job is explained;
+    without them the reason is Slurm's."""
     readable = may_read(job)
     events, final, request, owner_uid = [], None, {}, None
     if readable:
@@ -82,8 +79,8 @@ def job_status(job_id: int, job: JobInfo | None, jobdir: JobDir, queue: Sequence
     runs = sum(1 for e in events if e.get("event") == "suspended")
     last_run = max((int(e.get("run", 0)) for e in events if e.get("event") == "start"), default=0)
     explained = None
-    if job is not None and job.state in LIVE and queue is not None and policy is not None:
-        explained = explain(job, queue, policy)
+    if job is not None and job.state in LIVE and why is not None:
+        explained = why(job)
     st = hai_status(job_id, job, final, request, runs, explained, last_run, events=events,
                     private=not readable, owner_uid=owner_uid)
     if st.state == "suspended" and events and queue is not None:
@@ -109,8 +106,8 @@ def _status_of(job_id: int) -> tuple[HaiStatus, JobInfo | None, JobDir]:
 
     queue = None if _has_ended(job_id) else backend().jobs()
     job, jobdir = lookup(job_id, queue)
-    policy = find_policy() if queue is not None and job is not None and job.state in LIVE else None
-    return job_status(job_id, job, jobdir, queue, policy), job, jobdir
+    why = Explainer(queue, find_policy()) if queue is not None and job is not None and job.state in LIVE else None
+    return job_status(job_id, job, jobdir, queue, why), job, jobdir
 
 
 def _when(t: int) -> str:
@@ -180,12 +177,12 @@ def _list(all_users: bool, as_json: bool, since: float | None = None, state: str
     from ..policy.model import find_policy
 
     queue = backend().jobs()  # one squeue call for the whole listing
-    policy = find_policy()  # one policy read
+    why = Explainer(queue, find_policy())  # one policy read, one snapshot of the queue
     me = current_user()
-    rows = [job_status(j.job_id, j, job_dir_of(j.job_id, j), queue, policy)
+    rows = [job_status(j.job_id, j, job_dir_of(j.job_id, j), queue, why)
             for j in sorted(queue, key=lambda j: j.job_id) if all_users or j.user == me]
     if since is not None or state is not None:  # ended jobs too, from your own job directories
-        rows += [job_status(jid, None, d, queue, policy) for jid, d in _own_ended_jobs({j.job_id for j in queue})]
+        rows += [job_status(jid, None, d, queue, why) for jid, d in _own_ended_jobs({j.job_id for j in queue})]
         rows.sort(key=lambda r: r.job_id)
     if since is not None:
         rows = [r for r in rows if (r.submitted or r.started or r.ended) >= since]
