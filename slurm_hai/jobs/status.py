@@ -124,7 +124,7 @@ def level_of(job: JobInfo | None, request: dict) -> str:
 def status(job_id: int, job: JobInfo | None, final: dict | None, request: dict, suspended_runs: int,
            explained: str | None = None, last_run: int = 0, events: Sequence[dict] = (),
            private: bool = False, owner_uid: int | None = None) -> HaiStatus:
-    """`explained`: the policy's account of a live job (scheduling.explain), if there is one;
+    """`explained`: the policy's account of a live job (policy.explain.Explainer), if there is one;
     `last_run`: the newest run the job directory saw start (Slurm forgets ended jobs);
     `events`: the job directory's events (none for another user's job: `private`)."""
     hist = history(events, owner_uid)
