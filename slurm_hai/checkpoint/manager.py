@@ -7,7 +7,10 @@
 
 Single process: tensors are copied into a reusable host buffer, then a background thread
 writes, checksums and commits them (fast tier first, then the durable one).
-Distributed (torch.distributed initialized, world size > 1): see sharded.py.
+Distributed (torch.distributed initialized, world size > 1): save() is collective; with
+blocking=False each rank copies its tensors into host buffers and the DCP write, checksums
+and rank 0's commit run in a background thread on every rank, over a gloo group of their
+own (see sharded.py).
 """
 
 from __future__ import annotations
@@ -98,6 +101,8 @@ class CheckpointManager:
         self.fast = CheckpointStore(fast_dir, **store_args) if fast_dir is not None else None
         self.loaded_step: int | None = None  # the step the last load() returned
         self._buffer = HostBuffer()
+        self._tensor_buffer = HostBuffer()  # async sharded saves: host copies of the tensors
+        self._group: Any = None  # async sharded saves: a gloo group for the background threads
         self._inflight: SaveHandle | None = None
         self._thread: threading.Thread | None = None
         self._active_staging = ActiveStaging()
@@ -122,7 +127,10 @@ class CheckpointManager:
         wait() or h.wait()). A step that is already committed is skipped with a warning.
 
         In a distributed job (world size > 1) every rank must call save(); it is a
-        collective, synchronous DCP save into the durable tier (see sharded.py)."""
+        collective DCP save into the durable tier (see sharded.py). With blocking=False
+        it returns after the host copy; rank 0 commits once every rank's files are
+        written and checksummed, and a failure on any rank is raised by the next
+        save/wait/load/close on every rank. handle.skipped is known once it is done."""
         try:
             step = operator.index(step)  # ints, numpy ints, 0-d integer tensors
         except TypeError:
@@ -131,6 +139,8 @@ class CheckpointManager:
             raise CheckpointError(f"step must be a non-negative integer, got {step!r}")
         self.wait()  # at most one save in flight; raises the previous save's failure
         if (world := distributed_world()) is not None:
+            if not blocking:
+                return self._save_sharded_async(step, state, rank=world[0])
             return self._save_sharded(step, state, rank=world[0])
         handle = SaveHandle(step)
         targets = self._stores_missing(step)
@@ -161,11 +171,53 @@ class CheckpointManager:
             handle, self._inflight = self._inflight, None
             handle.raise_error()
 
+    def close(self) -> None:
+        """Wait for the in-flight save (raising its failure) and let go of the checkpoint
+        process group. Call it (or wait()) before destroying the process group."""
+        self.wait()
+        self._group = None
+
+    def _checkpoint_group(self) -> Any:
+        """The gloo group of the background threads of async sharded saves, made on the
+        first one (new_group is collective; so is save()). Its own group, so that the
+        background collectives never interleave with the training's on the default group,
+        and gloo, so that they run on the CPU whatever the training's backend."""
+        if self._group is None:
+            import torch.distributed as dist
+
+            self._group = dist.new_group(backend="gloo")
+        return self._group
+
+    def _warn_fast_dir_unused(self, step: int, rank: int) -> None:
+        # A node-local tier for a multi-rank save needs one manifest per node: not done yet.
+        if self.fast is not None and rank == 0:
+            log.warning("fast_dir is not used for sharded saves: saving step %d to %s only", step, self.durable.root)
+
+    def _save_sharded_async(self, step: int, state: Any, *, rank: int) -> SaveHandle:
+        from .sharded import persist_sharded, prepare_share
+
+        self._warn_fast_dir_unused(step, rank)
+        group = self._checkpoint_group()
+        share = prepare_share(state, self._buffer, self._tensor_buffer)  # the blocking part: host copies
+        handle = SaveHandle(step)
+
+        def persist() -> None:
+            handle.skipped = persist_sharded(
+                self.durable, step, share, active_staging=self._active_staging, group=group
+            )
+
+        def housekeeping() -> None:
+            if rank == 0 and handle.done() and not handle.skipped and handle._error is None:
+                self._housekeeping([self.durable])
+
+        self._inflight = handle
+        self._thread = run_in_background(handle, persist, housekeeping)
+        return handle
+
     def _save_sharded(self, step: int, state: Any, *, rank: int) -> SaveHandle:
         from .sharded import save_sharded
 
-        if self.fast is not None and rank == 0:
-            log.warning("fast_dir is not used for sharded saves: saving step %d to %s only", step, self.durable.root)
+        self._warn_fast_dir_unused(step, rank)
         handle = save_sharded(self.durable, step, state, buffer=self._buffer, active_staging=self._active_staging)
         if rank == 0 and not handle.skipped:
             self._housekeeping([self.durable])

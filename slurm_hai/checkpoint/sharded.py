@@ -9,6 +9,17 @@ With world size > 1 every rank calls save()/load()/latest_step() (they are colle
 3. after an all-gather (the barrier), rank 0 checksums any file nobody claimed, writes
    ``manifest.json`` and commits as usual; every rank learns the outcome.
 
+The same protocol runs in two places. ``save(blocking=True)``: in the caller, over the
+default process group, on the live tensors. ``save(blocking=False)``: the caller only copies
+its tensors (and PerRank values) into reusable host buffers and returns; steps 1-3 run in
+a background thread on every rank, over a separate gloo group made for checkpoints (so
+they never interleave with the training's collectives on the default group), on the host
+copies. The all-gather of step 3 is the agreement: rank 0 commits only when every rank
+reported its files written, fsynced and checksummed, and every rank's thread ends with the
+outcome rank 0 broadcasts, so a failure anywhere is raised by the next call on every rank.
+A rank that dies breaks the gloo connections: the others' collectives fail (or time out)
+and nothing is committed.
+
 Only tensors go through DCP; the structure and plain values live in our JSON, so DCP
 never unpickles a value. DCP's ``.metadata`` is a pickle and its tensor payloads are read
 with ``torch.load(weights_only=True)``: we only let DCP read a checkpoint after every one
@@ -22,6 +33,7 @@ import logging
 import os
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -32,11 +44,11 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from .commit import CheckpointStore
 from .errors import CheckpointError, CorruptCheckpointError, Problem
-from .fileio import read_verified_file, write_hashed_file
+from .fileio import describe_os_error, read_verified_file, write_hashed_file
 from .layout import ActiveStaging, checkpoint_versions, rank_file_name, read_rank_file, read_single_checkpoint
 from .manifest import LAYOUT_DCP, FileEntry, Manifest, check_file, hash_file, list_step_dirs, read_manifest
 from .serialize import flatten_state, unflatten_state
-from .staging import HostBuffer, SaveHandle, stage_files
+from .staging import HostBuffer, SaveHandle, StagedFile, stage_files, stage_tensors
 
 log = logging.getLogger(__name__)
 
@@ -45,7 +57,7 @@ TREE_FILE = "tree.json"
 T = TypeVar("T")
 
 
-def _rank0_then_broadcast(compute: Callable[[], T]) -> T:
+def _rank0_then_broadcast(compute: Callable[[], T], group: Any = None) -> T:
     """Run compute on rank 0 only and give every rank its result (or its error), so that a
     failure on rank 0 raises everywhere instead of leaving the others in a collective."""
     payload: list[Any] = [None]
@@ -54,7 +66,7 @@ def _rank0_then_broadcast(compute: Callable[[], T]) -> T:
             payload[0] = ("ok", compute())
         except Exception as exc:  # noqa: BLE001 - re-raised on every rank below
             payload[0] = ("error", str(exc))
-    dist.broadcast_object_list(payload, src=0)
+    dist.broadcast_object_list(payload, src=0, group=group)
     status, value = payload[0]
     if status == "error":
         raise CheckpointError(value if dist.get_rank() == 0 else f"rank 0: {value}")
@@ -66,9 +78,9 @@ def broadcast_from_rank0(compute: Callable[[], T] | None) -> T:
     return _rank0_then_broadcast(compute or (lambda: None))  # type: ignore[arg-type,return-value]
 
 
-def _all_gather(value: T) -> list[T]:
-    gathered: list[Any] = [None] * dist.get_world_size()
-    dist.all_gather_object(gathered, value)
+def _all_gather(value: T, group: Any = None) -> list[T]:
+    gathered: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(gathered, value, group=group)
     return gathered
 
 
@@ -89,13 +101,61 @@ def _hash_files(staging: Path, paths: list[Path]) -> dict[str, FileEntry]:
     return entries
 
 
+@dataclass
+class RankShare:
+    """What one rank contributes to a sharded save: its tensors for DCP (live ones for a
+    blocking save, host copies for an async one), the JSON tree (rank 0 writes it), its
+    PerRank file image, or why it could not prepare them."""
+
+    tensors: dict[str, torch.Tensor] = field(default_factory=dict)
+    tree: Any = None
+    rank_file: StagedFile | None = None
+    error: str | None = None
+
+
+def prepare_share(state: Any, buffer: HostBuffer, tensor_buffer: HostBuffer | None) -> RankShare:
+    """Flatten this rank's state; with tensor_buffer (async) copy its tensors there too.
+    Never raises a CheckpointError: the error travels in the share, so that every rank
+    learns it in the agreement instead of the others waiting in a collective."""
+    rank = dist.get_rank()
+    try:
+        global_part, rank_part = flatten_state(state)
+        tensors = global_part.tensors
+        if tensor_buffer is not None:
+            tensors = stage_tensors(tensors, tensor_buffer)
+        rank_file = None
+        if rank_part is not None:
+            (rank_file,) = stage_files([(rank_file_name(rank), rank_part)], buffer)
+        return RankShare(tensors, global_part.tree, rank_file)
+    except CheckpointError as exc:
+        return RankShare(error=f"rank {rank}: {exc}")
+
+
 def save_sharded(
     store: CheckpointStore, step: int, state: Any, *, buffer: HostBuffer, active_staging: ActiveStaging
 ) -> SaveHandle:
-    """Collective save into store; returns once committed on every rank (or raises on
-    every rank). PerRank values are copied through buffer; rank 0 keeps its staging dir in
-    active_staging while it is in use."""
-    rank, world_size = dist.get_rank(), dist.get_world_size()
+    """Collective blocking save into store; returns once committed on every rank (or raises
+    on every rank). PerRank values are copied through buffer."""
+    handle = SaveHandle(step)
+    handle.skipped = persist_sharded(store, step, prepare_share(state, buffer, None), active_staging=active_staging)
+    handle.finish()
+    return handle
+
+
+def persist_sharded(
+    store: CheckpointStore, step: int, share: RankShare, *, active_staging: ActiveStaging, group: Any = None
+) -> bool:
+    """The collective part of a sharded save, over `group` (None: the default group).
+    Returns True when the step was already committed (skipped); raises the same
+    CheckpointError on every rank when any rank failed, and then nothing is committed.
+    Rank 0 keeps its staging dir in active_staging while it is in use."""
+    rank, world_size = dist.get_rank(), dist.get_world_size(group)
+
+    # Agree on the preparation first: a rank that failed there and skipped dcp.save
+    # would leave the others waiting in DCP's collectives.
+    prepare_errors = [error for error in _all_gather(share.error, group) if error]
+    if prepare_errors:
+        raise CheckpointError(f"sharded save of step {step} failed: {'; '.join(prepare_errors)}")
 
     def open_staging() -> str | None:
         existing = store.step_path(step)
@@ -109,43 +169,45 @@ def save_sharded(
         active_staging.add(staging)
         return str(staging)
 
-    # Flatten first and agree on the outcome: a rank that failed here and skipped dcp.save
-    # would leave the others waiting in DCP's collectives.
-    try:
-        global_part, rank_part = flatten_state(state)
-        flatten_error = None
-    except CheckpointError as exc:
-        flatten_error = f"rank {rank}: {exc}"
-    flatten_errors = [error for error in _all_gather(flatten_error) if error]
-    if flatten_errors:
-        raise CheckpointError("; ".join(flatten_errors))
-
-    handle = SaveHandle(step)
-    staging_name = _rank0_then_broadcast(open_staging)
+    staging_name = _rank0_then_broadcast(open_staging, group)
     if staging_name is None:
-        log.warning("step %d is already committed; not saving it again", step)
-        handle.skipped = True
-        handle.finish()
-        return handle
+        if rank == 0:
+            log.warning("step %d is already committed; not saving it again", step)
+        return True
     staging = Path(staging_name)
+    try:
+        return _write_and_commit(store, step, share, staging, active_staging=active_staging, group=group)
+    except BaseException:
+        # A collective broke (a rank died, the group timed out): the save is over.
+        if rank == 0:
+            active_staging.release(store, staging)
+        raise
 
+
+def _write_and_commit(
+    store: CheckpointStore, step: int, share: RankShare, staging: Path, *, active_staging: ActiveStaging, group: Any
+) -> bool:
+    rank, world_size = dist.get_rank(), dist.get_world_size(group)
     entries: dict[str, FileEntry] = {}
     local_error: str | None = None
     try:
-        dcp.save(
-            global_part.tensors,
+        write_dcp(
+            share.tensors,
             storage_writer=dcp.FileSystemWriter(str(staging / DCP_DIR), single_file_per_rank=True, sync_files=True),
+            process_group=group,
         )
-        if rank_part is not None:
-            (rank_staged,) = stage_files([(rank_file_name(rank), rank_part)], buffer)
-            entries[rank_staged.name] = write_hashed_file(staging / rank_staged.name, rank_staged.image)
+        if share.rank_file is not None:
+            entries[share.rank_file.name] = write_hashed_file(staging / share.rank_file.name, share.rank_file.image)
         if rank == 0:
-            tree = json.dumps(global_part.tree, separators=(",", ":")).encode()
+            tree = json.dumps(share.tree, separators=(",", ":")).encode()
             entries[TREE_FILE] = write_hashed_file(staging / TREE_FILE, tree)
         entries.update(_hash_files(staging, _owned_dcp_files(staging / DCP_DIR, rank)))
+    except OSError as exc:
+        local_error = f"rank {rank}: {describe_os_error(exc, f'writing step {step} to {store.root}')}"
     except BaseException as exc:  # noqa: BLE001 - DCP's CheckpointException is a BaseException
         local_error = f"rank {rank}: {exc!r}"
-    reports = _all_gather((entries, local_error))
+    # The agreement: rank 0 commits only if every rank's files are written and checksummed.
+    reports = _all_gather((entries, local_error), group)
 
     def commit() -> None:
         try:
@@ -169,9 +231,13 @@ def save_sharded(
         finally:
             active_staging.release(store, staging)
 
-    _rank0_then_broadcast(commit)
-    handle.finish()
-    return handle
+    _rank0_then_broadcast(commit, group)
+    return False
+
+
+def write_dcp(tensors: dict[str, torch.Tensor], *, storage_writer: Any, process_group: Any) -> None:
+    """dcp.save of the tensors (a seam for tests that hold or fail the write)."""
+    dcp.save(tensors, storage_writer=storage_writer, process_group=process_group)
 
 
 def _verify_distributed(path: Path) -> list[Problem]:

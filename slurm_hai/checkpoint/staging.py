@@ -84,6 +84,46 @@ def stage_files(files: list[tuple[str, FlatState]], buffer: HostBuffer) -> list[
     return [StagedFile(name, host_bytes[start : start + size]) for name, _, _, _, start, size in layouts]
 
 
+TENSOR_ALIGN = 64  # each staged tensor starts at a cache-line boundary (any dtype's alignment)
+
+
+def stage_tensors(tensors: dict[str, torch.Tensor], buffer: HostBuffer) -> dict[str, torch.Tensor]:
+    """Copies of tensors in the host buffer, same names, shapes and dtypes (contiguous), for
+    an async sharded save: returns when the copies are done, so the caller may modify its
+    tensors right away. A DTensor's local shard is copied and wrapped again with its mesh
+    and placements, so DCP still records which part of the global tensor it holds."""
+    from torch.distributed.tensor import DTensor
+
+    plan = []
+    total = 0
+    for name, tensor in tensors.items():
+        local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
+        start = -(-total // TENSOR_ALIGN) * TENSOR_ALIGN
+        nbytes = local.numel() * local.element_size()
+        plan.append((name, tensor, local.detach(), start, nbytes))
+        total = start + nbytes
+    host = buffer.reserve(total)
+    staged: dict[str, torch.Tensor] = {}
+    from_cuda = False
+    with torch.no_grad():
+        for name, tensor, local, start, nbytes in plan:
+            if nbytes == 0:
+                target = torch.empty(local.shape, dtype=local.dtype)
+            else:
+                target = host[start : start + nbytes].view(local.dtype).view(local.shape)
+                from_cuda |= local.is_cuda
+                target.copy_(local, non_blocking=local.is_cuda)
+            if isinstance(tensor, DTensor):
+                target = DTensor.from_local(
+                    target, tensor.device_mesh, tensor.placements, run_check=False,
+                    shape=tensor.shape, stride=tensor.stride(),
+                )
+            staged[name] = target
+    if from_cuda:
+        torch.cuda.synchronize()  # the copies must land before the caller touches its tensors
+    return staged
+
+
 class SaveHandle:
     """An in-flight save. wait() returns once committed, or raises its CheckpointError."""
 
