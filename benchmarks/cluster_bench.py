@@ -358,11 +358,19 @@ def submit_coop(nodes: int, level: str) -> tuple[int, Path]:
     return int(info["job_id"]), job_dir
 
 
-def idle_start() -> float:
+def idle_start() -> tuple[float, dict[str, float]]:
+    LOGS.mark()
     t0, high, hdir = submit_high()
     t = wait_for("the HIGH job's script", lambda: event_time(hdir, "start", run=0), 120, 0.02)
+    lines = LOGS.lines()
+    marks = {
+        "submitted": LOGS.first(lines, "_slurm_rpc_submit_batch_job:", f"JobId={high} "),
+        "HIGH allocated": LOGS.first(lines, f"JobId={high} ", "Allocate") or LOGS.first(lines, f"JobId={high} ",
+                                                                                            "Started"),
+        "HIGH script running": t,
+    }
     drain([high])
-    return t - t0
+    return t - t0, {k: (v - t0 if v else float("nan")) for k, v in marks.items()}
 
 
 # requeued: slurmd's first "CANCELLED ... DUE TO JOB REQUEUE" line (Slurm acts on the
@@ -370,6 +378,7 @@ def idle_start() -> float:
 # epilog is complete, the nodes are free in slurmctld's books).
 PHASES = ("submitted", "notice", "checkpoint committed (go_suspend)", "requeued", "nodes released",
           "HIGH allocated", "HIGH script running")
+IDLE_PHASES = ("submitted", "HIGH allocated", "HIGH script running")
 RESTART_PHASES = ("requeued", "nodes released", "start-now (daemon)", "allocated", "script running")
 
 
@@ -473,7 +482,8 @@ def latency_main(args) -> None:
         if lever.get("sched", "").startswith("+"):
             lever["sched"] = f"{base_sched},{lever['sched'][1:]}"
         variants.append((args.lever, lever))
-    res = {name: {"idle": [], "pre": [], "restart": [], "phases": [], "rphases": []} for name, _ in variants}
+    res = {name: {"idle": [], "pre": [], "restart": [], "iphases": [], "phases": [], "rphases": []}
+           for name, _ in variants}
     t_start = time.time()
     print(f"Slurm {run(['sinfo', '-V']).stdout.strip()}; SchedulerParameters={base_sched}", flush=True)
     try:
@@ -482,7 +492,9 @@ def latency_main(args) -> None:
                 daemon = apply_variant(variant, base_sched)
                 try:
                     r = res[name]
-                    r["idle"].append(idle_start())
+                    total, phases = idle_start()
+                    r["idle"].append(total)
+                    r["iphases"].append(phases)
                     total, phases = preemption()
                     r["pre"].append(total)
                     r["phases"].append(phases)
@@ -512,7 +524,8 @@ def latency_main(args) -> None:
     print("| variant | idle start | preemption | preemption / idle | restart | restart / idle |\n|---|---|---|---|---|---|")
     for name, idle, pre, pr, rs, rr in rows:
         print(f"| {name} | {idle:.2f} s | {pre:.2f} s | {pr:.2f}x | {rs:.2f} s | {rr:.2f}x |")
-    for title, key, phases in (("preemption: HIGH command at 0", "phases", PHASES),
+    for title, key, phases in (("idle start: HIGH command at 0", "iphases", IDLE_PHASES),
+                               ("preemption: HIGH command at 0", "phases", PHASES),
                                ("restart: go_suspend (requeue request) at 0", "rphases", RESTART_PHASES)):
         print(f"\n{title}; median time of each mark (and the phase since the previous mark)\n"
               f"| mark | {' | '.join(names)} |\n|---|{'---|' * len(names)}")
@@ -527,6 +540,81 @@ def latency_main(args) -> None:
     print("raw: " + json.dumps({n: {k: [round(x, 3) for x in v] for k, v in r.items() if k in ("idle", "pre", "restart")}
                                 for n, r in res.items()}))
     print(f"Slurm's log lines of each job: {WORK}/preempt-lines.log, {WORK}/restart-lines.log")
+
+
+# ------------------------------------------------------------------ what a setting costs slurmctld
+#
+# --sched-cost N: with N held jobs in slurmctld (policy_bench.fill_queue), a churn of
+# --churn short 1-node jobs submitted one after another, run with the baseline's and the
+# lever's SchedulerParameters in turn (sdiag reset before each): the main scheduler's
+# cycles and time (sdiag), the backfill cycles, and the churn's wall time.
+
+
+def sdiag() -> dict[str, float]:
+    out, section, stats = run(["sdiag"]).stdout, "", {}
+    for line in out.splitlines():
+        if line.strip().startswith("Main schedule statistics"):
+            section = "main"
+        elif line.strip().startswith("Backfilling stats"):
+            section = "bf"
+        elif section and ":" in line:
+            key, _, value = line.partition(":")
+            try:
+                stats[f"{section} {key.strip()}"] = float(value.split()[0])
+            except (ValueError, IndexError):
+                pass
+    return stats
+
+
+def churn(count: int) -> float:
+    t0 = time.time()
+    jobs = [int(run(["sbatch", "--parsable", "-N1", "--qos=normal", "--output=/dev/null", "--job-name=bench-churn",
+                     "--wrap", "true"]).stdout.strip().split(";")[0]) for _ in range(count)]
+    wait_for("the churn to end", lambda: not set(run(["squeue", "-h", "--name=bench-churn", "-o", "%i"]).stdout.split())
+             & {str(j) for j in jobs}, 600, 0.2)
+    return time.time() - t0
+
+
+def sched_cost_main(args) -> None:
+    sys.path.insert(0, str(Path(__file__).parent))
+    from policy_bench import BENCH_NAME, fill_queue  # noqa: E402
+
+    from slurm_hai.policy.model import load_policy
+
+    base_sched = current_sched()
+    lever = parse_lever(args.lever or "sched=" + ",".join(p for p in base_sched.split(",") if "defer" not in p))
+    if lever.get("sched", "").startswith("+"):
+        lever["sched"] = f"{base_sched},{lever['sched'][1:]}"
+    variants = [("baseline", base_sched), (args.lever or "without defer", lever["sched"])]
+    t_fill = time.time()
+    fill_queue(args.sched_cost, load_policy(STATE / "etc" / "policy.toml"), "hai")
+    print(f"{args.sched_cost} held jobs in {time.time() - t_fill:.0f} s", flush=True)
+    res = {name: [] for name, _ in variants}
+    try:
+        for i in range(args.repeats):
+            for name, sched in (variants if i % 2 == 0 else variants[::-1]):
+                if sched != current_sched():
+                    set_sched(sched)
+                run(["sdiag", "-r"])
+                wall = churn(args.churn)
+                time.sleep(1)
+                st = sdiag()
+                res[name].append((wall, st.get("main Total cycles", 0), st.get("main Mean cycle", 0),
+                                  st.get("bf Total backfilled jobs (since last slurm start)", 0), st.get("bf Total cycles", 0)))
+                print(f"repeat {i + 1} {name}: churn {wall:.1f} s, main cycles {res[name][-1][1]:.0f}, "
+                      f"mean cycle {res[name][-1][2]:.0f} us, backfill cycles {res[name][-1][4]:.0f}", flush=True)
+    finally:
+        if current_sched() != base_sched:
+            set_sched(base_sched)
+        run(["scancel", f"--name={BENCH_NAME}"], check=False)
+    print(f"\n{args.sched_cost} held jobs, a churn of {args.churn} 1-node jobs; medians of {args.repeats}")
+    print("| SchedulerParameters | churn wall time | main scheduler cycles | mean cycle | main scheduler busy "
+          "| backfill cycles |\n|---|---|---|---|---|---|")
+    for name, sched in variants:
+        rows = res[name]
+        wall, cyc, mean, bf = (statistics.median(r[k] for r in rows) for k in (0, 1, 2, 4))
+        busy = statistics.median(r[1] * r[2] / 1e6 for r in rows)
+        print(f"| `{sched}` | {wall:.1f} s | {cyc:.0f} | {mean / 1e3:.1f} ms | {busy:.2f} s | {bf:.0f} |")
 
 
 # ------------------------------------------------------------------ main
@@ -547,12 +635,18 @@ def main() -> None:
     ap.add_argument("--lever", help="with --latency: also run every repeat with this lever, alternating with "
                                     "the baseline: sched=PARAMS (sched=+KEY=V adds to the current), daemon-interval=S, "
                                     "daemon-wake (baseline: the daemon without its start-now wake)")
+    ap.add_argument("--sched-cost", type=int, metavar="N",
+                    help="what a SchedulerParameters lever costs slurmctld with N held jobs (sdiag), against the "
+                         "baseline; --lever sched=... (default: the baseline without defer)")
+    ap.add_argument("--churn", type=int, default=30, help="with --sched-cost: short jobs per measurement")
     args = ap.parse_args()
     WORK.mkdir(mode=0o755, parents=True)
     if run(["squeue", "-h", "-o", "%i"]).stdout.split():
         raise SystemExit("the cluster is busy: the benchmark needs it idle (squeue shows jobs)")
     if args.latency:
         return latency_main(args)
+    if args.sched_cost:
+        return sched_cost_main(args)
     r: dict[str, list[float]] = {k: [] for k in (
         "pre_ours", "pre_stock", "pre_stock_dies", "rq_ours", "rq_stock", "restart_ours", "restart_stock",
         "big_ours", "big_stock", "big_high_ours", "big_high_stock")}
