@@ -7,10 +7,13 @@
 --    (the QOS's DenyOnLimit would refuse it too, with a vague one);
 --  * AUTO (--hai-priority=AUTO or --qos=auto): the highest level whose quota can ever hold
 --    the job; the policy daemon moves it down while that level's quota is in use;
+--  * refuses a job that asks for fewer GPUs per node than its node group's min_gpus (HAI:
+--    every job takes at least 8 GPUs, a whole node);
 --  * stamps the submit-time level into admin_comment ("hai-level=NAME"), which users cannot
 --    change, so the policy daemon can give a requeued job back its level.
 
 local NO_VAL = 4294967294
+local NO_VAL16 = 65534
 local default_level = "NORMAL"
 local allow_auto = true
 
@@ -56,6 +59,13 @@ local user_override = {
 }
 local account_override = {
 }
+-- the 8-GPU rule: GPUs per node a job must ask for, by node group (partition); a partition
+-- the policy does not name takes the top-level value, a job that names none the default group's
+local min_gpus = 0
+local group_min_gpus = {
+  ["normal"] = 0,
+}
+local default_group = "normal"
 
 local function spank_env(job_desc, name)
   local env = job_desc.spank_job_env
@@ -87,6 +97,57 @@ local function level_of_qos(qos)
   return qos_level[base]
 end
 
+-- GPUs in a TRES request: "gres:gpu:8" (22.05), "gres/gpu:8" (23.02 and later), with a type
+-- ("gres/gpu:a100:8") or none ("gres/gpu": one); other TRES of the list count nothing
+local function gpus_in(tres)
+  if tres == nil then return 0 end
+  local most = 0
+  for entry in string.gmatch(tres, "[^,]+") do
+    local spec = string.gsub(entry, "^gres[:/]", "")
+    local n = nil
+    if spec == "gpu" or string.match(spec, "^gpu:[^:]+$") and not string.match(spec, "^gpu:%d+$") then
+      n = 1  -- "gpu" or "gpu:TYPE"
+    else
+      n = tonumber(string.match(spec, "^gpu:[^:]+:(%d+)$") or string.match(spec, "^gpu:(%d+)$"))
+    end
+    if n ~= nil and n > most then most = n end
+  end
+  return most
+end
+
+-- GPUs per node a job asks for: --gres/--gpus-per-node (tres_per_node), else --gpus
+-- (tres_per_job) over its nodes, else --gpus-per-task times its tasks per node; 0 without any
+local function gpus_per_node(job_desc, nodes)
+  local n = gpus_in(job_desc.tres_per_node)
+  if n > 0 then return n end
+  n = gpus_in(job_desc.tres_per_job)
+  if n > 0 then return math.floor(n / nodes) end
+  n = gpus_in(job_desc.tres_per_task)
+  if n > 0 then
+    local per_node = job_desc.ntasks_per_node
+    if per_node == nil or per_node == 0 or per_node >= NO_VAL16 then
+      local tasks = job_desc.num_tasks
+      if tasks == nil or tasks == 0 or tasks >= NO_VAL then tasks = nodes end
+      per_node = math.floor(tasks / nodes)
+    end
+    return n * per_node
+  end
+  return 0
+end
+
+-- The 8-GPU rule: nil when the job asks for enough GPUs per node for its group (each group
+-- it names, for a list of partitions), else the group it falls short of and what that needs
+local function short_of_gpus(job_desc, gpus)
+  local names = job_desc.partition
+  if names == nil or names == "" then names = default_group end
+  for name in string.gmatch(names, "[^,]+") do
+    local need = group_min_gpus[name]
+    if need == nil then need = min_gpus end
+    if gpus < need then return name, need end
+  end
+  return nil
+end
+
 local function choices()
   local out = {}
   for _, name in ipairs(order) do table.insert(out, name) end
@@ -94,6 +155,15 @@ local function choices()
 end
 
 function slurm_job_submit(job_desc, part_list, submit_uid)
+  local nodes = job_desc.min_nodes
+  if nodes == nil or nodes == 0 or nodes >= NO_VAL then nodes = 1 end
+  local gpus = gpus_per_node(job_desc, nodes)
+  local short, need = short_of_gpus(job_desc, gpus)
+  if short ~= nil then
+    slurm.log_user("hai: node group %s takes jobs of at least %d GPUs per node (whole nodes); this job asks for %d per node: use --gpus-per-node=%d", short, need, gpus, need)
+    return slurm.ERROR
+  end
+
   local wanted = spank_env(job_desc, "HAI_PRIORITY")
   if wanted == nil and job_desc.qos ~= nil then
     if string.lower(job_desc.qos) == "auto" then
@@ -110,8 +180,6 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
   local user = job_desc.user_name
   local account = job_desc.account
   if account == nil then account = job_desc.default_account end
-  local nodes = job_desc.min_nodes
-  if nodes == nil or nodes == 0 or nodes >= NO_VAL then nodes = 1 end
 
   local level = wanted
   if wanted == "AUTO" then
