@@ -9,13 +9,18 @@ Rows (medians over --repeats):
     same file system (target >= 70%), and vs the same write with O_DIRECT;
   * load from the fast tier (tmpfs) vs the durable tier with a cold page cache;
   * torch.distributed.checkpoint save and async_save (single process) as the peer anchor;
-  * with CUDA: device-to-host staging vs a plain device-to-host copy into pinned memory.
+  * with CUDA: device-to-host staging vs a plain device-to-host copy into pinned memory;
+  * --ranks N (default 4) gloo processes on this host, each holding its 1/N shard of every
+    tensor (DTensors sharded on dim 0, as under FSDP): how long save(blocking=False) blocks vs one copy of the rank's
+    tensors into preallocated buffers (target <= 1.5x) and vs save(blocking=True); the
+    slowest rank's median (a synchronous training step waits for the slowest rank).
 """
 
 from __future__ import annotations
 
 import argparse
 import gc
+import json
 import os
 import platform
 import shutil
@@ -103,6 +108,63 @@ def plain_write_fsync(path: Path, data: memoryview, direct: bool = False) -> Non
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def _multi_rank_worker(rank: int, world_size: int, port: int, work: str, per_rank: int, repeats: int) -> None:
+    """One rank of the --ranks case: interleaved, barrier-aligned measurements."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+
+    torch.set_num_threads(1)
+    os.environ["GLOO_SOCKET_IFNAME"] = "lo"
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=world_size)
+    try:
+        mesh = init_device_mesh("cpu", (world_size,))
+        shards = make_state(per_rank, "cpu")  # this rank's shard of each tensor
+        state = {name: DTensor.from_local(shard, mesh, [Shard(0)], run_check=False) for name, shard in shards.items()}
+        staging = torch.empty(state_bytes(shards), dtype=torch.uint8)
+
+        def copy_once() -> None:
+            offset = 0
+            for tensor in shards.values():
+                n = tensor.numel() * tensor.element_size()
+                staging[offset : offset + n].view(tensor.dtype).view(tensor.shape).copy_(tensor)
+                offset += n
+
+        copy_once()  # first touch
+        mgr = CheckpointManager(Path(work) / "multi-rank", keep_last=1)
+        step = 1
+        mgr.save(step, state, blocking=False)  # makes the checkpoint group, allocates host buffers
+        mgr.wait()
+        copies, blocking, persist, sync = [], [], [], []
+        for _ in range(repeats):
+            dist.barrier()
+            start = time.perf_counter()
+            copy_once()
+            copies.append(time.perf_counter() - start)
+            dist.barrier()
+            step += 1
+            start = time.perf_counter()
+            handle = mgr.save(step, state, blocking=False)
+            returned = time.perf_counter()
+            handle.wait()
+            blocking.append(returned - start)
+            persist.append(time.perf_counter() - returned)
+            mgr.wait()
+            dist.barrier()
+            step += 1
+            start = time.perf_counter()
+            mgr.save(step, state)
+            sync.append(time.perf_counter() - start)
+        mgr.close()
+        medians = [statistics.median(x) for x in (copies, blocking, persist, sync)]
+        gathered: list = [None] * world_size
+        dist.all_gather_object(gathered, medians)
+        if rank == 0:
+            (Path(work) / "multi-rank.json").write_text(json.dumps(gathered))
+    finally:
+        dist.destroy_process_group()
 
 
 def gbps(nbytes: int, seconds: float) -> str:
@@ -256,6 +318,29 @@ class Bench:
                 gbps(nbytes, ours_persist), gbps(nbytes, async_persist), f"{async_persist / ours_persist:.0%}", "-"),
         ]
 
+    def multi_rank_rows(self, nbytes: int, ranks: int) -> None:
+        import socket
+
+        import torch.multiprocessing as mp
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        per_rank = nbytes // ranks
+        mp.start_processes(_multi_rank_worker, args=(ranks, port, str(self.work), per_rank, self.repeats),
+                           nprocs=ranks, start_method="fork")
+        per_rank_medians = json.loads((self.work / "multi-rank.json").read_text())
+        copy_s, block_s, persist_s, sync_s = (max(column) for column in zip(*per_rank_medians))
+        label = f"{ranks} ranks x {per_rank / 2**20:.0f} MiB shards"
+        self.rows += [
+            Row(f"{label}: save(blocking=False) blocking vs copy of the rank's tensors into preallocated buffers",
+                ms(block_s), ms(copy_s), f"{block_s / copy_s:.2f}x", "<= 1.5x"),
+            Row(f"{label}: save(blocking=False) blocking vs save(blocking=True) (sharded DCP + commit)",
+                ms(block_s), ms(sync_s), f"{sync_s / block_s:.1f}x less", "-"),
+            Row(f"{label}: background persist (DCP write + xxh3 + agreement + commit), all ranks' bytes",
+                gbps(per_rank * ranks, persist_s), "-", "-", "-"),
+        ]
+
     def print_table(self, nbytes: int) -> None:
         print(f"\nslurm_hai.checkpoint benchmark, {time.strftime('%Y-%m-%d')}, {platform.node()}, "
               f"{os.cpu_count()} CPUs, torch {torch.__version__}, {nbytes / 2**30:.2f} GiB state, "
@@ -273,15 +358,23 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5, help="repeats per measurement (median; default 5)")
     parser.add_argument("--dir", default=None, help="durable file system to test (default: the temp dir)")
     parser.add_argument("--fast-dir", default=None, help="fast tier parent (default /dev/shm)")
+    parser.add_argument("--ranks-only", action="store_true", help="only the multi-rank case")
+    parser.add_argument("--ranks", type=int, default=4,
+                        help="gloo processes for the multi-rank async save case (0: skip; default 4)")
     args = parser.parse_args()
     bench = Bench(args)
     try:
-        state = make_state(int(args.gib * 2**30), "cpu")
-        bench.save_rows(state, "cpu")
-        nbytes = state_bytes(state)
-        del state
-        if torch.cuda.is_available():
+        nbytes = int(args.gib * 2**30)
+        if not args.ranks_only:
+            state = make_state(int(args.gib * 2**30), "cpu")
+            bench.save_rows(state, "cpu")
+            nbytes = state_bytes(state)
+            del state
+        if torch.cuda.is_available() and not args.ranks_only:
             bench.save_rows(make_state(nbytes, "cuda"), "cuda")
+        gc.collect()
+        if args.ranks > 1:
+            bench.multi_rank_rows(nbytes, args.ranks)
         bench.print_table(nbytes)
     finally:
         bench.cleanup()
