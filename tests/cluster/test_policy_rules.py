@@ -324,9 +324,11 @@ def test_job_ignoring_its_suspend_notice_is_forced_off_after_grace(rules):
     c.wait_job(stubborn, lambda j: j.get("PreemptTime", "None") != "None", 20, "the preemption")
     c.wait_job(stubborn, lambda j: j["JobState"] != "RUNNING", 30, "the job to be forced off")
     forced_after = time.monotonic() - submitted
-    # the daemon requeued it right after the grace time (Slurm alone would wait up to 30 s more)
+    # requeued right after the grace time: by the daemon, or by Slurm when one of its
+    # scheduling passes comes first (its own periodic grace check alone comes up to 30 s late)
     assert forced_after < GRACE + 8, forced_after
-    assert daemon_lines(log(), stubborn, "force-requeue"), log()
+    by_slurm = f"preempted JobId={stubborn} has been requeued" in (c.log_dir / "slurmctld.log").read_text()
+    assert by_slurm or daemon_lines(log(), stubborn, "force-requeue"), log()
     c.wait_job(high, lambda j: j["JobState"] in ("RUNNING", "COMPLETED"), 40, "the HIGH job to run")
     info = c.wait_job(stubborn, lambda j: j["Restarts"] == "1", 20, "the requeue")
     assert info["JobState"] != "CANCELLED"
