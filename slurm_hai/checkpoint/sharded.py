@@ -115,8 +115,9 @@ class RankShare:
 
 def prepare_share(state: Any, buffer: HostBuffer, tensor_buffer: HostBuffer | None) -> RankShare:
     """Flatten this rank's state; with tensor_buffer (async) copy its tensors there too.
-    Never raises a CheckpointError: the error travels in the share, so that every rank
-    learns it in the agreement instead of the others waiting in a collective."""
+    Never raises: the error travels in the share, so that every rank learns it in the
+    agreement instead of the others waiting in a collective (or, worse, pairing this
+    rank's next save with their current one)."""
     rank = dist.get_rank()
     try:
         global_part, rank_part = flatten_state(state)
@@ -129,6 +130,8 @@ def prepare_share(state: Any, buffer: HostBuffer, tensor_buffer: HostBuffer | No
         return RankShare(tensors, global_part.tree, rank_file)
     except CheckpointError as exc:
         return RankShare(error=f"rank {rank}: {exc}")
+    except Exception as exc:  # noqa: BLE001 - e.g. a state_dict() that raises; reported on every rank
+        return RankShare(error=f"rank {rank}: {exc!r}")
 
 
 def save_sharded(
@@ -153,7 +156,13 @@ def persist_sharded(
 
     # Agree on the preparation first: a rank that failed there and skipped dcp.save
     # would leave the others waiting in DCP's collectives.
-    prepare_errors = [error for error in _all_gather(share.error, group) if error]
+    # The step travels too: ranks saving different steps is a bug in the caller that would
+    # otherwise mix two saves' files.
+    prepared = _all_gather((step, share.error), group)
+    prepare_errors = [error for _, error in prepared if error]
+    if len({rank_step for rank_step, _ in prepared}) > 1:
+        steps = ", ".join(f"rank {r}: {rank_step}" for r, (rank_step, _) in enumerate(prepared))
+        prepare_errors.append(f"the ranks save different steps ({steps}); every rank must save the same step")
     if prepare_errors:
         raise CheckpointError(f"sharded save of step {step} failed: {'; '.join(prepare_errors)}")
 

@@ -320,3 +320,26 @@ def test_async_sharded_save_of_dtensor_shards_loads_as_the_global_tensor(tmp_pat
     spawn(_dtensor_rank, 2, root)
     loaded = CheckpointManager(root).load()
     assert torch.equal(loaded["w"], torch.arange(16, dtype=torch.float32).reshape(8, 2))
+
+
+def _unsavable_on_one_rank(rank: int, world_size: int, port: int, root: str) -> None:
+    init_gloo(rank, world_size, port)
+    try:
+        mgr = CheckpointManager(root)
+        state = {"w": torch.ones(10), "extra": {1, 2} if rank == 1 else None}  # a set cannot be saved
+        handle = mgr.save(1, state, blocking=False)
+        assert not handle.skipped
+        with pytest.raises(CheckpointError, match=r"rank 1: .*extra"):
+            mgr.wait()
+        state["extra"] = None
+        mgr.save(1, state, blocking=False)  # the ranks are still in step with each other
+        mgr.close()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_value_one_rank_cannot_save_fails_the_async_save_on_every_rank(tmp_path):
+    root = tmp_path / "ckpt"
+    spawn(_unsavable_on_one_rank, 2, root)
+    assert sorted(p.name for p in root.glob("step-*")) == [step_dir_name(1)]
+    assert not list(root.glob(".staging-*"))
