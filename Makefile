@@ -1,7 +1,7 @@
 # slurm-hai: the README's two commands.
 #   make demo   set up everything (packages, venv, local Slurm cluster) and run the demo
 #   make test   set up everything and run the whole test suite, cluster tests included
-#   SLURM_SOURCES=DIR make test   also the whole cluster suite on every slurm-*.tar.gz in DIR
+#   SLURM_SOURCES=DIR make test   also the slurm_boundary cluster tests on every slurm-*.tar.gz in DIR
 #               (each built once and cached; tests/each_slurm.py)
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c

@@ -139,10 +139,27 @@ def live(cluster: LiveCluster, request: pytest.FixtureRequest) -> LiveCluster:
     cluster.cancel_all()
 
 
+# Cluster tests of our own behaviour over whatever Slurm runs underneath: the wording and the
+# files of the front door, and checkpoint crash safety. They run on Debian's 22.05 only; every
+# other cluster test depends on how a Slurm version behaves (preemption, requeue, signals,
+# records, config spellings, the SPANK and Lua plugins) and is marked `slurm_boundary`:
+# tests/each_slurm.py runs those on every other version (README, "Tests").
+ONE_VERSION = {
+    "test_frontdoor.py::test_arguments_after_the_script_reach_it_unchanged",
+    "test_frontdoor.py::test_submit_refuses_what_could_only_fail_later_as_the_jobs_user",
+    "test_frontdoor.py::test_every_command_shown_in_the_readme_the_guide_and_the_help_works",
+    "test_frontdoor.py::test_ctrl_c_in_logs_follow_says_the_job_goes_on",
+    "test_acceptance.py::test_kill_9_in_the_middle_of_a_save_resumes_from_the_last_committed_checkpoint",
+    "test_acceptance.py::test_slurm_docker_rendered_policy_is_up_to_date",
+}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "tests/cluster/" in str(item.fspath).replace(os.sep, "/"):
             item.add_marker(pytest.mark.cluster)
+            if f"{Path(str(item.fspath)).name}::{item.name}" not in ONE_VERSION:
+                item.add_marker(pytest.mark.slurm_boundary)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:

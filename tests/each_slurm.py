@@ -7,8 +7,8 @@ For each `slurm-*.tar.gz` in DIR, oldest first:
    ports and job ids (job directories never meet those of another version's run), Slurm
    built once from the tarball (contrib/localcluster/slurm_build.py caches
    the build by checksum, so a second run builds nothing);
-2. the whole cluster suite (tests/cluster) against it; the unit tests do not depend on
-   the Slurm version and ran once already with Debian's Slurm;
+2. the cluster tests marked `slurm_boundary` against it (every cluster test but those of
+   tests/conftest.py's ONE_VERSION, which ran once with Debian's Slurm, as the unit tests did);
 3. where PyPI has a pyslurm for that release (25.11), a virtualenv with pyslurm built
    against it (cached as a wheel), and the pyslurm backend's own tests in it;
 4. that cluster is stopped again (`down`), so one version runs at a time.
@@ -88,7 +88,7 @@ def main(argv: list[str]) -> int:
         t0 = time.monotonic()
         rc = run([str(LOCALCLUSTER / "up")], env)
         if rc == 0:
-            rc = run([sys.executable, "-m", "pytest", "tests/cluster", *argv[2:]], env)
+            rc = run([sys.executable, "-m", "pytest", "tests/cluster", "-m", "slurm_boundary", *argv[2:]], env)
         series = ".".join(release.split(".")[:2])
         if rc == 0 and series in PYSLURM:
             py = pyslurm_python(PYSLURM[series], slurm_build.built_prefix(tarball))
