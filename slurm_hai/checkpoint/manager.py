@@ -207,7 +207,7 @@ class CheckpointManager:
             )
 
         def housekeeping() -> None:
-            if rank == 0 and handle.done() and not handle.skipped and handle._error is None:
+            if rank == 0 and not handle.skipped and handle._error is None:  # after finish()
                 self._housekeeping([self.durable])
 
         self._inflight = handle
