@@ -343,3 +343,21 @@ def test_a_value_one_rank_cannot_save_fails_the_async_save_on_every_rank(tmp_pat
     spawn(_unsavable_on_one_rank, 2, root)
     assert sorted(p.name for p in root.glob("step-*")) == [step_dir_name(1)]
     assert not list(root.glob(".staging-*"))
+
+
+def _different_steps_rank(rank: int, world_size: int, port: int, root: str) -> None:
+    init_gloo(rank, world_size, port)
+    try:
+        mgr = CheckpointManager(root)
+        mgr.save(1 + rank, {"w": torch.ones(10)}, blocking=False)  # a bug in the caller
+        with pytest.raises(CheckpointError, match=r"the ranks save different steps \(rank 0: 1, rank 1: 2\)"):
+            mgr.wait()
+        mgr.close()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ranks_saving_different_steps_fail_on_every_rank_instead_of_mixing_two_saves(tmp_path):
+    root = tmp_path / "ckpt"
+    spawn(_different_steps_rank, 2, root)
+    assert not list(root.glob("step-*")) and not list(root.glob(".staging-*"))
