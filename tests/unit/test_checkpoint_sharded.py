@@ -48,19 +48,24 @@ def expected_values(state: TrainingState) -> dict[str, torch.Tensor]:
     return values
 
 
+def train_two_steps(rank: int, world_size: int):
+    state = make_state(seed=0)  # replicas start equal, as under DDP
+    for _ in range(2):
+        loss = state.model(torch.randn(4, 6, generator=torch.Generator().manual_seed(rank))).square().mean()
+        state.optimizer.zero_grad()
+        loss.backward()
+        for param in state.model.parameters():  # what DDP does: average the gradients
+            dist.all_reduce(param.grad)
+            param.grad /= world_size
+        state.optimizer.step()
+    state.step = STEP
+    return state
+
+
 def _save_rank(rank: int, world_size: int, port: int, root: str) -> None:
     init_gloo(rank, world_size, port)
     try:
-        state = make_state(seed=0)  # replicas start equal, as under DDP
-        for _ in range(2):
-            loss = state.model(torch.randn(4, 6, generator=torch.Generator().manual_seed(rank))).square().mean()
-            state.optimizer.zero_grad()
-            loss.backward()
-            for param in state.model.parameters():  # what DDP does: average the gradients
-                dist.all_reduce(param.grad)
-                param.grad /= world_size
-            state.optimizer.step()
-        state.step = STEP
+        state = train_two_steps(rank, world_size)
         torch.manual_seed(100 + rank)  # per-rank RNG streams must come back per rank
         mgr = CheckpointManager(root)
         mgr.save(STEP, state)

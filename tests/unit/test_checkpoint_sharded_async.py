@@ -17,7 +17,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 from safetensors.torch import save_file
-from test_checkpoint_sharded import STEP, _load_rank, expected_values, free_port, init_gloo, make_state
+from test_checkpoint_sharded import (STEP, _load_rank, expected_values, free_port, init_gloo, make_state,
+                                     train_two_steps)
 
 from slurm_hai.checkpoint import CheckpointError, CheckpointManager, verify_checkpoint
 from slurm_hai.checkpoint import sharded as sharded_module
@@ -28,20 +29,6 @@ FORK = multiprocessing.get_context("fork")
 
 def spawn(fn, world_size: int, root: Path, *extra) -> None:
     mp.start_processes(fn, args=(world_size, free_port(), str(root), *extra), nprocs=world_size, start_method="fork")
-
-
-def train_two_steps(rank: int, world_size: int):
-    state = make_state(seed=0)  # replicas start equal, as under DDP
-    for _ in range(2):
-        loss = state.model(torch.randn(4, 6, generator=torch.Generator().manual_seed(rank))).square().mean()
-        state.optimizer.zero_grad()
-        loss.backward()
-        for param in state.model.parameters():  # what DDP does: average the gradients
-            dist.all_reduce(param.grad)
-            param.grad /= world_size
-        state.optimizer.step()
-    state.step = STEP
-    return state
 
 
 def _async_save_rank(rank: int, world_size: int, port: int, root: str) -> None:
