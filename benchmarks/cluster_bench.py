@@ -22,6 +22,16 @@ without it (the daemon would also hurry the stock jobs).
 
     .venv/bin/python benchmarks/cluster_bench.py [--repeats 3] [--gib 1] [--markdown]
 
+--latency (issue 19) measures instead, alternating baseline and --lever in one run: the idle
+start of a 2-node HIGH hai-submit job, the same job while a cooperative LOW job holds all 4
+nodes, and a restart (go_suspend -> the script running again), each cut into phases from the
+job events and Slurm's log lines; --sched-cost N what a SchedulerParameters lever costs
+slurmctld with N held jobs (sdiag). See docs/benchmarks.md.
+
+    .venv/bin/python benchmarks/cluster_bench.py --latency --repeats 7 --lever before-19
+    .venv/bin/python benchmarks/cluster_bench.py --latency --repeats 7 --lever conf=Epilog=/bin/true
+    .venv/bin/python benchmarks/cluster_bench.py --sched-cost 3000 --lever sched=+defer_batch
+
 Uses $HAI_CLUSTER_DIR (default /var/lib/slurm-hai/localcluster) or $SLURM_CONF; needs the
 cluster idle, as root.
 """
@@ -453,11 +463,29 @@ def current_sched() -> str:
     return next(line[len(SCHED_LINE):] for line in slurm_conf().read_text().splitlines() if line.startswith(SCHED_LINE))
 
 
+def set_conf(key: str, value: str | None) -> None:
+    """Set (or with None remove) one slurm.conf line KEY=VALUE and reconfigure."""
+    conf = slurm_conf()
+    lines = [line for line in conf.read_text().splitlines() if not line.startswith(f"{key}=")]
+    if value is not None:
+        lines.append(f"{key}={value}")
+    if "\n".join(lines) + "\n" == conf.read_text():
+        return
+    conf.write_text("\n".join(lines) + "\n")
+    run(["scontrol", "reconfigure"])
+    wait_for(f"slurmctld to take {key}", lambda: (value or "(null)") in next(
+        (x for x in run(["scontrol", "show", "config"]).stdout.splitlines() if x.startswith((key + " ", key + "["))),
+        "(null)"), 60, 0.3)
+    time.sleep(1)
+
+
 def apply_variant(variant: dict, base_sched: str) -> subprocess.Popen | None:
     """Set the variant's Slurm settings; start the policy daemon with its interval."""
     sched = variant.get("sched", base_sched)
     if sched != current_sched():
         set_sched(sched)
+    for key, value in variant.get("conf_keys", {}).items():
+        set_conf(key, variant.get("conf", {}).get(key))
     return start_daemon(variant.get("daemon_interval", 2.0), variant.get("daemon_args", []), variant.get("daemon_env"))
 
 
@@ -469,7 +497,12 @@ def parse_lever(text: str) -> dict:
         return {"daemon_interval": float(value)}
     if key == "daemon-wake":  # the baseline is the daemon that only polls (the code before issue 19)
         return {}
-    raise SystemExit(f"unknown lever {text!r} (sched=..., daemon-interval=S, daemon-wake)")
+    if key == "conf":  # conf=Epilog=/bin/true: one slurm.conf line, absent in the baseline
+        k, _, v = value.partition("=")
+        return {"conf": {k: v}, "conf_keys": {k: None}}
+    if key == "before-19":  # the settings and daemon before issue 19: defer_batch, no start-now wake
+        return {"sched": "+defer_batch", "daemon_env": {"HAI_POLICYD_NO_EARLY_WAKE": "1"}}
+    raise SystemExit(f"unknown lever {text!r} (sched=..., daemon-interval=S, daemon-wake, before-19)")
 
 
 def latency_main(args) -> None:
@@ -482,6 +515,8 @@ def latency_main(args) -> None:
         if lever.get("sched", "").startswith("+"):
             lever["sched"] = f"{base_sched},{lever['sched'][1:]}"
         variants.append((args.lever, lever))
+        if "conf_keys" in lever:  # the baseline removes the line again
+            variants[0][1]["conf_keys"] = lever["conf_keys"]
     res = {name: {"idle": [], "pre": [], "restart": [], "iphases": [], "phases": [], "rphases": []}
            for name, _ in variants}
     t_start = time.time()
@@ -508,6 +543,8 @@ def latency_main(args) -> None:
     finally:
         if current_sched() != base_sched:
             set_sched(base_sched)
+        for key in dict(variants[-1][1]).get("conf_keys", {}):
+            set_conf(key, None)
     print(f"\nlatency, medians of {args.repeats}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
           f"{platform.node()}, {os.cpu_count()} cores, took {time.time() - t_start:.0f} s")
 
@@ -634,7 +671,8 @@ def main() -> None:
                          "with phases")
     ap.add_argument("--lever", help="with --latency: also run every repeat with this lever, alternating with "
                                     "the baseline: sched=PARAMS (sched=+KEY=V adds to the current), daemon-interval=S, "
-                                    "daemon-wake (baseline: the daemon without its start-now wake)")
+                                    "daemon-wake (baseline: the daemon without its start-now wake), before-19 (defer_batch and "
+                                    "no wake, as before issue 19)")
     ap.add_argument("--sched-cost", type=int, metavar="N",
                     help="what a SchedulerParameters lever costs slurmctld with N held jobs (sdiag), against the "
                          "baseline; --lever sched=... (default: the baseline without defer)")

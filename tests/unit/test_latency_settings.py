@@ -21,3 +21,13 @@ def test_no_defer_in_scheduler_parameters_and_each_setting_is_explained():
         assert "defer" not in line
         for key in line.split("=", 1)[1].split(","):
             assert f"#  {key.split('=')[0]}" in text, key  # the reason sits next to the setting
+
+
+def test_epilog_on_the_versions_that_free_nodes_without_it():
+    def fragment(version):
+        return render("slurm/hai-policy.conf.j2", **template_context(load_policy(POLICY), version))
+
+    assert "\nEpilog=/bin/true\n" in fragment(SlurmVersion(25, 11, 7))
+    for version in (SlurmVersion(22, 5, 8), None):  # 22.05 gets epilog-complete messages anyway
+        text = fragment(version)
+        assert "\nEpilog=" not in text and "# On Slurm 24.05 and later also set Epilog=/bin/true" in text
