@@ -466,9 +466,13 @@ def current_sched() -> str:
 def set_conf(key: str, value: str | None) -> None:
     """Set (or with None remove) one slurm.conf line KEY=VALUE and reconfigure."""
     conf = slurm_conf()
-    lines = [line for line in conf.read_text().splitlines() if not line.startswith(f"{key}=")]
-    if value is not None:
-        lines.append(f"{key}={value}")
+    old = conf.read_text().splitlines()
+    at = next((i for i, line in enumerate(old) if line.startswith(f"{key}=")), None)
+    lines = [line for line in old if not line.startswith(f"{key}=")]
+    if value is not None:  # in the line's old place, else before SchedulerType
+        at = at if at is not None else next((i for i, x in enumerate(lines) if x.startswith("SchedulerType=")),
+                                            len(lines))
+        lines.insert(at, f"{key}={value}")
     if "\n".join(lines) + "\n" == conf.read_text():
         return
     conf.write_text("\n".join(lines) + "\n")
@@ -477,6 +481,11 @@ def set_conf(key: str, value: str | None) -> None:
         (x for x in run(["scontrol", "show", "config"]).stdout.splitlines() if x.startswith((key + " ", key + "["))),
         "(null)"), 60, 0.3)
     time.sleep(1)
+
+
+def conf_value(key: str) -> str | None:
+    return next((line.split("=", 1)[1] for line in slurm_conf().read_text().splitlines()
+                 if line.startswith(f"{key}=")), None)
 
 
 def apply_variant(variant: dict, base_sched: str) -> subprocess.Popen | None:
@@ -500,8 +509,9 @@ def parse_lever(text: str) -> dict:
     if key == "conf":  # conf=Epilog=/bin/true: one slurm.conf line, absent in the baseline
         k, _, v = value.partition("=")
         return {"conf": {k: v}, "conf_keys": {k: None}}
-    if key == "before-19":  # the settings and daemon before issue 19: defer_batch, no start-now wake
-        return {"sched": "+defer_batch", "daemon_env": {"HAI_POLICYD_NO_EARLY_WAKE": "1"}}
+    if key == "before-19":  # the settings and daemon before issue 19: defer_batch, no start-now wake, no epilog
+        return {"sched": "+defer_batch", "daemon_env": {"HAI_POLICYD_NO_EARLY_WAKE": "1"},
+                "conf": {"Epilog": None}, "conf_keys": {"Epilog": None}}
     raise SystemExit(f"unknown lever {text!r} (sched=..., daemon-interval=S, daemon-wake, before-19)")
 
 
@@ -515,8 +525,9 @@ def latency_main(args) -> None:
         if lever.get("sched", "").startswith("+"):
             lever["sched"] = f"{base_sched},{lever['sched'][1:]}"
         variants.append((args.lever, lever))
-        if "conf_keys" in lever:  # the baseline removes the line again
+        if "conf_keys" in lever:  # the baseline has the cluster's own value of each key
             variants[0][1]["conf_keys"] = lever["conf_keys"]
+            variants[0][1]["conf"] = {k: conf_value(k) for k in lever["conf_keys"]}
     res = {name: {"idle": [], "pre": [], "restart": [], "iphases": [], "phases": [], "rphases": []}
            for name, _ in variants}
     t_start = time.time()
@@ -543,8 +554,8 @@ def latency_main(args) -> None:
     finally:
         if current_sched() != base_sched:
             set_sched(base_sched)
-        for key in dict(variants[-1][1]).get("conf_keys", {}):
-            set_conf(key, None)
+        for key, value in variants[0][1].get("conf", {}).items():
+            set_conf(key, value)
     print(f"\nlatency, medians of {args.repeats}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
           f"{platform.node()}, {os.cpu_count()} cores, took {time.time() - t_start:.0f} s")
 
@@ -561,6 +572,12 @@ def latency_main(args) -> None:
     print("| variant | idle start | preemption | preemption / idle | restart | restart / idle |\n|---|---|---|---|---|---|")
     for name, idle, pre, pr, rs, rr in rows:
         print(f"| {name} | {idle:.2f} s | {pre:.2f} s | {pr:.2f}x | {rs:.2f} s | {rr:.2f}x |")
+    # An idle start waits 0-1 s for slurmctld's 1 s tick, and repeats drift slowly through
+    # that phase: the idle starts of all variants together are the steadier reference when a
+    # lever does not change the idle start.
+    pooled = m([x for r in res.values() for x in r["idle"]])
+    print(f"idle start of all variants together: {pooled:.2f} s; " + "; ".join(
+        f"{name}: preemption {pre / pooled:.2f}x, restart {rs / pooled:.2f}x" for name, _, pre, _, rs, _ in rows))
     for title, key, phases in (("idle start: HIGH command at 0", "iphases", IDLE_PHASES),
                                ("preemption: HIGH command at 0", "phases", PHASES),
                                ("restart: go_suspend (requeue request) at 0", "rphases", RESTART_PHASES)):
@@ -671,7 +688,8 @@ def main() -> None:
                          "with phases")
     ap.add_argument("--lever", help="with --latency: also run every repeat with this lever, alternating with "
                                     "the baseline: sched=PARAMS (sched=+KEY=V adds to the current), daemon-interval=S, "
-                                    "daemon-wake (baseline: the daemon without its start-now wake), before-19 (defer_batch and "
+                                    "daemon-wake (baseline: the daemon without its start-now wake), conf=KEY=VALUE (one slurm.conf "
+                                    "line), before-19 (defer_batch, no epilog and "
                                     "no wake, as before issue 19)")
     ap.add_argument("--sched-cost", type=int, metavar="N",
                     help="what a SchedulerParameters lever costs slurmctld with N held jobs (sdiag), against the "
