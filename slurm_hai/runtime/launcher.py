@@ -162,10 +162,17 @@ class NodeRun:
 
 
 def _why_notice(slurm, job_id: int, jobdir: JobDir, grace: float) -> dict:
-    """Ask Slurm why the notice came (one squeue call, after the flag is set)."""
+    """Ask Slurm why the notice came (one squeue call, after the flag is set). A SIGTERM
+    notice reaches every process of the step, an squeue started by it too (seen on 25.11:
+    squeue killed, nothing on stderr): one more try then."""
     from ..jobs.status import notice_cause
+    from ..slurm import SlurmError
 
-    queue = slurm.jobs()
+    try:
+        queue = slurm.jobs()
+    except SlurmError:
+        time.sleep(0.2)
+        queue = slurm.jobs()
     me = next((j for j in queue if j.job_id == job_id), None)
     return notice_cause(me, queue, jobdir.events(), time.time(), grace + 30)
 

@@ -98,7 +98,8 @@ class CliBackend:
         if p.returncode != 0:
             if "Invalid job id" in p.stderr:
                 return []
-            raise SlurmError("squeue: " + " ".join(p.stderr.split()))
+            raise SlurmError("squeue: " + (" ".join(p.stderr.split()) or (
+                f"killed by signal {-p.returncode}" if p.returncode < 0 else f"exit {p.returncode}")))
         return _readable(_json(p.stdout, "squeue --json"), "squeue --json", job_ids)
 
     def job(self, job_id: int) -> JobInfo | None:
