@@ -332,11 +332,16 @@ def _pending(job: Job, snap: Snapshot, plan: _Plan, level_changes: set[int]) -> 
     # Not within REQUEUE_SETTLE_SECONDS of the requeue (Slurm resets submit_time to it): a
     # relaunch in the same second as the requeue is killed by slurmctld with "Job credential
     # revoked" and the job ends FAILED for good (seen on 22.05). The next cycle starts it.
-    if (job.restart_count > 0 and job.reason == "BeginTime" and job.eligible_time > now
-            and now - job.submit_time >= REQUEUE_SETTLE_SECONDS
-            and 0 <= job.eligible_time - job.submit_time <= REQUEUE_DELAY_MAX):
+    if held_back_after_requeue(job, now) and now - job.submit_time >= REQUEUE_SETTLE_SECONDS:
         plan.update(jid, "start-now", f"requeued {now - job.submit_time:.0f} s ago, Slurm holds it back until "
                     f"+{job.eligible_time - now:.0f} s: eligible now", StartTime="now")
+
+
+def held_back_after_requeue(job: Job, now: float) -> bool:
+    """A requeued job that Slurm holds back for its requeue delay (reason BeginTime, an
+    eligible time within REQUEUE_DELAY_MAX of the requeue), not for a --begin of its owner."""
+    return (job.restart_count > 0 and job.reason == "BeginTime" and job.eligible_time > now
+            and 0 <= job.eligible_time - job.submit_time <= REQUEUE_DELAY_MAX)
 
 
 def start_now_due(jobs: Sequence[Job], now: float) -> float | None:
@@ -344,9 +349,7 @@ def start_now_due(jobs: Sequence[Job], now: float) -> float | None:
     back becomes REQUEUE_SETTLE_SECONDS old. The daemon wakes then instead of at its next
     interval (a restart otherwise waits up to one interval more; docs/benchmarks.md)."""
     due = [job.submit_time + REQUEUE_SETTLE_SECONDS for job in jobs
-           if job.restart_count > 0 and job.reason == "BeginTime" and job.eligible_time > now
-           and now - job.submit_time < REQUEUE_SETTLE_SECONDS
-           and 0 <= job.eligible_time - job.submit_time <= REQUEUE_DELAY_MAX]
+           if held_back_after_requeue(job, now) and now - job.submit_time < REQUEUE_SETTLE_SECONDS]
     return min(due) if due else None
 
 
