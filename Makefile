@@ -13,12 +13,12 @@ BASE_PYTHON ?= /usr/bin/python3
 PYTEST_ARGS ?=
 SLURM_SOURCES ?=
 
-.PHONY: demo test setup venv cluster cluster-down bench clean
+.PHONY: demo test test-tools setup venv cluster cluster-down bench clean
 
 demo: setup
 	$(PY) examples/demo.py
 
-test: setup
+test: setup test-tools
 	$(PY) -m pytest $(PYTEST_ARGS)
 ifneq ($(SLURM_SOURCES),)
 	$(PY) tests/each_slurm.py $(SLURM_SOURCES) $(PYTEST_ARGS)
@@ -35,8 +35,15 @@ $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || $(BASE_PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[torch,dev]'
+	$(PY) -m pip install -q -e '.[torch,metrics,transformers,lightning,dev]'
 	@touch $@
+
+# What only the tests use: a real Prometheus (scrapes the daemon's metrics) and a headless
+# browser (opens the timeline page). Debian's packages; installed once.
+TEST_TOOLS := prometheus chromium fonts-liberation
+test-tools:
+	@dpkg -s $(TEST_TOOLS) >/dev/null 2>&1 || \
+	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(TEST_TOOLS))
 
 cluster: venv
 	contrib/localcluster/up
