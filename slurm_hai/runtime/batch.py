@@ -120,10 +120,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"slurm-hai: run {run} failed (exit {rc}); retry {used + 1} of {args.retries}", flush=True)
         slurm.requeue(job_id)
         return wait_to_be_requeued(ending)
-    jobdir.set_final("failed", rc, reason=f"exit code {rc}")
+    jobdir.set_final("failed", rc, reason=failure_reason(jobdir, run, rc))
     jobdir.event("finished", run=run, state="failed", exit_code=rc)
     print(f"slurm-hai: run {run} failed (exit {rc}); not requeued (no retries left)", flush=True)
     return rc
+
+
+def failure_reason(jobdir: JobDir, run: int, rc: int) -> str:
+    """Why run `run` failed, in words: the launcher's reason when the user's command never
+    started, else its exit code."""
+    why = next((e.get("error") for e in jobdir.events() if e.get("event") == "launch_failed" and e.get("run") == run),
+               None)
+    return f"could not start: {why}" if why else f"exit code {rc}"
 
 
 def requeued_by_slurm(slurm, job_id: int, run: int) -> bool:

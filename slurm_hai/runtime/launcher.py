@@ -20,10 +20,12 @@ Signal handlers only record the signal; the main loop acts (no work in handlers)
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Callable
@@ -35,13 +37,11 @@ TERM_TO_KILL_SECONDS = 3.0
 
 
 def flag_path(job_id: str, run: int) -> Path:
-    """Node-local flag file, in a directory private to the job's user."""
-    base = Path("/dev/shm") if Path("/dev/shm").is_dir() else Path(os.environ.get("TMPDIR", "/tmp"))
-    d = base / f"slurm-hai-{os.getuid()}"
-    d.mkdir(mode=0o700, exist_ok=True)
-    if d.stat().st_uid != os.getuid() or d.stat().st_mode & 0o077:
-        raise SystemExit(f"slurm-hai: {d} is not private to uid {os.getuid()}; remove it")
-    return d / f"{job_id}.{run}.suspend"
+    """Node-local flag file, in a new directory private to the job's user. Its name is
+    random and created exclusively (mkdtemp, 0700): no path another user makes beforehand
+    can stand in for it or keep the run from starting."""
+    base = "/dev/shm" if os.path.isdir("/dev/shm") else os.environ.get("TMPDIR", "/tmp")
+    return Path(tempfile.mkdtemp(prefix=f"slurm-hai-{job_id}.{run}-", dir=base)) / "suspend"
 
 
 class NodeRun:
@@ -77,8 +77,7 @@ class NodeRun:
                                           stderr=subprocess.STDOUT, start_new_session=True,
                                           preexec_fn=self._ignore_notice_signals)
         except OSError as e:
-            os.write(log, f"slurm-hai: cannot start {self.cmd[0]!r}: {e}\n".encode())
-            raise SystemExit(127)
+            raise SystemExit(could_not_start(self.jobdir, self.run, self.rank, f"cannot start {self.cmd[0]!r}: {e}"))
         finally:
             os.close(log)
 
@@ -158,7 +157,25 @@ class NodeRun:
         finally:
             if self.flag is not None:
                 self.flag.unlink(missing_ok=True)
+                with contextlib.suppress(OSError):
+                    self.flag.parent.rmdir()
         return rc if rc >= 0 else 128 - rc
+
+
+def could_not_start(jobdir: JobDir, run: int, rank: int, why: str) -> int:
+    """A run that fails before the user's command starts: the reason goes into the job's
+    events (`hai status` shows it in words), the rank's log (`hai logs`) and stderr (the
+    batch log). Returns 127."""
+    jobdir.event("launch_failed", run=run, rank=rank, error=why)
+    line = f"slurm-hai: run {run} rank {rank} could not start: {why}\n"
+    with contextlib.suppress(OSError):
+        fd = os.open(jobdir.rank_log(rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        try:
+            os.write(fd, line.encode())
+        finally:
+            os.close(fd)
+    sys.stderr.write(line)
+    return 127
 
 
 def _why_notice(slurm, job_id: int, jobdir: JobDir, grace: float) -> dict:
@@ -196,9 +213,13 @@ def main(argv: list[str] | None = None) -> int:
     rank, run = int(env["RANK"]), int(env["HAI_RESTART_COUNT"])
     job_id = env.get("SLURM_JOB_ID", "0")
     jobdir = JobDir(args.job_dir)
+    try:
+        flag = flag_path(job_id, run) if rank == 0 else None
+    except OSError as e:
+        return could_not_start(jobdir, run, rank, f"no node-local directory for the suspend flag: {e}")
     node = NodeRun(cmd, env, jobdir, run, rank, args.grace, args.term_is_notice,
                    force_suspend=lambda: slurm.requeue_run(int(job_id)),
-                   flag=flag_path(job_id, run) if rank == 0 else None,
+                   flag=flag,
                    why_notice=lambda: _why_notice(slurm, int(job_id), jobdir, args.grace))
     node.start()
     return node.wait()
