@@ -86,6 +86,18 @@ def _newest_mtime(path: Path) -> float:
     return newest
 
 
+def refuse_foreign_directory(root: Path) -> None:
+    """A checkpoint directory that another user made (in /tmp, say, before the job ran) or
+    that anyone may write is not used: its owner could read the checkpoints or plant one."""
+    st = root.stat()
+    if st.st_uid != os.geteuid():
+        raise CheckpointError(f"checkpoint directory {root} belongs to uid {st.st_uid}, not to you "
+                              f"(uid {os.geteuid()}); choose a directory of your own")
+    if st.st_mode & 0o002:
+        raise CheckpointError(f"checkpoint directory {root} is writable by everyone; "
+                              f"run `chmod o-w {root}` or choose another directory")
+
+
 class CheckpointStore:
     """Committed checkpoints of one directory: commit, verify, quarantine, retention."""
 
@@ -99,6 +111,7 @@ class CheckpointStore:
             self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
         except OSError as exc:
             raise describe_os_error(exc, f"creating checkpoint directory {self.root}") from exc
+        refuse_foreign_directory(self.root)
         # filelock counts re-entries per object, not per thread: the thread lock makes the
         # background committer and the training thread exclude each other too.
         self._thread_lock = threading.RLock()

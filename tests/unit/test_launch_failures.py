@@ -39,3 +39,22 @@ def test_a_command_that_cannot_start_is_told_in_events_log_and_final_reason(tmp_
     assert "could not start: cannot start" in log and "no-such-program" in log
     assert failure_reason(jd, 0, 127).startswith("could not start: cannot start ")
     assert failure_reason(jd, 1, 3) == "exit code 3"  # another run's failure is its own
+
+
+def test_a_checkpoint_directory_someone_else_made_or_anyone_may_write_is_refused(tmp_path):
+    from slurm_hai.checkpoint import CheckpointManager
+    from slurm_hai.checkpoint.errors import CheckpointError
+
+    open_dir = tmp_path / "open"
+    open_dir.mkdir()
+    open_dir.chmod(0o777)
+    with pytest.raises(CheckpointError, match="writable by everyone"):
+        CheckpointManager(open_dir)
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    os.chown(theirs, 65534, 65534)  # the suite runs as root
+    with pytest.raises(CheckpointError, match="belongs to uid 65534"):
+        CheckpointManager(theirs)
+    assert not any(open_dir.iterdir()) and not any(theirs.iterdir())  # nothing written there
+    CheckpointManager(tmp_path / "mine")  # a new one is made private
+    assert stat.S_IMODE((tmp_path / "mine").stat().st_mode) == 0o700
