@@ -151,6 +151,7 @@ ONE_VERSION = {
     "test_frontdoor.py::test_ctrl_c_in_logs_follow_says_the_job_goes_on",
     "test_acceptance.py::test_kill_9_in_the_middle_of_a_save_resumes_from_the_last_committed_checkpoint",
     "test_acceptance.py::test_slurm_docker_rendered_policy_is_up_to_date",
+    "test_hostile_users.py::test_a_run_that_cannot_start_says_why_in_status_and_logs",
 }
 
 
