@@ -310,9 +310,14 @@ def apply(policy_file: str | None, no_partitions: bool, quiet: bool) -> None:
 @click.option("--dry-run", "-n", is_flag=True, help="Log what would be done, do nothing.")
 @click.option("--log-level", type=click.Choice(["debug", "info", "warning", "error"]), default="info",
               show_default=True, help="Logging threshold (one line per action at info).")
+@click.option("--metrics-port", type=click.IntRange(1, 65535), metavar="PORT", default=None,
+              help="Serve Prometheus metrics at http://ADDR:PORT/metrics (needs slurm-hai[metrics]; "
+                   "docs/admin-guide.md, \"Metrics\"). Default: no metrics.")
+@click.option("--metrics-address", metavar="ADDR", default="0.0.0.0", show_default=True,
+              help="Address the metrics server listens on.")
 @one_line_errors
 def daemon(policy_file: str | None, once: bool, interval: float, lock_file: str | None, wait_for_lock: bool,
-           dry_run: bool, log_level: str) -> None:
+           dry_run: bool, log_level: str, metrics_port: int | None, metrics_address: str) -> None:
     """Run the policy loop: what Slurm cannot do alone.
 
     \b
@@ -332,6 +337,11 @@ def daemon(policy_file: str | None, once: bool, interval: float, lock_file: str 
     Each action is logged on one line with the job id and the reason. Only one daemon
     leads (lock file); Slurm errors are logged and retried with back-off. The policy file
     is re-read when it changes. SIGTERM/SIGINT stop it after the current cycle.
+
+    \b
+    With --metrics-port it serves Prometheus metrics while it leads: nodes held by level
+    and user, pending jobs by level and reason, suspensions, forced suspensions, restarts,
+    preemption and restart latencies, suspend checkpoint time, cycle time and errors.
     """
     from ..controller.daemon import DEFAULT_LOCK, LockBusy, PolicyDaemon, leader_lock, write_pid
     from ..slurm import backend
@@ -349,16 +359,41 @@ def daemon(policy_file: str | None, once: bool, interval: float, lock_file: str 
     except LockBusy as e:
         click.echo(f"hai-admin daemon: {e}", err=True)
         sys.exit(4)
+    metrics = None
     try:
         write_pid(lock_path)
-        d = PolicyDaemon(backend(), policy=policy, policy_path=path, interval=interval, dry_run=dry_run)
+        if metrics_port:
+            metrics = _serve_metrics(metrics_port, metrics_address, policy)
+        d = PolicyDaemon(backend(), policy=policy, policy_path=path, interval=interval, dry_run=dry_run,
+                         metrics=metrics)
         code = d.run(once=once, stop=stop)
         why = "after one cycle (--once)" if once and not stop.is_set() else "on a signal" if stop.is_set() else (
             f"with status {code}")
         logging.getLogger("hai-policyd").info("policy daemon stopped %s", why)
     finally:
+        if metrics is not None:
+            metrics.close()
         lock.release()
     sys.exit(code)
+
+
+def _serve_metrics(port: int, address: str, policy: Policy):
+    """The daemon's metrics, served on address:port; a one-line error when prometheus_client is
+    missing (the daemon runs without it as long as no metrics are asked for) or the port is taken."""
+    try:
+        from ..controller.metrics import DaemonMetrics
+    except ModuleNotFoundError as e:
+        if e.name != "prometheus_client":
+            raise
+        raise click.ClickException("--metrics-port needs the prometheus_client library: "
+                                   "pip install 'slurm-hai[metrics]'") from None
+    metrics = DaemonMetrics(policy.ladder)
+    try:
+        metrics.serve(port, address)
+    except OSError as e:
+        raise click.ClickException(f"cannot serve metrics on {address}:{port}: {e.strerror or e}") from None
+    logging.getLogger("hai-policyd").info("metrics at http://%s:%d/metrics", address, port)
+    return metrics
 
 
 @main.command()

@@ -4,7 +4,8 @@ One leader at a time: the daemon holds an exclusive lock on a lock file (fileloc
 long as it runs; a second one exits with a message, or waits as a standby (`wait_for_lock`).
 A Slurm that does not answer (slurmctld restarting) is logged and retried with back-off;
 one action that fails is logged and the cycle goes on. The policy file is re-read when it
-changes (a broken edit is logged and the previous policy kept).
+changes (a broken edit is logged and the previous policy kept). With `metrics`
+(controller/metrics.py, `--metrics-port`) each cycle also updates the Prometheus series.
 """
 
 from __future__ import annotations
@@ -15,13 +16,16 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import filelock
 
 from ..policy.model import Policy, PolicyError, load_policy
 from ..policy.rules import Action, decide, needs_idle_nodes, start_now_due
 from ..slurm import Backend, SlurmError
+
+if TYPE_CHECKING:  # the metrics need prometheus_client, an extra: imported only when asked for
+    from .metrics import DaemonMetrics
 
 log = logging.getLogger("hai-policyd")
 
@@ -49,7 +53,7 @@ class CycleResult:
 class PolicyDaemon:
     def __init__(self, backend: Backend, policy: Policy | None = None, policy_path: str | Path | None = None,
                  interval: float = 2.0, dry_run: bool = False, clock: Callable[[], float] = time.time,
-                 wake_for_start_now: bool | None = None) -> None:
+                 wake_for_start_now: bool | None = None, metrics: DaemonMetrics | None = None) -> None:
         if policy is None and policy_path is None:
             raise ValueError("a policy or a policy file is needed")
         self.backend = backend
@@ -66,6 +70,7 @@ class PolicyDaemon:
         if wake_for_start_now is None:
             wake_for_start_now = not os.environ.get("HAI_POLICYD_NO_EARLY_WAKE")
         self.wake_for_start_now = wake_for_start_now
+        self.metrics = metrics
 
     # ------------------------------------------------------------ one cycle
 
@@ -115,7 +120,10 @@ class PolicyDaemon:
                 log.info("%s", action.describe())
         self._failed = {k: t for k, t in self._failed.items() if t > now}
         wake_at = start_now_due(jobs, now) if self.wake_for_start_now else None
-        return CycleResult(len(jobs), actions, failed, time.monotonic() - t0, wake_at)
+        result = CycleResult(len(jobs), actions, failed, time.monotonic() - t0, wake_at)
+        if self.metrics is not None:  # after the actions, so they never wait for it
+            self.metrics.observe_cycle(jobs, result.seconds, failed)
+        return result
 
     def execute(self, action: Action) -> None:
         b, jid = self.backend, action.job_id
@@ -144,6 +152,8 @@ class PolicyDaemon:
             try:
                 result = self.cycle()
             except SlurmError as e:
+                if self.metrics is not None:
+                    self.metrics.cycle_failed()
                 if once:
                     log.error("cycle failed: %s", e)
                     return 1

@@ -1,0 +1,281 @@
+"""The policy daemon's Prometheus metrics (`hai-admin daemon --metrics-port PORT`).
+
+Needs prometheus_client (`pip install 'slurm-hai[metrics]'`); the daemon imports this
+module only when metrics are asked for. Series (docs/admin-guide.md, "Metrics";
+contrib/grafana/ draws them):
+
+  from each cycle's snapshot of the queue (gauges):
+    hai_nodes_held{level,user}                    nodes held by running jobs
+    hai_pending_jobs{level,reason}                pending jobs, by Slurm's reason
+  from the job directories' events.jsonl (docs/design.md), of the jobs in the queue:
+    hai_suspensions_total{level,cause}            runs ended by a suspend; cause of the notice
+                                                  (preempted, user, time_limit, unknown; none:
+                                                  the job called go_suspend() unasked)
+    hai_forced_suspensions_total{level}           of those, forced off after the grace time
+    hai_restarts_total{level}                     runs started again (after a suspend or a retry)
+    hai_preemption_latency_seconds{level,cause}   notice -> that run ended, requeued (nodes free)
+    hai_restart_latency_seconds{level}            run ended by a suspend -> the next run started
+    hai_suspend_checkpoint_seconds{level}         notice -> go_suspend(): the job's checkpoint commit
+  from the daemon itself:
+    hai_daemon_cycle_seconds                      one cycle: read the queue, decide, act
+    hai_daemon_errors_total{kind}                 slurm: a cycle that could not read the queue;
+                                                  action: a Slurm action that failed
+
+Each event is counted once, by the daemon that saw it appear: the daemon remembers how far
+it read each job's file, and events older than the daemon's start are read (to pair a
+notice with the end of its run) but not counted (a daemon before it counted them).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import pwd
+import stat
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Iterable, Iterator, Sequence
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client.core import GaugeMetricFamily
+
+from ..jobs.jobdir import JobDir
+from ..jobs.status import level_name
+from ..policy import tags
+from ..policy.levels import Level
+from ..slurm.records import JobInfo
+
+log = logging.getLogger("hai-policyd")
+
+CAUSES = ("preempted", "user", "time_limit", "unknown")  # jobs.status.notice_cause's words
+NO_NOTICE = "none"
+HOLDING_NODES = ("RUNNING", "CONFIGURING", "COMPLETING")
+# A job's file is read at most this much per cycle (the file is the user's: never trusted).
+MAX_READ = 1 << 20
+FORGET_AFTER = 600.0  # seconds after a job left the queue
+
+PREEMPTION_BUCKETS = (0.5, 1, 2, 3, 5, 7.5, 10, 15, 20, 30, 45, 60, 120, 300, 600)
+RESTART_BUCKETS = (1, 2, 3, 5, 10, 20, 30, 60, 120, 300, 600, 1800, 3600, 7200, 14400, 43200, 86400)
+CHECKPOINT_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 3, 5, 7.5, 10, 15, 20, 30, 60, 120, 300)
+CYCLE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+
+
+# ------------------------------------------------------------------ following the job events
+
+
+@dataclass
+class _Followed:
+    """How far the daemon has read one job's events.jsonl, and the times that pair events."""
+
+    path: Path
+    inode: int = 0
+    offset: int = 0
+    notices: dict[int, tuple[float, str]] = field(default_factory=dict)  # run -> (t, cause)
+    suspended: dict[int, float] = field(default_factory=dict)  # run -> when it ended by a suspend
+    last_seen: float = 0.0  # when the job was last in the queue
+
+
+class EventFollower:
+    """Reads what is new in the events.jsonl of the jobs in the queue, whole lines only.
+
+    The file is found through the job's `hai-dir` comment, which its user may edit: it is
+    read only when it is a regular file owned by the job's user, without blocking, and at
+    most MAX_READ bytes a cycle. Jobs that never ran are skipped (their file only says
+    `submit`); a job is forgotten when it leaves the queue."""
+
+    def __init__(self) -> None:
+        self._jobs: dict[int, _Followed] = {}
+        self._uids: dict[str, int | None] = {}
+
+    def new_events(self, jobs: Sequence[JobInfo], now: float) -> list[tuple[JobInfo, _Followed, dict]]:
+        """(job, what is known of its runs, event) for each whole new line of the jobs' files."""
+        out = []
+        for job in jobs:
+            root = job.tags.get(tags.DIR)
+            if not root or (job.state == "PENDING" and job.restart_count == 0):
+                continue
+            f = self._jobs.get(job.job_id)
+            if f is None:
+                f = self._jobs[job.job_id] = _Followed(JobDir.for_job(job.job_id, root).path / "events.jsonl")
+            f.last_seen = now
+            out += [(job, f, event) for event in self._read(f, self._uid(job.user))]
+        # Forgotten a while after it left the queue, not at once: a job left out of one
+        # snapshot (a record the backend could not read) must not be read, and counted, again.
+        self._jobs = {jid: f for jid, f in self._jobs.items() if now - f.last_seen < FORGET_AFTER}
+        return out
+
+    def _uid(self, user: str) -> int | None:
+        if user not in self._uids:
+            try:
+                self._uids[user] = pwd.getpwnam(user).pw_uid
+            except KeyError:
+                self._uids[user] = None
+        return self._uids[user]
+
+    @staticmethod
+    def _read(f: _Followed, uid: int | None) -> list[dict]:
+        try:
+            st = os.lstat(f.path)
+        except OSError:  # not written yet, or not readable (e.g. a root-squashed share)
+            return []
+        if st.st_ino == f.inode and st.st_size == f.offset:
+            return []  # the common case: nothing new, one lstat
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != uid:
+            return []
+        try:
+            fd = os.open(f.path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+        except OSError:
+            return []
+        with os.fdopen(fd, "rb") as fh:
+            st = os.fstat(fd)
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != uid:
+                return []
+            if st.st_ino != f.inode or st.st_size < f.offset:  # a new file (the job id reused)
+                f.inode, f.offset = st.st_ino, 0
+                f.notices.clear()
+                f.suspended.clear()
+            fh.seek(f.offset)
+            data = fh.read(min(st.st_size - f.offset, MAX_READ))
+        whole = data[: data.rfind(b"\n") + 1]  # a line still being written waits for the next cycle
+        f.offset += len(whole)
+        events = []
+        for line in whole.splitlines():
+            try:
+                event = json.loads(line)
+                event["t"] = float(event["t"])
+            except (ValueError, TypeError, KeyError):
+                continue  # a line cut by a crash mid-write
+            if math.isfinite(event["t"]):
+                events.append(event)
+        return events
+
+
+def _run(event: dict) -> int:
+    try:
+        return int(event.get("run", 0) or 0)
+    except (TypeError, ValueError):
+        return 0
+
+
+# ------------------------------------------------------------------ the metrics
+
+
+class DaemonMetrics:
+    """The daemon's metrics in their own registry; `serve` exposes them over HTTP."""
+
+    def __init__(self, ladder: Iterable[Level] = (), since: float | None = None,
+                 registry: CollectorRegistry | None = None) -> None:
+        self.registry = registry or CollectorRegistry()
+        self.since = time.time() if since is None else since
+        self.events = EventFollower()
+        self._server = None
+        r = self.registry
+        self.suspensions = Counter("hai_suspensions", "Runs ended by a suspend (go_suspend or forced), "
+                                   "by the cause of their notice", ["level", "cause"], registry=r)
+        self.forced = Counter("hai_forced_suspensions", "Runs forced off after their grace time "
+                              "(no go_suspend in time)", ["level"], registry=r)
+        self.restarts = Counter("hai_restarts", "Runs started again (after a suspend or a retry)", ["level"],
+                                registry=r)
+        self.preemption_latency = Histogram(
+            "hai_preemption_latency_seconds", "Suspend notice -> that run ended and the job was requeued "
+            "(its nodes free)", ["level", "cause"], buckets=PREEMPTION_BUCKETS, registry=r)
+        self.restart_latency = Histogram(
+            "hai_restart_latency_seconds", "Run ended by a suspend -> the next run started", ["level"],
+            buckets=RESTART_BUCKETS, registry=r)
+        self.checkpoint = Histogram(
+            "hai_suspend_checkpoint_seconds", "Suspend notice -> go_suspend(): the job's checkpoint commit",
+            ["level"], buckets=CHECKPOINT_BUCKETS, registry=r)
+        self.cycle_seconds = Histogram("hai_daemon_cycle_seconds", "Policy daemon cycle: read the queue, "
+                                       "decide, act", buckets=CYCLE_BUCKETS, registry=r)
+        self.errors = Counter("hai_daemon_errors", "Policy daemon errors: slurm (a cycle could not read the "
+                              "queue), action (a Slurm action failed)", ["kind"], registry=r)
+        # Series that exist from the start, so that increase() sees their first increment.
+        for lvl in ladder:
+            for cause in (*CAUSES, NO_NOTICE):
+                self.suspensions.labels(lvl.name, cause)
+            self.forced.labels(lvl.name)
+            self.restarts.labels(lvl.name)
+        for kind in ("slurm", "action"):
+            self.errors.labels(kind)
+        self.queue = _QueueCollector()
+        r.register(self.queue)
+
+    # -- serving -------------------------------------------------------------------
+    def serve(self, port: int, address: str = "0.0.0.0") -> None:
+        """Serve /metrics on address:port in a thread (OSError when the port is taken)."""
+        self._server, _ = start_http_server(port, addr=address, registry=self.registry)
+
+    def close(self) -> None:
+        if self._server is not None:
+            self._server.shutdown()
+            self._server.server_close()
+            self._server = None
+
+    # -- the daemon's hooks ----------------------------------------------------------
+    def cycle_failed(self) -> None:
+        self.errors.labels("slurm").inc()
+
+    def observe_cycle(self, jobs: Sequence[JobInfo], seconds: float, failed_actions: int) -> None:
+        """After a cycle: its time and failures, the queue's gauges, and the new job events."""
+        self.cycle_seconds.observe(seconds)
+        if failed_actions:
+            self.errors.labels("action").inc(failed_actions)
+        self.queue.update(jobs)
+        for job, followed, event in self.events.new_events(jobs, time.monotonic()):
+            self._on_event(level_name(job), followed, event)
+
+    def _on_event(self, level: str, f: _Followed, e: dict) -> None:
+        kind, run, t = e.get("event"), _run(e), e["t"]
+        new = t >= self.since
+        if kind == "notice":
+            cause = e.get("cause") if e.get("cause") in CAUSES else "unknown"
+            f.notices.setdefault(run, (t, cause))  # the first notice of a run is the one that counts
+        elif kind == "go_suspend" and run in f.notices and new:
+            self.checkpoint.labels(level).observe(max(0.0, t - f.notices[run][0]))
+        elif kind == "suspended":
+            f.suspended[run] = t
+            notice, cause = f.notices.get(run, (None, NO_NOTICE))
+            if new:
+                self.suspensions.labels(level, cause).inc()
+                if e.get("how") == "forced":
+                    self.forced.labels(level).inc()
+                if notice is not None:
+                    self.preemption_latency.labels(level, cause).observe(max(0.0, t - notice))
+        elif kind == "start" and run > 0 and new:
+            self.restarts.labels(level).inc()
+            if run - 1 in f.suspended:
+                self.restart_latency.labels(level).observe(max(0.0, t - f.suspended[run - 1]))
+
+
+class _QueueCollector:
+    """The gauges of the latest snapshot, replaced whole each cycle: a scrape sees one cycle."""
+
+    def __init__(self) -> None:
+        self._held: dict[tuple[str, str], int] = {}
+        self._pending: dict[tuple[str, str], int] = {}
+
+    def update(self, jobs: Sequence[JobInfo]) -> None:
+        held: dict[tuple[str, str], int] = {}
+        pending: dict[tuple[str, str], int] = {}
+        for j in jobs:
+            if j.state in HOLDING_NODES:
+                key = (level_name(j), j.user)
+                held[key] = held.get(key, 0) + j.num_nodes
+            elif j.state == "PENDING":
+                key = (level_name(j), j.reason or "None")
+                pending[key] = pending.get(key, 0) + 1
+        self._held, self._pending = held, pending
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        held, pending = self._held, self._pending
+        g = GaugeMetricFamily("hai_nodes_held", "Nodes held by running jobs", labels=["level", "user"])
+        for labels, n in sorted(held.items()):
+            g.add_metric(labels, n)
+        yield g
+        g = GaugeMetricFamily("hai_pending_jobs", "Pending jobs, by Slurm's reason", labels=["level", "reason"])
+        for labels, n in sorted(pending.items()):
+            g.add_metric(labels, n)
+        yield g
