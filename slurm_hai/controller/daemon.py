@@ -64,6 +64,9 @@ class PolicyDaemon:
         self.dry_run = dry_run
         self.clock = clock
         self._failed: dict[tuple[int, str], float] = {}
+        # The first cycle replays what a killed predecessor may have left half done
+        # (policy.rules.decide: the notice of a yield in flight).
+        self._replay = True
         # Wake when a requeued job's start-now falls due rather than at the next interval
         # (issue 19: restart latency). HAI_POLICYD_NO_EARLY_WAKE=1 turns it off, for the
         # benchmark's baseline (benchmarks/cluster_bench.py --lever daemon-wake).
@@ -101,7 +104,8 @@ class PolicyDaemon:
         jobs = self.backend.jobs()
         now = self.clock()
         idle = self.backend.idle_nodes() if needs_idle_nodes(jobs, self.policy, now) else None
-        actions = decide(jobs, self.policy, now, idle_nodes=idle)
+        actions = decide(jobs, self.policy, now, idle_nodes=idle, replay=self._replay)
+        self._replay = False
         failed = 0
         for action in actions:
             key = (action.job_id, action.rule)

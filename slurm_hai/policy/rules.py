@@ -212,10 +212,13 @@ def needs_idle_nodes(jobs: Sequence[Job], policy: Policy, now: float) -> bool:
 
 def decide(jobs: Sequence[Job], policy: Policy, now: float | None = None, *,
            idle_nodes: Mapping[str, int] | None = None,
-           max_priority_updates: int = MAX_PRIORITY_UPDATES) -> list[Action]:
+           max_priority_updates: int = MAX_PRIORITY_UPDATES, replay: bool = False) -> list[Action]:
     """The actions one daemon cycle takes for this queue snapshot (see the module doc).
     `idle_nodes` (partition -> idle node count) is needed only when `needs_idle_nodes`;
-    without it, nothing is preempted (yield)."""
+    without it, nothing is preempted (yield). `replay`: the first cycle of a (re)started
+    daemon, which sends again the notice of every yield in flight (its tag is written
+    before the notice, so a daemon killed between the two has left a job that never heard
+    it; the launcher ignores a second notice)."""
     now = time.time() if now is None else now
     snap = Snapshot(jobs, policy, now)
     plan = _Plan()
@@ -224,7 +227,7 @@ def decide(jobs: Sequence[Job], policy: Policy, now: float | None = None, *,
     for job in jobs:
         state = job.state
         if state == "RUNNING":
-            _running(job, snap, plan, grace)
+            _running(job, snap, plan, grace, replay)
         elif state == "PENDING":
             _pending(job, snap, plan, level_changes)
         elif state == "FAILED":
@@ -250,7 +253,7 @@ def _failed(job: Job, snap: Snapshot, plan: _Plan, grace: int) -> None:
             return
 
 
-def _running(job: Job, snap: Snapshot, plan: _Plan, grace: int) -> None:
+def _running(job: Job, snap: Snapshot, plan: _Plan, grace: int, replay: bool = False) -> None:
     now, policy = snap.now, snap.policy
     pt = job.preempt_time
     if pt and pt >= job.start_time and now - pt >= grace:
@@ -270,6 +273,10 @@ def _running(job: Job, snap: Snapshot, plan: _Plan, grace: int) -> None:
             plan.add(Action("requeue", job.job_id, "yield",
                             f"{why}, gives its nodes to job {waiting}: grace of {grace} s is over"))
             plan.then(Action("hold", job.job_id, "yield", f"held until job {waiting} runs"))
+        elif replay:
+            plan.add(Action("signal", job.job_id, "yield",
+                            f"yields to job {waiting}: suspend notice sent again by a restarted daemon",
+                            (("signal", policy.notice_signal),)))
         return
     demoted = snap.is_demoted(job)
     if demoted and DEMOTED_TAG not in tags:
@@ -306,9 +313,11 @@ def _pending(job: Job, snap: Snapshot, plan: _Plan, level_changes: set[int]) -> 
             why = f"job {waiting} got its nodes"
         else:
             why = f"job {waiting} still waits {YIELD_TIMEOUT} s after the grace time: stop yielding"
-        plan.update(jid, "yield", why, AdminComment=with_tags(job.admin_comment, drop=[YIELD_TAG, DEMOTED_TAG]))
+        # Released before the tag goes: the tag is what marks the hold as ours, so a daemon
+        # killed between the two must find the tag still there (or the job already free).
         if is_held(job) and job.reason == "JobHeldAdmin":
-            plan.then(Action("release", jid, "yield", f"released: it yielded to job {waiting}"))
+            plan.add(Action("release", jid, "yield", f"released: it yielded to job {waiting}"))
+        plan.update(jid, "yield", why, AdminComment=with_tags(job.admin_comment, drop=[YIELD_TAG, DEMOTED_TAG]))
         return
     if DEMOTED_TAG in tags:
         plan.update(jid, "restore-level", "requeued: no longer demoted",

@@ -205,7 +205,7 @@ def test_yielding_job_is_requeued_after_grace_and_held_until_the_waiting_job_run
     # job 3 runs: release, drop the tag
     running = replace(jobs[2], state="RUNNING", reason="None", start_time=NOW + 5)
     actions = decide([jobs[0], held, running], p, NOW + 6)
-    assert [(a.kind, a.job_id) for a in actions] == [("update", 2), ("release", 2)]
+    assert [(a.kind, a.job_id) for a in actions] == [("release", 2), ("update", 2)]  # release first: see _pending
     assert fields(actions, 2)["AdminComment"] == "hai-level=ABOVE_NORMAL"
 
 
@@ -373,7 +373,7 @@ def test_no_loop_the_suspended_job_waits_held_until_the_earlier_one_runs():
     # job 10 runs: released, and it waits behind job 10 without taking anything back
     ran = replace(head, state="RUNNING", reason="None", start_time=NOW + 8)
     actions = decide([ran, held], POLICY, NOW + 9, idle_nodes={"gpu": 0})
-    assert [(a.kind, a.job_id) for a in actions] == [("update", 30), ("release", 30)]
+    assert [(a.kind, a.job_id) for a in actions] == [("release", 30), ("update", 30)]
     assert fields(actions, 30) == {"AdminComment": "hai-level=NORMAL"}
     waiting = replace(held, reason="Resources", priority=BASE["NORMAL"], admin_comment="hai-level=NORMAL")
     assert signals(decide([ran, waiting], POLICY, NOW + 10, idle_nodes={"gpu": 0})) == []

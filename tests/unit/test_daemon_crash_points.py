@@ -1,0 +1,109 @@
+"""The policy daemon killed after any action of a preemption it decided, then started
+again (issue 18): the job hears the notice, is requeued exactly once, and is never left
+held. A small model of Slurm applies the daemon's actions; the daemon is "killed" after
+its k-th action for every k of an uninterrupted run (nothing after that action happens),
+and a new daemon takes over the same queue."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from slurm_hai.controller.daemon import PolicyDaemon
+from slurm_hai.policy.rules import is_held
+from slurm_hai.policy.tags import parse as parse_tags
+
+from test_scheduling import NOW, demoted_scene
+
+
+class Killed(BaseException):
+    """SIGKILL: nothing after it runs (BaseException: no handler of the daemon catches it)."""
+
+
+class SlurmModel:
+    """Just enough of slurmctld for one yield: requeue, hold (priority 0), release, tags,
+    signals; the waiting job 3 starts once job 2's nodes are free."""
+
+    def __init__(self, jobs, kill_after: int | None) -> None:
+        self.q = {j.job_id: j for j in jobs}
+        self.kill_after = kill_after
+        self.done = 0
+        self.log: list[tuple] = []
+
+    def _act(self, *what) -> None:
+        if self.kill_after is not None and self.done >= self.kill_after:
+            raise Killed
+        self.log.append(what)
+        self.done += 1
+
+    def jobs(self, job_ids=(), user=None):
+        return list(self.q.values())
+
+    def idle_nodes(self):
+        return {"gpu": 0}
+
+    def update_job(self, job_id, **fields):
+        self._act("update", job_id, tuple(sorted(fields)))
+        j = self.q[job_id]
+        self.q[job_id] = replace(j, admin_comment=fields.get("AdminComment", j.admin_comment),
+                                 priority=int(fields.get("Priority", j.priority)),
+                                 reason="JobHeldAdmin" if fields.get("Priority") == "0" else j.reason)
+
+    def requeue(self, job_id):
+        self._act("requeue", job_id)
+        j = self.q[job_id]
+        assert j.state == "RUNNING", "requeue of a job that is not running"
+        self.q[job_id] = replace(j, state="PENDING", reason="BeginTime", restart_count=j.restart_count + 1,
+                                 start_time=0)
+
+    def release(self, job_id):
+        self._act("release", job_id)
+        j = self.q[job_id]
+        self.q[job_id] = replace(j, priority=1, reason="Priority")
+
+    def cancel(self, job_id, signal=None):
+        self._act("signal", job_id, signal)
+
+    def schedule(self, now: float) -> None:
+        """Job 3 gets job 2's nodes once job 2 left them."""
+        if self.q[2].state == "PENDING" and self.q[3].state == "PENDING":
+            self.q[3] = replace(self.q[3], state="RUNNING", reason="None", start_time=int(now))
+
+
+def play(kill_after: int | None, cycles: int = 40) -> SlurmModel:
+    policy, jobs = demoted_scene()
+    slurm = SlurmModel(jobs, kill_after)
+    now = [float(NOW)]
+    daemon = PolicyDaemon(slurm, policy=policy, clock=lambda: now[0])
+    for _ in range(cycles):
+        try:
+            daemon.cycle()
+        except Killed:
+            slurm.kill_after = None  # one kill; a new daemon takes over the same queue
+            daemon = PolicyDaemon(slurm, policy=policy, clock=lambda: now[0])
+        now[0] += 1
+        slurm.schedule(now[0])
+    return slurm
+
+
+UNINTERRUPTED = [("update", 2, ("AdminComment",)), ("signal", 2, "USR2"), ("requeue", 2),
+                 ("update", 2, ("Priority",)), ("release", 2), ("update", 2, ("AdminComment",)),
+                 ("update", 2, ("Priority",))]  # tag, notice, requeue, hold, release, untag, its place in line
+
+
+def test_the_uninterrupted_preemption():
+    assert play(None).log == UNINTERRUPTED
+
+
+@pytest.mark.parametrize("k", range(len(UNINTERRUPTED)))
+def test_killed_after_any_action_the_preemption_completes_exactly_once(k):
+    slurm = play(k)
+    j2, j3 = slurm.q[2], slurm.q[3]
+    log = [(a[0], a[1]) for a in slurm.log]
+    assert log.count(("requeue", 2)) == 1  # suspended exactly once
+    assert ("signal", 2) in log and log.index(("signal", 2)) < log.index(("requeue", 2))  # heard the notice first
+    assert j3.state == "RUNNING"
+    assert j2.state == "PENDING" and not is_held(j2), j2  # never left held
+    assert "hai-yield" not in parse_tags(j2.admin_comment)
+    assert not any(a[1] != 2 for a in slurm.log)  # nothing else touched
