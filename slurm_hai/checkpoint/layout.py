@@ -15,9 +15,9 @@ import torch
 
 from .. import __version__
 from .commit import CheckpointStore
-from .errors import CorruptCheckpointError, Problem
+from .errors import CheckpointError, CorruptCheckpointError, Problem
 from .fileio import read_tensor_file
-from .manifest import Manifest
+from .manifest import LAYOUT_FILES, Manifest
 from .serialize import unflatten_state
 
 log = logging.getLogger(__name__)
@@ -35,6 +35,8 @@ def checkpoint_versions() -> dict[str, str]:
 
 def read_single_checkpoint(path: Path, manifest: Manifest, rank: int) -> Any:
     """Read state.safetensors (+ this rank's per-rank file), verifying before parsing."""
+    if manifest.layout == LAYOUT_FILES:  # valid, but not ours to parse: never quarantine it
+        raise CheckpointError(f"{path} holds a framework's own files: resume it through slurm_hai.integrations")
     if STATE_FILE not in manifest.files:
         raise CorruptCheckpointError(str(path), [Problem(STATE_FILE, "not listed in the manifest")])
     main = read_tensor_file(path / STATE_FILE, manifest.files[STATE_FILE], STATE_FILE)

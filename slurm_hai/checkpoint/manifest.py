@@ -33,7 +33,8 @@ MANIFEST_NAME = "manifest.json"
 HASH_NAME = "xxh3_128"
 LAYOUT_SINGLE = "single"  # one process wrote state.safetensors
 LAYOUT_DCP = "dcp"  # torch.distributed.checkpoint wrote dcp/, rank 0 committed
-LAYOUTS = (LAYOUT_SINGLE, LAYOUT_DCP)
+LAYOUT_FILES = "files"  # a framework's own checkpoint files, committed as they are (slurm_hai.integrations)
+LAYOUTS = (LAYOUT_SINGLE, LAYOUT_DCP, LAYOUT_FILES)
 
 STEP_DIR_PREFIX = "step-"
 STAGING_PREFIX = ".staging-"
