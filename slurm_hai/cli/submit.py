@@ -11,7 +11,7 @@ from .. import __version__
 from ..jobs.jobdir import default_root
 from ..jobs.request import JobRequest, RequestError
 from ..jobs.submit import prepare, submit
-from .common import Refused, backend, emit_json, no_config_hint, one_line_errors, parse_priority
+from .common import Command, Refused, backend, emit_json, no_config_hint, one_line_errors, parse_priority
 
 
 def script_args(args: tuple[str, ...]) -> list[str]:
@@ -20,7 +20,7 @@ def script_args(args: tuple[str, ...]) -> list[str]:
     return list(args[1:] if args[:1] == ("--",) else args)
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100,
+@click.command(cls=Command, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100,
                                  "allow_interspersed_args": False})
 @click.version_option(__version__, "--version", prog_name="hai-submit", message="%(prog)s (slurm-hai) %(version)s")
 @click.argument("script")
@@ -44,12 +44,16 @@ def script_args(args: tuple[str, ...]) -> list[str]:
 @click.option("--workdir", default=".", show_default=True, help="Working directory of the job.")
 @click.option("--python", "python", default=sys.executable, show_default="this interpreter",
               help="Interpreter for a .py SCRIPT.")
+@click.option("--torchrun", is_flag=True,
+              help="Run SCRIPT (.py) with torchrun, once per node: one process per GPU (1 on CPU nodes), "
+                   "RANK/LOCAL_RANK/WORLD_SIZE as torchrun sets them; every process of node 0 gets the "
+                   "suspend notice.")
 @click.option("-f", "--follow", is_flag=True, help="After submitting, stream the logs of rank 0 until the job ends.")
 @click.option("--dry-run", is_flag=True, help="Print the rendered sbatch script; submit nothing.")
 @click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
 @one_line_errors
 def main(script, args, name, nodes, priority, gpus_per_node, group, env, time_limit, grace, retries, workdir,
-         python, follow, dry_run, as_json):
+         python, torchrun, follow, dry_run, as_json):
     """Submit SCRIPT (with ARGS) as a HAI job.
 
     Options come before SCRIPT; everything after SCRIPT is passed to it unchanged, as
@@ -57,21 +61,25 @@ def main(script, args, name, nodes, priority, gpus_per_node, group, env, time_li
 
     The job runs SCRIPT once on every node (RANK = node rank, WORLD_SIZE = nodes,
     MASTER_IP/MASTER_PORT of rank 0); start one process per GPU with
-    slurm_hai.spawn. When a higher level needs the nodes, rank 0's
-    receive_suspend_command() turns True: commit a checkpoint and call go_suspend(). The
-    job is requeued and later runs SCRIPT again from the start (resume from your
-    checkpoint). Logs of every run: `hai logs JOB`.
+    slurm_hai.spawn. With --torchrun, torchrun runs once per node and starts them
+    (RANK, LOCAL_RANK and WORLD_SIZE then count processes, as torchrun sets them).
+    When a higher level needs the nodes, receive_suspend_command() turns True on rank
+    0's node: commit a checkpoint and call go_suspend(). The job is requeued and later
+    runs SCRIPT again from the start (resume from your checkpoint). Logs of every run:
+    `hai logs JOB`.
 
     \b
     Examples:
       hai-submit -n 2 -p HIGH train.py --lr 0.1
       hai-submit --dry-run -p LOW --time 2:00:00 train.py
+      hai-submit --torchrun -n 2 -p LOW examples/torchrun_train.py --steps 300
     """
     args = script_args(args)
     parse_priority(priority)  # a near miss gets a suggestion before anything else is checked
     req = JobRequest(script=script, args=args, name=name, nodes=nodes, priority=priority,
                      gpus_per_node=gpus_per_node, group=group, env=list(env), time=time_limit, grace=grace,
-                     retries=retries, workdir=workdir, python=python, job_root=str(default_root()))
+                     retries=retries, workdir=workdir, python=python, job_root=str(default_root()),
+                     torchrun=torchrun)
     slurm = backend()
     try:
         prepared = prepare(req, slurm, dry_run)

@@ -14,6 +14,11 @@ output appended to logs/rank-<R>.log, and turns Slurm's signals into the HAI pro
 
 Signal handlers only record the signal; the main loop acts (no work in handlers).
 
+Every run of a job uses the same number of threads per process (OMP_NUM_THREADS and
+MKL_NUM_THREADS, which torch reads): fixed by the job's first run and recorded in the job
+directory (`threads`), since a bitwise resume needs the same count in every run and a
+requeued job may land on nodes with other CPUs.
+
 `python -m slurm_hai.runtime.launcher --job-dir DIR --grace S [--term-is-notice] -- CMD...`
 """
 
@@ -31,9 +36,11 @@ from pathlib import Path
 from typing import Callable
 
 from .contract import node_contract
+from .multiprocessing import default_nprocs
 from ..jobs.jobdir import JobDir
 
 TERM_TO_KILL_SECONDS = 3.0
+THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
 def flag_path(job_id: str, run: int) -> Path:
@@ -42,6 +49,35 @@ def flag_path(job_id: str, run: int) -> Path:
     can stand in for it or keep the run from starting."""
     base = "/dev/shm" if os.path.isdir("/dev/shm") else os.environ.get("TMPDIR", "/tmp")
     return Path(tempfile.mkdtemp(prefix=f"slurm-hai-{job_id}.{run}-", dir=base)) / "suspend"
+
+
+def pinned_threads(jobdir: JobDir) -> int:
+    """Threads per process for every run of the job. The first run takes OMP_NUM_THREADS
+    when the job sets it (hai-submit -e), else this node's CPUs divided by its processes
+    (one per GPU, as spawn() and --torchrun start them); the first node to record its number
+    wins (link is atomic), and every node of every later run reads it."""
+    path = jobdir.path / "threads"
+    try:
+        return int(path.read_text())
+    except FileNotFoundError:
+        pass
+    given = os.environ.get("OMP_NUM_THREADS", "")
+    cpus = len(os.sched_getaffinity(0))
+    threads = int(given) if given.isdigit() and int(given) > 0 else max(1, cpus // default_nprocs())
+    tmp = path.with_name(f".threads.{os.uname().nodename}.{os.getpid()}")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    try:
+        os.write(fd, str(threads).encode())
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        pass  # another node of this run was first
+    finally:
+        tmp.unlink()
+    return int(path.read_text())
 
 
 class NodeRun:
@@ -61,6 +97,11 @@ class NodeRun:
         self.child: subprocess.Popen | None = None
 
     def start(self) -> None:
+        try:
+            threads = pinned_threads(self.jobdir)
+        except (OSError, ValueError) as e:
+            raise SystemExit(could_not_start(self.jobdir, self.run, self.rank, f"no thread count for the job: {e}"))
+        self.env.update(dict.fromkeys(THREAD_VARS, str(threads)))
         if self.flag is not None:
             fd = os.open(self.flag, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
             os.write(fd, b"0")
