@@ -8,7 +8,8 @@
    all ranks commit a checkpoint, go_suspend() requeues it, the HIGH job starts.
 4. When the HIGH job is done the LOW job runs again and resumes from its checkpoint.
 5. The final weights of the suspended-and-resumed run are compared with the reference,
-   bit for bit; then a timeline read from the jobs' events.jsonl and logs.
+   bit for bit; then a timeline read from the jobs' events.jsonl and logs, and the
+   timeline page (`hai-admin timeline`): nodes x time, one HTML file that opens offline.
 
 Runs against $HAI_CLUSTER_DIR (default /var/lib/slurm-hai/localcluster) or $SLURM_CONF.
 It starts the policy daemon (`hai-admin daemon`) for the duration when none runs, and
@@ -353,6 +354,10 @@ def main() -> int:
         fail(f"the resumed run's final weights differ from the reference: {detail}")
     print(f"final weights: identical ({detail})")
     print_timeline(low, high, ref)
+    page = workdir / "timeline.html"
+    run(["hai-admin", "timeline", "--since", f"{int(time.time() - T0) + 5}s", "--out", str(page)])
+    print(f"\ntimeline page: {page} (which job held each node when, the suspend and the restart "
+          "marked; open it in a browser)")
     print(f"\nlogs: hai logs {low.job_id} | hai logs {high.job_id} | hai logs {ref.job_id}; "
           f"demo took {time.time() - T0:.0f} s")
     return 0

@@ -421,5 +421,33 @@ def explain(policy_file: str | None, job_ids: tuple[int, ...], as_json: bool) ->
         click.echo(f"{j.job_id:>8}  {j.user:<12} {why}")
 
 
+@main.command()
+@click.option("--since", default="1h", show_default=True, metavar="WHEN",
+              help="Start of the window: 30m, 2h, 1d (ago), HH:MM (today) or YYYY-MM-DD[THH:MM].")
+@click.option("--until", metavar="WHEN", help="End of the window, same forms (default: now).")
+@click.option("--out", "-o", default="timeline.html", show_default=True, type=click.Path(dir_okay=False),
+              help="The HTML file to write.")
+@click.option("--json", "as_json", is_flag=True, help="Print the timeline's data as JSON instead.")
+@one_line_errors
+def timeline(since: str, until: str | None, out: str, as_json: bool) -> None:
+    """Draw the cluster's nodes over time, as one HTML page that opens offline.
+
+    Which job held each node when, coloured by level, with a mark where a run was
+    suspended (go_suspend() or by force), restarted, shrunk or grown; hover for the
+    details. Every run of every job comes from Slurm's accounting (sacct); the marks from
+    each job's events, so run it as root to see every user's. `hai timeline` draws one
+    user's jobs.
+    """
+    from ..jobs.timeline import collect
+    from ..policy.model import find_policy
+    from ..slurm import backend
+    from .common import current_user
+    from .user import timeline_window, write_timeline
+
+    start, end = timeline_window(since, until)
+    tl = collect(backend(), start, end, current_user(), find_policy().ladder)
+    write_timeline(tl, out, "HAI cluster timeline", as_json)
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()

@@ -7,6 +7,7 @@ import os
 import re
 import sys
 import time
+from pathlib import Path
 from typing import Sequence
 
 import click
@@ -217,6 +218,49 @@ def list_jobs(all_users, since, state, as_json):
     with when each was submitted, started and ended. Other users' jobs (--all) are shown
     from what Slurm shows; their files stay private."""
     _list(all_users, as_json, parse_since(since) if since else None, state)
+
+
+# ------------------------------------------------------------------ timeline
+
+
+def timeline_window(since: str, until: str | None) -> tuple[float, float]:
+    start, end = parse_since(since), parse_since(until) if until else time.time()
+    if start >= end:
+        raise Refused(f"--since {since} is not before --until {until or 'now'}")
+    return start, end
+
+
+def write_timeline(tl, out: str, title: str, as_json: bool) -> None:
+    """Write the timeline page to `out` (or print its model as JSON) and say what it shows."""
+    from ..jobs.timeline import page
+
+    if as_json:
+        emit_json(tl.as_dict())
+        return
+    Path(out).write_text(page(tl, title))
+    click.echo(f"wrote {out}: {len(tl.job_ids)} job(s) on {len(tl.nodes)} node(s), {len(tl.marks)} mark(s), "
+               f"{clock(tl.since, tl.until)} to {clock(tl.until)}; open it in a browser (it needs no network)")
+
+
+@main.command()
+@click.option("--since", default="1h", show_default=True, metavar="WHEN",
+              help="Start of the window: 30m, 2h, 1d (ago), HH:MM (today) or YYYY-MM-DD[THH:MM].")
+@click.option("--until", metavar="WHEN", help="End of the window, same forms (default: now).")
+@click.option("--out", "-o", default="timeline.html", show_default=True, type=click.Path(dir_okay=False),
+              help="The HTML file to write.")
+@click.option("--json", "as_json", is_flag=True, help="Print the timeline's data as JSON instead.")
+@one_line_errors
+def timeline(since, until, out, as_json):
+    """Draw your jobs on the nodes over time, as one HTML page that opens offline: which of
+    your jobs held each node, coloured by level, with a mark where a run was suspended
+    (go_suspend() or by force), restarted, shrunk or grown; hover for the details.
+    Read from Slurm's accounting (every run of a requeued job) and your jobs' events."""
+    from ..jobs.timeline import collect
+    from ..policy.model import find_policy
+
+    start, end = timeline_window(since, until)
+    tl = collect(backend(), start, end, current_user(), find_policy().ladder, only_mine=True)
+    write_timeline(tl, out, f"HAI jobs of {current_user()}", as_json)
 
 
 # ------------------------------------------------------------------ quota

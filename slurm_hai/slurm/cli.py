@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import subprocess
+import time
 from typing import TYPE_CHECKING, Sequence
 
 from . import commands
@@ -111,6 +112,16 @@ class CliBackend:
         out = _run(["sacct", "--json", "-j", str(job_id)]).stdout
         found = [j for j in _readable(_json(out, "sacct --json"), "sacct --json", [job_id]) if j.job_id == job_id]
         return found[-1] if found else None
+
+    def accounting_since(self, since: float, user: str | None = None) -> list[JobInfo]:
+        """Every run of the jobs that held nodes at some time since `since` (epoch seconds),
+        as slurmdbd recorded them (`sacct --json --duplicates`): a job requeued K times is K+1
+        records, each with the nodes, start and end of its run (a requeued run ends at its
+        requeue). The jobs of `user`, else of every user the caller may see."""
+        start = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(since))
+        argv = ["sacct", "--json", "--duplicates", "--allocations", f"--starttime={start}", "--endtime=now",
+                f"--user={user}" if user else "--allusers"]
+        return _readable(_json(_run(argv).stdout, "sacct --json"), "sacct --json")
 
     def requeue(self, job_id: int) -> None:
         _run(["scontrol", "requeue", str(job_id)])

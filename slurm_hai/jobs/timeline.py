@@ -1,0 +1,227 @@
+"""Which job held each node when: the timeline page of `hai-admin timeline` and `hai timeline`.
+
+The model is pure: Slurm's accounting records (one per run of a job: `sacct --duplicates`
+keeps a requeued run as its own record, with its nodes, start and end) and the jobs'
+events.jsonl -> one `Interval` per node and run, and `Mark`s where a run was suspended
+(by go_suspend() or by force), restarted, shrunk or grown. `read_events` is the only I/O
+here (the job directories); `page` renders templates/timeline/timeline.html.j2, one
+self-contained HTML file (inline SVG, CSS and JS; it loads nothing) drawn by the browser.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import pwd
+import re
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Iterable, Mapping, Sequence
+
+from ..policy import tags
+from ..policy.levels import DEFAULT_LADDER, Level, level_of_qos
+from ..slurm.base import Backend
+from ..slurm.hostlist import expand
+from ..slurm.records import JobInfo
+from .jobdir import JobDir, default_root
+from .status import clock, why_notice
+
+MARK_KINDS = ("suspend", "forced-suspend", "restart", "shrink", "grow")
+# An event counts for a run that started at most this long after it (the batch script writes
+# `start` a moment after Slurm records the run's start).
+START_SLACK = 5.0
+OTHER_LEVEL = "other"  # a QOS outside the ladder (e.g. `auto` before the job is placed)
+
+
+@dataclass(frozen=True)
+class Interval:
+    """One node held by one run of a job, from `start` to `end` (epoch seconds)."""
+
+    node: str
+    job_id: int
+    user: str
+    name: str
+    level: str
+    run: int | None  # the run's number (SLURM_RESTART_COUNT) when its start event says it
+    start: float
+    end: float
+    state: str  # Slurm's state of that run: REQUEUED, PREEMPTED, COMPLETED, RUNNING, ...
+    running: bool  # still running when the timeline was made (`end` is then its time)
+    text: str  # the hover text
+
+
+@dataclass(frozen=True)
+class Mark:
+    kind: str  # one of MARK_KINDS
+    job_id: int
+    t: float
+    nodes: tuple[str, ...]
+    text: str
+
+
+@dataclass(frozen=True)
+class Timeline:
+    since: float
+    until: float
+    nodes: tuple[str, ...]  # the rows, top to bottom
+    levels: tuple[tuple[str, str], ...]  # (level, colour), highest first; OTHER_LEVEL last
+    intervals: tuple[Interval, ...]
+    marks: tuple[Mark, ...]
+
+    @property
+    def job_ids(self) -> list[int]:
+        return sorted({i.job_id for i in self.intervals})
+
+    def as_dict(self) -> dict:
+        return {"since": self.since, "until": self.until, "nodes": list(self.nodes),
+                "levels": [list(lv) for lv in self.levels],
+                "intervals": [dataclasses.asdict(i) for i in self.intervals],
+                "marks": [dataclasses.asdict(m) | {"nodes": list(m.nodes)} for m in self.marks]}
+
+
+def node_order(name: str) -> tuple:
+    """n2 before n10: digits compare as numbers."""
+    return tuple(int(part) if part.isdigit() else part for part in re.split(r"(\d+)", name))
+
+
+# Level colours, highest first: crimson, red, orange, amber, green, teal, blue, violet.
+PALETTE = ("#a61e4d", "#e03131", "#f76707", "#f59f00", "#2f9e44", "#0c8599", "#1971c2", "#5f3dc4")
+OTHER_COLOUR = "#868e96"
+
+
+def level_colours(ladder: Sequence[Level]) -> tuple[tuple[str, str], ...]:
+    """One colour per level, spread over PALETTE from the highest level (crimson) to the
+    lowest (violet); grey for a QOS outside the ladder."""
+    levels = sorted(ladder, key=lambda lvl: -lvl.value)
+    span = max(len(levels) - 1, 1)
+    return tuple((lvl.name, PALETTE[round(i * (len(PALETTE) - 1) / span)]) for i, lvl in enumerate(levels)) + (
+        (OTHER_LEVEL, OTHER_COLOUR),)
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    h, rest = divmod(seconds, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s" if m else f"{s}s"
+
+
+def _run_of(events: Sequence[dict], start: float, end: float) -> int | None:
+    """The run number of the `start` event written during [start, end + slack], if any."""
+    runs = [int(e.get("run", 0) or 0) for e in events
+            if e.get("event") == "start" and start - START_SLACK <= float(e.get("t", 0)) <= end + START_SLACK]
+    return runs[0] if runs else None
+
+
+def build(records: Iterable[JobInfo], events: Mapping[int, Sequence[dict]], since: float, until: float,
+          ladder: Sequence[Level] = DEFAULT_LADDER, nodes: Iterable[str] = ()) -> Timeline:
+    """The timeline of [since, until] from accounting records (one per run of a job) and each
+    job's events (job id -> events.jsonl). `nodes`: rows to show even when no job held them."""
+    intervals: list[Interval] = []
+    runs_of: dict[int, list[tuple[float, float, tuple[str, ...], str]]] = {}  # job -> (start, end, nodes, level)
+    for rec in sorted(records, key=lambda r: (r.job_id, r.start_time)):
+        if not rec.start_time or not rec.node_list or rec.node_list == "None assigned":
+            continue  # never started (pending, or cancelled while waiting)
+        running = not rec.end_time or rec.state in ("RUNNING", "SUSPENDED")
+        end = until if running else float(rec.end_time)
+        if end < since or rec.start_time > until:
+            continue
+        lvl = level_of_qos(rec.qos, tuple(ladder))
+        level = lvl.name if lvl else OTHER_LEVEL
+        held = tuple(expand(rec.node_list))
+        job_events = events.get(rec.job_id, ())
+        run = _run_of(job_events, rec.start_time, end)
+        runs_of.setdefault(rec.job_id, []).append((float(rec.start_time), end, held, level))
+        text = (f"job {rec.job_id} {rec.name} ({rec.user}), {level}"
+                + (f", run {run}" if run is not None else "")
+                + f"\n{clock(rec.start_time, until)} to {'now' if running else clock(end, until)}"
+                + f" ({_duration(end - rec.start_time)}), {rec.state.lower()}"
+                + f"\nnodes {rec.node_list}")
+        intervals += [Interval(node, rec.job_id, rec.user, rec.name, level, run, float(rec.start_time), end,
+                               rec.state, running, text) for node in held]
+    marks = [m for job_id, job_events in sorted(events.items())
+             for m in job_marks(job_id, job_events, runs_of.get(job_id, [])) if since <= m.t <= until]
+    rows = {i.node for i in intervals} | set(nodes)
+    return Timeline(since, until, tuple(sorted(rows, key=node_order)), level_colours(ladder),
+                    tuple(intervals), tuple(sorted(marks, key=lambda m: (m.t, m.job_id))))
+
+
+def job_marks(job_id: int, events: Sequence[dict], runs: Sequence[tuple[float, float, tuple[str, ...], str]]
+              ) -> list[Mark]:
+    """The marks of one job: each run ended by a suspend (go_suspend() or forced), each
+    restart, shrink and grow, on the nodes the job held then (the run that started last
+    before the event: a suspend is written just after its run ended)."""
+    notices: dict[int, dict] = {}
+    marks = []
+    for e in events:
+        kind, run, t = e.get("event"), int(e.get("run", 0) or 0), float(e.get("t", 0))
+        held = [r for r in runs if r[0] - START_SLACK <= t]
+        if kind == "notice":
+            notices.setdefault(run, e)
+            continue
+        if not held:
+            continue
+        _, _, nodes, level = held[-1]
+        head = f"job {job_id} ({level}) run {run}"
+        if kind == "suspended":
+            forced = e.get("how") == "forced"
+            why = why_notice(notices[run]) if run in notices else "go_suspend() called by the job"
+            text = f"{head} suspended at {clock(t)}: {why}" + ("; forced off (no go_suspend() within the grace)"
+                                                              if forced else "")
+            marks.append(Mark("forced-suspend" if forced else "suspend", job_id, t, nodes, text))
+        elif kind == "start" and run > 0:
+            marks.append(Mark("restart", job_id, t, nodes,
+                              f"{head} restarted at {clock(t)} on {e.get('nodes') or ', '.join(nodes)}"))
+        elif kind in ("shrink", "grow"):
+            now_on = e.get("nodes")
+            where = tuple(expand(now_on)) if isinstance(now_on, str) and now_on else nodes
+            detail = ", ".join(f"{k} {v}" for k, v in sorted(e.items()) if k not in ("t", "event", "run"))
+            marks.append(Mark(kind, job_id, t, where,
+                              f"{head} {'shrank' if kind == 'shrink' else 'grew'} at {clock(t)}"
+                              + (f": {detail}" if detail else "")))
+    return marks
+
+
+def read_events(records: Iterable[JobInfo], root_of: Callable[[JobInfo], Path | None]) -> dict[int, list[dict]]:
+    """Each job's events.jsonl, from the job directory under `root_of(record)` (None: not
+    readable by this caller); a directory that is missing or private yields no events."""
+    found: dict[int, list[dict]] = {}
+    for rec in records:
+        root = root_of(rec)
+        if rec.job_id in found or root is None:
+            continue
+        try:
+            found[rec.job_id] = JobDir.for_job(rec.job_id, root).events()
+        except OSError:  # another user's private directory
+            found[rec.job_id] = []
+    return found
+
+
+def page(timeline: Timeline, title: str) -> str:
+    """The timeline as one self-contained HTML page."""
+    from ..render import render
+
+    return render("timeline/timeline.html.j2", title=title, data=timeline.as_dict(),
+                  made=time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(timeline.until)))
+
+
+def job_root(rec: JobInfo, me: str) -> Path | None:
+    """Where the job's directory lives: its comment's hai-dir, else the caller's own root
+    for their jobs, else ~USER/.hai/jobs of the job's user (None for an unknown user)."""
+    tagged = rec.tags.get(tags.DIR)
+    if tagged:
+        return Path(tagged)
+    if rec.user == me:
+        return default_root()
+    try:
+        return Path(pwd.getpwnam(rec.user).pw_dir) / ".hai" / "jobs"
+    except KeyError:
+        return None
+
+
+def collect(slurm: Backend, since: float, until: float, me: str, ladder: Sequence[Level] = DEFAULT_LADDER,
+            only_mine: bool = False) -> Timeline:
+    """The timeline use case: one accounting read (the caller's jobs, or everyone's with
+    every node as a row) and each job's events."""
+    records = [r for r in slurm.accounting_since(since, me if only_mine else None) if r.start_time <= until]
+    nodes = () if only_mine else [n.name for n in slurm.nodes()]
+    return build(records, read_events(records, lambda rec: job_root(rec, me)), since, until, ladder, nodes)

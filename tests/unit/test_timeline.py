@@ -1,0 +1,262 @@
+"""The timeline: accounting records (one per run) + events.jsonl -> intervals and marks
+(slurm_hai/jobs/timeline.py, pure), the page it renders, the sacct read behind it and the
+two commands (`hai timeline`, `hai-admin timeline`) over a fake Slurm."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import pwd
+import re
+import time
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+from slurm_hai.cli import admin, common, user
+from slurm_hai.jobs.jobdir import JobDir
+from slurm_hai.jobs.timeline import (OTHER_COLOUR, OTHER_LEVEL, build, job_root, level_colours, page,
+                                     read_events)
+from slurm_hai.policy.levels import DEFAULT_LADDER, Level
+from slurm_hai.slurm.base import NodeInfo
+from slurm_hai.slurm.cli import CliBackend
+from slurm_hai.slurm.records import JobInfo
+from test_slurm_commands import fake_commands
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
+
+
+def run_record(job_id: int, start: int, end: int, nodes: str, state: str = "COMPLETED", qos: str = "low",
+               name: str = "", owner: str = "alice", comment: str = "") -> JobInfo:
+    """One accounting record: one run of a job (sacct --duplicates)."""
+    return JobInfo(job_id=job_id, name=name or f"j{job_id}", user=owner, state=state, reason="None", qos=qos,
+                   partition="gpu", num_nodes=len(nodes.split(",")), node_list=nodes, restart_count=0,
+                   submit_time=start - 5, start_time=start, eligible_time=start - 5, priority=1, comment=comment,
+                   end_time=end)
+
+
+def ev(event: str, t: float, **fields) -> dict:
+    return {"t": t, "event": event, **fields}
+
+
+# Job 10 (LOW) runs on n1,n2, gets the notice from job 11 (HIGH), suspends itself and is
+# requeued; job 11 runs on n1,n2; job 10 runs again on n3,n4 and finishes.
+PREEMPTED = [run_record(10, 100, 200, "n[1-2]", state="REQUEUED"), run_record(10, 260, 400, "n[3-4]"),
+             run_record(11, 203, 300, "n[1-2]", qos="high")]
+PREEMPTED_EVENTS = {
+    10: [ev("submit", 99, level="LOW", nodes=2), ev("start", 101, run=0, nodes="n[1-2]"),
+         ev("notice", 190, run=0, cause="preempted", by_job=11, by_level="HIGH", source="signal", grace=5),
+         ev("go_suspend", 195, run=0), ev("suspended", 201, run=0, how="go_suspend"),
+         ev("start", 261, run=1, nodes="n[3-4]"), ev("finished", 400, run=1, state="succeeded", exit_code=0)],
+    11: [ev("submit", 189, level="HIGH", nodes=2), ev("start", 204, run=0, nodes="n[1-2]")],
+}
+
+
+def test_a_requeued_job_is_one_interval_per_run_and_node_coloured_by_its_level():
+    tl = build(PREEMPTED, PREEMPTED_EVENTS, since=0, until=1000)
+    got = sorted((i.node, i.job_id, i.run, i.level, i.start, i.end, i.state) for i in tl.intervals)
+    assert got == [("n1", 10, 0, "LOW", 100, 200, "REQUEUED"), ("n1", 11, 0, "HIGH", 203, 300, "COMPLETED"),
+                   ("n2", 10, 0, "LOW", 100, 200, "REQUEUED"), ("n2", 11, 0, "HIGH", 203, 300, "COMPLETED"),
+                   ("n3", 10, 1, "LOW", 260, 400, "COMPLETED"), ("n4", 10, 1, "LOW", 260, 400, "COMPLETED")]
+    assert tl.nodes == ("n1", "n2", "n3", "n4") and tl.job_ids == [10, 11]
+    assert not any(i.running for i in tl.intervals)
+    first = next(i for i in tl.intervals if i.job_id == 10 and i.node == "n1")
+    assert "job 10 j10 (alice), LOW, run 0" in first.text and "requeued" in first.text and "n[1-2]" in first.text
+
+
+def test_a_suspend_is_marked_where_the_job_was_with_the_notice_cause_and_a_restart_where_it_ran_again():
+    tl = build(PREEMPTED, PREEMPTED_EVENTS, since=0, until=1000)
+    assert [(m.kind, m.job_id, m.t, m.nodes) for m in tl.marks] == [
+        ("suspend", 10, 201, ("n1", "n2")), ("restart", 10, 261, ("n3", "n4"))]
+    suspend, restart = tl.marks
+    assert "job 10 (LOW) run 0 suspended" in suspend.text and "preempted by job 11 (HIGH)" in suspend.text
+    assert "forced" not in suspend.text
+    assert "job 10 (LOW) run 1 restarted" in restart.text and "n[3-4]" in restart.text
+
+
+def test_a_forced_suspend_has_its_own_mark():
+    events = {10: [ev("start", 101, run=0), ev("notice", 190, run=0, cause="user", by_uid=0),
+                   ev("forced_suspend", 196, run=0, after=5.0), ev("suspended", 197, run=0, how="forced")]}
+    tl = build([run_record(10, 100, 196, "n1", state="REQUEUED")], events, since=0, until=1000)
+    (mark,) = tl.marks
+    assert (mark.kind, mark.t, mark.nodes) == ("forced-suspend", 197, ("n1",))
+    assert "forced off" in mark.text and "hai suspend" in mark.text
+
+
+def test_shrink_and_grow_events_are_marked_on_the_nodes_they_name_or_else_the_jobs_nodes():
+    events = {20: [ev("start", 100, run=0), ev("shrink", 150, run=0, nodes="n1", released="n[2-3]"),
+                   ev("grow", 250, run=0, nodes="n[1-3]"), ev("grow", 300, run=0, by=1)]}
+    tl = build([run_record(20, 100, 400, "n[1-3]", qos="normal")], events, since=0, until=1000)
+    assert [(m.kind, m.t, m.nodes) for m in tl.marks] == [
+        ("shrink", 150, ("n1",)), ("grow", 250, ("n1", "n2", "n3")), ("grow", 300, ("n1", "n2", "n3"))]
+    assert "job 20 (NORMAL) run 0 shrank" in tl.marks[0].text and "released n[2-3]" in tl.marks[0].text
+    assert "grew" in tl.marks[2].text and "by 1" in tl.marks[2].text
+
+
+def test_a_running_job_reaches_the_end_of_the_window():
+    tl = build([run_record(30, 100, 0, "n2", state="RUNNING")], {}, since=0, until=500)
+    (iv,) = tl.intervals
+    assert (iv.start, iv.end, iv.running) == (100, 500, True) and "to now" in iv.text
+
+
+def test_only_what_falls_in_the_window_is_drawn():
+    records = [run_record(40, 10, 50, "n1"), run_record(41, 80, 150, "n1"), run_record(42, 600, 700, "n1"),
+               run_record(43, 90, 120, "None assigned"), run_record(44, 0, 0, "")]
+    events = {41: [ev("start", 81, run=0), ev("shrink", 95, run=0), ev("grow", 140, run=0)]}
+    tl = build(records, events, since=100, until=500)
+    assert tl.job_ids == [41]  # 40 ended before, 42 started after, 43 and 44 never held a node
+    assert [(m.kind, m.t) for m in tl.marks] == [("grow", 140)]
+
+
+def test_rows_are_every_node_asked_for_in_natural_order():
+    tl = build([run_record(50, 100, 200, "n10")], {}, since=0, until=300, nodes=["n2", "n1", "n10", "n9"])
+    assert tl.nodes == ("n1", "n2", "n9", "n10")
+
+
+def test_levels_come_from_the_qos_and_a_qos_outside_the_ladder_is_other():
+    records = [run_record(60, 100, 200, "n1", qos="very_high"), run_record(61, 100, 200, "n2", qos="auto")]
+    levels = {i.job_id: i.level for i in build(records, {}, 0, 300).intervals}
+    assert levels == {60: "VERY_HIGH", 61: OTHER_LEVEL}
+
+
+def test_each_level_has_its_own_colour_highest_first_and_other_is_grey():
+    colours = level_colours(DEFAULT_LADDER)
+    assert [name for name, _ in colours] == [lvl.name for lvl in sorted(DEFAULT_LADDER, reverse=True)] + [OTHER_LEVEL]
+    assert len({c for _, c in colours}) == len(colours) and colours[-1] == (OTHER_LEVEL, OTHER_COLOUR)
+    two = level_colours((Level(1, "B"), Level(9, "A")))
+    assert [n for n, _ in two] == ["A", "B", OTHER_LEVEL] and two[0][1] != two[1][1]
+
+
+def embedded(html: str) -> dict:
+    return json.loads(re.search(r'<script type="application/json" id="timeline-data">(.*?)</script>',
+                                html, re.S).group(1))
+
+
+def test_the_page_is_self_contained_and_carries_the_model():
+    tl = build(PREEMPTED, PREEMPTED_EVENTS, since=0, until=1000, nodes=["n1", "n2", "n3", "n4"])
+    html = page(tl, "HAI cluster timeline")
+    assert embedded(html) == json.loads(json.dumps(tl.as_dict()))
+    # nothing to fetch: no external script, style, image or font (the SVG namespace is a name, not a fetch)
+    assert not re.search(r"<link|<img|\bsrc=|@import|url\(", html)
+    assert set(re.findall(r"https?://[^\s\"'`]+", html)) == {"http://www.w3.org/2000/svg"}
+
+
+def test_a_job_name_cannot_break_out_of_the_page():
+    evil = "</script><script>alert(1)</script>"
+    tl = build([run_record(70, 100, 200, "n1", name=evil)], {}, since=0, until=300)
+    html = page(tl, "t")
+    assert evil not in html and html.count("<script") == 2
+    assert embedded(html)["intervals"][0]["name"] == evil
+    assert ".innerHTML" not in html  # the script sets every text as text
+
+
+def test_events_are_read_from_each_jobs_directory_under_its_root(tmp_path):
+    for job_id in (80, 81):
+        JobDir.for_job(job_id, tmp_path).create().event("start", run=0)
+    records = [run_record(80, 1, 2, "n1"), run_record(80, 3, 4, "n1"), run_record(81, 1, 2, "n1"),
+               run_record(82, 1, 2, "n1"), run_record(83, 1, 2, "n1", owner="nobody-known")]
+    found = read_events(records, lambda rec: None if rec.user == "nobody-known" else tmp_path)
+    assert sorted(found) == [80, 81, 82] and found[82] == []
+    assert [e["event"] for e in found[80]] == ["start"]
+
+
+def test_a_jobs_root_is_its_comments_hai_dir_else_its_users_home(tmp_path, monkeypatch):
+    monkeypatch.setenv("HAI_HOME", str(tmp_path / "mine"))
+    me = pwd.getpwuid(os.getuid()).pw_name
+    assert job_root(run_record(1, 1, 2, "n1", owner="x", comment=f"hai-dir={tmp_path}/shared"), me) == (
+        tmp_path / "shared")
+    assert job_root(run_record(1, 1, 2, "n1", owner=me), me) == tmp_path / "mine" / "jobs"
+    other = pwd.getpwuid(0).pw_name if me != pwd.getpwuid(0).pw_name else "daemon"
+    assert job_root(run_record(1, 1, 2, "n1", owner=other), me) == Path(pwd.getpwnam(other).pw_dir) / ".hai" / "jobs"
+    assert job_root(run_record(1, 1, 2, "n1", owner="no-such-user-here"), me) is None
+
+
+# ------------------------------------------------------------------ the Slurm read
+
+
+def test_the_accounting_read_asks_sacct_for_every_run_since_then(tmp_path, monkeypatch):
+    fixture = FIXTURES / "22.05.8" / "sacct.json"
+    calls = fake_commands(tmp_path, monkeypatch, sacct=f"cat {fixture}")
+    monkeypatch.setenv("TZ", "UTC")
+    records = CliBackend().accounting_since(86400 + 3661)
+    assert calls.read_text().split() == ["sacct", "--json", "--duplicates", "--allocations",
+                                         "--starttime=1970-01-02T01:01:01", "--endtime=now", "--allusers"]
+    assert [r.state for r in records if r.job_id == 12] == ["REQUEUED", "PENDING"]  # both runs of job 12
+    CliBackend().accounting_since(0, user="alice")
+    assert calls.read_text().splitlines()[-1].endswith("--user=alice")
+
+
+# ------------------------------------------------------------------ the commands
+
+
+class TimelineSlurm:
+    """The two reads the timeline makes."""
+
+    name = "fake"
+
+    def __init__(self, records: list[JobInfo]) -> None:
+        self.records, self.calls = records, []
+
+    def accounting_since(self, since, user=None):
+        self.calls.append(("accounting_since", user))
+        return [r for r in self.records if user is None or r.user == user]
+
+    def nodes(self):
+        self.calls.append(("nodes",))
+        return [NodeInfo(f"n{i}", 8, frozenset({"gpu"})) for i in (1, 2, 3, 4, 5)]
+
+
+@pytest.fixture
+def slurm(monkeypatch, tmp_path):
+    me = common.current_user()
+    monkeypatch.setenv("HAI_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    monkeypatch.setenv("HAI_POLICY", str(Path(__file__).resolve().parents[2] / "contrib/localcluster/policy.toml"))
+    now = int(time.time())
+    records = [dataclasses.replace(r, user=me, start_time=now - 1000 + r.start_time,
+                                   end_time=now - 1000 + r.end_time) for r in PREEMPTED]
+    records.append(run_record(12, now - 500, now - 100, "n5", owner="someone-else"))
+    for job_id, events in PREEMPTED_EVENTS.items():  # the story, 1000 s ago
+        path = JobDir.for_job(job_id).create().path / "events.jsonl"
+        path.write_text("".join(json.dumps(e | {"t": now - 1000 + e["t"]}) + "\n" for e in events))
+    fake = TimelineSlurm(records)
+    monkeypatch.setattr(common, "slurm_backend", lambda: fake)
+    monkeypatch.setattr("slurm_hai.slurm.backend", lambda: fake)
+    return fake
+
+
+def test_hai_timeline_draws_only_your_jobs_on_the_nodes_they_held(slurm, tmp_path):
+    out = tmp_path / "mine.html"
+    r = CliRunner().invoke(user.main, ["timeline", "--since", "1h", "--out", str(out)])
+    assert r.exit_code == 0, r.output
+    assert r.output.startswith(f"wrote {out}: 2 job(s) on 4 node(s), 2 mark(s)")
+    assert slurm.calls == [("accounting_since", common.current_user())]
+    data = embedded(out.read_text())
+    assert data["nodes"] == ["n1", "n2", "n3", "n4"] and {i["job_id"] for i in data["intervals"]} == {10, 11}
+    assert [m["kind"] for m in data["marks"]] == ["suspend", "restart"]
+
+
+def test_hai_admin_timeline_draws_every_job_on_every_node(slurm, tmp_path):
+    r = CliRunner().invoke(admin.main, ["timeline", "--since", "30m", "--json"])
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.output)
+    assert data["nodes"] == ["n1", "n2", "n3", "n4", "n5"]
+    assert {i["job_id"] for i in data["intervals"]} == {10, 11, 12}
+    assert slurm.calls == [("accounting_since", None), ("nodes",)]
+
+
+@pytest.mark.parametrize("argv, error", [
+    (["--since", "yesterday"], "Error: --since 'yesterday': use 30m, 2h, 1d, HH:MM or YYYY-MM-DD[THH:MM]"),
+    (["--since", "1h", "--until", "2h"], "Error: --since 1h is not before --until 2h"),
+])
+@pytest.mark.parametrize("tool", [user.main, admin.main], ids=["hai", "hai-admin"])
+def test_a_bad_window_is_one_line(slurm, tool, argv, error):
+    r = CliRunner().invoke(tool, ["timeline", *argv])
+    assert r.exit_code == 2 and r.output.strip() == error and slurm.calls == []
+
+
+def test_an_unwritable_out_file_is_one_line(slurm, tmp_path):
+    r = CliRunner().invoke(user.main, ["timeline", "--out", str(tmp_path / "no-such-dir" / "t.html")])
+    assert r.exit_code == 1 and r.output.startswith("Error: ") and len(r.output.strip().splitlines()) == 1
