@@ -25,6 +25,7 @@ pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[2]
 LOCAL_POLICY = REPO / "contrib" / "localcluster" / "policy.toml"
+DASHBOARD = REPO / "contrib" / "grafana" / "slurm-hai.json"
 GRACE = 5  # grace_seconds of the local policy
 COMMIT = 0.5  # how long the job below takes to "commit its checkpoint" after the notice
 COOPERATES = f"""
@@ -127,6 +128,11 @@ def test_a_preemption_shows_up_in_the_prometheus_series(live: LiveCluster, promq
     assert one(promql('max_over_time(sum(hai_pending_jobs{level="LOW"})[2m:1s])')) >= 1
     assert one(promql('hai_daemon_cycle_seconds_count')) > 10
     assert one(promql('hai_daemon_errors_total{kind="slurm"}')) == 0
+    # every query of the Grafana dashboard runs, and its suspension panel shows the preemption
+    queries = [t["expr"] for p in json.loads(DASHBOARD.read_text())["panels"] for t in p["targets"]]
+    results = {q: promql(q.replace("$__rate_interval", "2m")) for q in queries}
+    shown = results["sum by (level, cause) (increase(hai_suspensions_total[$__rate_interval]))"]
+    assert shown[(("cause", "preempted"), ("level", "LOW"))] > 0, shown
     print("preemption (notice -> requeued) {:.2f} s, checkpoint {:.2f} s, restart {:.2f} s".format(*(
         one(promql(f'{name}_sum{{level="LOW"}}')) for name in ("hai_preemption_latency_seconds",
                                                              "hai_suspend_checkpoint_seconds",

@@ -220,3 +220,44 @@ def test_a_taken_metrics_port_is_one_line(tmp_path, monkeypatch):
     assert r.output == f"Error: cannot serve metrics on 127.0.0.1:{port}: Address already in use\n"
     r = CliRunner().invoke(admin, ["daemon", "--policy", str(LOCAL), "--metrics-port", "0"])
     assert r.exit_code == 2 and "--metrics-port" in r.output
+
+
+# ------------------------------------------------------------------ contrib/grafana
+
+DASHBOARD = Path(__file__).resolve().parents[2] / "contrib" / "grafana" / "slurm-hai.json"
+PROMQL_FUNCTIONS = {"sum", "rate", "increase", "histogram_quantile", "max_over_time"}
+PROMQL_WORDS = {"by"}
+
+
+def exported(tmp_path: Path) -> tuple[set[str], set[str]]:
+    """The sample names and label names of a scrape after a cycle that fed every series."""
+    write_events(tmp_path, 1, *PREEMPTED)
+    m = DaemonMetrics(DEFAULT_LADDER, since=0)
+    m.observe_cycle([hai_job(1, tmp_path, state="RUNNING", qos="low", restart_count=1), job(2)], 0.1, 0)
+    samples = [s for fam in m.registry.collect() for s in fam.samples if not s.name.endswith("_created")]
+    return {s.name for s in samples}, {label for s in samples for label in s.labels}
+
+
+def dashboard_queries() -> list[str]:
+    return [t["expr"] for p in json.loads(DASHBOARD.read_text())["panels"] for t in p["targets"]]
+
+
+def test_the_grafana_dashboard_queries_only_series_the_daemon_exports(tmp_path):
+    import re
+
+    names, labels = exported(tmp_path)
+    queries = dashboard_queries()
+    assert len(queries) >= 10
+    used = set()
+    for q in queries:
+        grouped = re.findall(r"\bby \(([^)]*)\)", q)
+        assert {g.strip() for group in grouped for g in group.split(",")} <= labels, q
+        bare = re.sub(r"\bby \([^)]*\)|\[[^\]]*\]|\{[^}]*\}", "", q)  # groupings, ranges, matchers
+        for word, call in re.findall(r"\b([a-zA-Z_:][\w:]*)\s*(\(?)", bare):
+            if call:
+                assert word in PROMQL_FUNCTIONS | PROMQL_WORDS, (word, q)
+            else:
+                assert word in names, (word, q)
+                used.add(word.removesuffix("_bucket").removesuffix("_sum").removesuffix("_count"))
+    # every series the daemon exports has a panel
+    assert used >= {n.removesuffix("_bucket") for n in names if not n.endswith(("_sum", "_count"))}, used
