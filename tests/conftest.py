@@ -153,6 +153,7 @@ ONE_VERSION = {
     "test_acceptance.py::test_slurm_docker_rendered_policy_is_up_to_date",
     "test_hostile_users.py::test_a_run_that_cannot_start_says_why_in_status_and_logs",
     "test_metrics.py::test_a_preemption_shows_up_in_the_prometheus_series",
+    "test_torchrun.py::test_torchrun_job_on_two_nodes_is_preempted_and_resumes_bit_for_bit",
 }
 
 

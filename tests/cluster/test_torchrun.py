@@ -1,0 +1,92 @@
+"""hai-submit --torchrun on the live cluster: a 2-node torchrun job (2 processes per node,
+gloo on CPU) is preempted by a higher level, resumes from its checkpoint and ends with the
+weights of an uninterrupted run, bit for bit.
+
+What it proves: torchrun runs once per node with the job's node count, the contract's node
+rank and rank 0's address; RANK/LOCAL_RANK/WORLD_SIZE are torchrun's (global over both
+nodes, an all_reduce sums every rank); every process of node 0, none of node 1, sees the
+suspend notice; both runs use the thread count pinned in the job directory.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from waiting import wait_for
+
+pytestmark = pytest.mark.cluster
+
+REPO = Path(__file__).resolve().parents[2]
+SCRIPT = REPO / "examples" / "torchrun_train.py"
+STEPS = 160
+ALICE = "hai-alice"
+RANK_LINE = re.compile(r"^\[torchrun\] rank (\d+)/(\d+) local_rank (\d+)/(\d+) node (\d+) run (\d+) threads (\d+) "
+                       r"sum of ranks (\d+)$", re.M)
+
+
+def events(job_dir: Path, name: str) -> list[dict]:
+    path = job_dir / "events.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [e for e in map(json.loads, lines) if e["event"] == name]
+
+
+def node_log(job_dir: Path, node: int) -> str:
+    path = job_dir / "logs" / f"rank-{node}.log"
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def last_step(job_dir: Path) -> int:
+    steps = re.findall(r"^\[torchrun\] step (\d+)/", node_log(job_dir, 0), re.M)
+    return int(steps[-1]) if steps else 0
+
+
+def test_torchrun_job_on_two_nodes_is_preempted_and_resumes_bit_for_bit(live, tmp_path):
+    p = live.run(["hai-submit", "--json", "--torchrun", "-n", "2", "-p", "LOW", "--gpus-per-node", "2", str(SCRIPT),
+                  "--steps", str(STEPS), "--step-sleep", "0.05"], user=ALICE)
+    job_dir = Path(json.loads(p.stdout)["job_dir"])
+    wait_for(lambda: last_step(job_dir) >= 20, 120, "run 0 to train 20 steps")
+    # a NORMAL job that needs every node takes the LOW job's two
+    high = live.sbatch("-o", "/dev/null", "--qos=normal", "-N4", "--wrap", "sleep 2", user=ALICE)
+    suspended = wait_for(lambda: events(job_dir, "suspended"), 60, "the preemption")
+    assert suspended[0]["run"] == 0 and suspended[0]["how"] == "go_suspend", suspended
+    assert events(job_dir, "notice")[0]["cause"] == "preempted", events(job_dir, "notice")
+    assert live.wait_job(high, lambda j: j["JobState"] == "COMPLETED", 60, "the NORMAL job to run")
+    final = wait_for(lambda: (job_dir / "final.json").exists() and json.loads((job_dir / "final.json").read_text()),
+                     150, "the resumed run to finish")
+    assert final["state"] == "succeeded", (final, node_log(job_dir, 0)[-3000:])
+    assert [e["run"] for e in events(job_dir, "start")] == [0, 1]
+
+    logs = [node_log(job_dir, n) for n in (0, 1)]
+    threads = (job_dir / "threads").read_text()
+    for node, log in enumerate(logs):
+        seen = {(int(m[5]), int(m[0])): m for m in RANK_LINE.findall(log)}
+        # torchrun's meaning: global ranks over 2 nodes x 2 processes; node = the contract's node rank
+        assert sorted(seen) == [(run, rank) for run in (0, 1) for rank in (2 * node, 2 * node + 1)], log
+        for (run, rank), m in seen.items():
+            assert m[:5] == (str(rank), "4", str(rank % 2), "2", str(node))
+            assert m[6] == threads and m[7] == "6"  # 0+1+2+3: the all_reduce spans both nodes
+    # every process of node 0 saw the notice itself; node 1's learned it from the all_reduce
+    suspends = [re.findall(r"^\[torchrun\] rank (\d+) suspends at step (\d+) \(notice on this node: (\w+)\)$", log, re.M)
+                for log in logs]
+    assert sorted(suspends[0]) == sorted([("0", suspends[0][0][1], "True"), ("1", suspends[0][0][1], "True")]), logs[0]
+    assert sorted(suspends[1]) == sorted([("2", suspends[0][0][1], "False"), ("3", suspends[0][0][1], "False")]), logs[1]
+    at = int(suspends[0][0][1])
+    assert 20 <= at < STEPS and re.findall(r"^\[torchrun\] resumed from step (\d+)$", logs[0], re.M) == [str(at)]
+    digest = re.findall(r"^\[torchrun\] done at step \d+: weights sha256=(\w+)$", logs[0], re.M)
+    assert len(digest) == 1, logs[0]
+
+    # the uninterrupted run, same world size (1 node x 4 processes), same pinned thread count
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HAI_", "SLURM_"))}
+    ref = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node=4",
+                          str(SCRIPT), "--steps", str(STEPS), "--ckpt-dir", str(tmp_path / "ckpt")],
+                         env={**env, "OMP_NUM_THREADS": threads}, text=True, capture_output=True, timeout=300)
+    assert ref.returncode == 0, ref.stdout[-2000:] + ref.stderr[-2000:]
+    assert digest == re.findall(r"^\[torchrun\] done at step \d+: weights sha256=(\w+)$", ref.stdout, re.M), (
+        "resumed weights differ from the uninterrupted run")
