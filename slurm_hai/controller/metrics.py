@@ -29,7 +29,6 @@ notice with the end of its run) but not counted (a daemon before it counted them
 from __future__ import annotations
 
 import json
-import logging
 import math
 import os
 import pwd
@@ -47,8 +46,6 @@ from ..jobs.status import level_name
 from ..policy import tags
 from ..policy.levels import Level
 from ..slurm.records import JobInfo
-
-log = logging.getLogger("hai-policyd")
 
 CAUSES = ("preempted", "user", "time_limit", "unknown")  # jobs.status.notice_cause's words
 NO_NOTICE = "none"
@@ -84,7 +81,7 @@ class EventFollower:
     The file is found through the job's `hai-dir` comment, which its user may edit: it is
     read only when it is a regular file owned by the job's user, without blocking, and at
     most MAX_READ bytes a cycle. Jobs that never ran are skipped (their file only says
-    `submit`); a job is forgotten when it leaves the queue."""
+    `submit`); a job is forgotten FORGET_AFTER seconds after it left the queue."""
 
     def __init__(self) -> None:
         self._jobs: dict[int, _Followed] = {}

@@ -8,7 +8,6 @@ import socket
 import subprocess
 import sys
 import textwrap
-import time
 import urllib.parse
 import urllib.request
 from pathlib import Path
