@@ -151,6 +151,8 @@ ONE_VERSION = {
     "test_frontdoor.py::test_ctrl_c_in_logs_follow_says_the_job_goes_on",
     "test_acceptance.py::test_kill_9_in_the_middle_of_a_save_resumes_from_the_last_committed_checkpoint",
     "test_acceptance.py::test_slurm_docker_rendered_policy_is_up_to_date",
+    "test_integrations.py::test_hf_trainer_preempted_twice_ends_with_the_weights_of_an_uninterrupted_run",
+    "test_integrations.py::test_lightning_preempted_and_resumed_ends_with_the_weights_of_an_uninterrupted_run",
     "test_hostile_users.py::test_a_run_that_cannot_start_says_why_in_status_and_logs",
     "test_metrics.py::test_a_preemption_shows_up_in_the_prometheus_series",
     "test_torchrun.py::test_torchrun_job_on_two_nodes_is_preempted_and_resumes_bit_for_bit",
