@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -40,6 +42,32 @@ def test_torchrun_gets_nodes_node_rank_and_rank_0s_address_from_the_contract():
 def test_where_sigterm_is_the_notice_torchruns_agent_does_not_stop_its_workers_on_it():
     assert agent_signals(False).split(",") == ["SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT"]
     assert agent_signals(True).split(",") == ["SIGINT", "SIGHUP", "SIGQUIT"]
+
+
+def test_the_wrapper_becomes_torchrun_and_keeps_the_notice_from_its_agent_where_sigterm_is_the_notice(tmp_path):
+    fake_python = tmp_path / "python"  # stands for the job's interpreter: says how it was started
+    fake_python.write_text('#!/bin/sh\necho "$TORCHELASTIC_SIGNALS_TO_HANDLE" "$@"\n')
+    fake_python.chmod(0o755)
+    env = {**os.environ, **CONTRACT}
+    argv = [sys.executable, "-m", "slurm_hai.runtime.torchrun", "--nproc-per-node=2", f"--python={fake_python}", "--",
+            "/w/train.py", "--x"]
+    shown = {}
+    for term_is_notice in (False, True):
+        # the launcher starts the command with SIGTERM ignored where SIGTERM is the notice
+        p = subprocess.run(argv, env=env, text=True, capture_output=True, timeout=30, preexec_fn=(
+            (lambda: signal.signal(signal.SIGTERM, signal.SIG_IGN)) if term_is_notice else None))
+        assert p.returncode == 0, p.stderr
+        shown[term_is_notice] = p.stdout.split()
+    assert shown[False][0] == "SIGTERM,SIGINT,SIGHUP,SIGQUIT" and shown[True][0] == "SIGINT,SIGHUP,SIGQUIT"
+    assert shown[True][1:] == torchrun_argv(str(fake_python), 2, CONTRACT, ["/w/train.py", "--x"])[1:]
+
+
+def test_the_wrapper_outside_a_job_says_what_is_missing():
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")}
+    p = subprocess.run([sys.executable, "-m", "slurm_hai.runtime.torchrun", "--nproc-per-node=1", "--", "t.py"],
+                       env=env, text=True, capture_output=True, timeout=30)
+    assert p.returncode == 2 and "WORLD_SIZE, RANK, MASTER_ADDR, MASTER_PORT not set" in p.stderr
+    assert "Traceback" not in p.stderr
 
 
 # ----------------------------------------------------------------------------- hai-submit
