@@ -184,8 +184,11 @@ def test_the_accounting_read_asks_sacct_for_every_run_since_then(tmp_path, monke
     assert calls.read_text().split() == ["sacct", "--json", "--duplicates", "--allocations",
                                          "--starttime=1970-01-02T01:01:01", "--endtime=now", "--allusers"]
     assert [r.state for r in records if r.job_id == 12] == ["REQUEUED", "PENDING"]  # both runs of job 12
-    CliBackend().accounting_since(0, user="alice")
-    assert calls.read_text().splitlines()[-1].endswith("--user=alice")
+    owner = records[0].user
+    assert {r.user for r in records} == {owner}  # the fixture's jobs are one user's
+    assert CliBackend().accounting_since(0, user="someone-else") == []  # 22.05 prints them all the same
+    assert calls.read_text().splitlines()[-1].endswith("--user=someone-else")
+    assert CliBackend().accounting_since(0, user=owner) == records
 
 
 # ------------------------------------------------------------------ the commands
