@@ -47,6 +47,7 @@ def main():
       hai list --all        everyone's jobs
       hai logs -f 6         follow rank 0's output across suspensions
       hai quota             your quota and usage per level
+      hai timeline          your jobs on the nodes in the last hour, as an HTML page
     Shell completion (bash): eval "$(_HAI_COMPLETE=bash_source hai)"
     """
 

@@ -19,6 +19,8 @@ Through pyslurm (no process started):
 Kept on the Slurm commands (inherited from the CLI backend), mostly because pyslurm lacks them:
 - `submit()`: pyslurm submits a JobSubmitDescription, not a batch script with sbatch's
   options; hai-submit renders a script and sbatch argv;
+- `accounting_since()` (the timeline): every run of a requeued job as its own record is
+  what `sacct --json --duplicates` gives; pyslurm.db's job map holds one record per id;
 - `qos()`, `associations()`, `users()` and `apply()` (sacctmgr, scontrol create/update):
   pyslurm.db has no QOS/association writes for all that `hai-admin apply` changes, and
   the reads stay beside the writes they are compared with;
