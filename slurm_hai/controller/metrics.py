@@ -116,26 +116,25 @@ class EventFollower:
     def _read(f: _Followed, uid: int | None) -> list[dict]:
         try:
             st = os.lstat(f.path)
-        except OSError:  # not written yet, or not readable (e.g. a root-squashed share)
+        except (OSError, ValueError):  # not written yet, not readable (a root-squashed share), a bad path
             return []
         if st.st_ino == f.inode and st.st_size == f.offset:
             return []  # the common case: nothing new, one lstat
         if not stat.S_ISREG(st.st_mode) or st.st_uid != uid:
             return []
         try:
-            fd = os.open(f.path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
-        except OSError:
+            with open(os.open(f.path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW), "rb") as fh:
+                st = os.fstat(fh.fileno())
+                if not stat.S_ISREG(st.st_mode) or st.st_uid != uid:
+                    return []
+                if st.st_ino != f.inode or st.st_size < f.offset:  # a new file (the job id reused)
+                    f.inode, f.offset = st.st_ino, 0
+                    f.notices.clear()
+                    f.suspended.clear()
+                fh.seek(f.offset)
+                data = fh.read(min(st.st_size - f.offset, MAX_READ))
+        except OSError:  # replaced meanwhile, a stale NFS handle, ...: tried again next cycle
             return []
-        with os.fdopen(fd, "rb") as fh:
-            st = os.fstat(fd)
-            if not stat.S_ISREG(st.st_mode) or st.st_uid != uid:
-                return []
-            if st.st_ino != f.inode or st.st_size < f.offset:  # a new file (the job id reused)
-                f.inode, f.offset = st.st_ino, 0
-                f.notices.clear()
-                f.suspended.clear()
-            fh.seek(f.offset)
-            data = fh.read(min(st.st_size - f.offset, MAX_READ))
         whole = data[: data.rfind(b"\n") + 1]  # a line still being written waits for the next cycle
         f.offset += len(whole)
         events = []

@@ -116,7 +116,8 @@ def test_a_line_still_being_written_waits_for_its_end(tmp_path):
 
 def test_what_a_user_writes_cannot_invent_labels_nor_hang_the_daemon(tmp_path):
     """The hai-dir comment and the file are the user's: a cause outside the vocabulary is
-    `unknown`; a file of another owner, or a FIFO, is not read (and does not block)."""
+    `unknown`; a file of another owner, a FIFO (it does not block) or a path no file can
+    have is not read."""
     write_events(tmp_path / "a", 1, {"t": 1.0, "event": "notice", "run": 0, "cause": "x" * 100},
                  {"t": 2.0, "event": "suspended", "run": 0, "how": "go_suspend"}, {"t": "nan", "event": "start"})
     foreign = write_events(tmp_path / "b", 2, *PREEMPTED)
@@ -126,7 +127,8 @@ def test_what_a_user_writes_cannot_invent_labels_nor_hang_the_daemon(tmp_path):
     m = DaemonMetrics(DEFAULT_LADDER, since=0)
     m.observe_cycle([hai_job(1, tmp_path / "a", state="RUNNING", qos="low"),
                      hai_job(2, tmp_path / "b", state="RUNNING", qos="high"),
-                     hai_job(3, tmp_path / "c", state="RUNNING", qos="high")], 0.1, 0)
+                     hai_job(3, tmp_path / "c", state="RUNNING", qos="high"),
+                     hai_job(4, Path("/tmp/a\0b"), state="RUNNING", qos="high")], 0.1, 0)
     assert value(m, "hai_suspensions_total", level="LOW", cause="unknown") == 1
     assert value(m, "hai_suspensions_total", level="HIGH", cause="preempted") == 0
     causes = {s.labels["cause"] for fam in m.registry.collect() if fam.name == "hai_suspensions" for s in fam.samples}
