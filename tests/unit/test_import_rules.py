@@ -3,6 +3,8 @@
 - policy/ imports only the standard library (and itself);
 - runtime/client imports only the standard library when training code imports it;
 - runtime/ pulls in neither click nor jinja2;
+- the CLI and runtime/client import no training framework (the integrations are extras), and
+  each integration imports only its own framework;
 - no module outside slurm/ names a Slurm command.
 """
 
@@ -90,3 +92,23 @@ def test_only_the_slurm_package_names_a_slurm_command(path):
     named = [(node.value, node.lineno) for node in ast.walk(ast.parse(path.read_text()))
              if isinstance(node, ast.Constant) and node.value in SLURM_COMMANDS]
     assert not named, f"{path.relative_to(PACKAGE)} runs Slurm itself: {named}"
+
+
+FRAMEWORKS = ("transformers", "accelerate", "lightning", "pytorch_lightning")
+
+
+def frameworks_loaded_by(module: str) -> set[str]:
+    return {m.split(".")[0] for m in imported_by(module)} & set(FRAMEWORKS)
+
+
+@pytest.mark.parametrize("module", ["slurm_hai.cli.user", "slurm_hai.cli.submit", "slurm_hai.cli.admin",
+                                    "slurm_hai.runtime.client", "slurm_hai.integrations"])
+def test_the_cli_and_the_client_import_no_training_framework(module):
+    assert not frameworks_loaded_by(module), module
+
+
+@pytest.mark.parametrize("integration, framework", [("transformers", "transformers.trainer"),
+                                                    ("lightning", "lightning.pytorch")])
+def test_each_integration_imports_only_its_own_framework(integration, framework):
+    # (lightning.pytorch itself imports transformers when it is installed)
+    assert frameworks_loaded_by(f"slurm_hai.integrations.{integration}") == frameworks_loaded_by(framework)
