@@ -209,20 +209,33 @@ static int _parse_levels(const char *spec, struct hai_level *lv, int *n)
 	return rc;
 }
 
-/* Canonical name of a --hai-priority value, or NULL if it is not valid. */
+/* Canonical name of a --hai-priority value, or NULL if it is not valid. What
+ * hai-submit -p takes (slurm_hai/policy/levels.py, parse_level): surrounding
+ * white space is ignored; a name in any case, AUTO or -1, or a level's number in
+ * decimal digits with an optional '-' (no '+'). */
 static const char *_canonical_level(const char *arg)
 {
+	char word[HAI_NAME_LEN];
+	size_t len;
 	long value;
 	int i;
 
-	if (!arg || !*arg)
+	if (!arg)
 		return NULL;
-	if (!strcasecmp(arg, "AUTO"))
+	while (isspace((unsigned char) *arg))
+		arg++;
+	for (len = strlen(arg); len && isspace((unsigned char) arg[len - 1]);)
+		len--;
+	if (!len || len >= sizeof(word))
+		return NULL;
+	memcpy(word, arg, len);
+	word[len] = '\0';
+	if (!strcasecmp(word, "AUTO") || !strcmp(word, "-1"))
 		return "AUTO";
 	for (i = 0; i < hai.nlevels; i++)
-		if (!strcasecmp(arg, hai.levels[i].name))
+		if (!strcasecmp(word, hai.levels[i].name))
 			return hai.levels[i].name;
-	if (_parse_long(arg, LONG_MIN, LONG_MAX, &value) == 0)
+	if (word[0] != '+' && _parse_long(word, LONG_MIN, LONG_MAX, &value) == 0)
 		for (i = 0; i < hai.nlevels; i++)
 			if (hai.levels[i].value == value)
 				return hai.levels[i].name;

@@ -16,7 +16,7 @@ from typing import Callable
 import click
 
 from ..policy.model import Policy, load_policy, policy_path
-from .common import emit_json, one_line_errors
+from .common import Group, emit_json, one_line_errors
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 DEFAULT_SPANK_SO = "/usr/lib/x86_64-linux-gnu/slurm-wlm/hai_spank.so"
@@ -37,7 +37,7 @@ def _load(policy_file: str | None) -> tuple[Policy, Path]:
     return load_policy(path), path
 
 
-@click.group(context_settings=CONTEXT)
+@click.group(cls=Group, context_settings=CONTEXT)
 @click.version_option(package_name="slurm-hai", prog_name="hai-admin")
 def main() -> None:
     """Put the HAI time-sharing policy on a Slurm cluster and keep it there.

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import sys
 from typing import Callable, Iterable, Sequence
 
 import click
@@ -24,7 +25,7 @@ def one_line_errors(fn: Callable) -> Callable:
         try:
             return fn(*args, **kwargs)
         except BrokenPipeError:
-            raise  # output cut short by `head` or a pager: click ends quietly
+            raise  # output cut short by `head` or a pager: Command/Group end quietly
         except SlurmError as e:
             raise click.ClickException(no_config_hint(str(e)) or " ".join(str(e).split())) from None
         except (ValueError, OSError) as e:
@@ -33,10 +34,68 @@ def one_line_errors(fn: Callable) -> Callable:
     return wrapper
 
 
+# Output cut short by `head` or a pager (EPIPE): the exit status of a Unix tool killed by
+# SIGPIPE, as the shell reports it for `cat` or `grep` (128 + 13), and not a word.
+BROKEN_PIPE_EXIT = 141
+
+
+class _FrontDoor:
+    """What the three front ends (hai, hai-submit, hai-admin) do around click:
+    - output cut short (EPIPE) ends quietly, exit BROKEN_PIPE_EXIT, whatever was printing
+      (a command, --help, --version);
+    - a usage error (a bad option value, a missing argument) is one line, exit 2, with
+      where to look: `Error: Invalid value for '-n' / '--nodes': ... (see hai-submit --help)`."""
+
+    def make_context(self, *args, **kwargs):
+        with _front_door():
+            return super().make_context(*args, **kwargs)
+
+    def invoke(self, ctx):
+        with _front_door():
+            return super().invoke(ctx)
+
+
+class _front_door:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, kind, error, tb) -> bool:
+        if isinstance(error, BrokenPipeError):
+            _quiet_streams()
+            raise click.exceptions.Exit(BROKEN_PIPE_EXIT) from None
+        if isinstance(error, click.UsageError) and not isinstance(error, click.exceptions.NoArgsIsHelpError):
+            where = f" (see {error.ctx.command_path} --help)" if error.ctx is not None else ""
+            raise Refused(" ".join(error.format_message().split()) + where) from None
+        return False
+
+
+def _quiet_streams() -> None:
+    """Send what is still buffered for stdout and stderr to /dev/null: Python flushes them at
+    exit, and a second EPIPE there would print `Exception ignored ...`."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            os.dup2(devnull, stream.fileno())
+        except (OSError, ValueError):  # not a file (e.g. click's test runner)
+            pass
+    os.close(devnull)
+
+
+class Command(_FrontDoor, click.Command):
+    """A front end that is one command (hai-submit)."""
+
+
+class Group(_FrontDoor, click.Group):
+    """A front end with subcommands (hai, hai-admin)."""
+
+
 class Refused(click.ClickException):
     """A request refused before anything reached Slurm: one line, exit 2 (like a usage error)."""
 
     exit_code = 2
+
+    def __init__(self, message: str) -> None:
+        super().__init__(" ".join(message.split()))  # a user's value with a newline stays one line
 
 
 def parse_priority(text: str):
@@ -132,5 +191,5 @@ def job_id_arg(value: str) -> int:
     return int(value)
 
 
-__all__ = ["one_line_errors", "emit_json", "table", "lookup", "check_owner", "job_id_arg", "Refused", "did_you_mean",
-           "parse_priority", "no_config_hint", "current_user", "job_dir_of"]
+__all__ = ["Command", "Group", "BROKEN_PIPE_EXIT", "one_line_errors", "emit_json", "table", "lookup", "check_owner",
+           "job_id_arg", "Refused", "did_you_mean", "parse_priority", "no_config_hint", "current_user", "job_dir_of"]

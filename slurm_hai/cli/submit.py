@@ -11,7 +11,7 @@ from .. import __version__
 from ..jobs.jobdir import default_root
 from ..jobs.request import JobRequest, RequestError
 from ..jobs.submit import prepare, submit
-from .common import Refused, backend, emit_json, no_config_hint, one_line_errors, parse_priority
+from .common import Command, Refused, backend, emit_json, no_config_hint, one_line_errors, parse_priority
 
 
 def script_args(args: tuple[str, ...]) -> list[str]:
@@ -20,7 +20,7 @@ def script_args(args: tuple[str, ...]) -> list[str]:
     return list(args[1:] if args[:1] == ("--",) else args)
 
 
-@click.command(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100,
+@click.command(cls=Command, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100,
                                  "allow_interspersed_args": False})
 @click.version_option(__version__, "--version", prog_name="hai-submit", message="%(prog)s (slurm-hai) %(version)s")
 @click.argument("script")

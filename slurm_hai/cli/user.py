@@ -19,8 +19,8 @@ from ..jobs.status import status as hai_status
 from ..policy.explain import Explainer
 from ..slurm.records import JobInfo
 from .ckpt import ckpt
-from .common import (Refused, backend, check_owner, current_user, did_you_mean, emit_json, job_dir_of, job_id_arg,
-                     lookup, one_line_errors, table)
+from .common import (Group, Refused, backend, check_owner, current_user, did_you_mean, emit_json, job_dir_of,
+                     job_id_arg, lookup, one_line_errors, table)
 
 RUN_MARK = re.compile(r"^==== slurm-hai run (\d+) ")
 TERMINAL = ("finished-succeeded", "finished-failed", "finished-stopped")
@@ -32,7 +32,7 @@ FOLLOW_SLURM_EVERY = 5.0
 MARKER_SETTLE = 1.0  # marker lines wait this long, so events written late still print in order
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
+@click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100})
 @click.version_option(__version__, "--version", prog_name="hai", message="%(prog)s (slurm-hai) %(version)s")
 def main():
     """Follow and control HAI jobs submitted with hai-submit.

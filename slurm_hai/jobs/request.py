@@ -21,10 +21,13 @@ from ..policy.levels import AUTO, parse_level
 from ..policy.limits import MAX_GRACE
 from ..render import render
 
-NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
-ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-TIME_RE = re.compile(r"^(\d+-)?\d+(:\d{1,2}){0,2}$|^(\d+-\d+)$|^UNLIMITED$|^INFINITE$", re.I)
-GROUP_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+# Each is matched whole (fullmatch: a trailing newline is not "the end"), in ASCII.
+NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
+ENV_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+# Slurm's --time: MINUTES, MINUTES:SECONDS, HOURS:MINUTES:SECONDS, DAYS-HOURS,
+# DAYS-HOURS:MINUTES, DAYS-HOURS:MINUTES:SECONDS, or UNLIMITED/INFINITE.
+TIME_RE = re.compile(r"(?:([0-9]+)-)?([0-9]+)(?::([0-9]{1,2}))?(?::([0-9]{1,2}))?|UNLIMITED|INFINITE", re.I)
+GROUP_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 RESERVED_ENV = {"SLURM_", "HAI_JOB_DIR", "HAI_SUSPEND_FLAG", "HAI_CONTRACT", "HAI_SUBMIT_TOKEN"}
 NOTICE_MARGIN = 30
 
@@ -70,7 +73,7 @@ def _safe_path(value: str, what: str) -> str:
 def validate(req: JobRequest) -> dict:
     """Check every field; return the template context. Raises RequestError."""
     name = req.name or Path(req.script).stem or "hai-job"
-    if not NAME_RE.match(name):
+    if not NAME_RE.fullmatch(name):
         fix = "choose another --name" if req.name else "name it with --name"
         raise RequestError(f"job name {name!r} may only use letters, digits, '.', '_' and '-' (at most 64); {fix}")
     if not 1 <= req.nodes <= 10000:
@@ -84,10 +87,9 @@ def validate(req: JobRequest) -> dict:
     # AUTO goes to Slurm as the QOS "auto": job_submit.lua places the job, and the policy
     # daemon moves it to the highest level where its owner has quota, every cycle.
     qos, level_name = ("auto", AUTO) if level == AUTO else (level.qos, level.name)
-    if req.group is not None and not GROUP_RE.match(req.group):
-        raise RequestError(f"--group {req.group!r} is not a valid node group (partition) name")
-    if req.time is not None and not TIME_RE.match(req.time):
-        raise RequestError(f"--time {req.time!r} is not a Slurm time (MINUTES, HH:MM:SS, D-HH:MM:SS)")
+    check_group_name(req.group)
+    if req.time is not None:
+        time_minutes(req.time, "--time")
     if not 1 <= req.grace <= MAX_GRACE:
         raise RequestError(f"--grace must be between 1 and {MAX_GRACE} seconds, got {req.grace}")
     if not 0 <= req.retries <= 100:
@@ -95,7 +97,7 @@ def validate(req: JobRequest) -> dict:
     env = []
     for item in req.env:
         key, sep, value = item.partition("=")
-        if not sep or not ENV_KEY_RE.match(key):
+        if not sep or not ENV_KEY_RE.fullmatch(key):
             raise RequestError(f"-e {item!r}: expected KEY=VALUE with KEY a shell variable name")
         if key.startswith("SLURM_") or key in RESERVED_ENV:
             raise RequestError(f"-e {key}: this variable is set by Slurm or slurm-hai; choose another name")
@@ -120,6 +122,51 @@ def validate(req: JobRequest) -> dict:
         "notice_seconds": req.grace + NOTICE_MARGIN, "workdir": workdir, "job_root": req.job_root,
         "env": env, "python": sys.executable, "command": command,
     }
+
+
+def check_group_name(group: str | None) -> None:
+    if group is not None and not GROUP_RE.fullmatch(group):
+        raise RequestError(f"--group {group!r} is not a valid node group (partition) name")
+
+
+def time_minutes(text: str, what: str) -> int | None:
+    """A Slurm time limit in whole minutes, as Slurm reads it (seconds round up); None for
+    no limit (UNLIMITED, INFINITE, 0). RequestError naming `what` if it is not a time."""
+    m = TIME_RE.fullmatch(text)
+    if not m:
+        raise RequestError(f"{what} {text!r} is not a Slurm time (MINUTES, HH:MM:SS, D-HH:MM:SS)")
+    if not m.group(2):
+        return None
+    days, first, second, third = (int(g) if g else 0 for g in m.groups())
+    if m.group(1) is not None:  # DAYS-HOURS[:MINUTES[:SECONDS]]
+        seconds = ((days * 24 + first) * 60 + second) * 60 + third
+    elif m.group(4) is not None:  # HOURS:MINUTES:SECONDS
+        seconds = (first * 60 + second) * 60 + third
+    else:  # MINUTES[:SECONDS]
+        seconds = first * 60 + second
+    return -(-seconds // 60) or None
+
+
+def fit_to_partition(group: str, partition: dict[str, str], want_nodes: int, time: str | None) -> None:
+    """RequestError for a request the group's (partition's) own limits never let start, in
+    our words: Slurm would take it and keep it waiting for ever (PartitionNodeLimit,
+    PartitionTimeLimit). `partition`: `scontrol show partition -o` KEY=VALUE."""
+    most, least = partition.get("MaxNodes", ""), partition.get("MinNodes", "")
+    if most.isdigit() and want_nodes > int(most):
+        raise RequestError(f"node group {group} takes jobs of at most {most} node(s); ask for at most -n {most}")
+    if least.isdigit() and want_nodes < int(least):
+        raise RequestError(f"node group {group} takes jobs of at least {least} node(s); ask for -n {least} or more")
+    limit = partition.get("MaxTime", "UNLIMITED")
+    try:
+        limit_minutes = time_minutes(limit, "MaxTime")
+    except RequestError:  # a MaxTime we cannot read: Slurm decides
+        return
+    if time is not None and limit_minutes is not None:
+        wanted = time_minutes(time, "--time")
+        if wanted is None or wanted > limit_minutes:
+            raise RequestError(f"--time {time}: node group {group} runs a job at most {limit} at a time; ask for "
+                               "that or less (near the limit the job gets the suspend notice and continues in a "
+                               "new run)")
 
 
 def fit_to_group(group: str, nodes: dict[str, tuple[int, set[str]]], want_nodes: int,

@@ -16,8 +16,8 @@ from pathlib import Path
 from ..policy.model import Policy, PolicyError, find_policy
 from ..slurm import Backend, SlurmError
 from .jobdir import JobDir, write_atomic
-from .request import (JobRequest, RequestError, check_files, did_you_mean, fit_to_group, render_script,
-                      single_process_warning, validate)
+from .request import (JobRequest, RequestError, check_files, check_group_name, did_you_mean, fit_to_group,
+                      fit_to_partition, render_script, single_process_warning, validate)
 
 
 @dataclass
@@ -43,7 +43,9 @@ class Submitted:
 
 def group_gpus(slurm: Backend, req: JobRequest) -> tuple[str, int]:
     """The job's node group (Slurm's partition) and --gpus-per-node fitted to it: the default
-    is what its nodes have; a request they can never satisfy is refused, in our words."""
+    is what its nodes have; a request its nodes or its limits (MaxNodes, MinNodes, MaxTime)
+    can never satisfy is refused, in our words."""
+    check_group_name(req.group)
     parts = slurm.partitions()
     name = req.group or next((p["PartitionName"] for p in parts if p.get("Default") == "YES"), None)
     if name is None:
@@ -51,6 +53,7 @@ def group_gpus(slurm: Backend, req: JobRequest) -> tuple[str, int]:
     known = [p["PartitionName"] for p in parts]
     if name not in known:
         raise RequestError(f"-g {name}: no such node group; {did_you_mean(name, known)}groups: {', '.join(known)}")
+    fit_to_partition(name, parts[known.index(name)], req.nodes, req.time)
     return name, fit_to_group(name, {n.name: (n.gpus, n.partitions) for n in slurm.nodes()}, req.nodes,
                               req.gpus_per_node)
 

@@ -11,6 +11,8 @@ through `level_of_qos`; job_submit.lua (rendered from the same names) decodes th
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass
 
 AUTO = "AUTO"
@@ -55,7 +57,7 @@ def parse_level(text: str | int, ladder: tuple[Level, ...] = DEFAULT_LADDER) -> 
     names = {lvl.name: lvl for lvl in ladder}
     if raw.upper() in names:
         return names[raw.upper()]
-    if raw.lstrip("-").isdigit():
+    if re.fullmatch(r"-?[0-9]+", raw):  # ASCII digits, as the SPANK plugin reads them
         for lvl in ladder:
             if lvl.value == int(raw):
                 return lvl

@@ -13,6 +13,11 @@ MAX_GRACE = 300
 # (job id % MASTER_PORT_SPAN), so that two jobs sharing a node do not collide.
 MASTER_PORT_BASE = 40000
 MASTER_PORT_SPAN = 10000
+# The most levels a ladder may have, and the longest level name: the plugin's fixed tables
+# (HAI_MAX_LEVELS, HAI_NAME_LEN - 1). A ladder beyond them would be refused by the plugin,
+# which would then fall back to HAI's default ladder.
+MAX_LEVELS = 32
+MAX_LEVEL_NAME = 31
 
 
 def spank_arguments(levels_arg: str) -> dict[str, object]:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .levels import AUTO, DEFAULT_LADDER, Level, variant_qos
+from .limits import MAX_LEVEL_NAME, MAX_LEVELS
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -202,6 +203,8 @@ def load_policy(path: str | Path) -> Policy:
         raise PolicyError(f"{path}: not UTF-8 text") from None
     except tomllib.TOMLDecodeError as e:
         raise PolicyError(f"{path}: invalid TOML: {e}") from None
+    except RecursionError:  # tomllib reads nested arrays and tables by recursion
+        raise PolicyError(f"{path}: invalid TOML: nested too deeply") from None
     return parse_policy(data, source=str(path))
 
 
@@ -301,13 +304,17 @@ class _Parser:
         levels = self.table("", "levels", raw)
         if not levels:
             raise self.error("levels", None, "the ladder needs at least one level")
+        if len(levels) > MAX_LEVELS:
+            raise self.error("levels", None, f"a ladder has at most {MAX_LEVELS} levels, got {len(levels)}")
         out: list[Level] = []
         seen: dict[int, str] = {}
         for name, value in levels.items():
             if name.upper() == AUTO:
                 raise self.error("levels", name, "AUTO is not a level but a request (see allow_auto)")
-            if not LEVEL_NAME.match(name):
+            if not LEVEL_NAME.fullmatch(name):
                 raise self.error("levels", name, "a level name is upper-case letters, digits and '_'")
+            if len(name) > MAX_LEVEL_NAME:
+                raise self.error("levels", name, f"a level name has at most {MAX_LEVEL_NAME} characters")
             number = self.integer("levels", name, value, 0, 1000)
             if number in seen:
                 raise self.error("levels", name, f"value {number} is already used by {seen[number]}")
@@ -326,14 +333,14 @@ class _Parser:
         return tuple(self.owner(table, key, item) for item in raw)
 
     def owner(self, table: str, key: str, value: Any) -> str:
-        if not isinstance(value, str) or not OWNER_NAME.match(value):
+        if not isinstance(value, str) or not OWNER_NAME.fullmatch(value):
             raise self.error(table, key, f"expected a user or account name (lower-case letters, digits, '_', '-'), "
                                          f"got {value!r}")
         return value
 
     def signal_name(self, table: str, key: str, value: Any) -> str:
         text = self.string(table, key, value).upper().removeprefix("SIG")
-        if not hasattr(_signal, "SIG" + text) or text in ("KILL", "STOP"):
+        if "SIG" + text not in _signal.Signals.__members__ or text in ("KILL", "STOP"):
             raise self.error(table, key, f"expected a signal name such as USR2 or TERM, got {value!r}")
         return text
 
@@ -400,7 +407,7 @@ class _Parser:
         out = []
         for name, body in t.items():
             table = f"groups.{name}"
-            if not GROUP_NAME.match(name):
+            if not GROUP_NAME.fullmatch(name):
                 raise self.error("groups", name, "a group (partition) name is letters, digits, '_' and '-'")
             g = self.table("groups", name, body)
             self.known(table, g, GROUP_KEYS)

@@ -16,6 +16,7 @@ reports it, so one odd job never hides the others (the daemon logs it and goes o
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Callable
@@ -76,7 +77,11 @@ def _number(value: object) -> int:
         return 0
     if isinstance(value, bool):
         raise _Shape("a boolean, expected a number")
-    if isinstance(value, (int, float)):
+    if isinstance(value, int):
+        return value
+    if isinstance(value, float):
+        if not math.isfinite(value):  # json.loads reads NaN and Infinity
+            raise _Shape(f"{value}, expected a number")
         return int(value)
     if isinstance(value, dict) and "number" in value:
         if not value.get("set", True) or value.get("infinite"):
@@ -95,7 +100,7 @@ def _text(value: object) -> str:
 
 def _state(value: object) -> str:
     """The base state from a plain string or a v0.0.39+ list of state and flags."""
-    if isinstance(value, str) and value:
+    if isinstance(value, str) and value.strip():
         return value.split()[0]
     if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
         return next((v for v in value if v in BASE_STATES), value[0])
@@ -332,7 +337,7 @@ def job_from_record(rec: object, spec: Spec = JOB_INFO, where: str = "squeue --j
     another shape. `where` names the release and command for that line."""
     if not isinstance(rec, dict):
         raise RecordError(f"{where}: a job record is {_kind(rec)}, expected an object")
-    job = rec.get("job_id", rec.get("id", "?"))
+    job = _job_label(rec.get("job_id", rec.get("id", "?")))
     values = {}
     for name, (path, convert, required) in spec.items():
         found, raw = _lookup(rec, path)
@@ -346,6 +351,14 @@ def job_from_record(rec: object, spec: Spec = JOB_INFO, where: str = "squeue --j
                               "this Slurm version is not supported by this slurm-hai") from None
     values["reason"] = values["reason"] or "None"
     return JobInfo(**values)
+
+
+def _job_label(value: object) -> str:
+    """A job id for an error line: the number, or a short one-line repr of what stands there."""
+    if isinstance(value, int) and not isinstance(value, bool) or value == "?":
+        return str(value)
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def jobs_from_json(doc: object, command: str = "squeue --json") -> tuple[list[JobInfo], list[RecordError]]:

@@ -1,0 +1,479 @@
+"""Hostile input, tried by hypothesis: everything slurm-hai parses from outside.
+
+Slurm's records of every version (`squeue`/`scontrol`/`sacct --json`, pyslurm), Slurm's text
+(`scontrol show node -o`, `sacctmgr -P`, hostlists, versions), the policy TOML, hai-submit's
+options and the values of the SPANK plugin's --hai-* options. The promise: a value slurm-hai
+cannot use is one line and a non-zero exit (or one typed error the caller turns into one),
+never a traceback, and nothing is written. Accepted values never add a line to the sbatch
+script, and the C plugin accepts exactly what the Python side accepts.
+
+Derandomized (the same examples on every run), with a small example budget per property.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from slurm_hai.cli import admin as admin_cli
+from slurm_hai.cli import submit as submit_cli
+from slurm_hai.jobs.request import JobRequest, RequestError, render_script, validate
+from slurm_hai.policy.levels import DEFAULT_LADDER, LevelError, ladder_arg, parse_level
+from slurm_hai.policy.limits import MAX_GRACE, MAX_LEVEL_NAME, MAX_LEVELS
+from slurm_hai.policy.model import Policy, PolicyError, load_policy, parse_policy
+from slurm_hai.slurm import commands, hostlist
+from slurm_hai.slurm.records import PYSLURM, PYSLURM_DB, JobInfo, RecordError, job_from_record, jobs_from_json
+from slurm_hai.slurm.version import SlurmVersion
+from test_frontdoor_submit import FakeSlurm
+
+REPO = Path(__file__).resolve().parents[2]
+FIXTURES = REPO / "tests" / "fixtures" / "slurm"
+LOCAL_POLICY = REPO / "contrib" / "localcluster" / "policy.toml"
+
+FAST = settings(max_examples=60, deadline=None, derandomize=True, database=None,
+               suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+
+# ------------------------------------------------------------------ values
+
+# JSON as a hostile Slurm could print it (json.loads also reads NaN and Infinity).
+json_scalars = (st.none() | st.booleans() | st.integers(min_value=-2**70, max_value=2**70)
+                | st.floats(allow_nan=True, allow_infinity=True) | st.text(max_size=12)
+                | st.sampled_from(["", " ", "\n", "PENDING", "RUNNING REQUEUED", "UNLIMITED", "SIGNALED"]))
+json_values = st.recursive(json_scalars, lambda inner: st.lists(inner, max_size=3)
+                           | st.dictionaries(st.sampled_from(["set", "infinite", "number", "status", "return_code",
+                                                              "signal", "id", "current", "x"]), inner, max_size=3),
+                           max_leaves=6)
+
+
+def fixture_docs() -> list[tuple[str, str, dict]]:
+    """(release, command, document) for every recorded Slurm JSON document."""
+    names = {"squeue.json": "squeue --json", "scontrol.json": "scontrol show job --json", "sacct.json": "sacct --json"}
+    return [(d.name, names[f.name], json.loads(f.read_text())) for d in sorted(FIXTURES.iterdir()) if d.is_dir()
+            for f in sorted(d.iterdir()) if f.name in names]
+
+
+DOCS = fixture_docs()
+
+
+def paths(value: object, prefix: tuple = ()) -> list[tuple]:
+    """Every place (key path) in a JSON value."""
+    out = [prefix]
+    if isinstance(value, dict):
+        for k, v in value.items():
+            out += paths(v, (*prefix, k))
+    elif isinstance(value, list):
+        for i, v in enumerate(value):
+            out += paths(v, (*prefix, i))
+    return out
+
+
+def replaced(doc: object, path: tuple, value: object) -> object:
+    if not path:
+        return value
+    doc = copy.copy(doc)
+    doc[path[0]] = replaced(doc[path[0]], path[1:], value)
+    return doc
+
+
+# ------------------------------------------------------------------ Slurm's records
+
+
+@FAST
+@given(st.sampled_from(DOCS), st.data())
+def test_a_record_of_any_shape_is_read_or_refused_in_one_line(doc_of, data):
+    release, command, doc = doc_of
+    job = data.draw(st.integers(0, len(doc["jobs"]) - 1))
+    where = data.draw(st.sampled_from(paths(doc["jobs"][job])))
+    value = data.draw(json_values)
+    doc = replaced(doc, ("jobs", job, *where), value)
+    # what reaches the parser went through json.dumps/loads as Slurm's output would
+    doc = json.loads(json.dumps(doc))
+    jobs, problems = jobs_from_json(doc, command)
+    assert len(jobs) + len(problems) == len(doc["jobs"])
+    assert all(isinstance(j, JobInfo) for j in jobs)
+    for problem in problems:
+        assert isinstance(problem, RecordError) and "\n" not in str(problem) and release in str(problem)
+
+
+@FAST
+@given(json_values)
+def test_a_document_without_a_job_list_is_one_record_error(doc):
+    try:
+        jobs, problems = jobs_from_json(doc, "squeue --json")
+    except RecordError as e:
+        assert "\n" not in str(e)
+    else:
+        assert isinstance(doc, dict) and isinstance(doc.get("jobs"), list)
+
+
+PYSLURM_RECORD = {"id": 7, "name": "a", "user_name": "u", "state": "RUNNING", "state_reason": "None", "qos": "low",
+                  "num_nodes": 2, "allocated_nodes": "n[1-2]", "nodelist": "n[1-2]", "requeue_count": 0,
+                  "submit_time": 1, "start_time": 2, "eligible_time": 1, "priority": 5, "exit_code": None,
+                  "exit_code_signal": None, "end_time": "UNLIMITED"}
+
+
+@FAST
+@given(st.sampled_from([PYSLURM, PYSLURM_DB]), st.sampled_from(sorted(PYSLURM_RECORD)), json_values)
+def test_a_pyslurm_record_of_any_shape_is_read_or_refused_in_one_line(spec, key, value):
+    try:
+        job = job_from_record({**PYSLURM_RECORD, key: value}, spec, "Slurm 25.11.7 pyslurm.Jobs")
+    except RecordError as e:
+        assert "\n" not in str(e)
+    else:
+        assert isinstance(job, JobInfo)
+
+
+slurm_text = st.text(alphabet=st.sampled_from("NodeName=Gres:gpu,()Partitions= n1\n\t|[]-0123456789x"), max_size=80)
+
+
+@FAST
+@given(slurm_text)
+def test_scontrol_and_sacctmgr_text_of_any_shape_never_crashes(text):
+    for node in commands.nodes_from_text(text):
+        assert node.name and node.gpus >= 0
+    assert all(set(row) <= set(commands.QOS_FIELDS) for row in commands.parsable_rows(text, commands.QOS_FIELDS))
+
+
+@FAST
+@given(st.text(alphabet=st.sampled_from("n[]-,0123456789 x"), max_size=24))
+def test_a_hostlist_is_expanded_or_refused_in_one_line(text):
+    try:
+        hosts = hostlist.expand(text)
+    except ValueError as e:
+        assert "\n" not in str(e) and text.strip()
+    else:
+        assert all(h and "[" not in h and "," not in h for h in hosts)
+
+
+def test_a_hostlist_expands_as_slurm_does():
+    assert hostlist.expand("n[1-3,7],gpu[01-02]") == ["n1", "n2", "n3", "n7", "gpu01", "gpu02"]
+    assert hostlist.expand("r[1-2]n[1-2]") == ["r1n1", "r1n2", "r2n1", "r2n2"]
+    for bad in ("n[3-1]", "n[a-b]", "n[-]", "n[1-2", "n[1-999999999]"):
+        with pytest.raises(ValueError, match="hostlist"):
+            hostlist.expand(bad)
+
+
+@FAST
+@given(st.text(max_size=20))
+def test_a_slurm_version_is_read_or_refused_in_one_line(text):
+    try:
+        version = SlurmVersion.parse(text)
+    except ValueError as e:
+        assert "\n" not in str(e).replace(repr(text), "")
+    else:
+        assert version.release.count(".") == 1
+
+
+# ------------------------------------------------------------------ the policy file
+
+toml_scalars = (st.integers(-5, 2000) | st.booleans() | st.text(max_size=8)
+                | st.sampled_from(["HIGH", "30m", "2h", "unlimited", "USR2", "_IGN", "gpu\n", "HIGH\n", "n[1-2]"]))
+toml_values = st.recursive(toml_scalars, lambda inner: st.lists(inner, max_size=3)
+                           | st.dictionaries(st.text(max_size=6) | st.sampled_from(["HIGH", "nodes", "users", "gpu"]),
+                                             inner, max_size=3), max_leaves=6)
+LOCAL = load_policy(LOCAL_POLICY)
+LOCAL_DATA = __import__("tomllib").loads(LOCAL_POLICY.read_text())
+
+
+@FAST
+@given(st.sampled_from(paths(LOCAL_DATA)), toml_values)
+def test_a_policy_of_any_shape_is_read_or_refused_in_one_located_line(where, value):
+    data = replaced(LOCAL_DATA, where, value) if where else value
+    try:
+        policy = parse_policy(data if isinstance(data, dict) else {"levels": data}, source="p.toml")
+    except PolicyError as e:
+        assert str(e).startswith("p.toml: ") and "\n" not in str(e)
+    else:
+        assert isinstance(policy, Policy)
+        # what reaches Slurm's configuration and the SPANK plugin is one word per name
+        for name in [lvl.name for lvl in policy.ladder] + [g.name for g in policy.groups] + [
+                g.nodes for g in policy.groups] + list(policy.user_quota) + list(policy.account_quota):
+            assert name and not any(c.isspace() for c in name), name
+        assert f"SIG{policy.notice_signal}" in __import__("signal").Signals.__members__
+
+
+@FAST
+@given(st.binary(max_size=60) | st.sampled_from([b"levels = [" * 2000, b"a = " + b"[" * 5000, b"\xff\xfe"]))
+def test_policy_check_of_any_file_is_one_line_and_changes_nothing(tmp_path_factory, raw):
+    path = tmp_path_factory.mktemp("p") / "policy.toml"
+    path.write_bytes(raw)
+    r = CliRunner().invoke(admin_cli.main, ["check", "--policy", str(path)])
+    assert r.exit_code in (0, 1), r.output
+    assert not isinstance(r.exception, Exception) or isinstance(r.exception, SystemExit), r.exception
+    if r.exit_code:
+        assert len(r.output.strip().splitlines()) == 1 and r.output.startswith("Error: ")
+    assert path.read_bytes() == raw and os.listdir(path.parent) == ["policy.toml"]
+
+
+def test_a_misleading_policy_value_is_refused():
+    for data, needle in [({"notice_signal": "_IGN"}, "signal"), ({"levels": {"HIGH\n": 3}}, "level name"),
+                         ({"groups": {"gpu\n": {"nodes": "n1"}}}, "group"),
+                         ({"accounts": ["hai\n"]}, "account name"),
+                         ({"levels": {"L" * (MAX_LEVEL_NAME + 1): 1}}, f"at most {MAX_LEVEL_NAME}"),
+                         ({"levels": {f"L{i}": i for i in range(MAX_LEVELS + 1)}}, f"at most {MAX_LEVELS}")]:
+        with pytest.raises(PolicyError, match=needle):
+            parse_policy(data)
+
+
+# ------------------------------------------------------------------ hai-submit's options
+
+
+@pytest.fixture
+def fake(monkeypatch, tmp_path):
+    slurm = FakeSlurm()
+    monkeypatch.setattr(submit_cli, "backend", lambda: slurm)
+    monkeypatch.setenv("HAI_HOME", str(tmp_path / "hai"))
+    (tmp_path / "policy.toml").write_text("min_gpus = 0\n")
+    monkeypatch.setenv("HAI_POLICY", str(tmp_path / "policy.toml"))
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "train.py").write_text("print(1)\n")
+    return slurm
+
+
+option_values = st.text(max_size=10) | st.sampled_from(
+    ["0", "-1", "5", "99999999999999999999", "1e3", " 3", "3\n", "HIGH\n", "a b", "x;y", "$(id)", "\t", "-", "--"])
+OPTIONS = ["--name", "-n", "-p", "--gpus-per-node", "-g", "-e", "--time", "--grace", "--retries", "--workdir",
+           "--python"]
+
+
+@FAST
+@given(st.lists(st.tuples(st.sampled_from(OPTIONS), option_values), max_size=3))
+def test_any_hai_submit_option_is_accepted_or_refused_in_one_line(fake, tmp_path, options):
+    before = sorted(p.name for p in tmp_path.iterdir())
+    argv = ["--dry-run", *[part for pair in options for part in pair], "train.py"]
+    r = CliRunner().invoke(submit_cli.main, argv)
+    assert not isinstance(r.exception, Exception) or isinstance(r.exception, SystemExit), (argv, r.exception)
+    lines = r.output.strip().splitlines()
+    if r.exit_code:
+        assert len(lines) == 1 and lines[0].startswith("Error: ") and "Traceback" not in r.output, (argv, r.output)
+    else:
+        assert r.output.startswith("#!/bin/bash")
+    assert sorted(p.name for p in tmp_path.iterdir()) == before  # a dry run writes nothing
+
+
+BASELINE_LINES = None
+
+
+@FAST
+@given(name=st.text(max_size=12), group=st.text(max_size=8), time=st.text(max_size=10),
+       env=st.lists(st.text(max_size=10), max_size=2), priority=st.text(max_size=6) | st.sampled_from(["HIGH", "30"]))
+def test_an_accepted_value_never_adds_a_line_to_the_sbatch_script(tmp_path_factory, name, group, time, env, priority):
+    root = tmp_path_factory.mktemp("r")
+    plain = JobRequest(script=str(root / "t.py"), name="job", group="gpu", time="10", env=["A=1"] * len(env),
+                       job_root=str(root))
+    req = JobRequest(script=str(root / "t.py"), name=name or None, group=group or None, time=time or None, env=env,
+                     priority=priority, job_root=str(root))
+    try:
+        context = validate(req)
+    except RequestError as e:
+        assert "\n" not in str(e).replace(repr(name), "").replace(repr(group), "").replace(repr(time), "")
+        return
+    script = render_script(context, term_is_notice=False)
+    want = render_script(validate(plain), term_is_notice=False)
+    shape = lambda text: [line.split("=")[0].split(" ")[0] for line in text.splitlines()]  # noqa: E731
+    if not group:
+        want = "\n".join(ln for ln in want.splitlines() if not ln.startswith("#SBATCH --partition"))
+    if not time:
+        want = "\n".join(ln for ln in want.splitlines() if not ln.startswith("#SBATCH --time"))
+    assert shape(script) == shape(want), script
+
+
+# ------------------------------------------------------------------ the SPANK plugin's option values
+
+
+@pytest.fixture(scope="module")
+def spank_parsers(tmp_path_factory) -> Path:
+    """The C plugin's own parsers (hai_spank.c, compiled as it is) behind a line protocol on
+    stdin: `L <hex levels arg>`, `P <hex levels arg> <hex --hai-priority>`, `G <hex --hai-grace>`."""
+    if shutil.which("cc") is None or not Path("/usr/include/slurm/spank.h").exists():
+        pytest.fail("the SPANK parsers need cc and Slurm's headers (make venv installs libslurm-dev)")
+    d = tmp_path_factory.mktemp("spank")
+    (d / "harness.c").write_text(SPANK_HARNESS)
+    exe = d / "parsers"
+    subprocess.run(["cc", "-O0", "-w", f"-I{REPO / 'spank'}", "-o", str(exe), str(d / "harness.c"),
+                    "-no-pie", "-Wl,-z,lazy", "-Wl,--unresolved-symbols=ignore-all"], check=True)  # Slurm's own
+    # functions are never called by these parsers: left unresolved, no libslurm needed
+    return exe
+
+
+SPANK_HARNESS = r"""
+#include "hai_spank.c"
+#include <stdio.h>
+static void unhex(const char *h, char *out) {
+    unsigned v; size_t i = 0;
+    for (; h[0] && h[1] && sscanf(h, "%2x", &v) == 1; h += 2) out[i++] = (char) v;
+    out[i] = 0;
+}
+int main(void) {
+    static char line[65536], a[32768], b[32768], ha[32768], hb[32768];
+    while (fgets(line, sizeof line, stdin)) {
+        char kind = line[0];
+        const char *name;
+        long g;
+        int n = 0, i;
+        ha[0] = hb[0] = 0;
+        sscanf(line + 2, "%32767s %32767s", ha, hb);
+        unhex(ha, a); unhex(hb, b);
+        if (kind == 'L' || kind == 'P') {
+            if (_parse_levels(a, hai.levels, &n)) { printf("refused\n"); fflush(stdout); continue; }
+            hai.nlevels = n;
+        }
+        if (kind == 'L') {
+            for (i = 0; i < n; i++) printf("%s%s:%ld", i ? "," : "", hai.levels[i].name, hai.levels[i].value);
+            printf("\n");
+        } else if (kind == 'P') {
+            name = _canonical_level(b);
+            printf("%s\n", name ? name : "refused");
+        } else {
+            hai.max_grace = HAI_DEFAULT_MAX_GRACE;
+            if (_parse_long(a, 1, hai.max_grace, &g)) printf("refused\n");
+            else printf("%ld\n", g);
+        }
+        fflush(stdout);
+    }
+    return 0;
+}
+"""
+
+
+def ask_c(exe: Path, lines: list[str]) -> list[str]:
+    out = subprocess.run([str(exe)], input="".join(f"{line}\n" for line in lines), text=True, capture_output=True,
+                         check=True).stdout
+    return out.splitlines()
+
+
+def hexed(text: str) -> str:
+    return text.encode().hex() or "-"
+
+
+level_texts = (st.text(max_size=6) | st.sampled_from(["HIGH", "high", " HIGH", "HIGH ", "30", "+30", "030", "-1",
+                                                      "-0", "auto", "AUTO ", "٣٠", "²", "--30", "3_0", "0x1e"])
+               | st.integers(-3, 60).map(str))
+
+
+@settings(max_examples=300, deadline=None, derandomize=True, database=None)
+@given(st.lists(level_texts, min_size=1, max_size=300))
+def test_the_plugin_takes_the_priorities_hai_submit_takes(spank_parsers, texts):
+    texts = [t for t in texts if "\x00" not in t]
+    answers = ask_c(spank_parsers, [f"P {hexed(ladder_arg(DEFAULT_LADDER))} {hexed(t)}" for t in texts])
+    for text, c_answer in zip(texts, answers):
+        try:
+            level = parse_level(text)
+        except LevelError:
+            python_answer = "refused"
+        else:
+            python_answer = level if isinstance(level, str) else level.name
+        assert c_answer == python_answer, text
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, database=None)
+@given(st.dictionaries(st.text(alphabet=st.sampled_from("ABCZ_019x"), min_size=1, max_size=MAX_LEVEL_NAME + 3),
+                       st.integers(-2, 1002), min_size=1, max_size=MAX_LEVELS + 3))
+def test_every_ladder_a_policy_accepts_reaches_the_plugin_whole(spank_parsers, levels):
+    try:
+        policy = parse_policy({"levels": levels, "default_level": next(iter(levels)), "demotion": False})
+    except PolicyError:
+        return
+    arg = ladder_arg(policy.ladder)
+    assert ask_c(spank_parsers, [f"L {hexed(arg)}"]) == [arg]
+
+
+@settings(max_examples=100, deadline=None, derandomize=True, database=None)
+@given(st.lists(st.text(alphabet=st.sampled_from("0123456789 +-_x"), max_size=5) | st.integers(-2, 400).map(str),
+                min_size=1, max_size=200))
+def test_the_plugins_grace_is_a_decimal_in_the_range_hai_submit_takes(spank_parsers, texts):
+    """--hai-grace is decimal digits (an optional '-'), nothing else; in range as hai-submit's
+    --grace (which reaches the job as its own number, never as this text)."""
+    answers = ask_c(spank_parsers, [f"G {hexed(t)}" for t in texts])
+    for text, c_answer in zip(texts, answers):
+        try:
+            grace = str(validate(JobRequest(script="t.py", grace=int(text), job_root="/r"))["grace"]) \
+                if re.fullmatch(r"-?[0-9]+", text) else "refused"
+        except RequestError:
+            grace = "refused"
+        assert c_answer == grace, text
+
+
+def test_the_plugins_tables_hold_what_a_policy_may_have():
+    defines = dict(re.findall(r"#define (HAI_\w+) (\d+)\n", (REPO / "spank" / "hai_spank.c").read_text()))
+    assert (int(defines["HAI_MAX_LEVELS"]), int(defines["HAI_NAME_LEN"]) - 1) == (MAX_LEVELS, MAX_LEVEL_NAME)
+
+
+# ------------------------------------------------------------------ a request that can never run
+
+
+class LimitedGroup(FakeSlurm):
+    """A node group of 2 nodes whose partition takes at most 1 node and 1 hour per job."""
+
+    def partitions(self):
+        return [{**super().partitions()[0], "MaxNodes": "1", "MinNodes": "0", "MaxTime": "01:00:00"}]
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["-n", "2"], "node group gpu takes jobs of at most 1 node(s); ask for at most -n 1"),
+    (["--time", "1:00:01"], "--time 1:00:01: node group gpu runs a job at most 01:00:00 at a time"),
+    (["--time", "2-0"], "at most 01:00:00"),
+    (["--time", "UNLIMITED"], "at most 01:00:00"),
+    (["--time", "1:00:00\n"], "is not a Slurm time"),
+])
+def test_a_request_beyond_the_groups_limits_is_refused_at_submit_in_one_line(fake, monkeypatch, argv, needle):
+    monkeypatch.setattr(submit_cli, "backend", LimitedGroup)
+    r = CliRunner().invoke(submit_cli.main, ["--dry-run", *argv, "train.py"])
+    assert r.exit_code == 2 and needle in r.output and len(r.output.strip().splitlines()) == 1, r.output
+
+
+def test_a_request_within_the_groups_limits_is_taken(fake, monkeypatch):
+    monkeypatch.setattr(submit_cli, "backend", LimitedGroup)
+    r = CliRunner().invoke(submit_cli.main, ["--dry-run", "--time", "60", "train.py"])
+    assert r.exit_code == 0 and "#SBATCH --time=60\n" in r.output, r.output
+
+
+# ------------------------------------------------------------------ output cut short, usage errors
+
+FRONT_ENDS = {"hai": "slurm_hai.cli.user", "hai-submit": "slurm_hai.cli.submit", "hai-admin": "slurm_hai.cli.admin"}
+
+
+def run_into_a_closed_pipe(tool: str, *argv: str) -> subprocess.CompletedProcess:
+    """`tool argv | head -0`, deterministically: stdout is a pipe nobody reads any more."""
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        return subprocess.run([sys.executable, "-c", f"from {FRONT_ENDS[tool]} import main; main()", *argv],
+                              stdout=write, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                              env={**os.environ, "HAI_POLICY": str(LOCAL_POLICY)})
+    finally:
+        os.close(write)
+
+
+@pytest.mark.parametrize("tool,argv", [("hai", ["--help"]), ("hai-submit", ["--help"]), ("hai-admin", ["--version"]),
+                                       ("hai-admin", ["check", "--json"]), ("hai", ["ckpt", "--help"])])
+def test_output_cut_short_ends_quietly_with_the_status_of_sigpipe(tool, argv):
+    p = run_into_a_closed_pipe(tool, *argv)
+    assert (p.returncode, p.stderr) == (141, "")
+
+
+@pytest.mark.parametrize("tool,argv,needle", [
+    ("hai-submit", ["-n", "x", "train.py"], "Invalid value for '-n' / '--nodes': 'x' is not a valid integer."),
+    ("hai-submit", [], "Missing argument 'SCRIPT'"),
+    ("hai", ["status", "x"], "is not a job id"),
+    ("hai", ["lsit"], "No such command 'lsit'"),
+    ("hai-admin", ["check", "--bogus"], "No such option '--bogus'"),
+])
+def test_a_usage_error_is_one_line_with_where_to_look(tool, argv, needle):
+    main = {"hai": __import__("slurm_hai.cli.user").cli.user.main, "hai-submit": submit_cli.main,
+            "hai-admin": admin_cli.main}[tool]
+    r = CliRunner().invoke(main, argv, prog_name=tool)
+    assert r.exit_code == 2 and len(r.output.strip().splitlines()) == 1, r.output
+    assert needle in r.output and r.output.startswith("Error: ") and "--help)" in r.output
