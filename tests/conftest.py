@@ -156,7 +156,7 @@ ONE_VERSION = {
     "test_hostile_users.py::test_a_run_that_cannot_start_says_why_in_status_and_logs",
     "test_metrics.py::test_a_preemption_shows_up_in_the_prometheus_series",
     "test_torchrun.py::test_torchrun_job_on_two_nodes_is_preempted_and_resumes_bit_for_bit",
-    "test_timeline.py::test_timeline_page_shows_a_preemption_in_a_real_browser",
+    "test_timeline_browser.py::test_timeline_page_shows_a_preemption_in_a_real_browser",
 }
 
 

@@ -1,22 +1,27 @@
 """Which job held each node when: the timeline page of `hai-admin timeline` and `hai timeline`.
 
-The model is pure: Slurm's accounting records (one per run of a job: `sacct --duplicates`
+`build` is pure: Slurm's accounting records (one per run of a job: `sacct --duplicates`
 keeps a requeued run as its own record, with its nodes, start and end) and the jobs'
 events.jsonl -> one `Interval` per node and run, and `Mark`s where a run was suspended
-(by go_suspend() or by force), restarted, shrunk or grown. `read_events` is the only I/O
-here (the job directories); `page` renders templates/timeline/timeline.html.j2, one
+(by go_suspend() or by force), restarted, shrunk or grown. `collect` is the use case: one
+accounting read, then each job's events (`read_events`; the files belong to the jobs' users
+and are read with care). `page` renders templates/timeline/timeline.html.j2: one
 self-contained HTML file (inline SVG, CSS and JS; it loads nothing) drawn by the browser.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
+import math
+import os
 import pwd
 import re
+import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Mapping, Sequence
+from typing import Iterable, Mapping, Sequence
 
 from ..policy import tags
 from ..policy.levels import DEFAULT_LADDER, Level, level_of_qos
@@ -31,6 +36,7 @@ MARK_KINDS = ("suspend", "forced-suspend", "restart", "shrink", "grow")
 # `start` a moment after Slurm records the run's start).
 START_SLACK = 5.0
 OTHER_LEVEL = "other"  # a QOS outside the ladder (e.g. `auto` before the job is placed)
+MAX_EVENTS_READ = 4 << 20  # a job's events.jsonl holds a few KiB; a larger one is read in part
 
 
 @dataclass(frozen=True)
@@ -172,27 +178,51 @@ def job_marks(job_id: int, events: Sequence[dict], runs: Sequence[tuple[float, f
             marks.append(Mark("restart", job_id, t, nodes,
                               f"{head} restarted at {clock(t)} on {e.get('nodes') or ', '.join(nodes)}"))
         elif kind in ("shrink", "grow"):
-            now_on = e.get("nodes")
-            where = tuple(expand(now_on)) if isinstance(now_on, str) and now_on else nodes
             detail = ", ".join(f"{k} {v}" for k, v in sorted(e.items()) if k not in ("t", "event", "run"))
-            marks.append(Mark(kind, job_id, t, where,
+            marks.append(Mark(kind, job_id, t, nodes,
                               f"{head} {'shrank' if kind == 'shrink' else 'grew'} at {clock(t)}"
                               + (f": {detail}" if detail else "")))
     return marks
 
 
-def read_events(records: Iterable[JobInfo], root_of: Callable[[JobInfo], Path | None]) -> dict[int, list[dict]]:
-    """Each job's events.jsonl, from the job directory under `root_of(record)` (None: not
-    readable by this caller); a directory that is missing or private yields no events."""
+def owned_events(path: Path, uid: int) -> list[dict]:
+    """The events of a job's events.jsonl, read only when it is a regular file owned by `uid`
+    (the job's user, who may put anything there): opened without following a link or
+    blocking, at most MAX_EVENTS_READ bytes; a line that is not an event (cut by a crash, or
+    made up) is left out."""
+    try:
+        with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW), "rb") as fh:
+            st = os.fstat(fh.fileno())
+            if not stat.S_ISREG(st.st_mode) or st.st_uid != uid:
+                return []
+            data = fh.read(MAX_EVENTS_READ)
+    except (OSError, ValueError):  # none yet, another user's private directory, a bad path
+        return []
+    events = []
+    for line in data.splitlines():
+        try:
+            e = json.loads(line)
+            e["t"], e["run"] = float(e["t"]), int(e.get("run", 0) or 0)
+        except (ValueError, TypeError, KeyError, AttributeError):
+            continue
+        if math.isfinite(e["t"]) and isinstance(e.get("event"), str):
+            events.append(e)
+    return events
+
+
+def read_events(records: Iterable[JobInfo], me: str) -> dict[int, list[dict]]:
+    """Each job's events, from its directory (`job_root`), owned by the job's user."""
     found: dict[int, list[dict]] = {}
     for rec in records:
-        root = root_of(rec)
-        if rec.job_id in found or root is None:
+        if rec.job_id in found:
             continue
+        root = job_root(rec, me)
         try:
-            found[rec.job_id] = JobDir.for_job(rec.job_id, root).events()
-        except OSError:  # another user's private directory
-            found[rec.job_id] = []
+            uid = pwd.getpwnam(rec.user).pw_uid
+        except KeyError:
+            uid = None
+        found[rec.job_id] = [] if root is None or uid is None else owned_events(
+            JobDir.for_job(rec.job_id, root).path / "events.jsonl", uid)
     return found
 
 
@@ -224,4 +254,4 @@ def collect(slurm: Backend, since: float, until: float, me: str, ladder: Sequenc
     every node as a row) and each job's events."""
     records = [r for r in slurm.accounting_since(since, me if only_mine else None) if r.start_time <= until]
     nodes = () if only_mine else [n.name for n in slurm.nodes()]
-    return build(records, read_events(records, lambda rec: job_root(rec, me)), since, until, ladder, nodes)
+    return build(records, read_events(records, me), since, until, ladder, nodes)

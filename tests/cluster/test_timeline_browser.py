@@ -101,7 +101,7 @@ def test_timeline_page_shows_a_preemption_in_a_real_browser(live, tmp_path):
                      user="hai-alice")
     assert st["restarts"] == 1 and st["suspends"] == 1
 
-    since = f"{int(time.time() - t0) + 1}s"  # the window of this test: no job of an earlier one
+    since = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(t0 - 1))  # this test's window: no earlier job
 
     # hai timeline: alice's job only, on the nodes it held
     work = live.shared_dir("tl-page", owner="hai-alice")

@@ -85,14 +85,15 @@ def test_a_forced_suspend_has_its_own_mark():
     assert "forced off" in mark.text and "hai suspend" in mark.text
 
 
-def test_shrink_and_grow_events_are_marked_on_the_nodes_they_name_or_else_the_jobs_nodes():
+def test_shrink_and_grow_events_are_marked_on_the_jobs_nodes_with_their_fields_in_the_hover_text():
     events = {20: [ev("start", 100, run=0), ev("shrink", 150, run=0, nodes="n1", released="n[2-3]"),
-                   ev("grow", 250, run=0, nodes="n[1-3]"), ev("grow", 300, run=0, by=1)]}
+                   ev("grow", 250, run=0, nodes="n[1-3]"), ev("grow", 300, run=0)]}
     tl = build([run_record(20, 100, 400, "n[1-3]", qos="normal")], events, since=0, until=1000)
     assert [(m.kind, m.t, m.nodes) for m in tl.marks] == [
-        ("shrink", 150, ("n1",)), ("grow", 250, ("n1", "n2", "n3")), ("grow", 300, ("n1", "n2", "n3"))]
-    assert "job 20 (NORMAL) run 0 shrank" in tl.marks[0].text and "released n[2-3]" in tl.marks[0].text
-    assert "grew" in tl.marks[2].text and "by 1" in tl.marks[2].text
+        ("shrink", 150, ("n1", "n2", "n3")), ("grow", 250, ("n1", "n2", "n3")), ("grow", 300, ("n1", "n2", "n3"))]
+    assert tl.marks[0].text.startswith("job 20 (NORMAL) run 0 shrank at ")
+    assert tl.marks[0].text.endswith(": nodes n1, released n[2-3]")
+    assert tl.marks[1].text.endswith(": nodes n[1-3]") and "grew" in tl.marks[2].text
 
 
 def test_a_running_job_reaches_the_end_of_the_window():
@@ -152,14 +153,31 @@ def test_a_job_name_cannot_break_out_of_the_page():
     assert ".innerHTML" not in html  # the script sets every text as text
 
 
-def test_events_are_read_from_each_jobs_directory_under_its_root(tmp_path):
-    for job_id in (80, 81):
-        JobDir.for_job(job_id, tmp_path).create().event("start", run=0)
-    records = [run_record(80, 1, 2, "n1"), run_record(80, 3, 4, "n1"), run_record(81, 1, 2, "n1"),
-               run_record(82, 1, 2, "n1"), run_record(83, 1, 2, "n1", owner="nobody-known")]
-    found = read_events(records, lambda rec: None if rec.user == "nobody-known" else tmp_path)
-    assert sorted(found) == [80, 81, 82] and found[82] == []
-    assert [e["event"] for e in found[80]] == ["start"]
+def test_events_are_read_from_each_jobs_directory_and_only_what_is_an_event(tmp_path, monkeypatch):
+    monkeypatch.setenv("HAI_HOME", str(tmp_path))
+    me = pwd.getpwuid(os.getuid()).pw_name
+    for job_id in (80, 81, 82, 83):
+        JobDir.for_job(job_id).create()
+    JobDir.for_job(80).event("start", run=0)
+    with open(JobDir.for_job(80).path / "events.jsonl", "a") as f:  # what a crash or a user may leave
+        f.write('{"t": 5, "event": "suspended", "run"\n[1, 2]\n"text"\n{"t": "soon", "event": "start"}\n'
+                '{"t": NaN, "event": "start"}\n{"t": 7, "event": 3}\n{"t": 8, "event": "start", "run": "x"}\n'
+                '{"t": 9, "event": "start", "run": "2"}\n')
+    secret = tmp_path / "secret"
+    secret.write_text('{"t": 1, "event": "start"}\n')
+    (JobDir.for_job(81).path / "events.jsonl").symlink_to(secret)  # a link is not followed
+    os.mkfifo(JobDir.for_job(82).path / "events.jsonl")  # a FIFO is not waited on
+    (JobDir.for_job(83).path / "events.jsonl").write_text('{"t": 1, "event": "start"}\n')
+    nobody = pwd.getpwnam("nobody")
+    if os.getuid() == 0:  # a file of another owner than the job's user is not read
+        os.chown(JobDir.for_job(83).path / "events.jsonl", nobody.pw_uid, nobody.pw_gid)
+    records = [run_record(j, 1, 2, "n1", owner=me) for j in (80, 80, 81, 82, 83, 84)]
+    records.append(run_record(85, 1, 2, "n1", owner="no-such-user-here"))
+    found = read_events(records, me)
+    assert sorted(found) == [80, 81, 82, 83, 84, 85]
+    assert [(e["event"], e["run"]) for e in found[80]] == [("start", 0), ("start", 2)]
+    assert found[81] == found[82] == found[84] == found[85] == []
+    assert found[83] == ([] if os.getuid() == 0 else [{"t": 1.0, "event": "start", "run": 0}])
 
 
 def test_a_jobs_root_is_its_comments_hai_dir_else_its_users_home(tmp_path, monkeypatch):
