@@ -149,6 +149,7 @@ ONE_VERSION = {
     "test_frontdoor.py::test_submit_refuses_what_could_only_fail_later_as_the_jobs_user",
     "test_frontdoor.py::test_every_command_shown_in_the_readme_the_guide_and_the_help_works",
     "test_frontdoor.py::test_ctrl_c_in_logs_follow_says_the_job_goes_on",
+    "test_frontdoor.py::test_output_cut_short_by_head_ends_quietly",
     "test_acceptance.py::test_kill_9_in_the_middle_of_a_save_resumes_from_the_last_committed_checkpoint",
     "test_acceptance.py::test_slurm_docker_rendered_policy_is_up_to_date",
     "test_integrations.py::test_hf_trainer_preempted_twice_ends_with_the_weights_of_an_uninterrupted_run",

@@ -52,7 +52,9 @@ class _FrontDoor:
 
     def invoke(self, ctx):
         with _front_door():
-            return super().invoke(ctx)
+            result = super().invoke(ctx)
+            sys.stdout.flush()  # output still buffered cut short: here, not at the interpreter's exit
+            return result
 
 
 class _front_door:

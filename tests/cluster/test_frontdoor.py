@@ -413,3 +413,46 @@ def test_a_retry_after_a_failure_is_counted_and_marked_apart_from_suspends(live)
     assert "run 0: failed with exit code 3; retry 1 of 1" in follow.stderr and "(restart 1)" in follow.stderr
     st = status(live, job, "hai-alice")
     assert st["state"] == "finished-succeeded" and st["retries"] == 1 and st["suspends"] == 0 and st["restarts"] == 1
+
+
+# ---------------------------------------------------------------- hostile input (issue 18)
+
+def test_a_request_the_groups_limits_never_let_start_is_refused_at_submit(live):
+    """Slurm takes a job beyond its partition's MaxNodes or MaxTime and keeps it waiting for
+    ever (PartitionNodeLimit, PartitionTimeLimit); hai-submit refuses it in one line."""
+    d = user_dir(live, "fd-never", "hai-bob")
+    script = write(d / "t.py", "print(1)\n", "hai-bob")
+    live.run(["scontrol", "update", "PartitionName=gpu", "MaxNodes=2", "MaxTime=60"])
+    try:
+        waits = live.sbatch("-N", "3", "-p", "gpu", "--qos=low", "-o", "/dev/null", "--wrap", "true", user="hai-bob")
+        live.wait_job(waits, lambda j: j.get("Reason") == "PartitionNodeLimit", 30, "Slurm to keep it waiting")
+        live.run(["scancel", str(waits)])
+        for args, needle in ((["-n", "3"], "node group gpu takes jobs of at most 2 node(s); ask for at most -n 2"),
+                             (["--time", "1:00:01"], "node group gpu runs a job at most 01:00:00 at a time"),
+                             (["--time", "UNLIMITED"], "at most 01:00:00")):
+            p = live.run(["hai-submit", "-p", "LOW", *args, str(script)], user="hai-bob", check=False)
+            assert needle in one_error_line(p) and p.returncode == 2, args
+        assert live.run(["squeue", "-h", "-u", "hai-bob", "-t", "PD,R"]).stdout.strip() == ""
+        ok = live.run(["hai-submit", "--json", "-p", "LOW", "-n", "2", "--time", "60", str(script)], user="hai-bob")
+        wait_state(live, json.loads(ok.stdout)["job_id"], lambda s: s["state"] == "finished-succeeded", 60, "the end",
+                   user="hai-bob")
+    finally:
+        live.run(["scontrol", "update", "PartitionName=gpu", "MaxNodes=UNLIMITED", "MaxTime=UNLIMITED"])
+
+
+def test_output_cut_short_by_head_ends_quietly(live):
+    d = user_dir(live, "fd-pipe", "hai-alice")
+    script = write(d / "chatty.py", "print('\\n'.join(f'line {i}' for i in range(20000)), flush=True)\n", "hai-alice")
+    job = json.loads(live.run(["hai-submit", "--json", "-p", "LOW", str(script)], user="hai-alice").stdout)["job_id"]
+    wait_state(live, job, lambda s: s["state"] == "finished-succeeded", 60, "the end", user="hai-alice")
+    user = ["runuser", "-u", "hai-alice", "--", "env", "HOME=/home/hai-alice"]
+    for argv in (["hai", "logs", str(job)], ["hai", "status", str(job)], ["hai", "list", "--all"],
+                 ["hai-submit", "--help"], ["hai-admin", "--help"]):
+        read, write_end = os.pipe()
+        os.close(read)  # `| head` that has read its lines already
+        try:
+            p = subprocess.run([*user, *argv], env=live.env, stdout=write_end, stderr=subprocess.PIPE, text=True,
+                               cwd="/home/hai-alice", timeout=60)
+        finally:
+            os.close(write_end)
+        assert (p.returncode, p.stderr) == (141, ""), argv
