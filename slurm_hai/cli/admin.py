@@ -57,7 +57,8 @@ def main() -> None:
 
     \b
     Exit status: 0 done (plan: nothing to change), 1 error, 2 bad usage,
-    3 plan found changes to make, 4 another daemon holds the lock.
+    3 plan found changes to make, 4 another daemon holds the lock, 141 output cut short
+    (`| head`).
     """
 
 
