@@ -8,7 +8,8 @@ output appended to logs/rank-<R>.log, and turns Slurm's signals into the HAI pro
             flag that receive_suspend_command() reads; other nodes ignore it. If the job does
             not go_suspend() within the grace time, rank 0 suspends it by force (requeue).
   SIGTERM   the end: Slurm is killing the step (requeue, cancel). The command's process
-            group gets SIGTERM, then SIGKILL. On clusters without preempt_send_user_signal
+            group, and any process below it in a session of its own (torchrun's workers),
+            gets SIGTERM, then SIGKILL. On clusters without preempt_send_user_signal
             the first SIGTERM is the notice instead (--term-is-notice), as srun would
             otherwise turn it into SIGKILL for every task.
 
@@ -80,6 +81,25 @@ def pinned_threads(jobdir: JobDir) -> int:
     return int(path.read_text())
 
 
+def descendants(pid: int) -> set[int]:
+    """Every process below `pid`, from /proc. A command may start processes in sessions of
+    their own (torchrun starts each worker so), which its process group does not reach and
+    which, once their parent is gone, Slurm's proctrack/linuxproc no longer finds."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue  # ended meanwhile
+        children.setdefault(ppid, []).append(int(stat.parent.name))
+    found, todo = set(), [pid]
+    while todo:
+        below = children.get(todo.pop(), [])
+        found.update(below)
+        todo += below
+    return found
+
+
 class NodeRun:
     """One run of the user's command on one node, and the suspend protocol around it."""
 
@@ -93,6 +113,7 @@ class NodeRun:
         self.noticed_at: float | None = None
         self.forced = False
         self.ending_at: float | None = None
+        self.ending: set[int] = set()  # every process found below the command since the end began
         self.pending: list[int] = []
         self.child: subprocess.Popen | None = None
 
@@ -146,17 +167,18 @@ class NodeRun:
         self.jobdir.event("notice", run=self.run, source=source, grace=self.grace, **cause, t=at)
 
     def end(self) -> None:
-        """Slurm is ending the step: stop the command's process group, TERM then KILL."""
+        """Slurm is ending the step: stop the command's processes, TERM then KILL."""
         if self.ending_at is None and self.child is not None:
             self.ending_at = time.monotonic()
             # With --term-is-notice the command ignores SIGTERM: only SIGKILL ends it.
-            self._signal_group(signal.SIGKILL if self.ignores_term else signal.SIGTERM)
+            self._signal_all(signal.SIGKILL if self.ignores_term else signal.SIGTERM)
 
-    def _signal_group(self, sig: int) -> None:
-        try:
-            os.killpg(self.child.pid, sig)
-        except ProcessLookupError:
-            pass
+    def _signal_all(self, sig: int) -> None:
+        """The command's process group and every process below it, in whatever session."""
+        self.ending |= descendants(self.child.pid)
+        for kill, pid in ((os.killpg, self.child.pid), *((os.kill, p) for p in sorted(self.ending))):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                kill(pid, sig)
 
     def handle(self, sig: int) -> None:
         if sig == signal.SIGUSR2:
@@ -183,7 +205,7 @@ class NodeRun:
             except Exception as e:  # noqa: BLE001 - keep supervising; Slurm's own grace still applies
                 self.jobdir.event("forced_suspend_failed", run=self.run, error=str(e))
         if self.ending_at is not None and now - self.ending_at >= TERM_TO_KILL_SECONDS:
-            self._signal_group(signal.SIGKILL)
+            self._signal_all(signal.SIGKILL)
 
     def wait(self) -> int:
         for sig in (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):

@@ -18,8 +18,9 @@ WORLD_SIZE, ... for its workers; NODE_RANK, MASTER_IP, HAI_RESTART_COUNT, HAI_JO
 
 torchrun's agent stops its workers on SIGTERM, SIGINT, SIGHUP and SIGQUIT. Where SIGTERM is
 the suspend notice (the launcher then starts this command with SIGTERM ignored) the agent
-must leave it alone: TORCHELASTIC_SIGNALS_TO_HANDLE drops it, so the agent and its workers
-ignore the notice like any HAI job.
+must leave it alone: the signal list drops it (torchrun's --signals-to-handle, read from
+PET_SIGNALS_TO_HANDLE; TORCHELASTIC_SIGNALS_TO_HANDLE where torchrun has no such option), so
+the agent and its workers ignore the notice like any HAI job.
 
 `python -m slurm_hai.runtime.torchrun --nproc-per-node N [--python PY] -- SCRIPT ARGS...`
 """
@@ -33,6 +34,7 @@ import sys
 from typing import Mapping
 
 AGENT_SIGNALS = ("SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT")  # torchrun's default set
+SIGNALS_ENV = ("PET_SIGNALS_TO_HANDLE", "TORCHELASTIC_SIGNALS_TO_HANDLE")
 
 
 def torchrun_argv(python: str, nproc_per_node: int, contract: Mapping[str, str], script: list[str]) -> list[str]:
@@ -44,7 +46,7 @@ def torchrun_argv(python: str, nproc_per_node: int, contract: Mapping[str, str],
 
 
 def agent_signals(term_is_notice: bool) -> str:
-    """TORCHELASTIC_SIGNALS_TO_HANDLE: the signals torchrun's agent may stop its workers on."""
+    """The signals torchrun's agent may stop its workers on (SIGNALS_ENV)."""
     return ",".join(s for s in AGENT_SIGNALS if not (term_is_notice and s == "SIGTERM"))
 
 
@@ -60,7 +62,7 @@ def main(argv: list[str] | None = None) -> int:
     missing = [k for k in ("WORLD_SIZE", "RANK", "MASTER_ADDR", "MASTER_PORT") if not os.environ.get(k)]
     if missing:
         ap.error(f"{', '.join(missing)} not set: this runs under the slurm-hai launcher (hai-submit --torchrun)")
-    os.environ["TORCHELASTIC_SIGNALS_TO_HANDLE"] = agent_signals(signal.getsignal(signal.SIGTERM) == signal.SIG_IGN)
+    os.environ.update(dict.fromkeys(SIGNALS_ENV, agent_signals(signal.getsignal(signal.SIGTERM) == signal.SIG_IGN)))
     cmd = torchrun_argv(args.python, args.nproc_per_node, os.environ, script)
     sys.stdout.flush()
     try:

@@ -46,7 +46,7 @@ def test_where_sigterm_is_the_notice_torchruns_agent_does_not_stop_its_workers_o
 
 def test_the_wrapper_becomes_torchrun_and_keeps_the_notice_from_its_agent_where_sigterm_is_the_notice(tmp_path):
     fake_python = tmp_path / "python"  # stands for the job's interpreter: says how it was started
-    fake_python.write_text('#!/bin/sh\necho "$TORCHELASTIC_SIGNALS_TO_HANDLE" "$@"\n')
+    fake_python.write_text('#!/bin/sh\necho "$PET_SIGNALS_TO_HANDLE" "$TORCHELASTIC_SIGNALS_TO_HANDLE" "$@"\n')
     fake_python.chmod(0o755)
     env = {**os.environ, **CONTRACT}
     argv = [sys.executable, "-m", "slurm_hai.runtime.torchrun", "--nproc-per-node=2", f"--python={fake_python}", "--",
@@ -58,8 +58,8 @@ def test_the_wrapper_becomes_torchrun_and_keeps_the_notice_from_its_agent_where_
             (lambda: signal.signal(signal.SIGTERM, signal.SIG_IGN)) if term_is_notice else None))
         assert p.returncode == 0, p.stderr
         shown[term_is_notice] = p.stdout.split()
-    assert shown[False][0] == "SIGTERM,SIGINT,SIGHUP,SIGQUIT" and shown[True][0] == "SIGINT,SIGHUP,SIGQUIT"
-    assert shown[True][1:] == torchrun_argv(str(fake_python), 2, CONTRACT, ["/w/train.py", "--x"])[1:]
+    assert shown[False][:2] == ["SIGTERM,SIGINT,SIGHUP,SIGQUIT"] * 2 and shown[True][:2] == ["SIGINT,SIGHUP,SIGQUIT"] * 2
+    assert shown[True][2:] == torchrun_argv(str(fake_python), 2, CONTRACT, ["/w/train.py", "--x"])[1:]
 
 
 def test_the_wrapper_outside_a_job_says_what_is_missing():
@@ -166,6 +166,44 @@ def test_every_run_of_the_command_gets_the_pinned_count(tmp_path, monkeypatch):
     assert child_env(tmp_path, jobdir) == ["6", "6"]
     monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(2)))
     assert child_env(tmp_path, jobdir) == ["6", "6"]
+
+
+def alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (FileNotFoundError, ProcessLookupError):
+        return False
+
+
+SESSION_CHILD = """
+import os, signal, subprocess, sys, time
+worker = "import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(60)"
+p = subprocess.Popen([sys.executable, "-c", worker], start_new_session=True)  # as torchrun starts a worker
+open(sys.argv[1], "w").write(str(p.pid))
+time.sleep(60)
+"""
+
+
+def test_ending_a_run_also_stops_processes_in_sessions_of_their_own(tmp_path, monkeypatch):
+    """Where SIGTERM is the notice, the launcher ends a run with SIGKILL: torchrun's workers
+    (own sessions, SIGTERM ignored) must go with their agent, not outlive the run."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    jobdir = JobDir(tmp_path / "job").create()
+    pid_file = tmp_path / "worker.pid"
+    node = NodeRun([sys.executable, "-c", SESSION_CHILD, str(pid_file)], dict(os.environ), jobdir, 0, 0, 5.0, True,
+                   force_suspend=lambda: None, flag=None)
+    node.start()
+    deadline = time.monotonic() + 30
+    while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    worker = int(pid_file.read_text())
+    assert os.getsid(worker) == worker != os.getsid(node.child.pid)  # out of the command's group and session
+    node.end()
+    node.child.wait(10)
+    deadline = time.monotonic() + 10
+    while alive(worker) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert not alive(worker)
 
 
 # ----------------------------------------------------------------------------- two nodes, real torchrun
