@@ -4,7 +4,8 @@ hai-alice's LOW job holds all four nodes; hai-bob's HIGH job preempts it (suspen
 go_suspend(), requeue); when it is done the LOW job runs again. `hai timeline` (as alice)
 draws her job only; `hai-admin timeline` (as root) draws both, with the marks from alice's
 job directory. Chromium runs the page's script (--dump-dom: the jobs, the marks and their
-hover text are in the DOM) and draws it (--screenshot: the PNG shows both levels' colours).
+hover text are in the DOM; a mouse moved onto the suspend mark shows its text) and draws it
+(--screenshot: the PNG shows both levels' colours).
 """
 
 from __future__ import annotations
@@ -34,6 +35,12 @@ SUSPENDS_ONCE = """
         time.sleep(0.05)
     time.sleep(2)
 """
+
+
+HOVER_SUSPEND_MARK = """<script>
+const mark = document.querySelector('#marks path[data-kind="suspend"]'), box = mark.getBoundingClientRect();
+mark.dispatchEvent(new MouseEvent("mousemove", {bubbles: true, clientX: box.x + 2, clientY: box.y + 2}));
+</script>"""
 
 
 def chromium(page: Path, home: Path, *flags: str) -> subprocess.CompletedProcess:
@@ -128,6 +135,13 @@ def test_timeline_page_shows_a_preemption_in_a_real_browser(live, tmp_path):
     suspend = re.search(rf'<path [^>]*data-job="{low}" data-kind="suspend"[^>]*><title>([^<]*)</title>', dom.stdout)
     assert suspend and f"preempted by job {high} (HIGH)" in suspend.group(1)
     assert re.search(rf'data-job="{low}" data-kind="restart"', dom.stdout)
+
+    # hovering the suspend mark shows its text (a copy of the page moves the mouse onto it)
+    hovered = tmp_path / "hovered.html"
+    hovered.write_text(page.read_text().replace("</body>", HOVER_SUSPEND_MARK + "</body>"))
+    tip = re.search(r'<div id="tip" style="display: block;[^"]*">([^<]*)<', chromium(hovered, tmp_path / "browser",
+                                                                                   "--dump-dom").stdout)
+    assert tip and tip.group(1).startswith(f"job {low} (LOW) run 0 suspended at ") and f"job {high}" in tip.group(1)
 
     # and draws it: both levels' colours are on the screenshot
     shot = tmp_path / "timeline.png"
