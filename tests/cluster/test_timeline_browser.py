@@ -49,8 +49,8 @@ def chromium(page: Path, home: Path, *flags: str) -> subprocess.CompletedProcess
     assert browser, "no chromium on PATH: `make test-tools` installs it (apt-get install chromium fonts-liberation)"
     env = {**os.environ, "HOME": str(home), "XDG_CONFIG_HOME": str(home / "config"),
            "XDG_CACHE_HOME": str(home / "cache")}
-    return subprocess.run([browser, "--headless=new", "--no-sandbox", "--disable-gpu", f"--user-data-dir={home}/profile",
-                           "--window-size=1200,600", *flags, page.as_uri()],
+    return subprocess.run([browser, "--headless=new", "--no-sandbox", "--disable-gpu",
+                           f"--user-data-dir={home}/profile", "--window-size=1200,600", *flags, page.as_uri()],
                           env=env, text=True, capture_output=True, timeout=90)
 
 
