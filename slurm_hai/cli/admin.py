@@ -305,7 +305,8 @@ def apply(policy_file: str | None, no_partitions: bool, quiet: bool) -> None:
 @click.option("--interval", "-i", type=click.FloatRange(min=0.1), default=2.0, show_default=True, metavar="S",
               help="Seconds between cycles.")
 @click.option("--lock", "lock_file", metavar="FILE", default=None,
-              help="Lock file that makes one daemon the leader. [default: /run/slurm-hai/hai-policyd.lock]")
+              help="Lock file that makes one daemon the leader. [default: hai-policyd.lock in Slurm's "
+                   "StateSaveLocation, which controller hosts of an HA pair share]")
 @click.option("--wait-for-lock", is_flag=True, help="If another daemon leads, stand by until it stops "
               "(instead of exiting with status 4).")
 @click.option("--dry-run", "-n", is_flag=True, help="Log what would be done, do nothing.")
@@ -344,7 +345,7 @@ def daemon(policy_file: str | None, once: bool, interval: float, lock_file: str 
     and user, pending jobs by level and reason, suspensions, forced suspensions, restarts,
     preemption and restart latencies, suspend checkpoint time, cycle time and errors.
     """
-    from ..controller.daemon import DEFAULT_LOCK, LockBusy, PolicyDaemon, leader_lock, write_pid
+    from ..controller.daemon import LockBusy, PolicyDaemon, leader_lock, shared_lock_path, write_pid
     from ..slurm import backend
 
     logging.basicConfig(level=getattr(logging, log_level.upper()), stream=sys.stderr,
@@ -354,8 +355,8 @@ def daemon(policy_file: str | None, once: bool, interval: float, lock_file: str 
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    lock_path = Path(lock_file) if lock_file else DEFAULT_LOCK
     try:
+        lock_path = Path(lock_file) if lock_file else shared_lock_path(backend(), stop)
         lock = leader_lock(lock_path, wait=wait_for_lock, stop=stop)
     except LockBusy as e:
         click.echo(f"hai-admin daemon: {e}", err=True)

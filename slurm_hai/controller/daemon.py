@@ -2,6 +2,8 @@
 
 One leader at a time: the daemon holds an exclusive lock on a lock file (filelock) for as
 long as it runs; a second one exits with a message, or waits as a standby (`wait_for_lock`).
+The lock lives in Slurm's StateSaveLocation by default, which a site with a backup
+slurmctld shares between its controller hosts: daemons on both hosts see one lock.
 A Slurm that does not answer (slurmctld restarting) is logged and retried with back-off;
 one action that fails is logged and the cycle goes on. The policy file is re-read when it
 changes (a broken edit is logged and the previous policy kept). With `metrics`
@@ -29,7 +31,7 @@ if TYPE_CHECKING:  # the metrics need prometheus_client, an extra: imported only
 
 log = logging.getLogger("hai-policyd")
 
-DEFAULT_LOCK = Path("/run/slurm-hai/hai-policyd.lock")
+LOCK_NAME = "hai-policyd.lock"
 MAX_BACKOFF = 60.0
 # An action that failed is not tried again for this long (e.g. requeue of a job Slurm purged).
 RETRY_AFTER = 30.0
@@ -179,6 +181,28 @@ class PolicyDaemon:
             if once or stop.wait(wait):
                 break
         return 0
+
+
+def shared_lock_path(backend: Backend, stop: threading.Event) -> Path:
+    """The default lock: `<StateSaveLocation>/hai-policyd.lock`, beside slurmctld's own state.
+    A site with a backup slurmctld shares that directory between its controller hosts
+    already (Slurm's HA requires it), so daemons beside each controller contend for one
+    lock, whatever their local directories. Waits for Slurm to answer (with back-off):
+    without it there is nothing to lead."""
+    wait = 1.0
+    while True:
+        try:
+            state = backend.config().get("StateSaveLocation", "")
+        except SlurmError as e:
+            log.warning("Slurm did not answer (%s); asking for StateSaveLocation again in %.0f s", e, wait)
+        else:
+            if not state:
+                raise LockBusy("Slurm names no StateSaveLocation; pass --lock FILE on a file system both "
+                               "controller hosts share")
+            return Path(state) / LOCK_NAME
+        if stop.wait(wait):
+            raise LockBusy("stopped while waiting for Slurm")
+        wait = min(MAX_BACKOFF, wait * 2)
 
 
 def leader_lock(path: str | Path, wait: bool = False, stop: threading.Event | None = None) -> filelock.BaseFileLock:

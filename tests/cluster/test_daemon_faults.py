@@ -1,0 +1,81 @@
+"""The policy daemon under faults (issue 18): one leader across hosts, a standby that takes
+over when the leader is killed."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from test_policy_rules import daemon_lines, running, sbatch
+from waiting import wait_for
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def start_daemon(live, log: Path, *extra: str, namespace: bool = False) -> subprocess.Popen:
+    argv = [sys.executable, "-m", "slurm_hai.cli.admin", "daemon", "--policy",
+            str(live.state / "etc" / "policy.toml"), "--interval", "0.5", *extra]
+    if namespace:  # "another host": its own /run and /tmp (a private tmpfs each), the same Slurm
+        argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c",
+                'mount -t tmpfs tmpfs /run && mount -t tmpfs tmpfs /tmp && exec "$@"', "sh", *argv]
+    with log.open("w") as out:
+        return subprocess.Popen(argv, env=live.env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def test_one_daemon_leads_across_hosts_and_the_standby_takes_over_when_it_is_killed(live, tmp_path):
+    lock = Path(live.run(["scontrol", "show", "config"]).stdout.split("StateSaveLocation")[1].split("=")[1]
+                .split()[0]) / "hai-policyd.lock"
+    a_log, b_log = tmp_path / "a.log", tmp_path / "b.log"
+    a = start_daemon(live, a_log)
+    b = None
+    try:
+        wait_for(lambda: "policy daemon started" in a_log.read_text() or a.poll() is not None, 30, "the first daemon")
+        assert a.poll() is None, a_log.read_text()
+        assert (Path(f"{lock}.pid").read_text().strip()) == str(a.pid)  # the lock is beside Slurm's state
+        # a second daemon, "on another host": its /run differs, the lock is the same
+        b = start_daemon(live, b_log, "--wait-for-lock", namespace=True)
+        wait_for(lambda: "standing by" in b_log.read_text() or b.poll() is not None, 30, "the standby's line")
+        assert b.poll() is None, b_log.read_text()
+        assert [ln for ln in b_log.read_text().splitlines() if ln.strip()] == [
+            ln for ln in b_log.read_text().splitlines() if "standing by" in ln], b_log.read_text()
+        # without --wait-for-lock a third one says so in one line and exits 4
+        third = subprocess.run([sys.executable, "-m", "slurm_hai.cli.admin", "daemon", "--policy",
+                                str(live.state / "etc" / "policy.toml")], env=live.env, cwd=REPO,
+                               capture_output=True, text=True, timeout=60)
+        assert third.returncode == 4 and third.stderr.strip().count("\n") == 0, third.stderr
+        assert "another hai-admin daemon holds" in third.stderr
+
+        # something to act on: a pending job whose priority is out of its level's band
+        blocker = sbatch(live, "-N4", "--qos=low", user="root", wrap="sleep 120")
+        running(live, blocker)
+        waiting = sbatch(live, "-N1", "--qos=low", user="root")
+        live.run(["scontrol", "update", f"jobid={waiting}", "priority=5"])
+        wait_for(lambda: daemon_lines(a_log.read_text(), waiting, "fcfs"), 20, "the leader's fcfs fix")
+        time.sleep(1.5)  # three standby cycles' worth
+        assert not daemon_lines(b_log.read_text(), waiting, "fcfs"), b_log.read_text()
+
+        os.kill(a.pid, signal.SIGKILL)
+        a.wait(10)
+        wait_for(lambda: "took over the lock" in b_log.read_text(), 15, "the standby to take over")
+        live.run(["scontrol", "update", f"jobid={waiting}", "priority=5"])
+        wait_for(lambda: daemon_lines(b_log.read_text(), waiting, "fcfs"), 20, "the new leader's fcfs fix")
+        assert int(live.job(waiting)["Priority"]) > 5
+        assert Path(f"{lock}.pid").read_text().strip() != str(a.pid)
+    finally:
+        stop(a)
+        if b is not None:
+            stop(b)
+    assert "Traceback" not in a_log.read_text() + b_log.read_text()
