@@ -25,7 +25,7 @@ pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "examples" / "torchrun_train.py"
-STEPS = 160
+STEPS = 100
 ALICE = "hai-alice"
 RANK_LINE = re.compile(r"^\[torchrun\] rank (\d+)/(\d+) local_rank (\d+)/(\d+) node (\d+) run (\d+) threads (\d+) "
                        r"sum of ranks (\d+)$", re.M)
@@ -47,6 +47,19 @@ def last_step(job_dir: Path) -> int:
     return int(steps[-1]) if steps else 0
 
 
+def job_processes(job_dir: Path) -> list[int]:
+    """Processes with the job's HAI_JOB_DIR in their environment (agents and workers of any run)."""
+    needle = f"HAI_JOB_DIR={job_dir}".encode()
+    found = []
+    for environ in Path("/proc").glob("[0-9]*/environ"):
+        try:
+            if needle in environ.read_bytes().split(b"\0"):
+                found.append(int(environ.parent.name))
+        except OSError:
+            continue
+    return found
+
+
 def test_torchrun_job_on_two_nodes_is_preempted_and_resumes_bit_for_bit(live, tmp_path):
     p = live.run(["hai-submit", "--json", "--torchrun", "-n", "2", "-p", "LOW", "--gpus-per-node", "2", str(SCRIPT),
                   "--steps", str(STEPS), "--step-sleep", "0.05"], user=ALICE)
@@ -62,6 +75,8 @@ def test_torchrun_job_on_two_nodes_is_preempted_and_resumes_bit_for_bit(live, tm
                      150, "the resumed run to finish")
     assert final["state"] == "succeeded", (final, node_log(job_dir, 0)[-3000:])
     assert [e["run"] for e in events(job_dir, "start")] == [0, 1]
+    # nothing of either run outlives the job (torchrun's workers run in sessions of their own)
+    wait_for(lambda: not job_processes(job_dir), 20, "the job's processes to be gone")
 
     logs = [node_log(job_dir, n) for n in (0, 1)]
     threads = (job_dir / "threads").read_text()
