@@ -230,8 +230,9 @@ def page(timeline: Timeline, title: str) -> str:
     """The timeline as one self-contained HTML page."""
     from ..render import render
 
-    return render("timeline/timeline.html.j2", title=title, data=timeline.as_dict(),
-                  made=time.strftime("%Y-%m-%d %H:%M:%S %Z", time.localtime(timeline.until)))
+    local = time.localtime(timeline.until)  # the page tells times as the host does, wherever it is opened
+    return render("timeline/timeline.html.j2", title=title, data=timeline.as_dict(), utc_offset=local.tm_gmtoff,
+                  zone=time.strftime("%Z", local))
 
 
 def job_root(rec: JobInfo, me: str) -> Path | None:

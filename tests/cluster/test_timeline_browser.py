@@ -29,6 +29,7 @@ SUSPENDS_ONCE = """
     import time
     import slurm_hai as hai
     run = hai.restart_count()
+    print(f"run {run} polling", flush=True)
     while run == 0:
         if hai.receive_suspend_command():
             hai.go_suspend()
@@ -101,7 +102,11 @@ def test_timeline_page_shows_a_preemption_in_a_real_browser(live, tmp_path):
     high_dir = live.shared_dir("tl-high", owner="hai-bob")
     low = submit(live, write_script(low_dir, SUSPENDS_ONCE, owner="hai-alice"), "-n", "4", "-p", "LOW",
                  "--name", "tl-low", user="hai-alice")
-    wait_status(live, low, lambda s: s["state"] == "running", 60, "running", user="hai-alice")
+    st = wait_status(live, low, lambda s: s["state"] == "running", 60, "running", user="hai-alice")
+    log, deadline = Path(st["job_dir"]) / "logs" / "rank-0.log", time.monotonic() + 60
+    while "run 0 polling" not in (log.read_text() if log.exists() else ""):  # its script runs: preempt it now
+        assert time.monotonic() < deadline, f"job {low}'s script did not start polling"
+        time.sleep(0.2)
     high = submit(live, write_script(high_dir, "import time; time.sleep(3)\n", owner="hai-bob"), "-n", "1",
                   "-p", "HIGH", "--name", "tl-high", user="hai-bob")
     st = wait_status(live, low, lambda s: s["state"] == "finished-succeeded", 90, "the rerun to finish",

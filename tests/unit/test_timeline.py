@@ -281,3 +281,14 @@ def test_a_bad_window_is_one_line(slurm, tool, argv, error):
 def test_an_unwritable_out_file_is_one_line(slurm, tmp_path):
     r = CliRunner().invoke(user.main, ["timeline", "--out", str(tmp_path / "no-such-dir" / "t.html")])
     assert r.exit_code == 1 and r.output.startswith("Error: ") and len(r.output.strip().splitlines()) == 1
+
+
+def test_the_page_tells_times_as_the_cluster_does_wherever_it_is_opened(monkeypatch):
+    monkeypatch.setenv("TZ", "Asia/Kolkata")  # UTC+05:30, no daylight saving
+    time.tzset()
+    try:
+        html = page(build(PREEMPTED, PREEMPTED_EVENTS, since=0, until=1000), "t")
+    finally:
+        monkeypatch.undo()
+        time.tzset()
+    assert 'const OFFSET = 19800, ZONE = "IST";' in html
