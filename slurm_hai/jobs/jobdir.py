@@ -8,6 +8,7 @@ system every node of the job sees (by default ~/.hai/jobs/<job id>):
     logs/rank-<R>.log     the user's output on node rank R, all runs appended, each
                           run opened by a "==== slurm-hai run K ..." line
     whole_life_state      one integer kept across restarts
+    threads               threads per process of every run, fixed by the first (runtime/launcher.py)
     submit_token          which submission owns this directory (see JobDir.claim)
     suspend.<K>           run K ended by a suspend (go_suspend or forced), not a failure
     retries_used          how many --retries were spent
