@@ -80,17 +80,30 @@ def go_suspend() -> None:
     if jobdir.mark_suspend(run, "go_suspend"):
         jobdir.event("go_suspend", run=run, host=os.uname().nodename, pid=os.getpid())
     job_id = os.environ.get("SLURM_JOB_ID")
+    requeue = None
     if job_id and not os.environ.get("HAI_SIMULATE"):
         from ..slurm import SlurmError, backend
 
-        try:
-            backend().requeue_run(int(job_id))
-        except SlurmError as e:  # already requeued by another rank, or being killed
-            print(f"slurm-hai: go_suspend: {e}", file=sys.stderr, flush=True)
+        slurm = backend()
+
+        def requeue() -> bool:
+            try:
+                slurm.requeue_run(int(job_id))
+                return True
+            except SlurmError as e:  # already requeued by another rank, or slurmctld away
+                print(f"slurm-hai: go_suspend: {e} (trying again)", file=sys.stderr, flush=True)
+                return False
     sys.stdout.flush()
     sys.stderr.flush()
-    # The requeue (or the end of the steps, or the local simulator) stops this process.
+    # The requeue (or the end of the steps, or the local simulator) stops this process. A
+    # requeue that failed (slurmctld restarting) is tried again until one goes through:
+    # otherwise the run would sit on its nodes, suspended, until the wait below ends.
+    done = requeue is None or requeue()
     deadline = time.monotonic() + 600
+    wait = 1.0
     while time.monotonic() < deadline:
-        time.sleep(1)
+        time.sleep(wait)
+        if not done:
+            done = requeue()
+            wait = min(wait * 2, 10.0)
     os._exit(0)

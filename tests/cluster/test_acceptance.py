@@ -301,6 +301,35 @@ def test_slurmd_stopped_and_started_again_job_resumes_from_last_commit(story, re
     assert same_weights(job_dir / "final-weights.safetensors", reference)
 
 
+def test_slurmctld_stopped_between_the_notice_and_the_requeue_job_is_requeued_once(story, reference):
+    """slurmctld dies (SIGKILL) while the job commits its suspend checkpoint, so go_suspend's
+    requeue finds no controller; slurmctld is started again 3 s later. The job is requeued
+    once, resumes from its suspend checkpoint, and ends bitwise equal."""
+    # 64 MiB of ballast: the suspend save lasts long enough for slurmctld to be gone first
+    job, job_dir = submit(story, TRAIN, "-n", "2", "-p", "LOW", args=[*TRAIN_ARGS, "--ballast-mb", "64"])
+    wait_for("training", lambda: last_step(job_dir) >= 30, 90)
+    pid = int((story.state / "run" / "slurmctld.pid").read_text().split()[0])
+    log = job_dir / "logs" / "rank-0.log"
+    try:
+        story.run(["hai", "suspend", str(job)])
+        wait_for("the notice", lambda: named(job_dir, "notice"), 30, 0.005)
+        os.kill(pid, signal.SIGKILL)
+        wait_for("go_suspend to find no slurmctld", lambda: "(trying again)" in log.read_text(errors="replace"),
+                 90)
+        time.sleep(3)
+    finally:  # never leave the cluster without its controller
+        up = subprocess.run([str(REPO / "contrib" / "localcluster" / "up")], text=True, capture_output=True)
+        assert up.returncode == 0, up.stdout + up.stderr
+    final = wait_final(job_dir, 240)
+    assert final["state"] == "succeeded"
+    assert [e["how"] for e in named(job_dir, "suspended")] == ["go_suspend"]  # one suspend
+    assert [e["run"] for e in named(job_dir, "start")] == [0, 1]  # one requeue
+    commits = [int(m.group(1)) for line in train_lines(job_dir)
+               for m in [re.search(r"checkpoint step (\d+) committed", line)] if m]
+    assert resumed_from(job_dir) == commits[-1:] and commits
+    assert same_weights(job_dir / "final-weights.safetensors", reference)
+
+
 IGNORES_NOTICE = """
     import os, sys, time
     import torch
