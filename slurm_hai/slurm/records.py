@@ -77,17 +77,24 @@ def _number(value: object) -> int:
         return 0
     if isinstance(value, bool):
         raise _Shape("a boolean, expected a number")
-    if isinstance(value, int):
-        return value
     if isinstance(value, float):
         if not math.isfinite(value):  # json.loads reads NaN and Infinity
             raise _Shape(f"{value}, expected a number")
-        return int(value)
+        value = int(value)
+    if isinstance(value, int):
+        if value in _UNSET64:  # Slurm's NO_VAL64 and INFINITE64 as plain numbers: as the object's
+            return 0
+        if not -2**63 <= value < 2**63:  # what no Slurm field (time_t, uint32, int64) holds
+            raise _Shape(f"a number of {len(str(abs(value)))} digits, out of range")
+        return value
     if isinstance(value, dict) and "number" in value:
         if not value.get("set", True) or value.get("infinite"):
             return 0
         return _number(value["number"])
     raise _Shape(f"{_kind(value)}, expected a number")
+
+
+_UNSET64 = (2**64 - 2, 2**64 - 1)
 
 
 def _text(value: object) -> str:
