@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -57,18 +58,18 @@ class _FrontDoor:
             return result
 
 
-class _front_door:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, kind, error, tb) -> bool:
-        if isinstance(error, BrokenPipeError):
-            _quiet_streams()
-            raise click.exceptions.Exit(BROKEN_PIPE_EXIT) from None
-        if isinstance(error, click.UsageError) and not isinstance(error, click.exceptions.NoArgsIsHelpError):
-            where = f" (see {error.ctx.command_path} --help)" if error.ctx is not None else ""
-            raise Refused(" ".join(error.format_message().split()) + where) from None
-        return False
+@contextlib.contextmanager
+def _front_door():
+    try:
+        yield
+    except BrokenPipeError:
+        _quiet_streams()
+        raise click.exceptions.Exit(BROKEN_PIPE_EXIT) from None
+    except click.exceptions.NoArgsIsHelpError:  # `hai` alone: the help, as click prints it
+        raise
+    except click.UsageError as error:
+        where = f" (see {error.ctx.command_path} --help)" if error.ctx is not None else ""
+        raise Refused(" ".join(error.format_message().split()) + where) from None
 
 
 def _quiet_streams() -> None:
