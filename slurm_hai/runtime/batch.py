@@ -35,8 +35,13 @@ def ipv4(addr: str) -> str:
         return socket.gethostbyname(addr)
 
 def launcher_argv(args: argparse.Namespace, cmd: list[str]) -> list[str]:
-    """The per-node launcher, which the job step starts once on every node."""
-    argv = [sys.executable, "-m", "slurm_hai.runtime.launcher", f"--job-dir={args.job_dir}", f"--grace={args.grace}"]
+    """The per-node launcher, which the job step starts once on every node. The notice
+    signals are ignored from the step's first instant (a disposition that exec keeps):
+    one that came while Python starts would otherwise kill the launcher, and the job with
+    it, for good. The launcher takes them over once its handlers are in place."""
+    notices = "USR2 TERM" if args.term_is_notice else "USR2"
+    argv = ["/bin/sh", "-c", f"trap '' {notices}; exec \"$@\"", "sh",
+            sys.executable, "-m", "slurm_hai.runtime.launcher", f"--job-dir={args.job_dir}", f"--grace={args.grace}"]
     if args.term_is_notice:
         argv.append("--term-is-notice")
     return [*argv, "--", *cmd]

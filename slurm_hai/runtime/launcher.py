@@ -151,6 +151,15 @@ class NodeRun:
         if self.term_is_notice:
             signal.signal(signal.SIGTERM, signal.SIG_IGN)
 
+    def _suspend_requested_before_handlers(self) -> bool:
+        """Whether `hai suspend` asked during this run before the launcher could hear it: the
+        notice signals are ignored from the step's start (batch.launcher_argv), so one that
+        came while Python started is lost, but the request is in the job's events."""
+        events = self.jobdir.events()
+        started = max((e["t"] for e in events if e.get("event") == "start" and e.get("run") == self.run), default=None)
+        return started is not None and any(e.get("event") == "suspend_requested" and e.get("t", 0) >= started
+                                           for e in events)
+
     def notice(self, source: str) -> None:
         if self.flag is None or self.noticed_at is not None:
             return
@@ -210,6 +219,8 @@ class NodeRun:
     def wait(self) -> int:
         for sig in (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, lambda s, _f: self.pending.append(s))
+        if self.flag is not None and self._suspend_requested_before_handlers():
+            self.pending.append(signal.SIGUSR2)
         try:
             while True:
                 try:

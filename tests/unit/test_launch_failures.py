@@ -58,3 +58,46 @@ def test_a_checkpoint_directory_someone_else_made_or_anyone_may_write_is_refused
     assert not any(open_dir.iterdir()) and not any(theirs.iterdir())  # nothing written there
     CheckpointManager(tmp_path / "mine")  # a new one is made private
     assert stat.S_IMODE((tmp_path / "mine").stat().st_mode) == 0o700
+
+
+def test_the_step_ignores_the_notice_signals_until_the_launcher_hears_them():
+    import argparse
+    import signal
+    import subprocess
+    import sys
+
+    from slurm_hai.runtime.batch import launcher_argv
+
+    probe = "import signal; print(signal.getsignal(signal.SIGUSR2) == signal.SIG_IGN, " \
+            "signal.getsignal(signal.SIGTERM) == signal.SIG_IGN)"
+    for term, expect in ((False, "True False"), (True, "True True")):
+        argv = launcher_argv(argparse.Namespace(job_dir="/x", grace=5, term_is_notice=term), ["cmd"])
+        wrapper = argv[:argv.index(sys.executable)]  # the part before the launcher's interpreter
+        out = subprocess.run([*wrapper, sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+        assert out.stdout.split() == expect.split(), (term, out)
+        assert signal.getsignal(signal.SIGUSR2) is not signal.SIG_IGN  # ours untouched
+
+
+def test_a_hai_suspend_that_came_before_the_launcher_listened_is_not_lost(tmp_path):
+    import time
+
+    jd = JobDir(tmp_path / "9").create()
+    jd.event("start", run=1)
+    time.sleep(0.01)
+    jd.event("suspend_requested", by=0)  # its USR2 fell into the ignored start of the step
+    flag = tmp_path / "flag"
+    run = launcher.NodeRun(["sleep", "0.3"], dict(os.environ), jd, run=1, rank=0, grace=30, term_is_notice=False,
+                           force_suspend=lambda: None, flag=flag)
+    run.start()
+    assert run.wait() == 0
+    assert [e["source"] for e in jd.events() if e["event"] == "notice"] == ["signal"]
+    # a request of an earlier run is not this run's notice
+    jd2 = JobDir(tmp_path / "10").create()
+    jd2.event("suspend_requested", by=0)
+    time.sleep(0.01)
+    jd2.event("start", run=1)
+    run2 = launcher.NodeRun(["true"], dict(os.environ), jd2, run=1, rank=0, grace=30, term_is_notice=False,
+                            force_suspend=lambda: None, flag=tmp_path / "flag2")
+    run2.start()
+    run2.wait()
+    assert not [e for e in jd2.events() if e["event"] == "notice"]
