@@ -3,7 +3,7 @@
 The torchrun command per node comes from the HAI contract; two "nodes" on this host (two
 launchers' NodeRuns with the contracts of node 0 and node 1) run real torchrun agents that
 meet on the static rendezvous, and every process of node 0, none of node 1, sees the
-suspend notice. The live 2-node preemption is tests/cluster/test_torchrun.py.
+suspend notice. The live 2-node preemption is tests/cluster/test_torchrun_live.py.
 """
 
 from __future__ import annotations
