@@ -278,3 +278,20 @@ def test_two_nodes_of_torchrun_ranks_as_torchrun_users_expect_and_node_0_gets_th
         assert w["OMP_NUM_THREADS"] == (jobdir.path / "threads").read_text()
         assert w["notice"] == str(rank < 2), logs  # every process of node 0, none elsewhere
     assert re.search(r"==== slurm-hai run 0 rank 1 on ", logs[1])
+
+
+def test_init_process_group_joins_torchruns_store_under_torchrun(monkeypatch):
+    import torch.distributed as dist
+
+    from slurm_hai.runtime import distributed
+
+    calls = []
+    monkeypatch.setattr(dist, "init_process_group", lambda *a, **kw: calls.append((a, kw)))
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "hai-1")
+    distributed.init_process_group("gloo", timeout_seconds=7)
+    assert calls[-1][0] == ("gloo",) and "init_method" not in calls[-1][1]  # env://: torchrun's store
+    monkeypatch.delenv("TORCHELASTIC_RUN_ID")
+    monkeypatch.setenv("MASTER_IP", "10.0.0.1")
+    monkeypatch.setenv("MASTER_PORT", "41000")
+    distributed.init_process_group("gloo")
+    assert calls[-1][1]["init_method"] == "tcp://10.0.0.1:41000"  # HAI-style: the contract's address
