@@ -16,7 +16,7 @@ from typing import Callable
 import click
 
 from ..policy.model import Policy, load_policy, policy_path
-from .common import Group, emit_json, one_line_errors
+from .common import Group, emit_json, one_line_errors, timeline_options
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 DEFAULT_SPANK_SO = "/usr/lib/x86_64-linux-gnu/slurm-wlm/hai_spank.so"
@@ -424,12 +424,7 @@ def explain(policy_file: str | None, job_ids: tuple[int, ...], as_json: bool) ->
 
 
 @main.command()
-@click.option("--since", default="1h", show_default=True, metavar="WHEN",
-              help="Start of the window: 30m, 2h, 1d (ago), HH:MM (today) or YYYY-MM-DD[THH:MM].")
-@click.option("--until", metavar="WHEN", help="End of the window, same forms (default: now).")
-@click.option("--out", "-o", default="timeline.html", show_default=True, type=click.Path(dir_okay=False),
-              help="The HTML file to write.")
-@click.option("--json", "as_json", is_flag=True, help="Print the timeline's data as JSON instead.")
+@timeline_options
 @one_line_errors
 def timeline(since: str, until: str | None, out: str, as_json: bool) -> None:
     """Draw the cluster's nodes over time, as one HTML page that opens offline.

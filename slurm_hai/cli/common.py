@@ -18,6 +18,19 @@ from ..slurm import backend as slurm_backend
 from ..slurm.records import JobInfo
 
 
+def timeline_options(fn: Callable) -> Callable:
+    """The options of `hai timeline` and `hai-admin timeline`."""
+    for option in reversed((
+        click.option("--since", default="1h", show_default=True, metavar="WHEN",
+                     help="Start of the window: 30m, 2h, 1d (ago), HH:MM (today) or YYYY-MM-DD[THH:MM]."),
+        click.option("--until", metavar="WHEN", help="End of the window, same forms (default: now)."),
+        click.option("--out", "-o", default="timeline.html", show_default=True, type=click.Path(dir_okay=False),
+                     help="The HTML file to write."),
+        click.option("--json", "as_json", is_flag=True, help="Print the timeline's data as JSON instead."))):
+        fn = option(fn)
+    return fn
+
+
 def one_line_errors(fn: Callable) -> Callable:
     """Turn the errors a user can act on into `Error: ...` on one line, exit 1, no traceback."""
 

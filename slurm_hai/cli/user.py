@@ -20,7 +20,7 @@ from ..policy.explain import Explainer
 from ..slurm.records import JobInfo
 from .ckpt import ckpt
 from .common import (Group, Refused, backend, check_owner, current_user, did_you_mean, emit_json, job_dir_of,
-                     job_id_arg, lookup, one_line_errors, table)
+                     job_id_arg, lookup, one_line_errors, table, timeline_options)
 
 RUN_MARK = re.compile(r"^==== slurm-hai run (\d+) ")
 TERMINAL = ("finished-succeeded", "finished-failed", "finished-stopped")
@@ -244,12 +244,7 @@ def write_timeline(tl, out: str, title: str, as_json: bool) -> None:
 
 
 @main.command()
-@click.option("--since", default="1h", show_default=True, metavar="WHEN",
-              help="Start of the window: 30m, 2h, 1d (ago), HH:MM (today) or YYYY-MM-DD[THH:MM].")
-@click.option("--until", metavar="WHEN", help="End of the window, same forms (default: now).")
-@click.option("--out", "-o", default="timeline.html", show_default=True, type=click.Path(dir_okay=False),
-              help="The HTML file to write.")
-@click.option("--json", "as_json", is_flag=True, help="Print the timeline's data as JSON instead.")
+@timeline_options
 @one_line_errors
 def timeline(since, until, out, as_json):
     """Draw your jobs on the nodes over time, as one HTML page that opens offline: which of
