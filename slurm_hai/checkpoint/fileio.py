@@ -49,6 +49,17 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         os.close(fd)
 
 
+def fsync_file(path: str | os.PathLike[str]) -> None:
+    """Make a file that another writer closed durable: torch DCP fsyncs .metadata before
+    its buffered data reaches the file (pickle.dump into a Python file object, then
+    os.fsync), so its bytes may live only in the page cache when DCP returns."""
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
 def _write_all(fd: int, view: memoryview) -> None:
     while view:
         written = os.write(fd, view)

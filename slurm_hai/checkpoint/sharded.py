@@ -44,7 +44,7 @@ from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from .commit import CheckpointStore
 from .errors import CheckpointError, CorruptCheckpointError, Problem
-from .fileio import describe_os_error, read_verified_file, write_hashed_file
+from .fileio import describe_os_error, fsync_file, read_verified_file, write_hashed_file
 from .layout import ActiveStaging, checkpoint_versions, rank_file_name, read_rank_file, read_single_checkpoint
 from .manifest import LAYOUT_DCP, FileEntry, Manifest, check_file, hash_file, list_step_dirs, read_manifest
 from .serialize import flatten_state, unflatten_state
@@ -93,9 +93,12 @@ def _owned_dcp_files(dcp_dir: Path, rank: int) -> list[Path]:
 
 
 def _hash_files(staging: Path, paths: list[Path]) -> dict[str, FileEntry]:
+    """Size and checksum of files DCP wrote, each fsynced first (DCP's own fsync may
+    come before its last bytes are written: see fsync_file)."""
     entries = {}
     for path in paths:
         path.chmod(0o600)
+        fsync_file(path)
         size, checksum = hash_file(path)
         entries[path.relative_to(staging).as_posix()] = FileEntry(size, checksum)
     return entries
@@ -211,10 +214,8 @@ def _write_and_commit(
             tree = json.dumps(share.tree, separators=(",", ":")).encode()
             entries[TREE_FILE] = write_hashed_file(staging / TREE_FILE, tree)
         entries.update(_hash_files(staging, _owned_dcp_files(staging / DCP_DIR, rank)))
-    except OSError as exc:
-        local_error = f"rank {rank}: {describe_os_error(exc, f'writing step {step} to {store.root}')}"
     except BaseException as exc:  # noqa: BLE001 - DCP's CheckpointException is a BaseException
-        local_error = f"rank {rank}: {exc!r}"
+        local_error = f"rank {rank}: {_describe_write_error(exc, f'writing step {step} to {store.root}')}"
     # The agreement: rank 0 commits only if every rank's files are written and checksummed.
     reports = _all_gather((entries, local_error), group)
 
@@ -242,6 +243,17 @@ def _write_and_commit(
 
     _rank0_then_broadcast(commit, group)
     return False
+
+
+def _describe_write_error(exc: BaseException, action: str) -> str:
+    """One line for a failed write. DCP wraps each rank's error, with its stack, in a
+    CheckpointException: a full disk must still read as 'no space left ...'."""
+    failures = getattr(exc, "failures", None) if isinstance(exc, dcp.api.CheckpointException) else None
+    causes = [failure[0] for failure in (failures or {}).values()] or [exc]
+    for cause in causes:
+        if isinstance(cause, OSError):
+            return str(describe_os_error(cause, action))
+    return repr(causes[0])
 
 
 def write_dcp(tensors: dict[str, torch.Tensor], *, storage_writer: Any, process_group: Any) -> None:
