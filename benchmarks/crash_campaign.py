@@ -59,7 +59,6 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout too
 
 from slurm_hai.checkpoint import CheckpointError, CheckpointManager, verify_checkpoint  # noqa: E402
-from slurm_hai.checkpoint import sharded as _sharded  # noqa: E402,F401 - imported before any fork
 from slurm_hai.checkpoint.manifest import step_dir_name  # noqa: E402
 
 FORK = multiprocessing.get_context("fork")  # torch is already imported: a fork starts in ms
