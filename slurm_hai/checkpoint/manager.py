@@ -332,7 +332,7 @@ class CheckpointManager:
         if distributed_world() is not None:
             from .sharded import load_distributed
 
-            found = load_distributed(self.durable, step, into)
+            found = load_distributed(self.durable, step, into, group=self._checkpoint_group())
             if found is None:
                 return None
             self.loaded_step, state = found

@@ -261,38 +261,60 @@ def write_dcp(tensors: dict[str, torch.Tensor], *, storage_writer: Any, process_
     dcp.save(tensors, storage_writer=storage_writer, process_group=process_group)
 
 
-def _verify_distributed(path: Path) -> list[Problem]:
-    """Every rank checksums a share of the files; all ranks get the union of problems."""
-    rank, world_size = dist.get_rank(), dist.get_world_size()
+def _check_share(path: Path, rank: int, world_size: int) -> list[Problem]:
+    """Checksum every world_size-th file of the checkpoint, starting at `rank`."""
     try:
         manifest = read_manifest(path)
         names = sorted(manifest.files)[rank::world_size]
-        problems = [p for name in names for p in check_file(path, name, manifest.files[name], check_data=True)]
+        return [p for name in names for p in check_file(path, name, manifest.files[name], check_data=True)]
     except CheckpointError as exc:
-        problems = [Problem("manifest.json", str(exc))]
+        return [Problem("manifest.json", str(exc))]
+
+
+def _verify_distributed(path: Path) -> list[Problem]:
+    """Every rank checksums a share of the files; all ranks get the union of problems."""
     merged: list[Problem] = []
-    for rank_problems in _all_gather(problems):
+    for rank_problems in _all_gather(_check_share(path, dist.get_rank(), dist.get_world_size())):
         merged.extend(p for p in rank_problems if p not in merged)
     return merged
 
 
-def load_distributed(store: CheckpointStore, step: int | None, into: Any) -> tuple[int, Any] | None:
+def _verify_on_rank0(path: Path) -> list[Problem]:
+    """Rank 0 checksums every file (its read that follows then comes from its page cache);
+    all ranks get its problems."""
+    return _rank0_then_broadcast(lambda: _check_share(path, 0, 1))
+
+
+def _has_dtensor(into: Any) -> bool:
+    from torch.distributed.tensor import DTensor
+
+    return into is not None and any(isinstance(t, DTensor) for t in flatten_state(into)[0].tensors.values())
+
+
+def load_distributed(store: CheckpointStore, step: int | None, into: Any, group: Any = None) -> tuple[int, Any] | None:
     """Collective load of the newest checkpoint every rank can read (any saved world size):
-    (its step, its state), or None when there is none. The caller restores into `into`."""
+    (its step, its state), or None when there is none. The caller restores into `into`.
+    `group`: a gloo group for broadcasting replicated tensors (CPU), whatever the training's
+    backend."""
     rank = dist.get_rank()
+    # Replicated state (no DTensor to load into: DDP) is read from storage once, by rank 0,
+    # and broadcast; sharded state (FSDP, DTensors) is read by each rank, its own shards.
+    replicated = not _has_dtensor(into)
     candidates = _rank0_then_broadcast(
         lambda: [s for s, _ in list_step_dirs(store.root) if step is None or s == step]
     )
     for found_step in candidates:
         path = store.step_path(found_step)
-        problems = _verify_distributed(path)
+        problems = _verify_on_rank0(path) if replicated else _verify_distributed(path)
         if problems:
             if rank == 0:
                 store.quarantine(path, "; ".join(str(p) for p in problems))
             continue
         manifest = read_manifest(path)
         try:
-            if manifest.layout == LAYOUT_DCP:
+            if manifest.layout == LAYOUT_DCP and replicated:
+                state = _read_dcp_broadcast(path, manifest, rank=rank, into=into, group=group)
+            elif manifest.layout == LAYOUT_DCP:
                 state = read_dcp_checkpoint(path, manifest, rank=rank, into=into, distributed=True)
             else:
                 state = read_single_checkpoint(path, manifest, rank=rank)
@@ -314,6 +336,33 @@ def read_dcp_checkpoint(path: Path, manifest: Manifest, *, rank: int, into: Any,
 
     Tensors found at the same name in `into` (a live model's parameters, DTensor shards)
     are loaded in place so DCP reshards into them; the rest are allocated full size."""
+    tree, targets = _dcp_tensors(path, manifest, into, read=True, distributed=distributed)
+    return unflatten_state(tree, targets, read_rank_file(path, manifest, rank))
+
+
+def _read_dcp_broadcast(path: Path, manifest: Manifest, *, rank: int, into: Any, group: Any) -> Any:
+    """A VERIFIED DCP checkpoint of replicated state: rank 0 reads the tensors, then
+    broadcasts them; every rank reads only the small tree, DCP's metadata and its own
+    rank file. Errors of any rank raise on all, before the broadcast."""
+    try:
+        tree, targets = _dcp_tensors(path, manifest, into, read=rank == 0, distributed=False)
+        rank_file = read_rank_file(path, manifest, rank)
+        error = None
+    except CheckpointError as exc:
+        error = f"rank {rank}: {exc}"
+    errors = [e for e in _all_gather(error, group) if e]
+    if errors:
+        raise CheckpointError("; ".join(errors))
+    for name in sorted(targets):
+        dist.broadcast(targets[name], src=0, group=group)
+    return unflatten_state(tree, targets, rank_file)
+
+
+def _dcp_tensors(path: Path, manifest: Manifest, into: Any, *, read: bool,
+                 distributed: bool) -> tuple[Any, dict[str, torch.Tensor]]:
+    """(the structure, a tensor per saved name) of a VERIFIED DCP checkpoint: `into`'s
+    own tensors where name, shape and dtype match, new ones otherwise; filled from storage
+    when `read`."""
     if TREE_FILE not in manifest.files:
         raise CorruptCheckpointError(str(path), [Problem(TREE_FILE, "not listed in the manifest")])
     tree = json.loads(read_verified_file(path / TREE_FILE, manifest.files[TREE_FILE], TREE_FILE))
@@ -328,6 +377,8 @@ def read_dcp_checkpoint(path: Path, manifest: Manifest, *, rank: int, into: Any,
         if target is None or tuple(target.shape) != tuple(item.size) or target.dtype != item.properties.dtype:
             target = torch.empty(tuple(item.size), dtype=item.properties.dtype)
         targets[name] = target
+    if not read:
+        return tree, targets
     try:
         with warnings.catch_warnings():
             # no_dist is deliberate for a single process; DCP warns about it regardless
@@ -335,4 +386,4 @@ def read_dcp_checkpoint(path: Path, manifest: Manifest, *, rank: int, into: Any,
             dcp.load(targets, storage_reader=reader, no_dist=not distributed)
     except BaseException as exc:  # noqa: BLE001 - DCP's CheckpointException is a BaseException
         raise CheckpointError(f"torch.distributed.checkpoint could not load {path}: {exc!r}") from exc
-    return unflatten_state(tree, targets, read_rank_file(path, manifest, rank))
+    return tree, targets

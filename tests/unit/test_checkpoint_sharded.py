@@ -170,3 +170,85 @@ def test_sharded_saves_apply_retention_skip_committed_steps_and_bypass_the_fast_
     assert "fast_dir is not used for sharded saves: saving step 1" in rank0_log
     assert "step 3 is already committed" in rank0_log
     assert "fast_dir is not used" not in (tmp_path / "log-rank1.txt").read_text()
+
+
+class _Counted:
+    """A file object that counts the bytes read through it."""
+
+    def __init__(self, f, counter: list[int]) -> None:
+        self._f, self._counter = f, counter
+
+    def read(self, *a):
+        data = self._f.read(*a)
+        self._counter[0] += len(data)
+        return data
+
+    def readinto(self, buf):
+        n = self._f.readinto(buf)
+        self._counter[0] += n or 0
+        return n
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._f.close()
+
+    def __getattr__(self, name):
+        return getattr(self._f, name)
+
+
+def count_checkpoint_reads(root: str, counter: list[int]) -> None:
+    """From now on, every open() of a file below `root` (builtins.open or io.open, which
+    pathlib and DCP use) counts its reads into counter[0]."""
+    import builtins
+    import io
+
+    real_open = io.open
+
+    def counting_open(file, mode="r", *a, **kw):
+        f = real_open(file, mode, *a, **kw)
+        return _Counted(f, counter) if "r" in mode and str(file).startswith(root) else f
+
+    builtins.open = io.open = counting_open
+
+
+def _save_big_rank(rank: int, world_size: int, port: int, root: str) -> None:
+    init_gloo(rank, world_size, port)
+    try:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(700, 700)  # ~1.9 MiB of weights: the checkpoint's bulk
+        CheckpointManager(root).save(STEP, {"model": model})
+    finally:
+        dist.destroy_process_group()
+
+
+def _load_big_rank(rank: int, world_size: int, port: int, root: str) -> None:
+    init_gloo(rank, world_size, port)
+    try:
+        torch.manual_seed(rank + 7)
+        model = torch.nn.Linear(700, 700)
+        mgr = CheckpointManager(root)
+        counter = [0]
+        count_checkpoint_reads(root, counter)
+        mgr.load(into={"model": model})
+        read = counter[0]
+        torch.manual_seed(0)
+        assert torch.equal(model.weight, torch.nn.Linear(700, 700).weight), rank  # the saved replica
+        (Path(root).parent / f"read-rank{rank}").write_text(str(read))
+    finally:
+        dist.destroy_process_group()
+
+
+def test_replicated_state_is_read_from_storage_once_and_broadcast(tmp_path):
+    """DDP's replicas: rank 0 reads the checkpoint (verify, then load: its page cache serves
+    the second pass), the others get it over the process group and read only the small
+    files. Before, every rank read all of it."""
+    root = tmp_path / "ckpt"
+    spawn(_save_big_rank, 2, root)
+    spawn(_load_big_rank, 4, root)
+    size = sum(p.stat().st_size for p in (root / step_dir_name(STEP)).rglob("*") if p.is_file())
+    read = [int((tmp_path / f"read-rank{r}").read_text()) for r in range(4)]
+    assert read[0] <= 2.2 * size, (read, size)  # checksum pass + load pass, each once
+    assert all(r <= 0.05 * size for r in read[1:]), (read, size)
+    assert sum(read) <= 2.4 * size  # against 5x before: a 1/4 share to verify + 1x to load, per rank
