@@ -297,7 +297,8 @@ def print_timeline(low: Job, high: Job, ref: Job) -> None:
           + (f"  (the save itself: {float(commit.group(1)):.3f} s, {commit.group(2)} KiB)" if commit else ""))
     print(f"  notice -> requeued (nodes released)         {span('notice at LOW rank 0', 'LOW requeued')}")
     print(f"  HIGH submitted -> HIGH running (preemption) {span('HIGH submitted', 'HIGH running')}")
-    print(f"  HIGH finished -> LOW running again          {span('HIGH finished', 'LOW restarted')}")
+    print(f"  LOW requeued -> LOW running again           {span('LOW requeued', 'LOW restarted')}"
+          "  (it waits for 2 free nodes: the HIGH job's or the reference's, whichever end first)")
     if resumed:
         print(f"  resume: from step {resumed.group(1)}, checkpoint loaded in {float(resumed.group(2)):.3f} s")
     print(f"  LOW job, submit to finish                   {span('LOW submitted', 'LOW finished')}")
