@@ -156,7 +156,10 @@ def _writer(root: str, path: str, first_step: int, rank: int, port: int, report_
     if path.startswith("sharded"):
         init_gloo(rank, SHARDED_WORLD, port)
     report = pipe_reporter(report_fd) if rank == 0 else (lambda kind, step: None)
-    run_saves(manager_for(Path(root), path), path, itertools.count(first_step), report)
+    try:
+        run_saves(manager_for(Path(root), path), path, itertools.count(first_step), report)
+    except (CheckpointError, RuntimeError):
+        os._exit(1)  # the other rank was killed first: its peer's collectives fail, as they should
 
 
 def _reader(root: str, path: str, report_fd: int) -> None:
@@ -692,6 +695,7 @@ class Replay:
     ops: list[tuple]
     root: int
     kinds: dict[int, str]  # id -> "file" | "dir"
+    most_unsynced: int = 0  # the most un-fsynced directory operations at one crash point
 
     @classmethod
     def from_recording(cls, root_ino: int, ops: list[tuple]) -> Replay:
@@ -751,6 +755,7 @@ class Replay:
 
         fixed = [(i, op) for i, op in entry_ops if forced(i, op)]
         free = [(i, op) for i, op in entry_ops if not forced(i, op)]
+        self.most_unsynced = max(self.most_unsynced, len(free))
         if len(free) <= MAX_FREE_ENTRY_OPS:
             choices = [[f for f, keep in zip(free, mask) if keep] for mask in itertools.product((True, False), repeat=len(free))]
         else:
@@ -886,7 +891,8 @@ def power_loss_campaign(paths: tuple[str, ...], workdir: Path, steps: list[int],
                     loaded, ok, bad = outcomes[state_key]
                     bad_visible[path] += bool(bad)
                     tally.judge(loaded, ok, committed, started, f"(crash after op {crash_at})")
-            tally.notes.insert(1, f"{len(outcomes)} distinct states loaded")
+            tally.notes.insert(1, f"{len(outcomes)} distinct states loaded; at most {replay.most_unsynced} "
+                                  f"un-fsynced directory operations at one crash point")
             tallies.append(tally)
     return tallies, bad_visible
 
