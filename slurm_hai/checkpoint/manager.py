@@ -156,7 +156,7 @@ class CheckpointManager:
         staged = stage_files(files, self._buffer)
         self._inflight = handle
         self._thread = run_in_background(
-            handle, lambda: self._persist(step, staged, targets, handle), lambda: self._housekeeping(targets)
+            handle, lambda: self._persist(step, staged, targets, handle), lambda: self.housekeeping(targets)
         )
         if blocking:
             self.wait()
@@ -206,12 +206,12 @@ class CheckpointManager:
                 self.durable, step, share, active_staging=self._active_staging, group=group
             )
 
-        def housekeeping() -> None:
+        def tidy() -> None:
             if rank == 0 and not handle.skipped and handle._error is None:  # after finish()
-                self._housekeeping([self.durable])
+                self.housekeeping([self.durable])
 
         self._inflight = handle
-        self._thread = run_in_background(handle, persist, housekeeping)
+        self._thread = run_in_background(handle, persist, tidy)
         return handle
 
     def _save_sharded(self, step: int, state: Any, *, rank: int) -> SaveHandle:
@@ -220,7 +220,7 @@ class CheckpointManager:
         self._warn_fast_dir_unused(step, rank)
         handle = save_sharded(self.durable, step, state, buffer=self._buffer, active_staging=self._active_staging)
         if rank == 0 and not handle.skipped:
-            self._housekeeping([self.durable])
+            self.housekeeping([self.durable])
         return handle
 
     def _stores_missing(self, step: int) -> list[CheckpointStore]:
@@ -281,7 +281,7 @@ class CheckpointManager:
             self._active_staging.release(store, staging)
         return entries
 
-    def _housekeeping(self, stores: list[CheckpointStore]) -> None:
+    def housekeeping(self, stores: list[CheckpointStore]) -> None:
         """Retention and stale-staging cleanup; never fails a save, only logs."""
         for store in stores:
             try:

@@ -106,5 +106,5 @@ class FrameworkCheckpoints:
             created_by={"host": socket.gethostname(), "pid": os.getpid(), "framework": self.framework},
         )
         committed = self.store.commit(staging, manifest)
-        self.manager._housekeeping([self.store])  # retention + stale staging; only logs failures
+        self.manager.housekeeping([self.store])  # retention + stale staging; only logs failures
         return committed
