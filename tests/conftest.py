@@ -26,7 +26,7 @@ REPO = Path(__file__).resolve().parents[1]
 # directory is not named pyslurm: on sys.path it would pass for the package.)
 collect_ignore = [] if importlib.util.find_spec("pyslurm") else ["with_pyslurm"]
 STATE = Path(os.environ.get("HAI_CLUSTER_DIR", "/var/lib/slurm-hai/localcluster"))
-TEST_USERS = ("hai-alice", "hai-bob")
+TEST_USERS = ("hai-alice", "hai-bob", "hai-carol", "hai-dave")  # contrib/localcluster creates them
 TESTED_RELEASES: list[str] = []  # the Slurm release the session's cluster runs, once booted
 
 

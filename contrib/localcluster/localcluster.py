@@ -51,7 +51,7 @@ POLICY_FILE = Path(__file__).resolve().with_name("policy.toml")
 
 PACKAGES = ["munge", "mariadb-server", "slurmdbd", "slurmctld", "slurmd", "slurm-client",
             "libslurm-dev", "slurm-wlm-basic-plugins", "lua5.3", "make", "gcc"]
-TEST_USERS = ["hai-alice", "hai-bob"]
+TEST_USERS = ["hai-alice", "hai-bob", "hai-carol", "hai-dave"]
 ACCOUNT = "hai"
 NODES = ["n1", "n2", "n3", "n4"]
 GPUS_PER_NODE = 8

@@ -178,13 +178,14 @@ def lookup(job_id: int, queue: Sequence[JobInfo] | None = None) -> tuple[JobInfo
     jobdir = job_dir_of(job_id, job)
     if job is None and not jobdir.path.is_dir():
         # slurmctld forgets a job MinJobAge after its end; slurmdbd still has it (sacct)
+        unread = ""
         try:
             job = backend().accounting(job_id)
-        except SlurmError:  # no accounting on this cluster: nothing more to know
-            job = None
+        except SlurmError as e:  # no accounting on this cluster, or slurmdbd is down: say which
+            job, unread = None, f" (and {e})"
         if job is None:
             raise click.ClickException(f"no job {job_id}: Slurm does not know it and there is no {jobdir.path}; "
-                                       "see `hai list`")
+                                       f"see `hai list`{unread}")
         jobdir = job_dir_of(job_id, job)
     return job, jobdir
 

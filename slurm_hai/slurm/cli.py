@@ -37,11 +37,17 @@ def _run(argv: Sequence[str], input: str | None = None, check: bool = True) -> s
     except OSError as e:  # e.g. E2BIG: an argument list too long for one command
         raise SlurmError(f"{argv[0]} could not be run: {e.strerror}") from None
     if check and p.returncode != 0:
+        if DBD_DOWN in p.stderr:  # three lines of connection errors say one thing
+            why = (p.stderr.split(DBD_DOWN)[1].strip(": \n").splitlines() or ["no answer"])[0]
+            raise SlurmError(f"{argv[0]}: Slurm's accounting (slurmdbd) does not answer ({why}); running and "
+                             "waiting jobs are not affected: try again once it is back")
         raise SlurmError(f"{argv[0]}: {_detail(argv[0], p.stderr or p.stdout) or f'exit {p.returncode}'}")
     return p
 
 
 GENERIC_FAILURES = ("Batch job submission failed: Unspecified error",)
+# sacct/sacctmgr's last line when slurmdbd is down or unreachable
+DBD_DOWN = "Problem talking to the database"
 
 
 def _detail(command: str, output: str) -> str:

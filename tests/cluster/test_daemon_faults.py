@@ -3,6 +3,7 @@ over when the leader is killed."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -79,3 +80,49 @@ def test_one_daemon_leads_across_hosts_and_the_standby_takes_over_when_it_is_kil
         if b is not None:
             stop(b)
     assert "Traceback" not in a_log.read_text() + b_log.read_text()
+
+
+def test_with_slurmdbd_stopped_the_front_door_and_the_daemon_work_or_say_so_in_one_line(live, tmp_path):
+    from test_frontdoor import one_error_line
+
+    user = "hai-carol"
+    job_dir = live.shared_dir("dbd-down", owner=user)
+    script = job_dir / "work.sh"
+    script.write_text('#!/bin/sh\necho "done $SLURM_JOB_ID"\n')
+    script.chmod(0o755)
+    ended = json.loads(live.run(["hai-submit", "--json", "-p", "LOW", "--workdir", str(job_dir), str(script)],
+                                user=user).stdout)["job_id"]
+    wait_for(lambda: live.job(ended).get("JobState") == "COMPLETED", 60, "a job that ends before slurmdbd stops")
+    d_log = tmp_path / "daemon.log"
+    daemon = start_daemon(live, d_log, "--lock", str(tmp_path / "policyd.lock"), "--log-level", "debug")
+    pid_file = live.state / "run" / "slurmdbd.pid"
+    try:
+        wait_for(lambda: "policy daemon started" in d_log.read_text() or daemon.poll() is not None, 30, "the daemon")
+        os.kill(int(pid_file.read_text()), signal.SIGTERM)
+        wait_for(lambda: live.run(["sacct", "-X", "-n", "-j", str(ended)], check=False).returncode != 0, 30,
+                 "sacct to fail without slurmdbd")
+        cycles = d_log.read_text().count("cycle: ")
+        # submitting, running, status and list need slurmctld only
+        p = live.run(["hai-submit", "--json", "-p", "NORMAL", "--workdir", str(job_dir), str(script)], user=user)
+        during = json.loads(p.stdout)["job_id"]
+        wait_for(lambda: live.job(during).get("JobState") == "COMPLETED", 60, "the job submitted without slurmdbd")
+        assert f"done {during}" in live.run(["hai", "logs", str(during)], user=user).stdout
+        assert json.loads(live.run(["hai", "status", "--json", str(ended)], user=user).stdout)["state"] \
+            == "finished-succeeded"
+        listed = {j["job_id"] for j in json.loads(live.run(["hai", "list", "--json", "--since", "30m"],
+                                                            user=user).stdout)}
+        assert {ended, during} <= listed, listed
+        # what needs accounting fails in one line that names it: a job slurmctld does not know, the timeline
+        for argv in (["hai", "status", "999999"], ["hai", "timeline", "--since", "10m"]):
+            line = one_error_line(live.run(argv, user=user, check=False))
+            assert "slurmdbd" in line or "database" in line, line
+        wait_for(lambda: d_log.read_text().count("cycle: ") >= cycles + 4, 20, "the daemon to go on cycling")
+        assert daemon.poll() is None, d_log.read_text()
+    finally:
+        up = subprocess.run([str(REPO / "contrib" / "localcluster" / "up")], capture_output=True, text=True)
+        stop(daemon)
+    assert up.returncode == 0, up.stdout + up.stderr
+    assert "Traceback" not in d_log.read_text(), d_log.read_text()
+    # nothing lost: slurmctld hands slurmdbd what it recorded meanwhile
+    wait_for(lambda: "COMPLETED" in live.run(["sacct", "-X", "-n", "-o", "state", "-j", str(during)],
+                                             check=False).stdout, 60, "the job run without slurmdbd in accounting")
