@@ -26,11 +26,15 @@ without it (the daemon would also hurry the stock jobs).
 start of a 2-node HIGH hai-submit job, the same job while a cooperative LOW job holds all 4
 nodes, and a restart (go_suspend -> the script running again), each cut into phases from the
 job events and Slurm's log lines; --sched-cost N what a SchedulerParameters lever costs
-slurmctld with N held jobs (sdiag). See docs/benchmarks.md.
+slurmctld with N held jobs (sdiag); --soak (issue 18) the goodput of a 4-node LOW training
+job while a 2-node HIGH job takes nodes for --hold s every --period s, against the same job
+undisturbed in the same run, and what each preemption costs beyond the HIGH job's hold. See
+docs/benchmarks.md.
 
     .venv/bin/python benchmarks/cluster_bench.py --latency --repeats 7 --lever before-19
     .venv/bin/python benchmarks/cluster_bench.py --latency --repeats 7 --lever conf=Epilog=/bin/true
     .venv/bin/python benchmarks/cluster_bench.py --sched-cost 3000 --lever sched=+defer_batch
+    .venv/bin/python benchmarks/cluster_bench.py --soak --minutes 10 [--period 60 --hold 10]
 
 Uses $HAI_CLUSTER_DIR (default /var/lib/slurm-hai/localcluster) or $SLURM_CONF; needs the
 cluster idle, as root.
@@ -266,7 +270,8 @@ def stop_daemon(proc: subprocess.Popen) -> None:
 # Slurm's own log lines (slurmctld, slurmd; millisecond timestamps). --lever NAME=VALUE
 # runs every repeat once as the baseline and once with the lever, alternating.
 
-HIGH_SCRIPT = "print('high running', flush=True)\n"
+# It holds its nodes for argv[1] seconds (--soak), none in --latency.
+HIGH_SCRIPT = "import sys, time\nprint('high running', flush=True)\ntime.sleep(float(sys.argv[1]))\n"
 # The LOW job of (b) and the job of (c): cooperates like OURS, without torch (the checkpoint
 # is a small JSON file written atomically), so that a repeat is short.
 COOP = """
@@ -293,6 +298,12 @@ while True:
 """
 
 LOG_TIME = "%Y-%m-%dT%H:%M:%S"
+
+
+def nan_median(values) -> float:
+    """The median of the values that were measured (a mark not found is NaN)."""
+    values = [v for v in values if v == v]
+    return statistics.median(values) if values else float("nan")
 
 
 def events(job_dir: Path) -> list[dict]:
@@ -349,20 +360,22 @@ class SlurmLogs:
 LOGS = SlurmLogs()
 
 
-def submit_high(nodes: int = 2) -> tuple[float, int, Path]:
+def submit_high(nodes: int = 2, hold: float = 0.0) -> tuple[float, int, Path]:
     script = WORK / "high.py"
     script.write_text(HIGH_SCRIPT)
     t0 = time.time()
     info = json.loads(run(["hai-submit", "--json", "-n", str(nodes), "-p", "HIGH", "--gpus-per-node", "8",
-                           "--name", "bench-high", str(script)]).stdout)
+                           "--name", "bench-high", str(script), "--", str(hold)]).stdout)
     return t0, int(info["job_id"]), Path(info["job_dir"])
 
 
-def submit_coop(nodes: int, level: str) -> tuple[int, Path]:
-    script = WORK / "coop.py"
-    script.write_text(COOP)
+def submit_coop(nodes: int, level: str, script_text: str = COOP, args: tuple = (),
+                name: str = "bench-coop") -> tuple[int, Path]:
+    """A cooperative hai-submit job, once its rank 0 printed "ready"."""
+    script = WORK / f"{name}.py"
+    script.write_text(script_text)
     info = json.loads(run(["hai-submit", "--json", "-n", str(nodes), "-p", level, "--gpus-per-node", "8",
-                           "--name", "bench-coop", str(script)]).stdout)
+                           "--name", name, str(script), "--", *map(str, args)]).stdout)
     job_dir = Path(info["job_dir"])
     wait_for("the cooperative job to be ready", lambda: "ready" in read_text(job_dir / "logs" / "rank-0.log"), 180)
     return int(info["job_id"]), job_dir
@@ -559,23 +572,20 @@ def latency_main(args) -> None:
     print(f"\nlatency, medians of {args.repeats}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
           f"{platform.node()}, {os.cpu_count()} cores, took {time.time() - t_start:.0f} s")
 
-    def m(values) -> float:
-        values = [v for v in values if v == v]
-        return statistics.median(values) if values else float("nan")
-
     names = [n for n, _ in variants]
     rows = []
     for name in names:
         r = res[name]
-        idle = m(r["idle"])
-        rows.append((name, idle, m(r["pre"]), m(r["pre"]) / idle, m(r["restart"]), m(r["restart"]) / idle))
+        idle = nan_median(r["idle"])
+        pre, rs = nan_median(r["pre"]), nan_median(r["restart"])
+        rows.append((name, idle, pre, pre / idle, rs, rs / idle))
     print("| variant | idle start | preemption | preemption / idle | restart | restart / idle |\n|---|---|---|---|---|---|")
     for name, idle, pre, pr, rs, rr in rows:
         print(f"| {name} | {idle:.2f} s | {pre:.2f} s | {pr:.2f}x | {rs:.2f} s | {rr:.2f}x |")
     # An idle start waits 0-1 s for slurmctld's 1 s tick, and repeats drift slowly through
     # that phase: the idle starts of all variants together are the steadier reference when a
     # lever does not change the idle start.
-    pooled = m([x for r in res.values() for x in r["idle"]])
+    pooled = nan_median([x for r in res.values() for x in r["idle"]])
     print(f"idle start of all variants together: {pooled:.2f} s; " + "; ".join(
         f"{name}: preemption {pre / pooled:.2f}x, restart {rs / pooled:.2f}x" for name, _, pre, _, rs, _ in rows))
     for title, key, phases in (("idle start: HIGH command at 0", "iphases", IDLE_PHASES),
@@ -586,9 +596,9 @@ def latency_main(args) -> None:
         for ph in phases:
             cells = []
             for name in names:
-                at = m([p[ph] for p in res[name][key]])
+                at = nan_median([p[ph] for p in res[name][key]])
                 prev = phases.index(ph)
-                gap = m([p[ph] - (p[phases[prev - 1]] if prev else 0.0) for p in res[name][key]])
+                gap = nan_median([p[ph] - (p[phases[prev - 1]] if prev else 0.0) for p in res[name][key]])
                 cells.append(f"{at:.2f} s (+{gap:.2f})")
             print(f"| {ph} | {' | '.join(cells)} |")
     print("raw: " + json.dumps({n: {k: [round(x, 3) for x in v] for k, v in r.items() if k in ("idle", "pre", "restart")}
@@ -671,6 +681,154 @@ def sched_cost_main(args) -> None:
         print(f"| `{sched}` | {wall:.1f} s | {cyc:.0f} | {mean / 1e3:.1f} ms | {busy:.2f} s | {bf:.0f} |")
 
 
+# ------------------------------------------------------------------ preemption soak (issue 18)
+#
+# --soak: a 4-node LOW training job (SOAK_LOW) runs --minutes undisturbed (the baseline),
+# then the same job again while a 2-node HIGH job takes nodes for --hold s every --period s
+# (submitted at the middle of each period). The job checkpoints its step on the notice,
+# calls go_suspend() and resumes from the checkpoint; goodput is the steps kept (the final
+# step) against the baseline's in the same time.
+
+# Rank 0 trains: one step is STEP_S seconds of sleep (the accelerator's time, steady on a
+# loaded host), logged as "s STEP EPOCH". Its clock is the first run's: the job ends at
+# the deadline of run 0 whatever happened since. Other ranks hold their nodes until done.
+SOAK_LOW = """
+import json, os, sys, time
+import slurm_hai as hai
+step_s, seconds = float(sys.argv[1]), float(sys.argv[2])
+run = hai.restart_count()
+path, done = os.path.join(os.environ["HAI_JOB_DIR"], "ckpt.json"), os.path.join(os.environ["HAI_JOB_DIR"], "done")
+if int(os.environ["RANK"]) > 0:
+    while not os.path.exists(done):
+        time.sleep(0.2)
+    sys.exit(0)
+state = {"step": 0, "deadline": time.time() + seconds}
+if os.path.exists(path):
+    with open(path) as f:
+        state = json.load(f)
+print(f"run {run} from {state['step']} deadline {state['deadline']:.3f}", flush=True)
+print("ready", flush=True)
+while time.time() < state["deadline"]:
+    if hai.receive_suspend_command():
+        with open(path + ".tmp", "w") as f:
+            json.dump(state, f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.rename(path + ".tmp", path)
+        hai.go_suspend()
+    time.sleep(step_s)
+    state["step"] += 1
+    print(f"s {state['step']} {time.time():.3f}", flush=True)
+print(f"final {state['step']}", flush=True)
+open(done, "w").close()
+"""
+
+# Marks of each preemption, from the HIGH job's submission (hai-submit) on.
+SOAK_PHASES = ("LOW last step", "notice", "checkpoint committed (go_suspend)", "LOW nodes released",
+               "HIGH script running", "HIGH finished", "LOW script running again", "LOW first step again")
+
+
+def soak_runs(log: Path) -> dict[int, dict]:
+    """Per run of the soak job's rank 0: the step it resumed from, its first and last step
+    (step, epoch), and its final step if it reached the deadline."""
+    runs: dict[int, dict] = {}
+    cur = None
+    for line in read_text(log).splitlines():
+        f = line.split()
+        if line.startswith("run ") and len(f) >= 6:
+            cur = runs[int(f[1])] = {"from": int(f[3]), "deadline": float(f[5]), "first": None, "last": None}
+        elif cur is not None and line.startswith("s ") and len(f) == 3:
+            cur["last"] = (int(f[1]), float(f[2]))
+            cur["first"] = cur["first"] or cur["last"]
+        elif cur is not None and line.startswith("final "):
+            cur["final"] = int(f[1])
+    return runs
+
+
+def soak_job(seconds: float, step_s: float, period: float | None, hold: float) -> dict:
+    """One soak job, with the HIGH job cycling when period is given."""
+    LOGS.mark()
+    low, ldir = submit_coop(4, "LOW", SOAK_LOW, (step_s, seconds), "bench-soak")
+    log = ldir / "logs" / "rank-0.log"
+    t0 = soak_runs(log)[0]["deadline"] - seconds
+    highs = []
+    k = 0
+    while period and t0 + (k + 0.5) * period < t0 + seconds:
+        time.sleep(max(0.0, t0 + (k + 0.5) * period - time.time()))
+        highs.append(submit_high(2, hold))
+        print(f"  HIGH {k + 1} submitted at {highs[-1][0] - t0:.1f} s", flush=True)
+        k += 1
+    runs = wait_for("the soak job's final step", lambda: (r := soak_runs(log)) and any("final" in x for x in r.values())
+                    and r, seconds + 600, 1.0)
+    time.sleep(1)  # the last slurmctld lines
+    lines = LOGS.lines()
+    drain([low] + [h[1] for h in highs])
+    useful = next(x["final"] for x in runs.values() if "final" in x)
+    computed = sum(x["last"][0] - x["from"] for x in runs.values() if x["last"])
+    phases, lost = [], []
+    for t_sub, high, hdir in highs:
+        r = next((e["run"] for e in events(ldir) if e.get("event") == "notice" and e["t"] >= t_sub), None)
+        if r is None or r + 1 not in runs or not runs[r]["last"] or not runs[r + 1]["first"]:
+            continue  # the deadline came first
+        marks = {
+            "LOW last step": runs[r]["last"][1],
+            "notice": event_time(ldir, "notice", run=r),
+            "checkpoint committed (go_suspend)": event_time(ldir, "go_suspend", run=r),
+            "LOW nodes released": LOGS.first(lines, f"Requeuing JobId={low}", after=t_sub),
+            "HIGH script running": event_time(hdir, "start", run=0),
+            "HIGH finished": event_time(hdir, "finished", run=0),
+            "LOW script running again": event_time(ldir, "start", run=r + 1),
+            "LOW first step again": runs[r + 1]["first"][1],
+        }
+        phases.append({k: (v - t_sub if v else float("nan")) for k, v in marks.items()})
+        lost.append(runs[r + 1]["first"][1] - runs[r]["last"][1] - step_s)
+    return {"useful": useful, "computed": computed, "runs": len(runs), "preemptions": len(highs),
+            "phases": phases, "lost": lost}
+
+
+def soak_main(args) -> None:
+    seconds = args.minutes * 60
+    if not 0 < args.hold < args.period:
+        raise SystemExit("--hold must be more than 0 and less than --period")
+    t_start = time.time()
+    load = os.getloadavg()
+    print(f"Slurm {run(['sinfo', '-V']).stdout.strip()}; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}",
+          flush=True)
+    daemon = start_daemon(2.0)
+    try:
+        print(f"baseline: the LOW job alone for {args.minutes:g} min", flush=True)
+        base = soak_job(seconds, args.step, None, args.hold)
+        print(f"  {base['useful']} steps", flush=True)
+        print(f"soak: HIGH for {args.hold:g} s every {args.period:g} s", flush=True)
+        soak = soak_job(seconds, args.step, args.period, args.hold)
+    finally:
+        stop_daemon(daemon)
+    load_after = os.getloadavg()
+    rate = base["useful"] / seconds
+    n = soak["preemptions"]
+    goodput = soak["useful"] / base["useful"]
+    ceiling = 1 - n * args.hold / seconds
+    overhead = (rate * seconds - soak["useful"]) / rate / n - args.hold
+    print(f"\npreemption soak; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {platform.node()}, "
+          f"{os.cpu_count()} cores, load average before {load[0]:.2f} {load[1]:.2f}, after "
+          f"{load_after[0]:.2f} {load_after[1]:.2f}; took {time.time() - t_start:.0f} s")
+    print("| run | steps kept | steps computed | runs | preemptions | goodput | ceiling | goodput / ceiling "
+          "| overhead per preemption beyond the HIGH job's hold |\n|---|---|---|---|---|---|---|---|---|")
+    print(f"| undisturbed, {args.minutes:g} min | {base['useful']} | {base['computed']} | {base['runs']} | 0 "
+          f"| 1 | 1 | - | - |")
+    print(f"| HIGH {args.hold:g} s every {args.period:g} s | {soak['useful']} | {soak['computed']} | {soak['runs']} "
+          f"| {n} | {goodput:.3f} | {ceiling:.3f} | {goodput / ceiling:.3f} | {overhead:.2f} s (from the steps; "
+          f"from the gaps: median {nan_median(soak['lost']) - args.hold:.2f} s) |")
+    ph = soak["phases"]
+    print(f"\neach preemption: HIGH command at 0; median time of each mark (and the phase since the previous mark), "
+          f"{len(ph)} preemptions\n| mark | at | phase |\n|---|---|---|")
+    for i, name in enumerate(SOAK_PHASES):
+        gap = nan_median([p[name] - p[SOAK_PHASES[i - 1]] for p in ph]) if i else float("nan")
+        print(f"| {name} | {nan_median([p[name] for p in ph]):.2f} s | {'' if i == 0 else f'+{gap:.2f}'} |")
+    print(f"time lost per preemption (LOW last step -> first step again, less one step): median "
+          f"{nan_median(soak['lost']):.2f} s; all: {', '.join(f'{x:.2f}' for x in soak['lost'])}")
+
+
 # ------------------------------------------------------------------ main
 
 
@@ -695,6 +853,13 @@ def main() -> None:
                     help="what a SchedulerParameters lever costs slurmctld with N held jobs (sdiag), against the "
                          "baseline; --lever sched=... (default: the baseline without defer)")
     ap.add_argument("--churn", type=int, default=30, help="with --sched-cost: short jobs per measurement")
+    ap.add_argument("--soak", action="store_true",
+                    help="the preemption soak of issue 18: goodput of a 4-node LOW training job while a 2-node HIGH "
+                         "job takes nodes for --hold s every --period s, against the same job undisturbed")
+    ap.add_argument("--minutes", type=float, default=10.0, help="with --soak: minutes of each of the two runs")
+    ap.add_argument("--period", type=float, default=60.0, help="with --soak: seconds between HIGH jobs")
+    ap.add_argument("--hold", type=float, default=10.0, help="with --soak: seconds each HIGH job runs")
+    ap.add_argument("--step", type=float, default=0.1, help="with --soak: seconds of one training step")
     args = ap.parse_args()
     WORK.mkdir(mode=0o755, parents=True)
     if run(["squeue", "-h", "-o", "%i"]).stdout.split():
@@ -703,6 +868,8 @@ def main() -> None:
         return latency_main(args)
     if args.sched_cost:
         return sched_cost_main(args)
+    if args.soak:
+        return soak_main(args)
     r: dict[str, list[float]] = {k: [] for k in (
         "pre_ours", "pre_stock", "pre_stock_dies", "rq_ours", "rq_stock", "restart_ours", "restart_stock",
         "big_ours", "big_stock", "big_high_ours", "big_high_stock")}
