@@ -156,6 +156,7 @@ ONE_VERSION = {
     "test_integrations.py::test_lightning_preempted_and_resumed_ends_with_the_weights_of_an_uninterrupted_run",
     "test_hostile_users.py::test_a_run_that_cannot_start_says_why_in_status_and_logs",
     "test_daemon_faults.py::test_one_daemon_leads_across_hosts_and_the_standby_takes_over_when_it_is_killed",
+    "test_load.py::test_200_jobs_from_4_users_keep_quotas_and_each_ends_exactly_once",
     "test_metrics_prometheus.py::test_a_preemption_shows_up_in_the_prometheus_series",
     "test_torchrun_live.py::test_torchrun_job_on_two_nodes_is_preempted_and_resumes_bit_for_bit",
     "test_timeline_browser.py::test_timeline_page_shows_a_preemption_in_a_real_browser",
