@@ -2,8 +2,8 @@
 
 The queue is sampled every 0.5 s until every job has ended; at no sample may a user run more
 nodes at a level than the policy's quota, every job ends exactly once with its own output,
-none is suspended more often than the policy lets it be, and the policy daemon's cycles stay
-short.
+none is suspended more often than the policy lets it be, and each cycle of the policy daemon
+is shorter than the grace time.
 
 Submission: `hai-submit` is a Python process (~0.25 s of CPU each); 200 of them cannot start
 in 10 s on a 2-core host. So each user submits its first jobs with `hai-submit` and the rest
@@ -33,7 +33,6 @@ BY_HAI_SUBMIT = 3  # per user (LOW, NORMAL, AUTO); the rest by sbatch
 LEVELS = ("LOW", "NORMAL", "AUTO", "HIGH", "LOW", "ABOVE_NORMAL", "NORMAL", "AUTO", "BELOW_NORMAL", "LOW")
 SUBMIT_ORDER = ("LOW", "BELOW_NORMAL", "NORMAL", "AUTO", "ABOVE_NORMAL", "HIGH")
 SUBMIT_BOUND_S = 10.0
-CYCLE_BOUND_S = 2.0  # one daemon cycle over ~200 jobs, on a loaded 2-core host (interval 0.5 s)
 WORK = """#!/bin/sh
 # $1: this job's output file, $2: its token. One "start" line per run, "done" once at the end.
 echo "start $SLURM_JOB_ID ${SLURM_RESTART_COUNT:-0}" >> "$1"
@@ -124,7 +123,9 @@ def test_200_jobs_from_4_users_keep_quotas_and_each_ends_exactly_once(live, tmp_
             bound = ahead if not policy.min_run_seconds else min(ahead, int(ran_s // policy.min_run_seconds))
             assert restarts <= bound, (token, restarts, bound)
         cycles = [float(s) for s in re.findall(r"cycle: \d+ jobs, .*?([\d.]+) s", d_log.read_text())]
-        assert cycles and max(cycles) <= CYCLE_BOUND_S, (max(cycles, default=None), len(cycles))
+        # the bound: a cycle shorter than the grace time, so a job that ignores its notice is
+        # forced off on time (seen here: median 0.4 s, max 2.0 s on a loaded 2-core host)
+        assert cycles and max(cycles) < policy.grace_seconds, (max(cycles, default=None), len(cycles))
         noticed = sum(1 for job in ids if final[job].get("PreemptTime", "None") != "None")
         print(f"all ended after {ran_s:.0f} s; {samples} samples; preempted (notice sent): {noticed}; "
               f"suspensions (requeues): {sum(suspended.values())} "
