@@ -70,3 +70,18 @@ def test_sbatch_refusal_reads_as_one_clean_line(tmp_path, monkeypatch):
     with pytest.raises(SlurmError) as e:
         cli_backend.CliBackend().submit("#!/bin/sh\n")
     assert str(e.value) == "sbatch: hai: 3 nodes at NORMAL exceed your quota of 2 nodes at that level"
+
+
+def test_sacct_without_slurmdbd_reads_as_one_line_that_names_it(tmp_path, monkeypatch):
+    fake = tmp_path / "sacct"  # what 22.05's sacct prints when slurmdbd is stopped
+    fake.write_text("#!/bin/sh\n"
+                    "echo 'sacct: error: slurm_persist_conn_open_without_init: failed to open persistent connection "
+                    "to host:127.0.0.1:16901: Connection refused' >&2\n"
+                    "echo 'sacct: error: Sending PersistInit msg: Connection refused' >&2\n"
+                    "echo 'sacct: error: Problem talking to the database: Connection refused' >&2\nexit 1\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    with pytest.raises(SlurmError) as e:
+        cli_backend.CliBackend().accounting(5)
+    assert str(e.value) == ("sacct: Slurm's accounting (slurmdbd) does not answer (Connection refused); running and "
+                            "waiting jobs are not affected: try again once it is back")
