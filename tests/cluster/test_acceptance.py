@@ -247,7 +247,7 @@ def test_slurmd_stopped_and_started_again_job_resumes_from_last_commit(story, re
         the processes listening on sockets in its spool dir; kill them and all below them
         (otherwise the 'dead' node's steps live on and collide with the requeued job)."""
         listing = subprocess.run(["ss", "-xlpn"], text=True, capture_output=True, check=True).stdout
-        roots = {int(pid) for line in listing.splitlines() if f"/spool/d-{node}/" in line
+        roots = {int(pid) for line in listing.splitlines() if f"{state}/spool/d-{node}/" in line
                  for pid in re.findall(r"pid=(\d+)", line)}
         children: dict[int, list[int]] = {}
         for stat in Path("/proc").glob("[0-9]*/stat"):
