@@ -37,8 +37,9 @@ def script_args(args: tuple[str, ...]) -> list[str]:
 @click.option("--time", "time_limit", metavar="TIME",
               help="Time limit per run (MINUTES, HH:MM:SS, D-HH:MM:SS). Near the limit the job gets the "
                    "suspend notice and continues in a new run.")
-@click.option("--grace", type=int, default=5, show_default=True,
-              help="Seconds between the suspend notice and a forced suspend.")
+@click.option("--grace", type=int, default=None, show_default="the policy's grace_seconds",
+              help="Seconds between the suspend notice and a forced suspend, at most the policy's "
+                   "max_grace_seconds.")
 @click.option("--retries", type=int, default=0, show_default=True,
               help="Times a failed run (non-zero exit) is started again.")
 @click.option("--workdir", default=".", show_default=True, help="Working directory of the job.")

@@ -130,7 +130,7 @@ def status(job, as_json):
         return
     rows = {
         "job id": st.job_id, "name": st.name, "user": st.user, "state": st.state, "reason": st.reason,
-        "level": st.level, "nodes": st.nodes, "node list": st.node_list, "restarts": st.restarts,
+        "level": st.level, "grace": f"{st.grace} s" if st.grace is not None else None, "nodes": st.nodes, "node list": st.node_list, "restarts": st.restarts,
         "suspends": f"{st.suspends} ({st.forced_suspends} forced)" if st.suspends else 0,
         "retries": st.retries, "submitted": _when(st.submitted), "started": _when(st.started),
         "ended": _when(st.ended), "exit code": st.exit_code,

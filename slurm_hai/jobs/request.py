@@ -19,6 +19,8 @@ from typing import Iterable
 
 from ..policy.levels import AUTO, parse_level
 from ..policy.limits import MAX_GRACE
+from ..policy.model import Policy
+from ..policy.tags import DIR as DIR_TAG, GRACE as GRACE_TAG
 from ..render import render
 
 # Each is matched whole (fullmatch: a trailing newline is not "the end"), in ASCII.
@@ -56,7 +58,7 @@ class JobRequest:
     group: str | None = None
     env: list[str] = field(default_factory=list)  # KEY=VALUE
     time: str | None = None
-    grace: int = 5
+    grace: int | None = None  # None: the policy's grace_seconds
     retries: int = 0
     workdir: str = "."
     python: str = sys.executable
@@ -70,8 +72,10 @@ def _safe_path(value: str, what: str) -> str:
     return value
 
 
-def validate(req: JobRequest) -> dict:
-    """Check every field; return the template context. Raises RequestError."""
+def validate(req: JobRequest, policy: Policy | None = None) -> dict:
+    """Check every field; return the template context. Raises RequestError.
+    `policy`: the cluster's, for the default grace and the most a job may ask (without one,
+    5 s and the contract's MAX_GRACE; job_submit.lua checks the cluster's again)."""
     name = req.name or Path(req.script).stem or "hai-job"
     if not NAME_RE.fullmatch(name):
         fix = "choose another --name" if req.name else "name it with --name"
@@ -90,8 +94,11 @@ def validate(req: JobRequest) -> dict:
     check_group_name(req.group)
     if req.time is not None:
         time_minutes(req.time, "--time")
-    if not 1 <= req.grace <= MAX_GRACE:
-        raise RequestError(f"--grace must be between 1 and {MAX_GRACE} seconds, got {req.grace}")
+    grace = req.grace if req.grace is not None else (max(1, policy.grace_seconds) if policy else 5)
+    most = min(MAX_GRACE, policy.grace_limit) if policy else MAX_GRACE
+    if not 1 <= grace <= most:
+        why = " (the cluster's max_grace_seconds)" if policy and most < MAX_GRACE else ""
+        raise RequestError(f"--grace must be between 1 and {most} seconds{why}, got {grace}")
     if not 0 <= req.retries <= 100:
         raise RequestError(f"--retries must be between 0 and 100, got {req.retries}")
     env = []
@@ -118,8 +125,9 @@ def validate(req: JobRequest) -> dict:
         command = [str(script.resolve()) if script.exists() else req.script, *req.args]
     return {
         "name": name, "nodes": req.nodes, "gpus": req.gpus_per_node, "qos": qos, "level": level_name,
-        "partition": req.group, "time": req.time, "grace": req.grace, "retries": req.retries,
-        "notice_seconds": req.grace + NOTICE_MARGIN, "workdir": workdir, "job_root": req.job_root,
+        "partition": req.group, "time": req.time, "grace": grace, "retries": req.retries,
+        "notice_seconds": grace + NOTICE_MARGIN, "dir_tag": DIR_TAG, "grace_tag": GRACE_TAG,
+        "workdir": workdir, "job_root": req.job_root,
         "env": env, "python": sys.executable, "command": command,
     }
 

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Iterable, Sequence
 
 from ..policy.levels import Level, level_of_qos, parse_qos
+from ..policy.tags import GRACE as GRACE_TAG
 from ..slurm.records import JobInfo
 
 SLURM_REASONS = {
@@ -69,6 +70,7 @@ class HaiStatus:
     started: int = 0  # when the current (or last) run started
     ended: int = 0  # when the job ended for good
     private: bool = False  # another user's job: told from what Slurm shows only
+    grace: int | None = None  # seconds between its suspend notice and a forced stop; None: unknown
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -121,6 +123,15 @@ def level_of(job: JobInfo | None, request: dict) -> str:
     return request.get("level", "?")
 
 
+def grace_of(job: JobInfo | None, request: dict) -> int | None:
+    """The job's grace: job_submit.lua's stamp (the admin comment wins over the job's own
+    comment in JobInfo.tags), else what hai-submit recorded."""
+    value = str(job.tags.get(GRACE_TAG, "")) if job is not None else ""
+    if not value.isdigit():
+        value = str(request.get("grace", ""))
+    return int(value) if value.isdigit() else None
+
+
 def status(job_id: int, job: JobInfo | None, final: dict | None, request: dict, suspended_runs: int,
            explained: str | None = None, last_run: int = 0, events: Sequence[dict] = (),
            private: bool = False, owner_uid: int | None = None) -> HaiStatus:
@@ -161,6 +172,7 @@ def status(job_id: int, job: JobInfo | None, final: dict | None, request: dict, 
         started=int(hist.started) or (job.start_time if job and job.state != "PENDING" else 0),
         ended=ended,
         private=private,
+        grace=grace_of(job, request),
     )
 
 

@@ -75,7 +75,7 @@ def prepare(req: JobRequest, slurm: Backend, dry_run: bool = False, policy: Poli
         # a dry run assumes what was asked, else what the group must have
         unreachable = str(e)
         req.gpus_per_node = req.gpus_per_node if req.gpus_per_node is not None else policy.min_gpus_for(group)
-    context = validate(req)
+    context = validate(req, policy)
     # HAI's 8-GPU rule; job_submit.lua refuses plain sbatch with the same words
     short = policy.min_gpus_refusal(group, req.gpus_per_node)
     if short:

@@ -2,7 +2,10 @@
 
 One QOS per level carries the level's priority, its Preempt= list (every strictly lower
 level, never its own), the grace time and the default per-user node quota (MaxTRESPU=node=N,
-Flags=DenyOnLimit so a job larger than the whole quota is refused at submission).
+Flags=DenyOnLimit so a job larger than the whole quota is refused at submission). Slurm's
+GraceTime is per QOS, not per job, so it is the most grace a job may ask for
+(`Policy.grace_limit`, Slurm's hard bound); each job's own grace (the `hai-grace` tag) is
+enforced below it by the job's launcher and the policy daemon.
 
 Per-user and per-account quota overrides: Slurm keeps QOS limits per QOS, and association
 limits are not per QOS, so an override is a *variant QOS* of the level, named
@@ -85,7 +88,7 @@ def desired_qos(policy: Policy) -> list[QosSpec]:
     specs = []
     for lvl in policy.ladder:
         preempt = tuple(sorted(n for other in policy.lower_levels(lvl) for n in names(other)))
-        common = dict(priority=lvl.value + 1, preempt=preempt, grace_seconds=policy.grace_seconds,
+        common = dict(priority=lvl.value + 1, preempt=preempt, grace_seconds=policy.grace_limit,
                       preempt_exempt_seconds=policy.min_run_seconds, level=lvl.name)
         specs.append(QosSpec(name=lvl.qos, max_nodes_per_user=policy.quota.get(lvl.name), **common))
         for kind, owner, nodes in variants[lvl.name]:
@@ -308,6 +311,7 @@ def template_context(policy: Policy, slurm: SlurmVersion | None = None) -> dict[
         "account_overrides": overrides["a"],
         "node_groups": groups,
         "level_tag": tags.LEVEL,
+        "grace_tag": tags.GRACE,
         "variant_sep": VARIANT_SEP,
         # the 8-GPU rule: GPUs per node by node group (partition), the top-level value for others
         "min_gpus": policy.min_gpus,

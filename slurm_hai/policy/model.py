@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .levels import AUTO, DEFAULT_LADDER, Level, variant_qos
-from .limits import MAX_LEVEL_NAME, MAX_LEVELS
+from .limits import MAX_GRACE, MAX_LEVEL_NAME, MAX_LEVELS
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -72,6 +72,8 @@ class Policy:
     ladder: tuple[Level, ...] = DEFAULT_LADDER
     default_level: str = "NORMAL"
     grace_seconds: int = 5
+    # the most grace a job may ask for (hai-submit --grace, sbatch --hai-grace); None: grace_seconds
+    max_grace_seconds: int | None = None
     min_run_seconds: int = 0
     demotion: Demotion | None = field(default_factory=Demotion)
     # level name -> default per-user node quota (missing: unlimited)
@@ -91,6 +93,11 @@ class Policy:
     # GPUs per node a job must ask for (HAI: at least 8, a whole node); a group may set its own
     min_gpus: int = HAI_MIN_GPUS
     source: str = field(default="<default>", compare=False)
+
+    @property
+    def grace_limit(self) -> int:
+        """The most grace a job may ask for; the QOS GraceTime (Slurm's own hard bound)."""
+        return self.grace_seconds if self.max_grace_seconds is None else self.max_grace_seconds
 
     def level(self, name: str) -> Level:
         for lvl in self.ladder:
@@ -212,7 +219,7 @@ def parse_policy(data: Mapping[str, Any], source: str = "policy.toml") -> Policy
     return _Parser(source).policy(data)
 
 
-TOP_KEYS = ("default_level", "grace_seconds", "min_run_seconds", "accounts", "allow_auto", "notice_signal",
+TOP_KEYS = ("default_level", "grace_seconds", "max_grace_seconds", "min_run_seconds", "accounts", "allow_auto", "notice_signal",
             "fcfs_preempt_levels", "min_gpus", "levels", "demotion", "quota", "groups")
 DEMOTION_KEYS = ("enabled", "from", "to", "after_seconds")
 GROUP_KEYS = ("nodes", "priority_tier", "levels", "default", "min_gpus")
@@ -283,6 +290,11 @@ class _Parser:
         else:
             raise self.error("", "default_level", "required when the ladder has no NORMAL level")
         grace = self.seconds("", "grace_seconds", data.get("grace_seconds", 5), high=86400)
+        max_grace = None
+        if "max_grace_seconds" in data:
+            max_grace = self.seconds("", "max_grace_seconds", data["max_grace_seconds"], high=MAX_GRACE)
+            if max_grace < grace:
+                raise self.error("", "max_grace_seconds", f"must be at least grace_seconds ({grace}), got {max_grace}")
         min_run = self.seconds("", "min_run_seconds", data.get("min_run_seconds", 0))
         accounts = self.owner_list("", "accounts", data.get("accounts", []))
         allow_auto = self.boolean("", "allow_auto", data.get("allow_auto", True))
@@ -293,7 +305,8 @@ class _Parser:
         demotion = self.demotion(data.get("demotion"), ladder)
         quota, users, accts = self.quotas(data.get("quota", {}), names)
         groups = self.groups(data.get("groups"), names)
-        return Policy(ladder=ladder, default_level=default_level, grace_seconds=grace, min_run_seconds=min_run,
+        return Policy(ladder=ladder, default_level=default_level, grace_seconds=grace, max_grace_seconds=max_grace,
+                      min_run_seconds=min_run,
                       demotion=demotion, quota=quota, groups=groups, user_quota=users, account_quota=accts,
                       accounts=accounts, allow_auto=allow_auto, notice_signal=notice, min_gpus=min_gpus,
                       fcfs_preempt_levels=fcfs, source=self.source)

@@ -6,7 +6,7 @@ quota). `decide(jobs, policy, now)` covers what it cannot do alone and returns t
 for slurm_hai.controller.daemon to carry out:
 
 - force-requeue   a job preempted by Slurm that still runs after its grace time (Slurm's own
-                  check runs only every 30 s);
+                  check runs only every 30 s, and its GraceTime is the policy's maximum);
 - requeue-failed  a job that died of its suspend notice during its grace time (Slurm 22.05
                   marks it FAILED instead of requeueing it);
 - demote          mark a running ABOVE_NORMAL job that has run `after_seconds` as demoted
@@ -24,6 +24,9 @@ for slurm_hai.controller.daemon to carry out:
 - fcfs            explicit priorities that keep each level's pending jobs in submission
                   (job id) order, so a requeued job keeps its place ahead of later jobs.
 
+Every rule with a grace uses the job's own (`Snapshot.grace`: the `hai-grace` tag that
+job_submit.lua stamps, what the job asked, at most max_grace_seconds; else grace_seconds).
+
 policy/explain.py says in words why a job waits (for `hai status`), from the same snapshot.
 """
 
@@ -36,7 +39,7 @@ from typing import Mapping, Sequence
 
 from .levels import AUTO, LEVEL_STRIDE, Level, level_base, level_of_qos, parse_qos
 from .model import NodeGroup, Policy
-from .tags import DEMOTED as DEMOTED_TAG, LEVEL as LEVEL_TAG, YIELD as YIELD_TAG, parse as parse_tags, parse_yield, with_tags
+from .tags import DEMOTED as DEMOTED_TAG, GRACE as GRACE_TAG, LEVEL as LEVEL_TAG, YIELD as YIELD_TAG, parse as parse_tags, parse_yield, with_tags
 from .job import Job
 
 ACTIVE = ("RUNNING", "SUSPENDED")
@@ -104,6 +107,14 @@ class Snapshot:
             return tag
         lvl = self.level[job.job_id]
         return lvl.name if lvl else None
+
+    def grace(self, job: Job) -> int:
+        """The job's grace: job_submit.lua's `hai-grace` stamp (what it asked, checked against
+        max_grace_seconds at submission), else the policy's grace_seconds (a job of before)."""
+        value = self.tags[job.job_id].get(GRACE_TAG, "")
+        if value.isdigit() and 1 <= int(value) <= self.policy.grace_limit:
+            return int(value)
+        return self.policy.grace_seconds
 
     def is_demoted(self, job: Job) -> bool:
         d = self.policy.demotion
@@ -223,24 +234,24 @@ def decide(jobs: Sequence[Job], policy: Policy, now: float | None = None, *,
     snap = Snapshot(jobs, policy, now)
     plan = _Plan()
     level_changes: set[int] = set()
-    grace = policy.grace_seconds
     for job in jobs:
         state = job.state
         if state == "RUNNING":
-            _running(job, snap, plan, grace, replay)
+            _running(job, snap, plan, replay)
         elif state == "PENDING":
             _pending(job, snap, plan, level_changes)
         elif state == "FAILED":
-            _failed(job, snap, plan, grace)
+            _failed(job, snap, plan)
     _yield(snap, plan, idle_nodes, level_changes)
     _fcfs(snap, plan, level_changes, max_priority_updates)
     return plan.actions()
 
 
-def _failed(job: Job, snap: Snapshot, plan: _Plan, grace: int) -> None:
+def _failed(job: Job, snap: Snapshot, plan: _Plan) -> None:
     """A job that died of its suspend notice (Slurm's preemption or the daemon's yield)."""
     if not job.start_time:
         return
+    grace = snap.grace(job)
     notices = [job.preempt_time] if job.preempt_time >= job.start_time else []
     y = parse_yield(snap.tags[job.job_id].get(YIELD_TAG, ""))
     if y and y[1] >= job.start_time:
@@ -253,8 +264,9 @@ def _failed(job: Job, snap: Snapshot, plan: _Plan, grace: int) -> None:
             return
 
 
-def _running(job: Job, snap: Snapshot, plan: _Plan, grace: int, replay: bool = False) -> None:
+def _running(job: Job, snap: Snapshot, plan: _Plan, replay: bool = False) -> None:
     now, policy = snap.now, snap.policy
+    grace = snap.grace(job)
     pt = job.preempt_time
     if pt and pt >= job.start_time and now - pt >= grace:
         plan.add(Action("requeue", job.job_id, "force-requeue",
@@ -302,7 +314,7 @@ def _pending(job: Job, snap: Snapshot, plan: _Plan, level_changes: set[int]) -> 
     if y:
         waiting, at = y
         other = snap.by_id.get(waiting)
-        still = other is not None and other.state == "PENDING" and now - at < policy.grace_seconds + YIELD_TIMEOUT
+        still = other is not None and other.state == "PENDING" and now - at < snap.grace(job) + YIELD_TIMEOUT
         if still:
             if not is_held(job):
                 plan.add(Action("hold", jid, "yield", f"requeued for job {waiting}: held until that job runs"))
@@ -443,7 +455,7 @@ def _yield(snap: Snapshot, plan: _Plan, idle_nodes: Mapping[str, int] | None, le
             plan.update(v.job_id, "yield", f"yields to job {head.job_id}",
                         AdminComment=with_tags(v.admin_comment, {YIELD_TAG: f"{head.job_id}@{int(now)}"}))
             plan.then(Action("signal", v.job_id, "yield",
-                             f"{why}: suspend notice, forced off after {policy.grace_seconds} s",
+                             f"{why}: suspend notice, forced off after {snap.grace(v)} s",
                              (("signal", policy.notice_signal),)))
         busy.add(part)
 

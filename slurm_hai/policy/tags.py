@@ -2,11 +2,16 @@
 
 Admin comment (only slurmctld's job_submit.lua, root and SlurmUser can write it: trusted):
     hai-level=NAME        the level the job was submitted at (job_submit.lua)
+    hai-grace=SECONDS     the grace the job gets between its suspend notice and a forced stop:
+                          what it asked (sbatch --hai-grace, or hai-grace= in its comment at
+                          submission), else the policy's grace_seconds (job_submit.lua)
     hai-demoted=NAME      the policy daemon demoted the running job to NAME
     hai-yield=JOB@EPOCH   the daemon asked the job to give way to JOB at EPOCH (a demoted job,
                           or a later job of another user at the level of JOB, earlier in line)
 Job comment (written by hai-submit, editable by the job's owner: a hint, never trusted):
     hai-dir=PATH          where the job's state directory lives
+    hai-grace=SECONDS     the grace hai-submit asks for (read once, by job_submit.lua, which
+                          checks it and stamps it into the admin comment)
 """
 
 from __future__ import annotations
@@ -14,6 +19,7 @@ from __future__ import annotations
 from typing import Iterable, Mapping
 
 LEVEL = "hai-level"
+GRACE = "hai-grace"
 DEMOTED = "hai-demoted"
 YIELD = "hai-yield"
 DIR = "hai-dir"

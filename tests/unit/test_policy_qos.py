@@ -124,11 +124,11 @@ def test_plan_changes_only_what_differs():
     current["low"]["preempt"] = "normal"
     changes = plan_changes(LOCAL, ClusterState(qos=current))
     assert [(c.op, c.entity, c.where, c.settings) for c in changes] == [
-        ("modify", "qos", {"name": "high"}, {"GraceTime": "5"}),
+        ("modify", "qos", {"name": "high"}, {"GraceTime": "60"}),  # max_grace_seconds: Slurm's bound
         ("modify", "qos", {"name": "normal"}, {"MaxTRESPU": "node=4"}),
         ("modify", "qos", {"name": "low"}, {"Preempt": "''"}),
     ]
-    assert changes[0].why == "high: GraceTime 00:00:10 -> 00:00:05"
+    assert changes[0].why == "high: GraceTime 00:00:10 -> 00:01:00"
     assert changes[1].why == "normal: MaxTRESPU (none) -> node=4"
     assert changes[2].why == "low: Preempt -normal"
 
@@ -287,16 +287,16 @@ def test_job_submit_lua_maps_levels_quotas_and_auto(tmp_path):
         {"user": "hai-alice", "nodes": 1, "env": ["HAI_PRIORITY=BOGUS"]},        # 11 unknown level
         {"user": "hai-alice", "nodes": 5, "qos": "normal"},                      # 12 over quota 4
     ])
-    assert got[0] == {"rc": 0, "qos": "high", "comment": "hai-level=HIGH", "msg": ""}
-    assert got[1] == {"rc": 0, "qos": "high.u.hai-bob", "comment": "hai-level=HIGH", "msg": ""}
+    assert got[0] == {"rc": 0, "qos": "high", "comment": "hai-level=HIGH hai-grace=5", "msg": ""}
+    assert got[1] == {"rc": 0, "qos": "high.u.hai-bob", "comment": "hai-level=HIGH hai-grace=5", "msg": ""}
     assert got[2]["rc"] == -1
     assert got[2]["msg"] == ("hai: 2 nodes at HIGH exceed your quota of 1 nodes at that level; ask for at most 1 "
                              "or use a lower level")
     assert got[3]["rc"] == -1 and "your quota at VERY_HIGH is 0 nodes" in got[3]["msg"]
-    assert got[4] == {"rc": 0, "qos": "normal", "comment": "hai-level=NORMAL", "msg": ""}
-    assert got[5]["qos"] == "above_normal.u.hai-bob" and got[5]["comment"] == "hai-level=ABOVE_NORMAL"
-    assert got[6] == {"rc": 0, "qos": "high.u.hai-bob", "comment": "hai-level=AUTO", "msg": ""}
-    assert got[7]["qos"] == "very_high" and got[7]["comment"] == "hai-level=AUTO"
+    assert got[4] == {"rc": 0, "qos": "normal", "comment": "hai-level=NORMAL hai-grace=5", "msg": ""}
+    assert got[5]["qos"] == "above_normal.u.hai-bob" and got[5]["comment"] == "hai-level=ABOVE_NORMAL hai-grace=5"
+    assert got[6] == {"rc": 0, "qos": "high.u.hai-bob", "comment": "hai-level=AUTO hai-grace=5", "msg": ""}
+    assert got[7]["qos"] == "very_high" and got[7]["comment"] == "hai-level=AUTO hai-grace=5"
     assert got[8]["qos"] == "under_normal"
     assert got[9] == {"rc": 0, "qos": "site_special", "comment": "", "msg": ""}
     assert got[10]["rc"] == -1 and got[10]["msg"].startswith("hai: unknown priority level 'BOGUS'; use one of ")

@@ -75,7 +75,7 @@ def expected(user: str, account: str, wanted: str, nodes: int) -> tuple[str, str
     quota = POLICY.quota_for(level, user, account)
     if quota is not None and nodes > quota:
         return None
-    return "0", POLICY.qos_for(level, user, account), f"{tags.LEVEL}={wanted}"
+    return "0", POLICY.qos_for(level, user, account), f"{tags.LEVEL}={wanted} {tags.GRACE}={POLICY.grace_seconds}"
 
 
 def test_job_submit_lua_places_every_job_where_policy_says(tmp_path):
@@ -102,11 +102,61 @@ def test_job_submit_lua_decodes_a_qos_as_policy_does(tmp_path):
     for name, (rc, qos, comment, said) in zip(names, results):
         lvl = level_of_qos(name, POLICY.ladder)
         if name == "auto":
-            assert comment == f"{tags.LEVEL}=AUTO"
+            assert comment == f"{tags.LEVEL}=AUTO {tags.GRACE}=5"
         elif lvl is None:  # a site's own QOS is left to Slurm: no level, no tag
             assert (rc, qos, comment) == ("0", name, "nil")
         else:
-            assert comment == f"{tags.LEVEL}={lvl.name}" and qos == POLICY.qos_for(lvl.name, "alice", "hai"), name
+            assert comment == f"{tags.LEVEL}={lvl.name} {tags.GRACE}=5" and qos == POLICY.qos_for(lvl.name, "alice", "hai"), name
+
+
+GRACE_POLICY = parse_policy({"grace_seconds": 5, "max_grace_seconds": 60})
+
+
+def test_job_submit_lua_gives_a_job_the_grace_it_asked_up_to_the_policy_maximum(tmp_path):
+    job = {"user_name": "alice", "account": "hai", "min_nodes": 1, "tres_per_node": "gres/gpu:8"}
+    asked = [  # (how the job asks, the grace it gets; None: refused)
+        ({}, 5), ({"spank_job_env": ["HAI_GRACE=20"]}, 20), ({"spank_job_env": ["HAI_GRACE=60"]}, 60),
+        ({"comment": f"{tags.DIR}=/h/alice;{tags.GRACE}=20"}, 20),  # hai-submit's comment
+        ({"comment": f"{tags.GRACE}=30", "spank_job_env": ["HAI_GRACE=20"]}, 20),  # --hai-grace wins
+        ({"spank_job_env": ["HAI_GRACE=61"]}, None), ({"comment": f"{tags.GRACE}=61"}, None),
+        ({"spank_job_env": ["HAI_GRACE=0"]}, None), ({"comment": f"{tags.GRACE}=2x"}, None),
+        ({"comment": f"{tags.GRACE}=-1"}, None),
+    ]
+    results = run_lua(tmp_path, [{**job, **how} for how, _ in asked], GRACE_POLICY)
+    for (how, want), (rc, qos, comment, said) in zip(asked, results):
+        if want is None:
+            assert rc == "-1" and "from 1 to 60" in said and "max_grace_seconds" in said, how
+        else:
+            assert rc == "0" and tags.parse(comment)[tags.GRACE] == str(want), how
+
+
+def test_the_qos_grace_time_is_the_policy_maximum_and_the_default_is_unchanged():
+    from slurm_hai.policy.ladder import desired_qos
+
+    assert {q.grace_seconds for q in desired_qos(GRACE_POLICY)} == {60}
+    assert {q.grace_seconds for q in desired_qos(POLICY)} == {POLICY.grace_seconds}  # no max: as before
+
+
+def test_hai_submit_asks_its_grace_in_the_comment_and_refuses_more_than_the_policy_allows(tmp_path):
+    req = JobRequest(script=str(tmp_path / "t.py"), job_root="/r", grace=20)
+    script = render_script(validate(req, GRACE_POLICY), term_is_notice=False)
+    assert f"#SBATCH --comment={tags.DIR}=/r;{tags.GRACE}=20\n" in script
+    assert "--grace=20 " in script
+    default = validate(JobRequest(script="t.py", job_root="/r"), parse_policy({"grace_seconds": 7}))
+    assert default["grace"] == 7
+    with pytest.raises(RequestError, match="between 1 and 60 seconds .*max_grace_seconds"):
+        validate(JobRequest(script="t.py", job_root="/r", grace=61), GRACE_POLICY)
+
+
+@pytest.mark.parametrize("data,msg", [
+    ({"grace_seconds": 10, "max_grace_seconds": 5}, "at least grace_seconds"),
+    ({"max_grace_seconds": MAX_GRACE + 1}, f"at most {MAX_GRACE}"),
+])
+def test_a_max_grace_below_the_grace_or_above_the_contract_is_refused(data, msg):
+    from slurm_hai.policy.model import PolicyError
+
+    with pytest.raises(PolicyError, match=msg):
+        parse_policy(data)
 
 
 def test_the_spank_plugin_defaults_are_the_policy_limits():

@@ -10,12 +10,18 @@
 --  * refuses a job that asks for fewer GPUs per node than its node group's min_gpus (HAI:
 --    every job takes at least 8 GPUs, a whole node);
 --  * stamps the submit-time level into admin_comment ("hai-level=NAME"), which users cannot
---    change, so the policy daemon can give a requeued job back its level.
+--    change, so the policy daemon can give a requeued job back its level;
+--  * the job's grace: --hai-grace (job env HAI_GRACE), else "hai-grace=N" in the job's comment
+--    (hai-submit --grace), else the policy's grace_seconds; refused above max_grace_seconds (the
+--    QOS GraceTime), stamped into admin_comment ("hai-grace=N") for the policy daemon.
 
 local NO_VAL = 4294967294
 local NO_VAL16 = 65534
 local default_level = "NORMAL"
 local allow_auto = true
+local default_grace = 5
+local max_grace = 5
+local grace_tag = "hai-grace"
 
 -- highest level first
 local order = {
@@ -78,6 +84,30 @@ local function spank_env(job_desc, name)
     end
   end
   return nil
+end
+
+-- the value of the tag `name` among the words of a comment ("k=v k2=v2" or "k=v;k2=v2"), or nil
+local function comment_tag(comment, name)
+  if comment == nil then return nil end
+  local prefix = name .. "="
+  local found = nil
+  for word in string.gmatch(comment, "[^%s;]+") do
+    if string.sub(word, 1, #prefix) == prefix then found = string.sub(word, #prefix + 1) end
+  end
+  return found
+end
+
+-- the grace the job asked for, in whole seconds; nil and the refusal when it may not have it
+local function job_grace(job_desc)
+  local asked = spank_env(job_desc, "HAI_GRACE")
+  if asked == nil then asked = comment_tag(job_desc.comment, grace_tag) end
+  if asked == nil then return default_grace, nil end
+  local n = string.match(asked, "^%d+$") and tonumber(asked)
+  if n == nil or n < 1 or n > max_grace then
+    return nil, string.format("grace '%s' is not allowed on this cluster; ask for whole seconds from 1 to %d " ..
+                              "(the policy's max_grace_seconds)", asked, max_grace)
+  end
+  return n, nil
 end
 
 -- the QOS and the quota (nil: unlimited) of `level` for this user/account
@@ -164,6 +194,12 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
     return slurm.ERROR
   end
 
+  local grace, refusal = job_grace(job_desc)
+  if grace == nil then
+    slurm.log_user("hai: %s", refusal)
+    return slurm.ERROR
+  end
+
   local wanted = spank_env(job_desc, "HAI_PRIORITY")
   if wanted == nil and job_desc.qos ~= nil then
     if string.lower(job_desc.qos) == "auto" then
@@ -213,7 +249,7 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
     return slurm.ERROR
   end
   job_desc.qos = qos
-  job_desc.admin_comment = "hai-level=" .. wanted
+  job_desc.admin_comment = "hai-level=" .. wanted .. " " .. grace_tag .. "=" .. grace
   return slurm.SUCCESS
 end
 
