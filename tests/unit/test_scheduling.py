@@ -71,6 +71,26 @@ def test_preempted_job_within_grace_is_left_alone():
     assert decide(jobs, POLICY, NOW) == []
 
 
+def test_a_job_gets_the_grace_it_asked_for_not_the_policys():
+    policy = replace(POLICY, max_grace_seconds=60)
+    asked = dict(start_time=NOW - 60, admin_comment="hai-level=LOW hai-grace=20")
+    assert decide([job(1, "RUNNING", "low", preempt_time=NOW - 15, **asked)], policy, NOW) == []
+    (a,) = decide([job(1, "RUNNING", "low", preempt_time=NOW - 21, **asked)], policy, NOW)
+    assert a.rule == "force-requeue" and "grace 20 s" in a.why
+    # a stamp beyond the policy's maximum (the policy changed since) counts as grace_seconds
+    beyond = dict(asked, admin_comment="hai-level=LOW hai-grace=90")
+    (a,) = decide([job(1, "RUNNING", "low", preempt_time=NOW - 6, **beyond)], policy, NOW)
+    assert "grace 5 s" in a.why
+
+
+def test_a_job_that_died_within_its_own_grace_is_requeued():
+    policy = replace(POLICY, max_grace_seconds=300)
+    died = dict(start_time=NOW - 400, preempt_time=NOW - 250, end_time=NOW - 50)  # 200 s after its notice
+    assert by_rule(decide([job(1, "FAILED", "low", **died)], policy, NOW), "requeue-failed") == []
+    asked = job(1, "FAILED", "low", admin_comment="hai-level=LOW hai-grace=180", **died)
+    assert by_rule(decide([asked], policy, NOW), "requeue-failed")
+
+
 def test_old_preempt_time_of_an_earlier_run_is_ignored():
     jobs = [job(1, "RUNNING", "low", start_time=NOW - 60, preempt_time=NOW - 500, restart_count=1)]
     assert decide(jobs, POLICY, NOW) == []
