@@ -246,7 +246,7 @@ def test_auto_runs_at_the_highest_level_with_quota_left(rules):
         running(c, job, 30, "the AUTO job to run at a level with quota")
     assert [c.job(j)["QOS"] for j in (first, second, third)] == \
         ["high.u.hai-bob", "above_normal.u.hai-bob", "normal.u.hai-bob"]
-    assert all(c.job(j)["AdminComment"].strip() == "hai-level=AUTO" for j in (first, second, third))
+    assert all(c.job(j)["AdminComment"].split() == ["hai-level=AUTO", "hai-grace=5"] for j in (first, second, third))
     assert daemon_lines(log(), second, "auto"), log()
 
 
@@ -262,7 +262,7 @@ def test_a_waiting_auto_job_moves_down_when_its_quota_fills_and_up_when_it_frees
     wait_for(lambda: qos() == "high", 10, "the daemon to move it down: 1 + 2 nodes exceed VERY_HIGH's 2")
     c.run(["scancel", str(holder)])
     wait_for(lambda: qos() == "very_high", 15, "the daemon to move it back up once the quota is free")
-    assert state(c, waiting) == "PENDING" and c.job(waiting)["AdminComment"].strip() == "hai-level=AUTO"
+    assert state(c, waiting) == "PENDING" and c.job(waiting)["AdminComment"].split() == ["hai-level=AUTO", "hai-grace=5"]
     assert len(daemon_lines(log(), waiting, "auto")) >= 2, log()
 
 
@@ -277,7 +277,7 @@ def test_hai_submit_auto_leaves_the_level_to_the_cluster(rules):
     job = int(re.search(r'"job_id": (\d+)', out).group(1))
     info = c.wait_job(job, lambda j: j["JobState"] in ("PENDING", "RUNNING"), 10, "the job")
     # bob: no quota at EXTREME_HIGH and VERY_HIGH, 1 node at HIGH
-    assert info["QOS"] == "high.u.hai-bob" and info["AdminComment"].strip() == "hai-level=AUTO", info
+    assert info["QOS"] == "high.u.hai-bob" and info["AdminComment"].split() == ["hai-level=AUTO", "hai-grace=5"], info
 
 
 # ----------------------------------------------------------------- rule 6
@@ -302,7 +302,7 @@ def test_above_normal_is_demoted_after_its_time_and_back_at_its_level_after_requ
     info = c.wait_job(demoted, lambda j: j["Restarts"] == "1" and j["Reason"] != "JobHeldAdmin"
                       and "hai-yield" not in j["AdminComment"], 20, "the demoted job to be requeued and released")
     # back at its submit-time level, no longer demoted, waiting for nodes
-    assert info["QOS"] == "above_normal" and info["AdminComment"].strip() == "hai-level=ABOVE_NORMAL", info
+    assert info["QOS"] == "above_normal" and info["AdminComment"].split() == ["hai-level=ABOVE_NORMAL", "hai-grace=5"], info
     assert info["JobState"] == "PENDING"
     assert state(c, blocker) == "RUNNING"
     text = log()
