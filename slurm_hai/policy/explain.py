@@ -71,14 +71,14 @@ def _why(job: Job, snap: Snapshot, lines: Explainer) -> str:
     if job.state == "RUNNING":
         if job.preempt_time and job.preempt_time >= job.start_time:
             return (f"running at {name}, asked to suspend {_ago(now - job.preempt_time)} ago "
-                    f"(forced off after {policy.grace_seconds} s)")
+                    f"(forced off after {snap.grace(job)} s)")
         y = parse_yield(tags.get(YIELD_TAG, ""))
         if y:
             if DEMOTED_TAG in tags:
                 return (f"running, demoted; asked to give its nodes to job {y[0]} {_ago(now - y[1])} ago "
-                        f"(forced off after {policy.grace_seconds} s)")
+                        f"(forced off after {snap.grace(job)} s)")
             return (f"running at {name}; asked to give its nodes to job {y[0]}, earlier in line at {name}, "
-                    f"{_ago(now - y[1])} ago (forced off after {policy.grace_seconds} s)")
+                    f"{_ago(now - y[1])} ago (forced off after {snap.grace(job)} s)")
         if snap.is_demoted(job):
             d = policy.demotion
             return (f"running at {d.source} for {_ago(now - job.start_time)}: counts as {d.target} "
