@@ -34,6 +34,7 @@ from pathlib import Path
 import pytest
 
 import waiting
+from slurm_hai.runtime.launcher import descendants
 
 pytestmark = pytest.mark.cluster
 
@@ -249,19 +250,7 @@ def test_slurmd_stopped_and_started_again_job_resumes_from_last_commit(story, re
         listing = subprocess.run(["ss", "-xlpn"], text=True, capture_output=True, check=True).stdout
         roots = {int(pid) for line in listing.splitlines() if f"{state}/spool/d-{node}/" in line
                  for pid in re.findall(r"pid=(\d+)", line)}
-        children: dict[int, list[int]] = {}
-        for stat in Path("/proc").glob("[0-9]*/stat"):
-            try:
-                fields = stat.read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-        doomed, todo = set(), list(roots)
-        while todo:
-            pid = todo.pop()
-            if pid not in doomed:
-                doomed.add(pid)
-                todo.extend(children.get(pid, []))
+        doomed = roots.union(*(descendants(pid) for pid in roots))
         for pid in doomed:
             try:
                 os.kill(pid, signal.SIGKILL)
