@@ -254,16 +254,22 @@ def could_not_start(jobdir: JobDir, run: int, rank: int, why: str) -> int:
 
 def _why_notice(slurm, job_id: int, jobdir: JobDir, grace: float) -> dict:
     """Ask Slurm why the notice came (one squeue call, after the flag is set). A SIGTERM
-    notice reaches every process of the step, an squeue started by it too (seen on 25.11:
-    squeue killed, nothing on stderr): one more try then."""
+    notice reaches every process of the step, an squeue started by it too (seen on 25.11
+    and 22.05: squeue killed, nothing on stderr, cause 'unknown'). So the squeue starts with
+    SIGTERM blocked (a blocked mask survives fork and exec; the launcher's own pending
+    SIGTERM arrives when it is unblocked again), and one more try for anything else."""
     from ..jobs.status import notice_cause
     from ..slurm import SlurmError
 
+    was = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
     try:
-        queue = slurm.jobs()
-    except SlurmError:
-        time.sleep(0.2)
-        queue = slurm.jobs()
+        try:
+            queue = slurm.jobs()
+        except SlurmError:
+            time.sleep(0.2)
+            queue = slurm.jobs()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, was)
     me = next((j for j in queue if j.job_id == job_id), None)
     return notice_cause(me, queue, jobdir.events(), time.time(), grace + 30)
 

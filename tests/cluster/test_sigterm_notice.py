@@ -161,7 +161,7 @@ def test_sigterm_notice_reaches_rank0_only_and_the_job_resumes_with_nothing_lost
     ev = events(job_dir)
     notices = [e for e in ev if e["event"] == "notice"]
     assert [(e["run"], e["source"]) for e in notices] == [(0, "sigterm")], notices
-    assert notices[0].get("cause") == "preempted", notices
+    assert notices[0].get("cause") == "preempted", (notices[0].get("cause_error"), notices)
     assert [e["how"] for e in ev if e["event"] == "suspended"] == ["go_suspend"]
     assert [e["run"] for e in ev if e["event"] == "start"] == [0, 1]
     assert info["Restarts"] == "1" and json.loads((job_dir / "final.json").read_text())["state"] == "succeeded"

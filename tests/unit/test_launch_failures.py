@@ -101,3 +101,27 @@ def test_a_hai_suspend_that_came_before_the_launcher_listened_is_not_lost(tmp_pa
     run2.start()
     run2.wait()
     assert not [e for e in jd2.events() if e["event"] == "notice"]
+
+
+def test_the_squeue_asking_why_a_notice_came_is_not_killed_by_the_same_sigterm(tmp_path):
+    """A SIGTERM notice goes to every process of the step, an squeue the launcher starts for
+    the cause too: that squeue starts with SIGTERM blocked, and the launcher's own mask is
+    restored afterwards."""
+    import signal
+    import subprocess
+
+    from slurm_hai.slurm.records import JobInfo
+
+    class Slurm:
+        def jobs(self):
+            # the child terminates itself as Slurm would: with SIGTERM blocked it lives on
+            p = subprocess.run(["sh", "-c", "kill -TERM $$; echo alive"], capture_output=True, text=True)
+            assert p.returncode == 0 and p.stdout == "alive\n", p
+            return [JobInfo(job_id=5, name="j", user="u", state="RUNNING", reason="None", qos="low", partition="gpu",
+                            num_nodes=1, node_list="n1", restart_count=0, submit_time=0, start_time=100,
+                            eligible_time=0, priority=1, preempt_time=200)]
+
+    before = signal.pthread_sigmask(signal.SIG_BLOCK, set())
+    cause = launcher._why_notice(Slurm(), 5, JobDir(tmp_path / "5").create(), 5.0)
+    assert cause["cause"] == "preempted"
+    assert signal.pthread_sigmask(signal.SIG_BLOCK, set()) == before
