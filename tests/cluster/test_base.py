@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import time
 
+import pytest
+
 
 def test_batch_job_runs_on_two_nodes_with_gpus(live, tmp_path):
     out = live.shared_dir("two-nodes")
@@ -24,7 +26,24 @@ def test_more_gpus_than_a_node_has_is_refused(live):
     assert "Requested node configuration is not available" in p.stderr
 
 
-def test_higher_qos_preempts_lower_which_is_requeued_and_runs_again(live):
+@pytest.fixture
+def short_low_grace(live):
+    """QOS low with a 2 s GraceTime for one test: the local cluster's is 60 s (the most a job
+    may ask for), and a job that ignores the notice is requeued only when it ends."""
+    def grace(value: str) -> None:
+        live.run(["sacctmgr", "-i", "modify", "qos", "where", "name=low", "set", f"GraceTime={value}"])
+        time.sleep(1)  # slurmdbd pushes the change to slurmctld (no command shows a QOS's GraceTime there)
+
+    before = live.run(["sacctmgr", "-n", "-P", "show", "qos", "low", "format=GraceTime"]).stdout.strip()
+    grace("00:00:02")
+    try:
+        yield live
+    finally:
+        grace(before)
+
+
+def test_higher_qos_preempts_lower_which_is_requeued_and_runs_again(short_low_grace):
+    live = short_low_grace
     out = live.shared_dir("preempt")
     # The batch script outlives its killed step, so only Slurm's requeue ends the run.
     low = live.sbatch("-N4", "--qos=low", "--gres=gpu:8", "--requeue", "--open-mode=append",
