@@ -1,6 +1,14 @@
 """Run the cluster suite on every Slurm source tarball of a directory (`SLURM_SOURCES=DIR make test`).
 
     python tests/each_slurm.py DIR [PYTEST ARGS...]
+    python tests/each_slurm.py --build-in-background DIR
+
+`--build-in-background` (what `make test` runs before Debian's suite) starts the builds of
+step 1 and 3 below, detached and at idle CPU priority (SCHED_IDLE: it only gets the cores
+when the tests leave them idle, which cluster tests mostly do), and returns at once; its
+output goes to /var/cache/slurm-hai/background-build.log. The test run after it waits for
+a build still in flight (each build holds a lock) instead of starting its own, and builds
+whatever the background build did not (e.g. after it failed: then it says why).
 
 For each `slurm-*.tar.gz` in DIR, oldest first:
 1. its own local cluster: state dir /var/lib/slurm-hai/localcluster-<version>, its own
@@ -17,6 +25,7 @@ Prints one line per version, and exits non-zero if any version failed.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import subprocess
@@ -48,36 +57,91 @@ def run(argv: list[str], env: dict[str, str]) -> int:
     return subprocess.run(argv, env=env, cwd=REPO).returncode
 
 
+def pyslurm_requirement(tarball: Path) -> str | None:
+    """The pyslurm requirement for this tarball's release series, if PyPI has one."""
+    return PYSLURM.get(".".join(release_of(tarball).split(".")[:2]))
+
+
+def wheels_dir(prefix: Path) -> Path:
+    return prefix.with_name(prefix.name + "-pyslurm-wheels")
+
+
 def pyslurm_python(requirement: str, prefix: Path) -> Path:
     """A virtualenv with slurm-hai (no torch) and `requirement` built against `prefix`; the
     pyslurm wheel is cached beside the Slurm build, so only the first run compiles it."""
     venv = prefix.with_name(prefix.name + "-pyslurm-venv")
-    wheels = prefix.with_name(prefix.name + "-pyslurm-wheels")
+    wheels = wheels_dir(prefix)
     py = venv / "bin" / "python"
     # pyslurm records where it found libslurmfull.so (prefix/lib/slurm): no rpath needed
     build_env = {**os.environ, "SLURM_INCLUDE_DIR": str(prefix / "include"), "SLURM_LIB_DIR": str(prefix / "lib"),
                  "PYSLURM_BUILD_JOBS": str(os.cpu_count() or 1)}
-    if not py.exists():
-        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-    if not list(wheels.glob("pyslurm-*.whl")):
-        print(f"building {requirement} against {prefix} (a few minutes, once)", flush=True)
-        localcluster.install_packages(["python3-dev"])  # Python.h, for pyslurm's C extension
-        subprocess.run([str(py), "-m", "pip", "install", "-q", "cython>=3", "wheel"], check=True)
-        subprocess.run([str(py), "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w", str(wheels),
-                        requirement], check=True, env=build_env)
-    subprocess.run([str(py), "-m", "pip", "install", "-q", "--find-links", str(wheels), requirement,
-                    "-e", f"{REPO}[dev]"], check=True)
+    with open(prefix.with_name(prefix.name + "-pyslurm.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # a background build of the same wheel finishes first
+        if not py.exists():
+            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        if not list(wheels.glob("pyslurm-*.whl")):
+            print(f"building {requirement} against {prefix} (a few minutes, once)", flush=True)
+            localcluster.install_packages(["python3-dev"])  # Python.h, for pyslurm's C extension
+            subprocess.run([str(py), "-m", "pip", "install", "-q", "cython>=3", "wheel"], check=True)
+            subprocess.run([str(py), "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation", "-w",
+                            str(wheels), requirement], check=True, env=build_env)
+        subprocess.run([str(py), "-m", "pip", "install", "-q", "--find-links", str(wheels), requirement,
+                        "-e", f"{REPO}[dev]"], check=True)
     return py
 
 
-def main(argv: list[str]) -> int:
-    if len(argv) < 2 or not Path(argv[1]).is_dir():
-        print("usage: each_slurm.py DIR [PYTEST ARGS...]  (DIR holds slurm-X.Y.Z.tar.gz files)", file=sys.stderr)
-        return 2
-    tarballs = sorted(Path(argv[1]).glob("slurm-*.tar.gz"), key=lambda t: [int(x) for x in release_of(t).split(".")])
+def build_all(tarballs: list[Path]) -> int:
+    """Every Slurm build and pyslurm wheel the test run will need, Slurm builds first."""
+    localcluster.install_packages(slurm_build.BUILD_PACKAGES)
+    prefixes = [slurm_build.build(t, progress=lambda m: print(m, flush=True)) for t in tarballs]
+    for tarball, prefix in zip(tarballs, prefixes):
+        if pyslurm_requirement(tarball):
+            pyslurm_python(pyslurm_requirement(tarball), prefix)
+    return 0
+
+
+def build_in_background(tarballs: list[Path]) -> int:
+    """Start build_all detached, at idle CPU priority, and return."""
+    slurm_build.CACHE.mkdir(parents=True, exist_ok=True)
+    log = slurm_build.CACHE / "background-build.log"
+    missing = [t for t in tarballs if not slurm_build.is_built(slurm_build.built_prefix(t))
+               or (pyslurm_requirement(t) and not list(wheels_dir(slurm_build.built_prefix(t)).glob("pyslurm-*.whl")))]
+    if not missing:
+        return 0
+    print(f"building Slurm {', '.join(release_of(t) for t in missing)} (and pyslurm) in the background at idle CPU priority "
+          f"while the tests run (log: {log})", flush=True)
+    with open(log, "ab") as out:
+        subprocess.Popen([sys.executable, __file__, "--build", *map(str, tarballs)], cwd=REPO, stdin=subprocess.DEVNULL,
+                         stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                         preexec_fn=lambda: os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0)))
+    return 0
+
+
+def tarballs_in(directory: str) -> list[Path]:
+    tarballs = sorted(Path(directory).glob("slurm-*.tar.gz"),
+                      key=lambda t: [int(x) for x in release_of(t).split(".")])
     if not tarballs:
-        print(f"each_slurm: no slurm-*.tar.gz in {argv[1]}", file=sys.stderr)
+        sys.exit(f"each_slurm: no slurm-*.tar.gz in {directory}")
+    return tarballs
+
+
+def main(argv: list[str]) -> int:
+    if argv[1:2] == ["--build"]:  # the detached child of --build-in-background
+        try:
+            return build_all([Path(t) for t in argv[2:]])
+        except (slurm_build.BuildError, localcluster.ClusterError, subprocess.CalledProcessError) as e:
+            print(f"each_slurm: background build failed: {e}", flush=True)
+            return 1
+    background = argv[1:2] == ["--build-in-background"]
+    if background:
+        argv = argv[1:]
+    if len(argv) < 2 or not Path(argv[1]).is_dir():
+        print("usage: each_slurm.py [--build-in-background] DIR [PYTEST ARGS...]  "
+              "(DIR holds slurm-X.Y.Z.tar.gz files)", file=sys.stderr)
         return 2
+    tarballs = tarballs_in(argv[1])
+    if background:
+        return build_in_background(tarballs)
     results = []
     for i, tarball in enumerate(tarballs):
         release = release_of(tarball)
@@ -89,9 +153,8 @@ def main(argv: list[str]) -> int:
         rc = run([str(LOCALCLUSTER / "up")], env)
         if rc == 0:
             rc = run([sys.executable, "-m", "pytest", "tests/cluster", "-m", "slurm_boundary", *argv[2:]], env)
-        series = ".".join(release.split(".")[:2])
-        if rc == 0 and series in PYSLURM:
-            py = pyslurm_python(PYSLURM[series], slurm_build.built_prefix(tarball))
+        if rc == 0 and pyslurm_requirement(tarball):
+            py = pyslurm_python(pyslurm_requirement(tarball), slurm_build.built_prefix(tarball))
             rc = run([str(py), "-m", "pytest", *PYSLURM_TESTS, *argv[2:]], env)
         run([str(LOCALCLUSTER / "down")], env)
         results.append((release, rc, time.monotonic() - t0))

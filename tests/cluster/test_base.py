@@ -30,16 +30,17 @@ def test_more_gpus_than_a_node_has_is_refused(live):
 def short_low_grace(live):
     """QOS low with a 2 s GraceTime for one test: the local cluster's is 60 s (the most a job
     may ask for), and a job that ignores the notice is requeued only when it ends."""
-    def grace(value: str) -> None:
-        live.run(["sacctmgr", "-i", "modify", "qos", "where", "name=low", "set", f"GraceTime={value}"])
+    def grace(seconds: int) -> None:
+        live.run(["sacctmgr", "-i", "modify", "qos", "where", "name=low", "set", f"GraceTime={seconds}"])
         time.sleep(1)  # slurmdbd pushes the change to slurmctld (no command shows a QOS's GraceTime there)
 
-    before = live.run(["sacctmgr", "-n", "-P", "show", "qos", "low", "format=GraceTime"]).stdout.strip()
-    grace("00:00:02")
+    shown = live.run(["sacctmgr", "-n", "-P", "show", "qos", "low", "format=GraceTime"]).stdout.strip()
+    h, m, sec = (int(x) for x in shown.split(":"))  # HH:MM:SS
+    grace(2)
     try:
         yield live
     finally:
-        grace(before)
+        grace(3600 * h + 60 * m + sec)
 
 
 def test_higher_qos_preempts_lower_which_is_requeued_and_runs_again(short_low_grace):
