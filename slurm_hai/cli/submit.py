@@ -11,6 +11,7 @@ from .. import __version__
 from ..jobs.jobdir import default_root
 from ..jobs.request import JobRequest, RequestError
 from ..jobs.submit import prepare, submit
+from ..policy.sizes import NodeRange
 from .common import Command, Refused, backend, emit_json, no_config_hint, one_line_errors, parse_priority
 
 
@@ -20,13 +21,24 @@ def script_args(args: tuple[str, ...]) -> list[str]:
     return list(args[1:] if args[:1] == ("--",) else args)
 
 
+def _node_range(ctx, param, value: str) -> str:
+    try:
+        NodeRange.parse(value, "")
+    except ValueError as e:
+        raise click.BadParameter(str(e).lstrip()) from None
+    return value
+
+
 @click.command(cls=Command, context_settings={"help_option_names": ["-h", "--help"], "max_content_width": 100,
                                  "allow_interspersed_args": False})
 @click.version_option(__version__, "--version", prog_name="hai-submit", message="%(prog)s (slurm-hai) %(version)s")
 @click.argument("script")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @click.option("--name", help="Job name (letters, digits, . _ -). Default: the script's name.")
-@click.option("-n", "--nodes", type=int, default=1, show_default=True, help="Number of nodes (whole nodes).")
+@click.option("-n", "--nodes", default="1", show_default=True, metavar="N|MIN:MAX[:STEP]", callback=_node_range,
+              help="Number of nodes (whole nodes). A range makes the job elastic: it starts once MIN nodes "
+                   "are free, on as many as it may up to MAX (in steps of STEP), and its size may change "
+                   "between runs. Slurm's MIN-MAX works too.")
 @click.option("-p", "--priority", default="NORMAL", show_default=True,
               help="Level name or number (EXTREME_HIGH 50 ... LOW 0), or AUTO: the highest level "
                    "where you still have quota.")
@@ -72,6 +84,7 @@ def main(script, args, name, nodes, priority, gpus_per_node, group, env, time_li
     \b
     Examples:
       hai-submit -n 2 -p HIGH train.py --lr 0.1
+      hai-submit -n 2:4 -p LOW train.py        # elastic: 2 to 4 nodes
       hai-submit --dry-run -p LOW --time 2:00:00 train.py
       hai-submit --torchrun -n 2 -p LOW examples/torchrun_train.py --steps 300
     """
@@ -98,9 +111,10 @@ def main(script, args, name, nodes, priority, gpus_per_node, group, env, time_li
         raise Refused(str(e)) from None
     if as_json:
         emit_json({"job_id": job.job_id, "name": job.name, "level": job.level, "nodes": job.nodes,
+                   "node_range": job.node_range,
                    "job_dir": str(job.job_dir)})
     else:
-        click.echo(f"Submitted job {job.job_id} ({job.name}: {job.nodes} node(s) at {job.level}); "
+        click.echo(f"Submitted job {job.job_id} ({job.name}: {job.node_range} node(s) at {job.level}); "
                    f"follow it with `hai logs -f {job.job_id}`")
     if follow:
         from .user import follow_logs

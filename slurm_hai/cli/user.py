@@ -130,7 +130,8 @@ def status(job, as_json):
         return
     rows = {
         "job id": st.job_id, "name": st.name, "user": st.user, "state": st.state, "reason": st.reason,
-        "level": st.level, "grace": f"{st.grace} s" if st.grace is not None else None, "nodes": st.nodes, "node list": st.node_list, "restarts": st.restarts,
+        "level": st.level, "grace": f"{st.grace} s" if st.grace is not None else None,
+        "nodes": _nodes_line(st), "node list": st.node_list, "restarts": st.restarts,
         "suspends": f"{st.suspends} ({st.forced_suspends} forced)" if st.suspends else 0,
         "retries": st.retries, "submitted": _when(st.submitted), "started": _when(st.started),
         "ended": _when(st.ended), "exit code": st.exit_code,
@@ -195,8 +196,16 @@ def _list(all_users: bool, as_json: bool, since: float | None = None, state: str
         return
     click.echo(table(["JOB", "NAME", "USER", "STATE", "LEVEL", "NODES", "RESTARTS", "SUBMITTED", "STARTED", "ENDED",
                       "REASON"],
-                     [[r.job_id, r.name, r.user, r.state, r.level, r.nodes, r.restarts, _when(r.submitted),
+                     [[r.job_id, r.name, r.user, r.state, r.level, r.nodes_text, r.restarts, _when(r.submitted),
                        _when(r.started), _when(r.ended), r.reason] for r in rows]))
+
+
+def _nodes_line(st) -> str:
+    """`hai status`'s nodes: 2, or for an elastic job 2 of 2:4, with the size of each run."""
+    if not st.node_range:
+        return str(st.nodes)
+    runs = f"; runs on {', '.join(map(str, st.sizes))}" if len(set(st.sizes)) > 1 else ""
+    return f"{st.nodes} of {st.node_range}{runs}"
 
 
 def _state_choice(ctx, param, value):

@@ -20,7 +20,8 @@ from typing import Iterable
 from ..policy.levels import AUTO, parse_level
 from ..policy.limits import MAX_GRACE
 from ..policy.model import Policy
-from ..policy.tags import DIR as DIR_TAG, GRACE as GRACE_TAG
+from ..policy.sizes import NodeRange
+from ..policy.tags import DIR as DIR_TAG, GRACE as GRACE_TAG, NODES as NODES_TAG
 from ..render import render
 
 # Each is matched whole (fullmatch: a trailing newline is not "the end"), in ASCII.
@@ -52,7 +53,7 @@ class JobRequest:
     script: str
     args: list[str] = field(default_factory=list)
     name: str | None = None
-    nodes: int = 1
+    nodes: int | str = 1  # N, or MIN:MAX[:STEP] / MIN-MAX for an elastic job (policy/sizes.py)
     priority: str = "NORMAL"
     gpus_per_node: int = 0
     group: str | None = None
@@ -64,6 +65,13 @@ class JobRequest:
     python: str = sys.executable
     job_root: str = ""
     torchrun: bool = False  # run SCRIPT under torchrun, once per node (runtime/torchrun.py)
+
+
+def requested_nodes(req: JobRequest) -> NodeRange:
+    try:
+        return NodeRange.parse(req.nodes, "-n/--nodes")
+    except ValueError as e:
+        raise RequestError(str(e)) from None
 
 
 def _safe_path(value: str, what: str) -> str:
@@ -80,8 +88,7 @@ def validate(req: JobRequest, policy: Policy | None = None) -> dict:
     if not NAME_RE.fullmatch(name):
         fix = "choose another --name" if req.name else "name it with --name"
         raise RequestError(f"job name {name!r} may only use letters, digits, '.', '_' and '-' (at most 64); {fix}")
-    if not 1 <= req.nodes <= 10000:
-        raise RequestError(f"--nodes must be between 1 and 10000, got {req.nodes}")
+    nodes = requested_nodes(req)
     if not 0 <= req.gpus_per_node <= 64:
         raise RequestError(f"--gpus-per-node must be between 0 and 64, got {req.gpus_per_node}")
     try:
@@ -124,7 +131,8 @@ def validate(req: JobRequest, policy: Policy | None = None) -> dict:
     else:
         command = [str(script.resolve()) if script.exists() else req.script, *req.args]
     return {
-        "name": name, "nodes": req.nodes, "gpus": req.gpus_per_node, "qos": qos, "level": level_name,
+        "name": name, "nodes": nodes.min, "node_range": str(nodes), "slurm_nodes": nodes.slurm(),
+        "nodes_tag": f";{NODES_TAG}={nodes.tag()}" if nodes.elastic else "", "gpus": req.gpus_per_node, "qos": qos, "level": level_name,
         "partition": req.group, "time": req.time, "grace": grace, "retries": req.retries,
         "notice_seconds": grace + NOTICE_MARGIN, "dir_tag": DIR_TAG, "grace_tag": GRACE_TAG,
         "workdir": workdir, "job_root": req.job_root,
@@ -155,14 +163,14 @@ def time_minutes(text: str, what: str) -> int | None:
     return -(-seconds // 60) or None
 
 
-def fit_to_partition(group: str, partition: dict[str, str], want_nodes: int, time: str | None) -> None:
+def fit_to_partition(group: str, partition: dict[str, str], want_nodes: NodeRange, time: str | None) -> None:
     """RequestError for a request the group's (partition's) own limits never let start, in
     our words: Slurm would take it and keep it waiting for ever (PartitionNodeLimit,
     PartitionTimeLimit). `partition`: `scontrol show partition -o` KEY=VALUE."""
     most, least = partition.get("MaxNodes", ""), partition.get("MinNodes", "")
-    if most.isdigit() and want_nodes > int(most):
+    if most.isdigit() and want_nodes.max > int(most):
         raise RequestError(f"node group {group} takes jobs of at most {most} node(s); ask for at most -n {most}")
-    if least.isdigit() and want_nodes < int(least):
+    if least.isdigit() and want_nodes.min < int(least):
         raise RequestError(f"node group {group} takes jobs of at least {least} node(s); ask for -n {least} or more")
     limit = partition.get("MaxTime", "UNLIMITED")
     try:
@@ -177,19 +185,19 @@ def fit_to_partition(group: str, partition: dict[str, str], want_nodes: int, tim
                                "new run)")
 
 
-def fit_to_group(group: str, nodes: dict[str, tuple[int, set[str]]], want_nodes: int,
+def fit_to_group(group: str, nodes: dict[str, tuple[int, set[str]]], want_nodes: NodeRange,
                  gpus_per_node: int | None) -> int:
     """The --gpus-per-node to ask for on `group` (default: what every node of it has, 0
     without GPUs); RequestError for a request the group's nodes can never satisfy."""
     members = sorted(gpus for gpus, parts in nodes.values() if group in parts)
     if not members:
         raise RequestError(f"node group {group} has no nodes")
-    if want_nodes > len(members):
+    if want_nodes.max > len(members):
         raise RequestError(f"node group {group} has {len(members)} node(s); ask for at most -n {len(members)}")
     if gpus_per_node is None:
         return members[0]
     fitting = sum(1 for g in members if g >= gpus_per_node)
-    if fitting < want_nodes:
+    if fitting < want_nodes.max:
         most = members[-1]
         raise RequestError(
             f"--gpus-per-node {gpus_per_node}: " + (f"the nodes of group {group} have no GPUs; use 0" if most == 0 else
@@ -205,7 +213,8 @@ def single_process_warning(req: JobRequest) -> str:
     """A warning when a Python script that looks single-process (no spawn, no
     torch.distributed, no RANK) is asked to run on several nodes: it would run once per
     node, every copy writing the same checkpoint directory. '' when nothing to say."""
-    if req.nodes <= 1 or req.torchrun or Path(req.script).suffix != ".py":
+    nodes = requested_nodes(req)
+    if nodes.max <= 1 or req.torchrun or Path(req.script).suffix != ".py":
         return ""
     try:
         text = Path(req.script).read_text(errors="replace")
@@ -214,7 +223,7 @@ def single_process_warning(req: JobRequest) -> str:
     if any(sign in text for sign in MULTI_PROCESS_SIGNS):
         return ""
     return (f"warning: {req.script} looks single-process (no spawn, torch.distributed or RANK), but runs once on "
-            f"each of {req.nodes} nodes, every copy writing the same checkpoints; use -n 1, or see "
+            f"each of {nodes} nodes, every copy writing the same checkpoints; use -n 1, or see "
             "examples/train.py for several nodes")
 
 

@@ -11,6 +11,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from typing import Iterable, Sequence
 
+from ..policy import sizes, tags
 from ..policy.levels import Level, level_of_qos, parse_qos
 from ..policy.tags import GRACE as GRACE_TAG
 from ..slurm.records import JobInfo
@@ -71,9 +72,16 @@ class HaiStatus:
     ended: int = 0  # when the job ended for good
     private: bool = False  # another user's job: told from what Slurm shows only
     grace: int | None = None  # seconds between its suspend notice and a forced stop; None: unknown
+    node_range: str = ""  # an elastic job's MIN:MAX[:STEP]; "" for a fixed one
+    sizes: list[int] = field(default_factory=list)  # the nodes of each run so far, oldest first
 
     def as_dict(self) -> dict:
         return asdict(self)
+
+    @property
+    def nodes_text(self) -> str:
+        """2, or 2/2:4 for an elastic job on 2 nodes of 2 to 4."""
+        return f"{self.nodes}/{self.node_range}" if self.node_range else str(self.nodes)
 
 
 def hai_state(job: JobInfo | None, final: dict | None, suspended_runs: int) -> str:
@@ -132,6 +140,20 @@ def grace_of(job: JobInfo | None, request: dict) -> int | None:
     return int(value) if value.isdigit() else None
 
 
+def node_range_of(job: JobInfo | None, request: dict) -> str:
+    """An elastic job's range as people read it (2:4), "" for a fixed one: job_submit.lua's
+    stamp in the admin comment (never the job's own comment), else what hai-submit recorded."""
+    found = sizes.from_tag(tags.parse(job.admin_comment).get(tags.NODES)) if job is not None else None
+    if found is None:
+        found = sizes.from_tag(str(request.get("node_range", "")))
+    return str(found) if found is not None and found.elastic else ""
+
+
+def run_sizes(events: Sequence[dict]) -> list[int]:
+    """The nodes of each run, from the `start` events (runs before slurm-hai recorded a size: none)."""
+    return [int(e["size"]) for e in events if e.get("event") == "start" and str(e.get("size", "")).isdigit()]
+
+
 def status(job_id: int, job: JobInfo | None, final: dict | None, request: dict, suspended_runs: int,
            explained: str | None = None, last_run: int = 0, events: Sequence[dict] = (),
            private: bool = False, owner_uid: int | None = None) -> HaiStatus:
@@ -173,6 +195,8 @@ def status(job_id: int, job: JobInfo | None, final: dict | None, request: dict, 
         ended=ended,
         private=private,
         grace=grace_of(job, request),
+        node_range=node_range_of(job, request),
+        sizes=run_sizes(events),
     )
 
 

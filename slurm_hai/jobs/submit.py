@@ -17,7 +17,7 @@ from ..policy.model import Policy, PolicyError, find_policy
 from ..slurm import Backend, SlurmError
 from .jobdir import JobDir, write_atomic
 from .request import (JobRequest, RequestError, check_files, check_group_name, did_you_mean, fit_to_group,
-                      fit_to_partition, render_script, single_process_warning, validate)
+                      fit_to_partition, render_script, requested_nodes, single_process_warning, validate)
 
 
 @dataclass
@@ -37,7 +37,8 @@ class Submitted:
     job_id: int
     name: str
     level: str
-    nodes: int
+    nodes: int  # the fewest it runs on
+    node_range: str  # N, or MIN:MAX[:STEP] for an elastic job
     job_dir: Path
 
 
@@ -53,8 +54,9 @@ def group_gpus(slurm: Backend, req: JobRequest) -> tuple[str, int]:
     known = [p["PartitionName"] for p in parts]
     if name not in known:
         raise RequestError(f"-g {name}: no such node group; {did_you_mean(name, known)}groups: {', '.join(known)}")
-    fit_to_partition(name, parts[known.index(name)], req.nodes, req.time)
-    return name, fit_to_group(name, {n.name: (n.gpus, n.partitions) for n in slurm.nodes()}, req.nodes,
+    nodes = requested_nodes(req)
+    fit_to_partition(name, parts[known.index(name)], nodes, req.time)
+    return name, fit_to_group(name, {n.name: (n.gpus, n.partitions) for n in slurm.nodes()}, nodes,
                               req.gpus_per_node)
 
 
@@ -101,12 +103,12 @@ def submit(prepared: Prepared, slurm: Backend, root: Path) -> Submitted:
         if len(policy_refusal) == 2:  # job_submit.lua's own words (quota, level): nothing to add
             raise RequestError(policy_refusal[1]) from None
         if "Requested node configuration is not available" in str(e):
-            raise RequestError(f"no node of the job's group can run it ({ctx['nodes']} node(s), {ctx['gpus']} GPUs "
+            raise RequestError(f"no node of the job's group can run it ({ctx['node_range']} node(s), {ctx['gpus']} GPUs "
                                "each); `scontrol show partition` lists the groups") from None
         raise
     jobdir = JobDir.for_job(job_id, root).claim(prepared.token)
-    request = {k: ctx[k] for k in ("name", "nodes", "gpus", "level", "partition", "time", "grace", "retries",
+    request = {k: ctx[k] for k in ("name", "nodes", "node_range", "gpus", "level", "partition", "time", "grace", "retries",
                                    "workdir", "command")}
     write_atomic(jobdir.path / "job.json", json.dumps({**request, "job_id": job_id, "user": getpass.getuser()}))
-    jobdir.event("submit", level=ctx["level"], nodes=ctx["nodes"])
-    return Submitted(job_id, ctx["name"], ctx["level"], ctx["nodes"], jobdir.path)
+    jobdir.event("submit", level=ctx["level"], nodes=ctx["nodes"], node_range=ctx["node_range"])
+    return Submitted(job_id, ctx["name"], ctx["level"], ctx["nodes"], ctx["node_range"], jobdir.path)

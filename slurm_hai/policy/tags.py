@@ -5,6 +5,10 @@ Admin comment (only slurmctld's job_submit.lua, root and SlurmUser can write it:
     hai-grace=SECONDS     the grace the job gets between its suspend notice and a forced stop:
                           what it asked (sbatch --hai-grace, or hai-grace= in its comment at
                           submission), else the policy's grace_seconds (job_submit.lua)
+    hai-nodes=MIN:MAX:STEP
+                          an elastic job's node range (job_submit.lua, from --nodes=MIN-MAX and
+                          the step hai-submit asks for): the job's own node count in Slurm is
+                          what the policy daemon changes when it resizes the job
     hai-demoted=NAME      the policy daemon demoted the running job to NAME
     hai-yield=JOB@EPOCH   the daemon asked the job to give way to JOB at EPOCH (a demoted job,
                           or a later job of another user at the level of JOB, earlier in line)
@@ -12,6 +16,9 @@ Job comment (written by hai-submit, editable by the job's owner: a hint, never t
     hai-dir=PATH          where the job's state directory lives
     hai-grace=SECONDS     the grace hai-submit asks for (read once, by job_submit.lua, which
                           checks it and stamps it into the admin comment)
+    hai-nodes=MIN:MAX:STEP
+                          the node range hai-submit asks for (job_submit.lua takes its STEP
+                          when MIN and MAX are the job's --nodes=MIN-MAX)
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ from typing import Iterable, Mapping
 
 LEVEL = "hai-level"
 GRACE = "hai-grace"
+NODES = "hai-nodes"
 DEMOTED = "hai-demoted"
 YIELD = "hai-yield"
 DIR = "hai-dir"

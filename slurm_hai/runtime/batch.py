@@ -8,7 +8,11 @@ It decides what a run's end means, which Slurm alone cannot:
     exits at once without running anything;
   * a failure with retries left is requeued, counting the retry (never in a loop).
 
-`python -m slurm_hai.runtime.batch --job-dir DIR --grace S --retries N [--gpus G] -- CMD...`
+It also picks the run's size: an elastic job (`--nodes MIN:MAX:STEP`) that Slurm gave a
+count its STEP does not allow runs on the largest allowed one, and gives the other nodes
+back at once (Slurm keeps the first ones).
+
+`python -m slurm_hai.runtime.batch --job-dir DIR [--nodes RANGE] --grace S --retries N [--gpus G] -- CMD...`
 """
 
 from __future__ import annotations
@@ -20,9 +24,11 @@ import signal
 import socket
 import sys
 import time
+from typing import MutableMapping
 
 from .contract import master_node, restart_count
 from ..jobs.jobdir import JobDir
+from ..policy.sizes import NodeRange
 from ..slurm import SlurmError, backend
 
 
@@ -47,6 +53,24 @@ def launcher_argv(args: argparse.Namespace, cmd: list[str]) -> list[str]:
     return [*argv, "--", *cmd]
 
 
+def run_size(slurm, job_id: int, sizes: NodeRange | None, env: MutableMapping[str, str]) -> int:
+    """The nodes this run uses: all it was given, unless the job's STEP does not allow that
+    count; then the largest allowed one, the rest given back to Slurm, and `env` told the
+    new allocation as Slurm's resize script would (SLURM_NTASKS etc. no longer hold)."""
+    given = int(env.get("SLURM_JOB_NUM_NODES") or env.get("SLURM_NNODES") or 1)
+    size = sizes.largest_at_most(given) if sizes else None
+    if size is None or size == given:
+        return given
+    slurm.shrink_allocation(job_id, size)
+    job = slurm.job(job_id)
+    nodelist = job.node_list if job is not None else ",".join(slurm.expand_hostlist(env["SLURM_JOB_NODELIST"])[:size])
+    env.update(SLURM_NODELIST=nodelist, SLURM_JOB_NODELIST=nodelist, SLURM_NNODES=str(size),
+               SLURM_JOB_NUM_NODES=str(size))
+    for stale in ("SLURM_NPROCS", "SLURM_NTASKS", "SLURM_TASKS_PER_NODE", "SLURM_JOB_CPUS_PER_NODE"):
+        env.pop(stale, None)
+    return size
+
+
 def wait_to_be_requeued(ending: list[int]) -> int:
     """After a requeue Slurm ends this script with SIGTERM: die at once then (releasing the
     node sooner), or leave after a while if that never comes. If that SIGTERM already came
@@ -62,6 +86,7 @@ def wait_to_be_requeued(ending: list[int]) -> int:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m slurm_hai.runtime.batch")
     ap.add_argument("--job-dir", required=True)
+    ap.add_argument("--nodes", type=NodeRange.parse, default=None)
     ap.add_argument("--grace", type=float, default=5.0)
     ap.add_argument("--retries", type=int, default=0)
     ap.add_argument("--gpus", type=int, default=0)
@@ -80,8 +105,9 @@ def main(argv: list[str] | None = None) -> int:
         jobdir.event("rerun_skipped", run=run, final=final["state"])
         return 0
     slurm = backend()
-    nodes = os.environ.get("SLURM_JOB_NUM_NODES", "1")
-    jobdir.event("start", run=run, nodes=os.environ.get("SLURM_JOB_NODELIST", ""), host=os.uname().nodename)
+    nodes = run_size(slurm, job_id, args.nodes, os.environ)
+    jobdir.event("start", run=run, nodes=os.environ.get("SLURM_JOB_NODELIST", ""), size=nodes,
+                 host=os.uname().nodename)
     print(f"slurm-hai: job {job_id} run {run} on {os.environ.get('SLURM_JOB_NODELIST', '?')}", flush=True)
     # The master's address, looked up once for all nodes (the SPANK plugin does the same).
     if not os.environ.get("HAI_MASTER_IP"):

@@ -9,6 +9,7 @@ import json
 import logging
 import os
 import subprocess
+import tempfile
 import time
 from typing import TYPE_CHECKING, Sequence
 
@@ -25,9 +26,10 @@ log = logging.getLogger("slurm_hai.slurm")
 TIMEOUT = float(os.environ.get("HAI_SLURM_TIMEOUT", "60"))
 
 
-def _run(argv: Sequence[str], input: str | None = None, check: bool = True) -> subprocess.CompletedProcess:
+def _run(argv: Sequence[str], input: str | None = None, check: bool = True,
+         cwd: str | None = None) -> subprocess.CompletedProcess:
     try:
-        p = subprocess.run(list(argv), input=input, text=True, capture_output=True, timeout=TIMEOUT)
+        p = subprocess.run(list(argv), input=input, text=True, capture_output=True, timeout=TIMEOUT, cwd=cwd)
     except FileNotFoundError:
         raise SlurmError(f"{argv[0]} not found: install the Slurm client commands (slurm-client) "
                          "or put them on PATH") from None
@@ -174,6 +176,12 @@ class CliBackend:
 
     def release(self, job_id: int) -> None:
         _run(["scontrol", "release", str(job_id)])
+
+    def shrink_allocation(self, job_id: int, nodes: int) -> None:
+        """Slurm keeps the first `nodes` nodes and frees the others at once. scontrol writes
+        slurm_job_<id>_resize.{sh,csh} where it runs: in a directory of its own, removed."""
+        with tempfile.TemporaryDirectory(prefix="hai-resize-") as scratch:
+            _run(["scontrol", "update", f"JobId={job_id}", f"NumNodes={nodes}"], cwd=scratch)
 
     def config(self) -> dict[str, str]:
         out = _run(["scontrol", "show", "config"]).stdout

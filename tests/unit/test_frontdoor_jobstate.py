@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from slurm_hai.jobs.status import history, level_name, marker, notice_cause, preemptor, reason_in_words, status
 from slurm_hai.slurm.records import JobInfo
@@ -140,3 +141,19 @@ def test_a_quota_override_qos_shows_as_its_level():
     assert level_name(job(2, "RUNNING", "above_normal.a.lab")) == "ABOVE_NORMAL"
     assert level_name(job(3, "RUNNING", "gold.u.bob")) == "GOLD"  # a site's own ladder
     assert level_name(job(4, "RUNNING", "high")) == "HIGH"
+
+
+def test_an_elastic_job_shows_its_range_from_the_admin_comment_only_and_the_size_of_each_run():
+    events = [{"event": "submit", "t": NOW - 60}, {"event": "start", "run": 0, "size": 4, "t": NOW - 50},
+              {"event": "start", "run": 1, "size": 2, "t": NOW - 10}]
+    me = replace(job(5, "RUNNING", "low", start_time=int(NOW) - 10,
+                     admin_comment="hai-level=LOW hai-grace=5 hai-nodes=2:4:1"), num_nodes=2)
+    st = status(5, me, None, {}, 1, events=events)
+    assert (st.node_range, st.sizes, st.nodes_text) == ("2:4", [4, 2], "2/2:4")
+    # the job's own comment is the user's to write: it never makes a job elastic
+    fixed = replace(job(6, "RUNNING", "low", start_time=int(NOW) - 10, admin_comment="hai-level=LOW"),
+                    comment="hai-nodes=1:9:1")
+    assert status(6, fixed, None, {}, 0).nodes_text == "1"
+    # an ended job: what hai-submit recorded
+    assert status(7, None, {"state": "succeeded", "exit_code": 0}, {"nodes": 2, "node_range": "2:8:2"}, 0
+                  ).nodes_text == "2/2:8:2"

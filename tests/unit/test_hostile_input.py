@@ -472,7 +472,7 @@ def test_output_cut_short_ends_quietly_with_the_status_of_sigpipe(tool, argv):
 
 
 @pytest.mark.parametrize("tool,argv,needle", [
-    ("hai-submit", ["-n", "x", "train.py"], "Invalid value for '-n' / '--nodes': 'x' is not a valid integer."),
+    ("hai-submit", ["-n", "x", "train.py"], "Invalid value for '-n' / '--nodes': 'x': give a node count N, or a range"),
     ("hai-submit", [], "Missing argument 'SCRIPT'"),
     ("hai", ["status", "x"], "is not a job id"),
     ("hai", ["lsit"], "No such command 'lsit'"),

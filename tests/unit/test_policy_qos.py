@@ -242,7 +242,7 @@ local out = {}
 for i, c in ipairs(cases) do
   results.msg = nil
   local job = { user_name = c.user, account = c.account, default_account = "hai", min_nodes = c.nodes,
-                qos = c.qos, spank_job_env = c.env }
+                max_nodes = c.max_nodes, comment = c.comment, qos = c.qos, spank_job_env = c.env }
   local rc = slurm_job_submit(job, {}, 1000)
   out[i] = string.format('{"rc": %%d, "qos": "%%s", "comment": "%%s", "msg": "%%s"}', rc, job.qos or "",
                          job.admin_comment or "", results.msg or "")
@@ -316,3 +316,24 @@ def test_job_submit_lua_account_override_and_auto_off(tmp_path):
     assert got[0]["rc"] == 0 and got[0]["qos"] == "normal.a.lab"
     assert got[1]["rc"] == -1
     assert got[2]["rc"] == -1 and "AUTO is not allowed" in got[2]["msg"]
+
+
+@pytest.mark.skipif(LUA is None, reason="no lua interpreter (apt-get install lua5.3)")
+def test_job_submit_lua_stamps_an_elastic_jobs_range_and_the_step_hai_submit_asked(tmp_path):
+    no_val = 4294967294
+    got = run_lua(tmp_path, LOCAL, [
+        {"user": "hai-alice", "nodes": 2, "max_nodes": 4, "qos": "low"},                            # sbatch -N 2-4
+        {"user": "hai-alice", "nodes": 2, "max_nodes": 4, "qos": "low", "comment": "hai-nodes=2:4:2"},  # hai-submit
+        {"user": "hai-alice", "nodes": 2, "max_nodes": 4, "qos": "low", "comment": "hai-nodes=1:4:3"},  # not its own
+        {"user": "hai-alice", "nodes": 2, "max_nodes": 4, "qos": "low", "comment": "hai-nodes=2:4:3"},  # misses MAX
+        {"user": "hai-alice", "nodes": 2, "max_nodes": 2, "qos": "low", "comment": "hai-nodes=2:4:2"},  # -N 2
+        {"user": "hai-alice", "nodes": 2, "max_nodes": no_val, "qos": "low"},                        # no max
+        {"user": "hai-alice", "nodes": 3, "max_nodes": 8, "qos": "normal"},                          # MIN in quota 4
+        {"user": "hai-alice", "nodes": 5, "max_nodes": 8, "qos": "normal"},                          # MIN over quota
+    ])
+    comments = [g["comment"] for g in got]
+    assert comments[:7] == ["hai-level=LOW hai-grace=5 hai-nodes=2:4:1", "hai-level=LOW hai-grace=5 hai-nodes=2:4:2",
+                            "hai-level=LOW hai-grace=5 hai-nodes=2:4:1", "hai-level=LOW hai-grace=5 hai-nodes=2:4:1",
+                            "hai-level=LOW hai-grace=5", "hai-level=LOW hai-grace=5",
+                            "hai-level=NORMAL hai-grace=5 hai-nodes=3:8:1"]
+    assert got[7]["rc"] == -1 and "5 nodes at NORMAL exceed your quota of 4 nodes" in got[7]["msg"]
