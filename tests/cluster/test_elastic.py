@@ -36,6 +36,12 @@ def _wait(what: str, cond, timeout: float):
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def _all_idle(live) -> None:
+    """The nodes of an earlier job may still be completing: an elastic job would start on fewer."""
+    _wait("all 4 nodes idle", lambda: len(live.run(["sinfo", "-h", "-N", "-t", "idle", "-o", "%N"]).stdout.split()) == 4,
+          60)
+
+
 def _probe(live, name: str) -> tuple[Path, Path]:
     out = live.shared_dir(name, owner=ALICE)
     script = out / "probe.py"
@@ -63,6 +69,7 @@ def _events(job_dir: Path, name: str) -> list[dict]:
 
 def test_an_elastic_job_starts_on_every_free_node_up_to_max_and_shows_its_range(live):
     out, script = _probe(live, "elastic-max")
+    _all_idle(live)
     job, job_dir = _submit(live, script, out, "-n", "2:4", "-p", "LOW")
     _wait("4 ranks to run", lambda: len(_ranks(out)) == 4, 60)
     assert _ranks(out) == {0: 4, 1: 4, 2: 4, 3: 4}
@@ -97,12 +104,14 @@ def test_a_count_the_step_does_not_allow_is_cut_and_the_other_node_given_back(li
 
 def test_sbatch_nodes_range_with_the_spank_plugin_is_elastic_and_quotas_cap_it(live):
     # plain sbatch with a Slurm range: job_submit.lua keeps it
+    _all_idle(live)
     job = live.sbatch("--nodes=2-4", "--hai-priority=LOW", "-o", "/dev/null", "--wrap", "sleep 30", user=ALICE)
     live.wait_job(job, lambda j: j["JobState"] == "RUNNING", 30, "the sbatch range job to run")
     assert "hai-nodes=2:4:1" in live.job(job)["AdminComment"] and live.job(job)["NumNodes"] == "4"
     rows = json.loads(live.run(["hai", "list", "--json"], user=ALICE).stdout)
     assert [(r["nodes"], r["node_range"]) for r in rows if r["job_id"] == job] == [(4, "2:4")]
     live.cancel_all()
+    _all_idle(live)
     # hai-alice may hold 2 nodes at HIGH: an elastic 1:4 job gets 2, not 4
     out, script = _probe(live, "elastic-quota")
     job, _ = _submit(live, script, out, "-n", "1:4", "-p", "HIGH")
