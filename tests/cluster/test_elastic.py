@@ -84,24 +84,6 @@ def test_an_elastic_job_starts_on_every_free_node_up_to_max_and_shows_its_range(
     assert [e["size"] for e in _events(job_dir, "start")] == [4]
 
 
-def test_a_count_the_step_does_not_allow_is_cut_and_the_other_node_given_back(live):
-    blocker = live.sbatch("-N1", "--qos=normal", "-o", "/dev/null", "--wrap", "sleep 300", user=ALICE)
-    live.wait_job(blocker, lambda j: j["JobState"] == "RUNNING", 30, "a 1-node job to hold one node")
-    out, script = _probe(live, "elastic-step")
-    job, job_dir = _submit(live, script, out, "-n", "2:4:2", "-p", "LOW")
-    _wait("2 ranks to run", lambda: len(_ranks(out)) == 2, 60)
-    time.sleep(1)  # a third rank would have written by now too
-    assert _ranks(out) == {0: 2, 1: 2}
-    assert live.job(job)["NumNodes"] == "2"  # Slurm gave 3; the job kept 2
-    assert [e["size"] for e in _events(job_dir, "start")] == [2]
-    # the node it gave back runs another job while the elastic job still runs
-    other = live.sbatch("-N1", "--qos=low", "-o", "/dev/null", "--wrap", "sleep 1", user=ALICE)
-    live.wait_job(other, lambda j: j["JobState"] in ("RUNNING", "COMPLETED"), 30, "a job on the node given back")
-    assert live.job(job)["JobState"] == "RUNNING"
-    (out / "go").touch()
-    live.wait_job(job, lambda j: j["JobState"] == "COMPLETED", 60, "the elastic job to finish")
-
-
 def test_sbatch_nodes_range_with_the_spank_plugin_is_elastic_and_quotas_cap_it(live):
     # plain sbatch with a Slurm range: job_submit.lua keeps it
     _all_idle(live)
@@ -119,3 +101,23 @@ def test_sbatch_nodes_range_with_the_spank_plugin_is_elastic_and_quotas_cap_it(l
     time.sleep(1)
     assert _ranks(out) == {0: 2, 1: 2} and live.job(job)["NumNodes"] == "2"
     (out / "go").touch()
+
+
+def test_a_count_the_step_does_not_allow_is_cut_and_the_other_node_given_back(live):
+    # Last in this file: for a few seconds after a job gives nodes back, Slurm 22.05's main
+    # scheduler offers a range job one node fewer than are idle (not 25.11: measured by hand).
+    blocker = live.sbatch("-N1", "--qos=normal", "-o", "/dev/null", "--wrap", "sleep 300", user=ALICE)
+    live.wait_job(blocker, lambda j: j["JobState"] == "RUNNING", 30, "a 1-node job to hold one node")
+    out, script = _probe(live, "elastic-step")
+    job, job_dir = _submit(live, script, out, "-n", "2:4:2", "-p", "LOW")
+    _wait("2 ranks to run", lambda: len(_ranks(out)) == 2, 60)
+    time.sleep(1)  # a third rank would have written by now too
+    assert _ranks(out) == {0: 2, 1: 2}
+    assert live.job(job)["NumNodes"] == "2"  # Slurm gave 3; the job kept 2
+    assert [e["size"] for e in _events(job_dir, "start")] == [2]
+    # the node it gave back runs another job while the elastic job still runs
+    other = live.sbatch("-N1", "--qos=low", "-o", "/dev/null", "--wrap", "sleep 1", user=ALICE)
+    live.wait_job(other, lambda j: j["JobState"] in ("RUNNING", "COMPLETED"), 30, "a job on the node given back")
+    assert live.job(job)["JobState"] == "RUNNING"
+    (out / "go").touch()
+    live.wait_job(job, lambda j: j["JobState"] == "COMPLETED", 60, "the elastic job to finish")
