@@ -84,7 +84,7 @@ def main(script, args, name, nodes, priority, gpus_per_node, group, env, time_li
     \b
     Examples:
       hai-submit -n 2 -p HIGH train.py --lr 0.1
-      hai-submit -n 2:4 -p LOW train.py        # elastic: 2 to 4 nodes
+      hai-submit -n 2:4 -p LOW train.py
       hai-submit --dry-run -p LOW --time 2:00:00 train.py
       hai-submit --torchrun -n 2 -p LOW examples/torchrun_train.py --steps 300
     """
