@@ -13,6 +13,8 @@ import textwrap
 import time
 from pathlib import Path
 
+from waiting import wait_for
+
 ALICE = "hai-alice"
 PROBE = """
     import os, sys, time
@@ -26,20 +28,10 @@ PROBE = """
 """
 
 
-def _wait(what: str, cond, timeout: float):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        got = cond()
-        if got:
-            return got
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def _all_idle(live) -> None:
     """The nodes of an earlier job may still be completing: an elastic job would start on fewer."""
-    _wait("all 4 nodes idle", lambda: len(live.run(["sinfo", "-h", "-N", "-t", "idle", "-o", "%N"]).stdout.split()) == 4,
-          60)
+    wait_for(lambda: len(live.run(["sinfo", "-h", "-N", "-t", "idle", "-o", "%N"]).stdout.split()) == 4, 60,
+             "all 4 nodes idle")
 
 
 def _probe(live, name: str) -> tuple[Path, Path]:
@@ -71,7 +63,7 @@ def test_an_elastic_job_starts_on_every_free_node_up_to_max_and_shows_its_range(
     out, script = _probe(live, "elastic-max")
     _all_idle(live)
     job, job_dir = _submit(live, script, out, "-n", "2:4", "-p", "LOW")
-    _wait("4 ranks to run", lambda: len(_ranks(out)) == 4, 60)
+    wait_for(lambda: len(_ranks(out)) == 4, 60, "4 ranks to run")
     assert _ranks(out) == {0: 4, 1: 4, 2: 4, 3: 4}
     assert "hai-nodes=2:4:1" in live.job(job)["AdminComment"]
     listed = live.run(["hai", "list"], user=ALICE).stdout
@@ -97,7 +89,7 @@ def test_sbatch_nodes_range_with_the_spank_plugin_is_elastic_and_quotas_cap_it(l
     # hai-alice may hold 2 nodes at HIGH: an elastic 1:4 job gets 2, not 4
     out, script = _probe(live, "elastic-quota")
     job, _ = _submit(live, script, out, "-n", "1:4", "-p", "HIGH")
-    _wait("its ranks to run", lambda: len(_ranks(out)) == 2, 60)
+    wait_for(lambda: len(_ranks(out)) == 2, 60, "its ranks to run")
     time.sleep(1)
     assert _ranks(out) == {0: 2, 1: 2} and live.job(job)["NumNodes"] == "2"
     (out / "go").touch()
@@ -110,7 +102,7 @@ def test_a_count_the_step_does_not_allow_is_cut_and_the_other_node_given_back(li
     live.wait_job(blocker, lambda j: j["JobState"] == "RUNNING", 30, "a 1-node job to hold one node")
     out, script = _probe(live, "elastic-step")
     job, job_dir = _submit(live, script, out, "-n", "2:4:2", "-p", "LOW")
-    _wait("2 ranks to run", lambda: len(_ranks(out)) == 2, 60)
+    wait_for(lambda: len(_ranks(out)) == 2, 60, "2 ranks to run")
     time.sleep(1)  # a third rank would have written by now too
     assert _ranks(out) == {0: 2, 1: 2}
     assert live.job(job)["NumNodes"] == "2"  # Slurm gave 3; the job kept 2

@@ -13,6 +13,8 @@ import textwrap
 import time
 from pathlib import Path
 
+from waiting import wait_for
+
 NODES = 4  # every node of the local cluster: the HIGH job must preempt
 WORKS_ON = """
     import time
@@ -34,16 +36,6 @@ def _events(job_dir: Path, name: str) -> list[dict]:
     return [e for e in map(json.loads, filter(None, lines)) if e["event"] == name]
 
 
-def _wait(what: str, cond, timeout: float):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        got = cond()
-        if got:
-            return got
-        time.sleep(0.3)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
 def _preempted(live, *grace: str) -> tuple[int, dict, list[dict], Path]:
     """Submit the LOW job (with `grace` options), preempt it with a HIGH job; its id, its
     notice, its suspends and its directory once the run has ended."""
@@ -55,13 +47,13 @@ def _preempted(live, *grace: str) -> tuple[int, dict, list[dict], Path]:
     live.wait_job(job, lambda j: j.get("JobState") == "RUNNING", 60, "the LOW job to run")
     grace_tag = f"hai-grace={grace[-1] if grace else 5}"  # job_submit.lua's stamp, for the daemon
     assert grace_tag in live.job(job).get("AdminComment", "").split()
-    _wait("the job's processes", lambda: _events(job_dir, "start"), 30)
+    wait_for(lambda: _events(job_dir, "start"), 30, "the job's processes")
     # A HIGH job submitted within the LOW job's first second was seen never to preempt it
     # (22.05: no notice in 60 s); give the run time to be under way.
     time.sleep(3)
     live.sbatch("--qos=high", "--nodes=1", "--wrap=sleep 30")
-    notice = _wait("the suspend notice", lambda: _events(job_dir, "notice"), 60)[0]
-    suspended = _wait("the end of the run", lambda: _events(job_dir, "suspended"), 40)
+    notice = wait_for(lambda: _events(job_dir, "notice"), 60, "the suspend notice")[0]
+    suspended = wait_for(lambda: _events(job_dir, "suspended"), 40, "the end of the run")
     return job, notice, suspended, job_dir
 
 
@@ -76,6 +68,6 @@ def test_a_job_that_asked_20_s_of_grace_gets_20_s_under_preemption(live):
 
 def test_a_job_with_the_default_grace_is_still_forced_off_after_5_s(live):
     _, notice, _, job_dir = _preempted(live)
-    forced = _wait("the forced suspend", lambda: _events(job_dir, "forced_suspend"), 10)
+    forced = wait_for(lambda: _events(job_dir, "forced_suspend"), 10, "the forced suspend")
     assert notice["grace"] == 5
     assert 5 <= forced[0]["t"] - notice["t"] < 6.5
