@@ -13,7 +13,12 @@
 --    change, so the policy daemon can give a requeued job back its level;
 --  * the job's grace: --hai-grace (job env HAI_GRACE), else "hai-grace=N" in the job's comment
 --    (hai-submit --grace), else the policy's grace_seconds; refused above max_grace_seconds (the
---    QOS GraceTime), stamped into admin_comment ("hai-grace=N") for the policy daemon.
+--    QOS GraceTime), stamped into admin_comment ("hai-grace=N") for the policy daemon;
+--  * an elastic job (--nodes=MIN-MAX): its range, stamped into admin_comment
+--    ("hai-nodes=MIN:MAX:STEP"; the step from "hai-nodes=MIN:MAX:STEP" in the job's comment, which
+--    hai-submit writes, when its MIN and MAX are the job's), since the job's own node count
+--    is what the policy daemon changes when it resizes it. Quotas count MIN here (the job
+--    can start on MIN); Slurm caps the nodes it gets at the QOS limits.
 
 local NO_VAL = 4294967294
 local NO_VAL16 = 65534
@@ -22,6 +27,7 @@ local allow_auto = true
 local default_grace = 5
 local max_grace = 5
 local grace_tag = "hai-grace"
+local nodes_tag = "hai-nodes"
 
 -- highest level first
 local order = {
@@ -95,6 +101,20 @@ local function comment_tag(comment, name)
     if string.sub(word, 1, #prefix) == prefix then found = string.sub(word, #prefix + 1) end
   end
   return found
+end
+
+-- " nodes_tag=MIN:MAX:STEP" for an elastic job, "" for a fixed one
+local function node_range(job_desc)
+  local lo, hi = job_desc.min_nodes, job_desc.max_nodes
+  if lo == nil or lo == 0 or lo >= NO_VAL or hi == nil or hi == 0 or hi >= NO_VAL or hi <= lo then return "" end
+  local step = 1
+  local asked = comment_tag(job_desc.comment, nodes_tag)
+  if asked ~= nil then
+    local a, b, s = string.match(asked, "^(%d+):(%d+):(%d+)$")
+    a, b, s = tonumber(a), tonumber(b), tonumber(s)
+    if a == lo and b == hi and s ~= nil and s >= 1 and (hi - lo) % s == 0 then step = s end
+  end
+  return string.format(" %s=%d:%d:%d", nodes_tag, lo, hi, step)
 end
 
 -- the grace the job asked for, in whole seconds; nil and the refusal when it may not have it
@@ -249,7 +269,7 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
     return slurm.ERROR
   end
   job_desc.qos = qos
-  job_desc.admin_comment = "hai-level=" .. wanted .. " " .. grace_tag .. "=" .. grace
+  job_desc.admin_comment = "hai-level=" .. wanted .. " " .. grace_tag .. "=" .. grace .. node_range(job_desc)
   return slurm.SUCCESS
 end
 
