@@ -372,6 +372,8 @@ def marker(e: dict, owner_uid: int | None = None, now: float | None = None) -> s
         return f"{head} ended by Slurm (exit {e.get('exit_code')})"
     if kind == "finished":
         return f"{head} finished: {e.get('state')} (exit code {e.get('exit_code')})"
+    if kind in ("shrink", "grow"):
+        return f"{head} {'shrank' if kind == 'shrink' else 'grew'} from {e.get('from')} to {e.get('to')} nodes"
     if kind == "stop":
         return f"{head} stopped by hai stop"
     return None

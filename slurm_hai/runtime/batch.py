@@ -71,6 +71,15 @@ def run_size(slurm, job_id: int, sizes: NodeRange | None, env: MutableMapping[st
     return size
 
 
+def size_change(events: list[dict], size: int) -> tuple[str, dict] | None:
+    """("shrink" | "grow", {"from": N, "to": M}) when this run's size differs from the last
+    run's (its `start` event), else None."""
+    last = [e["size"] for e in events if e.get("event") == "start" and isinstance(e.get("size"), int)]
+    if not last or last[-1] == size:
+        return None
+    return ("shrink" if size < last[-1] else "grow"), {"from": last[-1], "to": size}
+
+
 def wait_to_be_requeued(ending: list[int]) -> int:
     """After a requeue Slurm ends this script with SIGTERM: die at once then (releasing the
     node sooner), or leave after a while if that never comes. If that SIGTERM already came
@@ -106,6 +115,9 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     slurm = backend()
     nodes = run_size(slurm, job_id, args.nodes, os.environ)
+    change = size_change(jobdir.events(), nodes)
+    if change:
+        jobdir.event(change[0], run=run, **change[1])
     jobdir.event("start", run=run, nodes=os.environ.get("SLURM_JOB_NODELIST", ""), size=nodes,
                  host=os.uname().nodename)
     print(f"slurm-hai: job {job_id} run {run} on {os.environ.get('SLURM_JOB_NODELIST', '?')}", flush=True)

@@ -94,6 +94,8 @@ def test_log_markers_for_notice_forced_suspend_retry_and_restart():
     assert "suspended by force" in lines[3] and "waits to run again" in lines[4]
     assert "(restart 1)" in marker({"t": NOW, "event": "start", "run": 1, "nodes": "n2"}, now=NOW)
     assert "retry 1 of 2" in marker({"t": NOW, "event": "retry", "run": 0, "exit_code": 3, "retry": 1, "of": 2})
+    assert "run 1: shrank from 4 to 2 nodes" in marker({"t": NOW, "event": "shrink", "run": 1, "from": 4, "to": 2})
+    assert "run 2: grew from 2 to 4 nodes" in marker({"t": NOW, "event": "grow", "run": 2, "from": 2, "to": 4})
     assert all(line.startswith("---- slurm-hai ") for line in lines[1:])
 
 

@@ -74,3 +74,14 @@ def test_a_run_uses_every_node_it_was_given_that_its_step_allows_and_gives_the_r
     for sizes in (NodeRange.parse("2:4"), NodeRange.parse("3"), None):
         slurm, env = ResizingSlurm(["n1", "n2", "n3"]), {"SLURM_JOB_NUM_NODES": "3"}
         assert run_size(slurm, 7, sizes, env) == 3 and slurm.shrunk == [] and env == {"SLURM_JOB_NUM_NODES": "3"}
+
+
+def test_a_run_on_another_size_than_the_last_is_recorded_as_a_shrink_or_a_grow():
+    from slurm_hai.runtime.batch import size_change
+
+    starts = [{"event": "submit"}, {"event": "start", "run": 0, "size": 4}, {"event": "suspended", "run": 0}]
+    assert size_change(starts, 2) == ("shrink", {"from": 4, "to": 2})
+    assert size_change(starts + [{"event": "start", "run": 1, "size": 2}], 4) == ("grow", {"from": 2, "to": 4})
+    assert size_change(starts, 4) is None
+    assert size_change([{"event": "start", "run": 0, "nodes": "n[1-2]"}], 2) is None  # before sizes were recorded
+    assert size_change([], 3) is None
