@@ -89,7 +89,10 @@ def state(c: LiveCluster, job: int) -> str:
     return c.job(job).get("JobState", "")
 
 
-def running(c: LiveCluster, job: int, timeout: float = 30, what: str = "to run") -> dict[str, str]:
+def running(c: LiveCluster, job: int, timeout: float = 75, what: str = "to run") -> dict[str, str]:
+    # 75 s: a job the previous test's clean-up cancelled while Slurm 22.05 was still launching
+    # it keeps its nodes from the main scheduler for up to ~40 s, though sinfo shows them idle
+    # (seen in slurmctld.log: the next 4-node job started by backfill only then)
     return c.wait_job(job, lambda j: j["JobState"] == "RUNNING", timeout, what)
 
 
