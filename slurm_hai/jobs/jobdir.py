@@ -25,6 +25,7 @@ import os
 import secrets
 import time
 from pathlib import Path
+from typing import Iterable
 
 FINAL_STATES = ("succeeded", "failed", "stopped")
 
@@ -181,3 +182,8 @@ class JobDir:
             return json.loads((self.path / "job.json").read_text())
         except (FileNotFoundError, ValueError):
             return {}
+
+
+def run_sizes(events: Iterable[dict]) -> list[int]:
+    """The nodes of each run, from the `start` events (runs before slurm-hai recorded a size: none)."""
+    return [int(e["size"]) for e in events if e.get("event") == "start" and str(e.get("size", "")).isdigit()]

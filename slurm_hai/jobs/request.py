@@ -132,7 +132,8 @@ def validate(req: JobRequest, policy: Policy | None = None) -> dict:
         command = [str(script.resolve()) if script.exists() else req.script, *req.args]
     return {
         "name": name, "nodes": nodes.min, "node_range": str(nodes), "slurm_nodes": nodes.slurm(),
-        "nodes_tag": f";{NODES_TAG}={nodes.tag()}" if nodes.elastic else "", "gpus": req.gpus_per_node, "qos": qos, "level": level_name,
+        "nodes_tag": f";{NODES_TAG}={nodes.tag()}" if nodes.elastic else "",
+        "gpus": req.gpus_per_node, "qos": qos, "level": level_name,
         "partition": req.group, "time": req.time, "grace": grace, "retries": req.retries,
         "notice_seconds": grace + NOTICE_MARGIN, "dir_tag": DIR_TAG, "grace_tag": GRACE_TAG,
         "workdir": workdir, "job_root": req.job_root,

@@ -15,6 +15,7 @@ from ..policy import sizes, tags
 from ..policy.levels import Level, level_of_qos, parse_qos
 from ..policy.tags import GRACE as GRACE_TAG
 from ..slurm.records import JobInfo
+from .jobdir import run_sizes
 
 SLURM_REASONS = {
     "None": "",
@@ -147,11 +148,6 @@ def node_range_of(job: JobInfo | None, request: dict) -> str:
     if found is None:
         found = sizes.from_tag(str(request.get("node_range", "")))
     return str(found) if found is not None and found.elastic else ""
-
-
-def run_sizes(events: Sequence[dict]) -> list[int]:
-    """The nodes of each run, from the `start` events (runs before slurm-hai recorded a size: none)."""
-    return [int(e["size"]) for e in events if e.get("event") == "start" and str(e.get("size", "")).isdigit()]
 
 
 def status(job_id: int, job: JobInfo | None, final: dict | None, request: dict, suspended_runs: int,

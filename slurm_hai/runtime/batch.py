@@ -27,7 +27,7 @@ import time
 from typing import MutableMapping
 
 from .contract import master_node, restart_count
-from ..jobs.jobdir import JobDir
+from ..jobs.jobdir import JobDir, run_sizes
 from ..policy.sizes import NodeRange
 from ..slurm import SlurmError, backend
 
@@ -74,7 +74,7 @@ def run_size(slurm, job_id: int, sizes: NodeRange | None, env: MutableMapping[st
 def size_change(events: list[dict], size: int) -> tuple[str, dict] | None:
     """("shrink" | "grow", {"from": N, "to": M}) when this run's size differs from the last
     run's (its `start` event), else None."""
-    last = [e["size"] for e in events if e.get("event") == "start" and isinstance(e.get("size"), int)]
+    last = run_sizes(events)
     if not last or last[-1] == size:
         return None
     return ("shrink" if size < last[-1] else "grow"), {"from": last[-1], "to": size}
