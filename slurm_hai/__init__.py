@@ -3,6 +3,8 @@
 The in-job API, for training code (`import slurm_hai as hai`):
 
     hai.receive_suspend_command() -> bool   True once a suspend notice reached this node
+    hai.target_size() -> int | None         after it: the node count of the next run (elastic
+                                            jobs shrink and grow; 0: suspended whole)
     hai.go_suspend()                        checkpoint committed: requeue now; never returns
     hai.restart_count() -> int              0 on the first run, then 1, 2, ...
     hai.get_whole_life_state() / hai.set_whole_life_state(int)
@@ -20,7 +22,7 @@ import importlib
 __version__ = "0.1.0"
 
 _API = {
-    "receive_suspend_command": "runtime.client", "go_suspend": "runtime.client",
+    "receive_suspend_command": "runtime.client", "target_size": "runtime.client", "go_suspend": "runtime.client",
     "restart_count": "runtime.client", "get_whole_life_state": "runtime.client",
     "set_whole_life_state": "runtime.client", "spawn": "runtime.multiprocessing",
     "init_process_group": "runtime.distributed", "get_rank": "runtime.distributed",

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Callable
 
 import filelock
 
+from ..policy.elastic import IdleHistory
 from ..policy.model import Policy, PolicyError, load_policy
 from ..policy.rules import Action, decide, needs_idle_nodes, start_now_due
 from ..slurm import Backend, SlurmError
@@ -76,6 +77,7 @@ class PolicyDaemon:
             wake_for_start_now = not os.environ.get("HAI_POLICYD_NO_EARLY_WAKE")
         self.wake_for_start_now = wake_for_start_now
         self.metrics = metrics
+        self.idle_history = IdleHistory()  # which nodes stayed idle how long (elastic jobs grow into them)
 
     # ------------------------------------------------------------ one cycle
 
@@ -106,7 +108,13 @@ class PolicyDaemon:
         jobs = self.backend.jobs()
         now = self.clock()
         idle = self.backend.idle_nodes() if needs_idle_nodes(jobs, self.policy, now) else None
-        actions = decide(jobs, self.policy, now, idle_nodes=idle, replay=self._replay)
+        steady = None
+        if idle is None or self.policy.grow_after_seconds is None:
+            self.idle_history.forget()
+        else:
+            self.idle_history.record(now, idle)
+            steady = self.idle_history.steady(now, self.policy.grow_after_seconds)
+        actions = decide(jobs, self.policy, now, idle_nodes=idle, steady_idle=steady, replay=self._replay)
         self._replay = False
         failed = 0
         for action in actions:

@@ -12,6 +12,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Iterable, Sequence
 
 from ..policy import sizes, tags
+from ..policy.elastic import shrink_target
 from ..policy.levels import Level, level_of_qos, parse_qos
 from ..policy.tags import GRACE as GRACE_TAG
 from ..slurm.records import JobInfo
@@ -227,24 +228,36 @@ def notice_cause(me: JobInfo | None, queue: Sequence[JobInfo], events: Sequence[
     user (by_uid), time_limit (limit_at) or unknown. `notice_seconds`: how long before the
     time limit the job asked for the notice (grace + 30)."""
     if me is not None:
+        grow = tags.parse_at(me.tags.get(tags.GROW, ""))
+        if grow and grow[1] >= me.start_time:  # the policy daemon offers it idle nodes
+            return {"cause": "grow", "target_size": grow[0]}
         # the policy daemon asked the job to give way: it was demoted, or the job it yields to is
         # earlier in line at its level
-        y = me.tags.get("hai-yield", "")
-        if y and "@" in y and y.split("@")[0].isdigit():
-            other = next((j for j in queue if j.job_id == int(y.split("@")[0])), None)
-            why = "demoted" if "hai-demoted" in me.tags else "earlier_in_line"
-            return {"cause": "preempted", "by_job": int(y.split("@")[0]),
-                    "by_level": level_name(other) if other else "", why: True}
+        y = tags.parse_at(me.tags.get(tags.YIELD, ""))
+        if y:
+            other = next((j for j in queue if j.job_id == y[0]), None)
+            why = "demoted" if tags.DEMOTED in me.tags else "earlier_in_line"
+            return {"cause": "preempted", "by_job": y[0], "by_level": level_name(other) if other else "", why: True,
+                    "target_size": 0}
         if me.preempt_time and me.preempt_time >= me.start_time:
             other = preemptor(me, queue)
             return {"cause": "preempted", **({"by_job": other.job_id, "by_level": level_name(other)}
-                                             if other else {})}
+                                             if other else {}), "target_size": shrinks_to(me, other)}
     asked = [e for e in events if e.get("event") == "suspend_requested" and now - float(e.get("t", 0)) < REQUEST_WINDOW]
     if asked:
-        return {"cause": "user", "by_uid": asked[-1].get("by")}
+        return {"cause": "user", "by_uid": asked[-1].get("by"), "target_size": 0}
     if me is not None and me.end_time and me.start_time and 0 < me.end_time - now <= notice_seconds + NOTICE_SLACK:
-        return {"cause": "time_limit", "limit_at": me.end_time}
+        return {"cause": "time_limit", "limit_at": me.end_time, "target_size": 0}
     return {"cause": "unknown"}
+
+
+def shrinks_to(me: JobInfo, other: JobInfo | None) -> int:
+    """The size an elastic job preempted for `other` runs on next, beside it; 0 for a job
+    suspended whole (a fixed one, or one that would keep fewer than its MIN)."""
+    nodes = sizes.from_tag(me.tags.get(tags.NODES))
+    if nodes is None or not nodes.elastic or other is None:
+        return 0
+    return shrink_target(nodes, me.num_nodes, other.num_nodes)
 
 
 def _join(*parts: str) -> str:
@@ -287,8 +300,10 @@ def why_notice(ev: dict, owner_uid: int | None = None) -> str:
         if ev.get("by_job"):
             lvl = f" ({ev['by_level']})" if ev.get("by_level") else ""
             extra = ", which needed the nodes of its demoted level" if ev.get("demoted") else ""
-            return f"preempted by job {ev['by_job']}{lvl}{extra}"
-        return "preempted by a job of a higher level"
+            return f"preempted by job {ev['by_job']}{lvl}{extra}{_shrinks(ev)}"
+        return f"preempted by a job of a higher level{_shrinks(ev)}"
+    if cause == "grow":
+        return f"to grow to {ev.get('target_size')} nodes, idle long enough"
     if cause == "user":
         by = ev.get("by_uid")
         return "by you (hai suspend)" if by is None or owner_uid is None or by == owner_uid else (
@@ -298,6 +313,11 @@ def why_notice(ev: dict, owner_uid: int | None = None) -> str:
     if ev.get("source") == "simulated":
         return "simulated notice (hai run-local)"
     return "suspend notice"
+
+
+def _shrinks(ev: dict) -> str:
+    n = ev.get("target_size")
+    return f"; runs on {n} node(s) beside it" if n else ""
 
 
 @dataclass

@@ -14,7 +14,7 @@ from .levels import AUTO, Level
 from .model import Policy
 from .job import Job
 from .rules import QUOTA_REASONS, WAITING_FOR_NODES, Snapshot, is_held
-from .tags import DEMOTED as DEMOTED_TAG, YIELD as YIELD_TAG, parse_yield
+from .tags import DEMOTED as DEMOTED_TAG, YIELD as YIELD_TAG, parse_at
 
 
 def _ago(seconds: float) -> str:
@@ -72,7 +72,7 @@ def _why(job: Job, snap: Snapshot, lines: Explainer) -> str:
         if job.preempt_time and job.preempt_time >= job.start_time:
             return (f"running at {name}, asked to suspend {_ago(now - job.preempt_time)} ago "
                     f"(forced off after {snap.grace(job)} s)")
-        y = parse_yield(tags.get(YIELD_TAG, ""))
+        y = parse_at(tags.get(YIELD_TAG, ""))
         if y:
             if DEMOTED_TAG in tags:
                 return (f"running, demoted; asked to give its nodes to job {y[0]} {_ago(now - y[1])} ago "
@@ -88,7 +88,7 @@ def _why(job: Job, snap: Snapshot, lines: Explainer) -> str:
         return job.state.lower().replace("_", " ")
     auto = "AUTO, now " if snap.submit_level(job) == AUTO else ""
     reason = job.reason
-    y = parse_yield(tags.get(YIELD_TAG, ""))
+    y = parse_at(tags.get(YIELD_TAG, ""))
     if y:
         if DEMOTED_TAG in tags:
             return f"gave its nodes to job {y[0]} (it had been demoted); waits until that job runs"

@@ -92,6 +92,8 @@ class Policy:
     fcfs_preempt_levels: tuple[str, ...] | None = None
     # GPUs per node a job must ask for (HAI: at least 8, a whole node); a group may set its own
     min_gpus: int = HAI_MIN_GPUS
+    # an elastic job below its MAX grows into nodes idle this long (policy/elastic.py); None: never
+    grow_after_seconds: int | None = 60
     source: str = field(default="<default>", compare=False)
 
     @property
@@ -220,8 +222,9 @@ def parse_policy(data: Mapping[str, Any], source: str = "policy.toml") -> Policy
 
 
 TOP_KEYS = ("default_level", "grace_seconds", "max_grace_seconds", "min_run_seconds", "accounts", "allow_auto", "notice_signal",
-            "fcfs_preempt_levels", "min_gpus", "levels", "demotion", "quota", "groups")
+            "fcfs_preempt_levels", "min_gpus", "levels", "demotion", "quota", "groups", "elastic")
 DEMOTION_KEYS = ("enabled", "from", "to", "after_seconds")
+ELASTIC_KEYS = ("grow", "grow_after")
 GROUP_KEYS = ("nodes", "priority_tier", "levels", "default", "min_gpus")
 DURATION = re.compile(r"^\s*(\d+)\s*(s|m|h|d)?\s*$")
 UNIT = {None: 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -303,13 +306,14 @@ class _Parser:
             if "fcfs_preempt_levels" in data else None
         min_gpus = self.integer("", "min_gpus", data.get("min_gpus", HAI_MIN_GPUS), 0, MAX_GPUS_PER_NODE)
         demotion = self.demotion(data.get("demotion"), ladder)
+        grow_after = self.elastic(data.get("elastic", {}))
         quota, users, accts = self.quotas(data.get("quota", {}), names)
         groups = self.groups(data.get("groups"), names)
         return Policy(ladder=ladder, default_level=default_level, grace_seconds=grace, max_grace_seconds=max_grace,
                       min_run_seconds=min_run,
                       demotion=demotion, quota=quota, groups=groups, user_quota=users, account_quota=accts,
                       accounts=accounts, allow_auto=allow_auto, notice_signal=notice, min_gpus=min_gpus,
-                      fcfs_preempt_levels=fcfs, source=self.source)
+                      fcfs_preempt_levels=fcfs, grow_after_seconds=grow_after, source=self.source)
 
     def ladder(self, raw: Any) -> tuple[Level, ...]:
         if raw is None:
@@ -380,6 +384,17 @@ class _Parser:
         if after == 0:
             raise self.error("demotion", "after_seconds", "must be at least 1 second (or set enabled = false)")
         return Demotion(source=source, target=target, after_seconds=after)
+
+    def elastic(self, raw: Any) -> int | None:
+        """[elastic]: grow = true|false, grow_after = seconds (at least 1)."""
+        t = self.table("", "elastic", raw)
+        self.known("elastic", t, ELASTIC_KEYS)
+        if not self.boolean("elastic", "grow", t.get("grow", True)):
+            return None
+        after = self.seconds("elastic", "grow_after", t.get("grow_after", 60), high=86400)
+        if after == 0:
+            raise self.error("elastic", "grow_after", "must be at least 1 second (or set grow = false)")
+        return after
 
     def quota_table(self, table: str, raw: Mapping[str, Any], names: set[str],
                     allow_unlimited: bool) -> dict[str, int | None]:

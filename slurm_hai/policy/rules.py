@@ -17,6 +17,10 @@ for slurm_hai.controller.daemon to carry out:
                   users of its own level (HAI rule 3: only the same user's jobs are exempt;
                   `fcfs_preempt_levels`). Suspend notice, grace, requeue, held until that job
                   runs (admin comment `hai-yield=JOB@TIME`);
+- grow            ask a running elastic job below its MAX to restart on more nodes, when nodes
+                  stayed idle `grow_after` seconds and no waiting job of its level or above
+                  could use them (policy/elastic.py): tag `hai-grow=SIZE@TIME`, suspend
+                  notice, requeue after its grace; Slurm starts it again on up to SIZE nodes;
 - restore-level   give a requeued job back its submit-time level (admin comment `hai-level`);
 - auto            put a pending AUTO job at the highest level where its user has quota left;
 - start-now       a requeued job held back for `cred_expire` (reason BeginTime): start it now;
@@ -39,7 +43,9 @@ from typing import Mapping, Sequence
 
 from .levels import AUTO, LEVEL_STRIDE, Level, level_base, level_of_qos, parse_qos
 from .model import NodeGroup, Policy
-from .tags import DEMOTED as DEMOTED_TAG, GRACE as GRACE_TAG, LEVEL as LEVEL_TAG, YIELD as YIELD_TAG, parse as parse_tags, parse_yield, with_tags
+from .sizes import NodeRange, from_tag
+from .tags import (DEMOTED as DEMOTED_TAG, GRACE as GRACE_TAG, GROW as GROW_TAG, LEVEL as LEVEL_TAG,
+                   NODES as NODES_TAG, YIELD as YIELD_TAG, parse as parse_tags, parse_at, with_tags)
 from .job import Job
 
 ACTIVE = ("RUNNING", "SUSPENDED")
@@ -217,16 +223,26 @@ def needs_idle_nodes(jobs: Sequence[Job], policy: Policy, now: float) -> bool:
                         first[key] = (j.job_id, j.user)
     if running_demoted and waiting_between:
         return True
+    if policy.grow_after_seconds is not None and any(j.state == "RUNNING" and can_grow(j) for j in jobs):
+        return True
     return any(jid > first[key][0] and user != first[key][1]
                for key, runs in later.items() if key in first for jid, user in runs)
 
 
+def can_grow(job: Job) -> bool:
+    """An elastic job (hai-nodes tag) that runs below its MAX."""
+    nodes = from_tag(parse_tags(job.admin_comment).get(NODES_TAG))
+    return nodes is not None and job.num_nodes < nodes.max
+
+
 def decide(jobs: Sequence[Job], policy: Policy, now: float | None = None, *,
-           idle_nodes: Mapping[str, int] | None = None,
+           idle_nodes: Mapping[str, int] | None = None, steady_idle: Mapping[str, int] | None = None,
            max_priority_updates: int = MAX_PRIORITY_UPDATES, replay: bool = False) -> list[Action]:
     """The actions one daemon cycle takes for this queue snapshot (see the module doc).
     `idle_nodes` (partition -> idle node count) is needed only when `needs_idle_nodes`;
-    without it, nothing is preempted (yield). `replay`: the first cycle of a (re)started
+    without it, nothing is preempted (yield). `steady_idle` (partition -> nodes idle for the
+    policy's whole `grow_after`, policy/elastic.IdleHistory): without it, nothing grows.
+    `replay`: the first cycle of a (re)started
     daemon, which sends again the notice of every yield in flight (its tag is written
     before the notice, so a daemon killed between the two has left a job that never heard
     it; the launcher ignores a second notice)."""
@@ -243,6 +259,7 @@ def decide(jobs: Sequence[Job], policy: Policy, now: float | None = None, *,
         elif state == "FAILED":
             _failed(job, snap, plan)
     _yield(snap, plan, idle_nodes, level_changes)
+    _grow(snap, plan, steady_idle or {})
     _fcfs(snap, plan, level_changes, max_priority_updates)
     return plan.actions()
 
@@ -253,7 +270,7 @@ def _failed(job: Job, snap: Snapshot, plan: _Plan) -> None:
         return
     grace = snap.grace(job)
     notices = [job.preempt_time] if job.preempt_time >= job.start_time else []
-    y = parse_yield(snap.tags[job.job_id].get(YIELD_TAG, ""))
+    y = parse_at(snap.tags[job.job_id].get(YIELD_TAG, ""))
     if y and y[1] >= job.start_time:
         notices.append(y[1])
     for at in notices:
@@ -273,7 +290,7 @@ def _running(job: Job, snap: Snapshot, plan: _Plan, replay: bool = False) -> Non
                         f"ignored its suspend notice: preempted {now - pt:.0f} s ago, grace {grace} s"))
         return
     tags = snap.tags[job.job_id]
-    y = parse_yield(tags.get(YIELD_TAG, ""))
+    y = parse_at(tags.get(YIELD_TAG, ""))
     if y:
         waiting, at = y
         other = snap.by_id.get(waiting)
@@ -288,6 +305,20 @@ def _running(job: Job, snap: Snapshot, plan: _Plan, replay: bool = False) -> Non
         elif replay:
             plan.add(Action("signal", job.job_id, "yield",
                             f"yields to job {waiting}: suspend notice sent again by a restarted daemon",
+                            (("signal", policy.notice_signal),)))
+        return
+    g = parse_at(tags.get(GROW_TAG, ""))
+    if g:
+        size, at = g
+        if job.start_time > at:  # started again since the grow was asked: done
+            plan.update(job.job_id, "grow", f"runs on {job.num_nodes} node(s) since it was asked to grow",
+                        AdminComment=with_tags(job.admin_comment, drop=[GROW_TAG]))
+        elif now - at >= grace:
+            plan.add(Action("requeue", job.job_id, "grow",
+                            f"asked to grow to {size} nodes {now - at:.0f} s ago: grace of {grace} s is over"))
+        elif replay:
+            plan.add(Action("signal", job.job_id, "grow",
+                            f"grows to {size} nodes: suspend notice sent again by a restarted daemon",
                             (("signal", policy.notice_signal),)))
         return
     demoted = snap.is_demoted(job)
@@ -310,7 +341,7 @@ def _pending(job: Job, snap: Snapshot, plan: _Plan, level_changes: set[int]) -> 
                         f"held by Slurm's requeue limit after {job.restart_count} restarts; a preempted job "
                         "must never stay held"))
         return
-    y = parse_yield(tags.get(YIELD_TAG, ""))
+    y = parse_at(tags.get(YIELD_TAG, ""))
     if y:
         waiting, at = y
         other = snap.by_id.get(waiting)
@@ -458,6 +489,58 @@ def _yield(snap: Snapshot, plan: _Plan, idle_nodes: Mapping[str, int] | None, le
                              f"{why}: suspend notice, forced off after {snap.grace(v)} s",
                              (("signal", policy.notice_signal),)))
         busy.add(part)
+
+
+def _grow(snap: Snapshot, plan: _Plan, steady_idle: Mapping[str, int]) -> None:
+    """Offer nodes that stayed idle to running elastic jobs below their MAX: the highest
+    level first, then the earliest job; one grow in flight per partition. Not when a waiting
+    job of the job's level or above could use them (it waits for nodes, or was just requeued),
+    not beyond the user's quota, not before the job has run `grow_after` seconds at its size."""
+    after = snap.policy.grow_after_seconds
+    if after is None or not steady_idle:
+        return
+    now, policy = snap.now, snap.policy
+    busy: set[str] = set()  # a yield or a grow in flight
+    waiting: dict[str, int] = {}  # partition -> highest level of a job that could take idle nodes
+    for j in snap.jobs:
+        tags, lvl = snap.tags[j.job_id], snap.level[j.job_id]
+        g = parse_at(tags.get(GROW_TAG, ""))
+        if (YIELD_TAG in tags and j.state in ("RUNNING", "PENDING", "COMPLETING")) or (
+                g and (j.state in ("PENDING", "COMPLETING") or (j.state == "RUNNING" and g[1] >= j.start_time))):
+            busy.update(j.partition.split(","))
+        if (j.state == "PENDING" and lvl is not None and not is_held(j)
+                and (j.reason in WAITING_FOR_NODES or held_back_after_requeue(j, now))):
+            for part in j.partition.split(","):
+                waiting[part] = max(waiting.get(part, lvl.value), lvl.value)
+    candidates: list[tuple[int, int, Job, NodeRange]] = []
+    for j in snap.jobs:
+        lvl, tags = snap.level[j.job_id], snap.tags[j.job_id]
+        nodes = from_tag(tags.get(NODES_TAG))
+        if (j.state != "RUNNING" or lvl is None or nodes is None or j.num_nodes >= nodes.max
+                or j.job_id in plan.touched or YIELD_TAG in tags or GROW_TAG in tags
+                or now - j.start_time < after or (j.preempt_time and j.preempt_time >= j.start_time)
+                or j.partition in busy or steady_idle.get(j.partition, 0) <= 0
+                or waiting.get(j.partition, -1) >= lvl.value):
+            continue
+        candidates.append((-lvl.value, j.job_id, j, nodes))
+    for _, _, j, nodes in sorted(candidates, key=lambda c: c[:2]):
+        if j.partition in busy:
+            continue
+        lvl = snap.level[j.job_id]
+        most = j.num_nodes + steady_idle[j.partition]
+        q = policy.quota_for(lvl.name, j.user, j.account)
+        if q is not None:
+            most = min(most, q - (snap.used[(j.user, lvl.name)] - j.num_nodes))
+        size = nodes.largest_at_most(most)
+        if size is None or size <= j.num_nodes:
+            continue
+        # the tag first: the job's launcher reads it when the notice comes (jobs.status.notice_cause)
+        plan.update(j.job_id, "grow", f"{steady_idle[j.partition]} node(s) idle for {after} s",
+                    AdminComment=with_tags(j.admin_comment, {GROW_TAG: f"{size}@{int(now)}"}))
+        plan.then(Action("signal", j.job_id, "grow",
+                         f"grows from {j.num_nodes} to {size} nodes: suspend notice, requeued after "
+                         f"{snap.grace(j)} s at the latest", (("signal", policy.notice_signal),)))
+        busy.add(j.partition)
 
 
 def _fcfs(snap: Snapshot, plan: _Plan, level_changes: set[int], cap: int) -> None:

@@ -12,6 +12,8 @@ Admin comment (only slurmctld's job_submit.lua, root and SlurmUser can write it:
     hai-demoted=NAME      the policy daemon demoted the running job to NAME
     hai-yield=JOB@EPOCH   the daemon asked the job to give way to JOB at EPOCH (a demoted job,
                           or a later job of another user at the level of JOB, earlier in line)
+    hai-grow=SIZE@EPOCH   the daemon asked the elastic job at EPOCH to restart on SIZE nodes,
+                          into nodes that stayed idle (policy/elastic.py)
 Job comment (written by hai-submit, editable by the job's owner: a hint, never trusted):
     hai-dir=PATH          where the job's state directory lives
     hai-grace=SECONDS     the grace hai-submit asks for (read once, by job_submit.lua, which
@@ -30,6 +32,7 @@ GRACE = "hai-grace"
 NODES = "hai-nodes"
 DEMOTED = "hai-demoted"
 YIELD = "hai-yield"
+GROW = "hai-grow"
 DIR = "hai-dir"
 
 
@@ -51,7 +54,7 @@ def with_tags(comment: str, set_: Mapping[str, str] = {}, drop: Iterable[str] = 
     return " ".join(words + [f"{k}={v}" for k, v in set_.items()])
 
 
-def parse_yield(value: str) -> tuple[int, int] | None:
-    """`JOB@EPOCH` -> (job id, epoch)."""
+def parse_at(value: str) -> tuple[int, int] | None:
+    """`JOB@EPOCH` (hai-yield) or `SIZE@EPOCH` (hai-grow) -> (job id or size, epoch)."""
     job, _, at = value.partition("@")
     return (int(job), int(at)) if job.isdigit() and at.isdigit() else None

@@ -2,6 +2,7 @@
 
     receive_suspend_command() -> bool   poll every step; True once a suspend notice arrived
                                         (only in processes on the rank-0 node)
+    target_size() -> int | None         after a notice: the node count of the next run
     go_suspend()                        commit done: requeue now; never returns
     get_whole_life_state() -> int       one integer kept across restarts
     set_whole_life_state(int)
@@ -20,7 +21,7 @@ import os
 import sys
 import time
 
-__all__ = ["receive_suspend_command", "go_suspend", "get_whole_life_state", "set_whole_life_state",
+__all__ = ["receive_suspend_command", "target_size", "go_suspend", "get_whole_life_state", "set_whole_life_state",
            "restart_count"]
 
 _flag: mmap.mmap | bool | None = None  # None: not opened yet; False: no flag on this node
@@ -47,6 +48,25 @@ def receive_suspend_command() -> bool:
     if _flag is None:
         _flag = _open_flag()
     return _flag is not False and _flag[0] == 49  # b"1"
+
+
+def target_size(timeout: float = 2.0) -> int | None:
+    """After a suspend notice, the node count the job's next run expects: smaller than now
+    when an elastic job shrinks (it gives a higher job the nodes it needs and runs again
+    beside it), larger when it grows into idle nodes, 0 when it is suspended whole and waits.
+    None without a notice. The launcher asks Slurm why the notice came; this waits up to
+    `timeout` seconds for its answer (None if there is none by then)."""
+    if not receive_suspend_command():
+        return None
+    jobdir, run = _job_dir(), restart_count()
+    deadline = time.monotonic() + timeout
+    while True:
+        notices = [e for e in jobdir.events() if e.get("event") == "notice" and e.get("run") == run]
+        if notices:
+            return int(notices[-1].get("target_size", 0))
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.05)
 
 
 def _job_dir():

@@ -5,16 +5,18 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-from slurm_hai.jobs.status import history, level_name, marker, notice_cause, preemptor, reason_in_words, status
+from slurm_hai.jobs.status import (history, level_name, marker, notice_cause, preemptor, reason_in_words, status,
+                                   why_notice)
 from slurm_hai.slurm.records import JobInfo
 
 NOW = float(int(time.time()))  # today: times print as HH:MM:SS
 
 
 def job(job_id: int, state: str, qos: str, *, partition: str = "gpu", preempt_time: int = 0, start_time: int = 0,
-        end_time: int = 0, admin_comment: str = "", reason: str = "None", exit_code: int | None = None) -> JobInfo:
+        end_time: int = 0, admin_comment: str = "", reason: str = "None", exit_code: int | None = None,
+        nodes: int = 1) -> JobInfo:
     return JobInfo(job_id=job_id, name="j", user="u", state=state, reason=reason, qos=qos, partition=partition,
-                   num_nodes=1, node_list="n1", restart_count=0, submit_time=0, start_time=start_time,
+                   num_nodes=nodes, node_list="n1", restart_count=0, submit_time=0, start_time=start_time,
                    eligible_time=0, priority=1, preempt_time=preempt_time, end_time=end_time,
                    admin_comment=admin_comment, exit_code=exit_code)
 
@@ -24,19 +26,43 @@ def test_preemption_names_the_highest_oldest_pending_job_of_a_higher_level():
     queue = [me, job(9, "PENDING", "normal"), job(8, "PENDING", "high"), job(7, "PENDING", "high.u.bob"),
              job(3, "PENDING", "low"), job(6, "PENDING", "extreme_high", partition="other")]
     assert preemptor(me, queue).job_id == 7
-    assert notice_cause(me, queue, [], NOW, 35) == {"cause": "preempted", "by_job": 7, "by_level": "HIGH"}
+    assert notice_cause(me, queue, [], NOW, 35) == {"cause": "preempted", "by_job": 7, "by_level": "HIGH",
+                                                    "target_size": 0}
+
+
+def test_an_elastic_job_preempted_learns_the_size_it_runs_on_beside_the_higher_job():
+    def me(span: str) -> JobInfo:
+        return job(5, "RUNNING", "low", start_time=int(NOW) - 100, preempt_time=int(NOW) - 1, nodes=4,
+                   admin_comment=f"hai-level=LOW hai-nodes={span}")
+
+    high = job(7, "PENDING", "high", nodes=2)
+    assert notice_cause(me("2:4:1"), [me("2:4:1"), high], [], NOW, 35)["target_size"] == 2
+    assert notice_cause(me("3:4:1"), [me("3:4:1"), high], [], NOW, 35)["target_size"] == 0  # below MIN: whole
+    assert "runs on 2 node(s) beside it" in why_notice(notice_cause(me("2:4:1"), [me("2:4:1"), high], [], NOW, 35))
+
+
+def test_a_grow_notice_names_the_size_the_daemon_offers():
+    me = job(5, "RUNNING", "low", start_time=int(NOW) - 100, nodes=2,
+             admin_comment=f"hai-level=LOW hai-nodes=2:4:1 hai-grow=4@{int(NOW) - 1}")
+    cause = notice_cause(me, [me], [], NOW, 35)
+    assert cause == {"cause": "grow", "target_size": 4}
+    assert why_notice(cause) == "to grow to 4 nodes, idle long enough"
+    # a grow tag older than the run (it ran again since) explains nothing
+    old = replace(me, admin_comment=f"hai-level=LOW hai-nodes=2:4:1 hai-grow=4@{int(NOW) - 200}")
+    assert notice_cause(old, [old], [], NOW, 35)["cause"] == "unknown"
 
 
 def test_a_preemption_from_an_earlier_run_does_not_explain_this_notice():
     me = job(5, "RUNNING", "low", start_time=int(NOW) - 100, preempt_time=int(NOW) - 500)
     asked = [{"t": NOW - 1, "event": "suspend_requested", "by": 1001}]
-    assert notice_cause(me, [me], asked, NOW, 35) == {"cause": "user", "by_uid": 1001}
+    assert notice_cause(me, [me], asked, NOW, 35) == {"cause": "user", "by_uid": 1001, "target_size": 0}
     assert notice_cause(me, [me], [], NOW, 35) == {"cause": "unknown"}
 
 
 def test_a_notice_near_the_time_limit_is_the_time_limit_even_a_minute_early():
     me = job(5, "RUNNING", "low", start_time=int(NOW) - 6, end_time=int(NOW) + 54)  # --time 1 after 6 s
-    assert notice_cause(me, [me], [], NOW, 35) == {"cause": "time_limit", "limit_at": int(NOW) + 54}
+    assert notice_cause(me, [me], [], NOW, 35) == {"cause": "time_limit", "limit_at": int(NOW) + 54,
+                                                   "target_size": 0}
     far = job(5, "RUNNING", "low", start_time=int(NOW) - 6, end_time=int(NOW) + 3600)
     assert notice_cause(far, [far], [], NOW, 35)["cause"] == "unknown"
 

@@ -143,6 +143,29 @@ def test_receive_suspend_command_sees_the_flag_and_only_the_flag(tmp_path):
     assert no_flag.stdout.strip() == "False"
 
 
+def test_target_size_is_none_without_a_notice_and_the_notice_events_size_after_it(tmp_path, monkeypatch):
+    from slurm_hai.jobs.jobdir import JobDir
+    from slurm_hai.runtime import client
+
+    flag = tmp_path / "flag"
+    flag.write_bytes(b"0")
+    monkeypatch.setenv("HAI_SUSPEND_FLAG", str(flag))
+    monkeypatch.setenv("HAI_JOB_DIR", str(tmp_path))
+    monkeypatch.setenv("HAI_RESTART_COUNT", "1")
+    monkeypatch.setattr(client, "_flag", None)
+    assert client.target_size() is None
+    flag.write_bytes(b"1")
+    monkeypatch.setattr(client, "_flag", None)
+    assert client.target_size(timeout=0.1) is None  # the launcher has not written why yet
+    jobdir = JobDir(tmp_path)
+    jobdir.event("notice", run=0, cause="preempted", target_size=3)  # an earlier run's notice
+    assert client.target_size(timeout=0.1) is None
+    jobdir.event("notice", run=1, cause="preempted", target_size=2)
+    assert client.target_size() == 2
+    jobdir.event("notice", run=1, cause="grow", target_size=4)
+    assert client.target_size() == 4
+
+
 def test_local_simulation_restarts_and_keeps_whole_life_state(tmp_path):
     script = tmp_path / "sim.py"
     script.write_text(

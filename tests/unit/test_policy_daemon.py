@@ -66,6 +66,31 @@ class FakeSlurm:
         return {"gpu": 0}
 
 
+def test_the_daemon_grows_an_elastic_job_once_nodes_stayed_idle_for_grow_after():
+    policy = load_policy(LOCAL)
+    clock = [NOW]
+    slurm = FakeSlurm([job(1, state="RUNNING", qos="low", reason="None", num_nodes=2, start_time=NOW - 999,
+                           admin_comment="hai-level=LOW hai-nodes=2:4:1")])
+    slurm.idle_nodes = lambda: {"gpu": 2}
+    d = PolicyDaemon(slurm, policy=policy, clock=lambda: clock[0])
+    while clock[0] < NOW + policy.grow_after_seconds:
+        d.cycle()
+        clock[0] += 2
+    assert slurm.calls == []  # idle, but not yet for grow_after
+    d.cycle()
+    assert [c[0] for c in slurm.calls] == ["update", "signal"]
+    assert f"hai-grow=4@{clock[0]}" in slurm.calls[0][2]["AdminComment"]
+    # a cycle that did not look at idle nodes (nothing could grow) starts the watch again
+    slurm.calls.clear()
+    slurm.queue = [job(1, state="RUNNING", qos="low", reason="None", num_nodes=4, start_time=NOW - 999,
+                       admin_comment="hai-level=LOW hai-nodes=2:4:1")]
+    d.cycle()
+    slurm.queue[0] = replace(slurm.queue[0], num_nodes=2)
+    clock[0] += 2
+    d.cycle()
+    assert slurm.calls == []
+
+
 def test_cycle_carries_out_and_logs_each_action(caplog):
     slurm = FakeSlurm([job(1, state="RUNNING", qos="low", start_time=NOW - 60, preempt_time=NOW - 10,
                            reason="None"),
