@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from .manager import CheckpointManager
     from .serialize import PerRank
     from .staging import SaveHandle
-    from .training import ResumableSampler, TrainingState
+    from .training import GlobalBatch, ResumableSampler, TrainingState
 
 _LAZY = {
     "CheckpointManager": "manager",
@@ -27,12 +27,14 @@ _LAZY = {
     "PerRank": "serialize",
     "TrainingState": "training",
     "ResumableSampler": "training",
+    "GlobalBatch": "training",
 }
 
 __all__ = [
     "CheckpointError",
     "CheckpointManager",
     "CorruptCheckpointError",
+    "GlobalBatch",
     "PerRank",
     "Problem",
     "ResumableSampler",

@@ -20,9 +20,11 @@ starting an iterator after a resume does not shift the restored global RNG strea
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import random
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -137,6 +139,46 @@ class ResumableSampler(Sampler[int]):
         self._roll_over_if_exhausted()  # the saving run may have had fewer ranks
 
 
+@dataclass(frozen=True)
+class GlobalBatch:
+    """A global batch that stays the same at every world size (elastic jobs): each optimizer
+    step consumes `size` samples, split over the ranks in micro-batches of at most `micro`.
+
+        micro, accumulation = GlobalBatch(64, micro=8).plan(world_size)   # 4 ranks: 8 x 2
+
+    Each rank runs `accumulation` micro-batches of `micro` samples (gradients accumulated,
+    each loss divided by `accumulation`, DDP averaging over the ranks) before one optimizer
+    step: the same samples make each step at every size (with ResumableSampler), so only
+    the order of the sums differs.
+    """
+
+    size: int
+    micro: int
+
+    def plan(self, world_size: int) -> tuple[int, int]:
+        """(micro-batch, accumulation steps) for `world_size` ranks: the largest micro-batch
+        up to `micro` that divides this rank's share."""
+        if world_size < 1 or self.micro < 1 or self.size % world_size:
+            raise CheckpointError(f"a global batch of {self.size} samples does not split over {world_size} ranks; "
+                                  "choose a global batch that every world size the job may run on divides")
+        share = self.size // world_size
+        micro = next(m for m in range(min(self.micro, share), 0, -1) if share % m == 0)
+        return micro, share // micro
+
+
+def derived_seed(seed: int, rank: int, step: int) -> int:
+    """A seed for a rank that has no saved RNG stream (it did not exist at save time): the
+    same for the same (seed, rank, step) on every run."""
+    return int.from_bytes(hashlib.sha256(f"{seed}:{rank}:{step}".encode()).digest()[:8], "little") >> 1
+
+
+def seed_rng(seed: int) -> None:
+    """Seed python, numpy (legacy global), torch CPU and CUDA from one seed."""
+    random.seed(seed)
+    np.random.seed(seed % 2**32)
+    torch.manual_seed(seed)
+
+
 def capture_rng() -> dict[str, Any]:
     """This process's RNG states: python, numpy (legacy global), torch CPU, CUDA."""
     cuda = None
@@ -167,8 +209,13 @@ class TrainingState:
     one object with state_dict()/load_state_dict() for CheckpointManager.save/load.
 
     The RNG state is saved per rank (PerRank), so each rank restores its own stream; a
-    rank that did not exist when the checkpoint was written keeps its current RNG.
+    rank that did not exist when the checkpoint was written (an elastic job that grew) gets
+    a stream derived from (`seed`, its rank, the step): the same on every such resume.
+    `seed` defaults to the sampler's.
     extra: more stateful objects or plain values to carry along (e.g. a GradScaler).
+    on_resize(old, new): called after a load that finds another world size than the
+    checkpoint's (an elastic job that shrank or grew): change the learning rate or the
+    batch there. `resized` is (old, new) after such a load, else None.
     """
 
     def __init__(
@@ -179,12 +226,17 @@ class TrainingState:
         sampler: ResumableSampler | None = None,
         *,
         extra: dict[str, Any] | None = None,
+        seed: int | None = None,
+        on_resize: Callable[[int, int], None] | None = None,
     ) -> None:
         self.model = model
         self.optimizer = optimizer
         self.scheduler = scheduler
         self.sampler = sampler
         self.extra = extra or {}
+        self.seed = seed if seed is not None else (sampler.seed if sampler is not None else 0)
+        self.on_resize = on_resize
+        self.resized: tuple[int, int] | None = None
         self.step = 0
         self.epoch = 0
 
@@ -194,7 +246,7 @@ class TrainingState:
 
     def state_dict(self) -> dict[str, Any]:
         state = {name: part.state_dict() for name, part in self._parts().items()}
-        state["progress"] = {"step": self.step, "epoch": self.epoch}
+        state["progress"] = {"step": self.step, "epoch": self.epoch, "world_size": _distributed_rank_and_size()[1]}
         state["extra"] = {
             name: value.state_dict() if callable(getattr(value, "state_dict", None)) else value
             for name, value in self.extra.items()
@@ -215,7 +267,12 @@ class TrainingState:
             else:
                 self.extra[name] = state["extra"][name]
         # RNG last: loading the other parts must not consume random numbers afterwards.
-        if state.get("rng") is None:
-            log.warning("checkpoint has no RNG state for this rank (saved with a smaller world size); RNG not restored")
+        rank, world = _distributed_rank_and_size()
+        if state.get("rng") is None:  # this rank did not exist when it was saved
+            seed_rng(derived_seed(self.seed, rank, self.step))
         else:
             restore_rng(state["rng"])
+        saved = int(state["progress"].get("world_size", world))
+        self.resized = (saved, world) if saved != world else None
+        if self.resized and self.on_resize is not None:
+            self.on_resize(*self.resized)

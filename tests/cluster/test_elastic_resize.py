@@ -1,77 +1,106 @@
-"""An elastic job shrinks beside a higher job and grows back once it ends, on the live
-cluster with the policy daemon (issue 11, items 2, 3 and 5).
+"""An elastic job shrinks beside a higher job, grows back once it ends, and ends as an
+uninterrupted run would: the acceptance test of issue 11 on the live cluster, with the
+policy daemon.
 
-Slurm preempts the elastic LOW job (2:4) whole for a 2-node HIGH job; the job learns from
-`hai.target_size()` that it runs on 2 nodes next, commits and calls go_suspend(); it is
-requeued and starts again at once on the 2 nodes left, beside HIGH. When HIGH ends, the
-nodes stay idle for the local policy's grow_after (10 s); the daemon asks the job to grow,
-and it runs again on 4.
+examples/elastic_train.py (float64, a global batch of 64 at every size) runs as LOW on 2:4
+nodes. A 2-node HIGH job arrives: Slurm preempts the LOW job whole, the job learns from
+`hai.target_size()` that it runs on 2 next, commits and calls go_suspend(), and starts
+again at once on the 2 nodes left, beside HIGH. HIGH ends; its nodes stay idle for the
+local policy's grow_after (10 s); the daemon asks the job to grow and it runs on 4 again.
+Its final weights equal those of a one-process run within 1e-9 (only the order of the sums
+differs), and every step consumed the same samples.
 """
 
 from __future__ import annotations
 
 import json
-import textwrap
+import os
+import subprocess
+import sys
 import time
 from pathlib import Path
 
-from test_acceptance import daemon  # noqa: F401 (fixture)
-from test_elastic import ALICE, _all_idle, _events, _submit
+from test_acceptance import daemon, named, submit, wait_final  # noqa: F401 (fixture)
+from test_elastic import ALICE, _all_idle
 from waiting import wait_for
 
-PROBE = """
-    import os, sys, time
-    from pathlib import Path
-    import slurm_hai as hai
-
-    out, run = Path(sys.argv[1]), hai.restart_count()
-    (out / f"run{run}.rank{os.environ['RANK']}").write_text(os.environ["WORLD_SIZE"])
-    end = time.monotonic() + 240
-    while time.monotonic() < end and not (out / "go").exists():
-        if hai.receive_suspend_command():
-            (out / f"run{run}.target").write_text(str(hai.target_size()))
-            hai.go_suspend()
-        time.sleep(0.1)
-"""
+EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "elastic_train.py"
+STEPS = 300
+ARGS = ["--steps", str(STEPS), "--step-sleep", "0.2"]  # about 60 s of training: time to shrink and grow
 
 
-def _ranks(out: Path, run: int) -> dict[int, int]:
-    """rank -> the WORLD_SIZE it saw, in run `run`"""
-    return {int(p.name.split("rank")[1]): int(p.read_text()) for p in out.glob(f"run{run}.rank*")}
+def _runs(log: str) -> list[tuple[int, int]]:
+    """(world size, step) at the start of each run, from the example's log."""
+    out = []
+    for line in log.splitlines():
+        if line.startswith("[elastic] run "):
+            words = line.replace(",", "").split()
+            out.append((int(words[4]), int(words[6])))
+    return out
 
 
-def test_an_elastic_job_shrinks_beside_a_higher_job_and_grows_back_when_it_ends(live, daemon):  # noqa: F811
+def _log(job_dir: Path) -> str:
+    path = job_dir / "logs" / "rank-0.log"
+    return path.read_text(errors="replace") if path.exists() else ""
+
+
+def _ids(path: Path) -> dict[int, list[int]]:
+    """step -> its sample ids in global order (the last line of a step wins)."""
+    return {e["step"]: e["ids"] for e in map(json.loads, path.read_text().splitlines())}
+
+
+def test_an_elastic_job_shrinks_beside_a_higher_job_grows_back_and_ends_as_an_uninterrupted_run(
+        live, daemon, tmp_path):  # noqa: F811
     out = live.shared_dir("elastic-resize", owner=ALICE)
-    script = out / "probe.py"
-    script.write_text(textwrap.dedent(PROBE))
-    live.run(["chown", f"{ALICE}:{ALICE}", str(script)])
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HAI_", "SLURM_"))}
+    reference = subprocess.Popen([sys.executable, str(EXAMPLE), "--steps", str(STEPS), "--ids-out", "ids.jsonl",
+                                  "--out", "w.safetensors", "--ckpt-dir", "ckpt"], cwd=tmp_path, env=env,
+                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     _all_idle(live)
-    job, job_dir = _submit(live, script, out, "-n", "2:4", "-p", "LOW")
-    wait_for(lambda: len(_ranks(out, 0)) == 4, 60, "the elastic job to run on 4 nodes")
+    job, job_dir = submit(live, EXAMPLE, "-n", "2:4", "-p", "LOW", user=ALICE,
+                          args=[*ARGS, "--ids-out", str(out / "ids.jsonl"), "--out", str(out / "w.safetensors")])
+    wait_for("the elastic job to train on 4 nodes", lambda: _runs(_log(job_dir)) == [(4, 0)]
+             and (out / "ids.jsonl").exists() and len(_ids(out / "ids.jsonl")) >= 10, 90)
 
-    # a HIGH job needs 2 of them: the LOW job shrinks to 2 and runs beside it
-    high = live.sbatch("-N2", "--qos=high", "-o", "/dev/null", "--wrap", "sleep 20", user=ALICE)
-    wait_for(lambda: len(_ranks(out, 1)) == 2, 60, "the elastic job to run again on the 2 nodes left")
-    assert _ranks(out, 1) == {0: 2, 1: 2}
-    assert (out / "run0.target").read_text() == "2"  # hai.target_size() told it before it went
-    assert live.job(high)["JobState"] == "RUNNING" and live.job(job)["NumNodes"] == "2"
-    notice = _events(job_dir, "notice")[0]
+    # a HIGH job needs 2 of its nodes: it runs beside them on the 2 left
+    high = live.sbatch("-N2", "--qos=high", "-o", "/dev/null", "--wrap", "sleep 10", user=ALICE)
+    submitted = time.monotonic()
+    wait_for("the elastic job to run again on 2 nodes", lambda: len(_runs(_log(job_dir))) == 2, 60)
+    assert _runs(_log(job_dir))[1][0] == 2
+    assert live.job(high)["JobState"] in ("RUNNING", "COMPLETED") and live.job(job)["NumNodes"] == "2"
+    shrunk = time.monotonic() - submitted
+    assert "next run on 2 node(s)" in _log(job_dir)  # hai.target_size(), before it went
+    notice = named(job_dir, "notice")[0]
     assert (notice["cause"], notice.get("by_job"), notice["target_size"]) == ("preempted", high, 2)
-    assert [(e["from"], e["to"]) for e in _events(job_dir, "shrink")] == [(4, 2)]
+    assert [(e["from"], e["to"]) for e in named(job_dir, "shrink")] == [(4, 2)]
 
-    # HIGH ends; its nodes stay idle for grow_after: the daemon asks the job to grow back to 4
+    # HIGH ends; its nodes stay idle for grow_after (10 s): the daemon asks the job to grow back
     live.wait_job(high, lambda j: j["JobState"] == "COMPLETED", 60, "the HIGH job to end")
     ended = time.monotonic()
-    wait_for(lambda: len(_ranks(out, 2)) == 4, 90, "the elastic job to grow back to 4 nodes")
-    assert time.monotonic() - ended >= 10  # not before the nodes were idle for grow_after (10 s)
-    assert (out / "run1.target").read_text() == "4"
-    notice = _events(job_dir, "notice")[1]
+    wait_for("the elastic job to grow back to 4 nodes", lambda: len(_runs(_log(job_dir))) == 3, 90)
+    assert time.monotonic() - ended >= 10
+    assert _runs(_log(job_dir))[2][0] == 4, _log(job_dir)
+    assert "next run on 4 node(s)" in _log(job_dir)
+    notice = named(job_dir, "notice")[1]
     assert (notice["cause"], notice["target_size"]) == ("grow", 4)
-    assert [(e["from"], e["to"]) for e in _events(job_dir, "grow")] == [(2, 4)]
-    assert "grow" in daemon.read_text()
+    assert [(e["from"], e["to"]) for e in named(job_dir, "grow")] == [(2, 4)]
 
-    (out / "go").touch()
-    live.wait_job(job, lambda j: j["JobState"] == "COMPLETED", 60, "the elastic job to finish")
+    final = wait_final(job_dir, 180)
+    assert final["state"] == "succeeded", _log(job_dir)
     st = json.loads(live.run(["hai", "status", "--json", str(job)], user=ALICE).stdout)
     assert st["sizes"] == [4, 2, 4]
     assert "hai-grow" not in live.job(job)["AdminComment"]  # the daemon dropped its tag once it ran again
+
+    output, _ = reference.communicate(timeout=300)
+    assert reference.returncode == 0, output
+    # each step consumed the same samples, in the same global order, at every size
+    assert _ids(out / "ids.jsonl") == _ids(tmp_path / "ids.jsonl")
+    from safetensors.torch import load_file
+
+    got, want = load_file(str(out / "w.safetensors")), load_file(str(tmp_path / "w.safetensors"))
+    assert got.keys() == want.keys()
+    for name in want:
+        assert got[name].dtype == want[name].dtype == __import__("torch").float64
+        scale = want[name].abs().max().item()
+        assert (got[name] - want[name]).abs().max().item() <= 1e-9 * scale, name
+    print(f"shrink: HIGH submitted -> LOW running on 2 nodes in {shrunk:.1f} s")

@@ -17,6 +17,7 @@ from safetensors.torch import load_file, save_file
 
 from slurm_hai.checkpoint import CheckpointManager, TrainingState, verify_checkpoint
 from slurm_hai.checkpoint.manifest import read_manifest, step_dir_name
+from slurm_hai.checkpoint.training import derived_seed
 
 STEP = 5
 
@@ -93,8 +94,9 @@ def _load_rank(rank: int, world_size: int, port: int, root: str) -> None:
         if rank < 2:  # ranks that existed at save time get their own RNG stream back
             mine = load_file(str(Path(root).parent / f"expected-rank{rank}.safetensors"))
             assert torch.equal(after, mine["next_random"]), rank
-        else:  # a rank that did not exist at save time keeps its own RNG
-            assert torch.equal(after, torch.rand(4, generator=torch.Generator().manual_seed(555)))
+        else:  # a rank that did not exist at save time gets a stream derived from (seed, rank, step)
+            assert torch.equal(after, torch.rand(4, generator=torch.Generator().manual_seed(
+                derived_seed(state.seed, rank, STEP))))
     finally:
         dist.destroy_process_group()
 
