@@ -59,13 +59,13 @@ def test_an_elastic_job_shrinks_beside_a_higher_job_grows_back_and_ends_as_an_un
     _all_idle(live)
     job, job_dir = submit(live, EXAMPLE, "-n", "2:4", "-p", "LOW", user=ALICE,
                           args=[*ARGS, "--ids-out", str(out / "ids.jsonl"), "--out", str(out / "w.safetensors")])
-    wait_for("the elastic job to train on 4 nodes", lambda: _runs(_log(job_dir)) == [(4, 0)]
-             and (out / "ids.jsonl").exists() and len(_ids(out / "ids.jsonl")) >= 10, 90)
+    wait_for(lambda: _runs(_log(job_dir)) == [(4, 0)] and (out / "ids.jsonl").exists()
+             and len(_ids(out / "ids.jsonl")) >= 10, 90, "the elastic job to train on 4 nodes")
 
     # a HIGH job needs 2 of its nodes: it runs beside them on the 2 left
     high = live.sbatch("-N2", "--qos=high", "-o", "/dev/null", "--wrap", "sleep 10", user=ALICE)
     submitted = time.monotonic()
-    wait_for("the elastic job to run again on 2 nodes", lambda: len(_runs(_log(job_dir))) == 2, 60)
+    wait_for(lambda: len(_runs(_log(job_dir))) == 2, 60, "the elastic job to run again on 2 nodes")
     assert _runs(_log(job_dir))[1][0] == 2
     assert live.job(high)["JobState"] in ("RUNNING", "COMPLETED") and live.job(job)["NumNodes"] == "2"
     shrunk = time.monotonic() - submitted
@@ -77,7 +77,7 @@ def test_an_elastic_job_shrinks_beside_a_higher_job_grows_back_and_ends_as_an_un
     # HIGH ends; its nodes stay idle for grow_after (10 s): the daemon asks the job to grow back
     live.wait_job(high, lambda j: j["JobState"] == "COMPLETED", 60, "the HIGH job to end")
     ended = time.monotonic()
-    wait_for("the elastic job to grow back to 4 nodes", lambda: len(_runs(_log(job_dir))) == 3, 90)
+    wait_for(lambda: len(_runs(_log(job_dir))) == 3, 90, "the elastic job to grow back to 4 nodes")
     assert time.monotonic() - ended >= 10
     assert _runs(_log(job_dir))[2][0] == 4, _log(job_dir)
     assert "next run on 4 node(s)" in _log(job_dir)
