@@ -706,7 +706,7 @@ state = {"step": 0, "deadline": time.time() + seconds}
 if os.path.exists(path):
     with open(path) as f:
         state = json.load(f)
-print(f"run {run} from {state['step']} deadline {state['deadline']:.3f}", flush=True)
+print(f"run {run} from {state['step']} deadline {state['deadline']:.3f} world {os.environ['WORLD_SIZE']}", flush=True)
 print("ready", flush=True)
 while time.time() < state["deadline"]:
     if hai.receive_suspend_command():
@@ -736,7 +736,8 @@ def soak_runs(log: Path) -> dict[int, dict]:
     for line in read_text(log).splitlines():
         f = line.split()
         if line.startswith("run ") and len(f) >= 6:
-            cur = runs[int(f[1])] = {"from": int(f[3]), "deadline": float(f[5]), "first": None, "last": None}
+            cur = runs[int(f[1])] = {"from": int(f[3]), "deadline": float(f[5]), "first": None, "last": None,
+                                     "world": int(f[7]) if len(f) >= 8 else None}
         elif cur is not None and line.startswith("s ") and len(f) == 3:
             cur["last"] = (int(f[1]), float(f[2]))
             cur["first"] = cur["first"] or cur["last"]
@@ -829,6 +830,84 @@ def soak_main(args) -> None:
           f"{nan_median(soak['lost']):.2f} s; all: {', '.join(f'{x:.2f}' for x in soak['lost'])}")
 
 
+# ------------------------------------------------------------------ elastic (issue 11)
+#
+# --elastic: the soak's LOW job (one step every --step s on each of its nodes), as an elastic
+# 2:4 job and as a fixed 4-node job, alternating; a 2-node HIGH job arrives --at s into the
+# run and holds its nodes --hold s. Samples = steps x the run's world size. The elastic job
+# shrinks to 2 beside HIGH and grows back after it (the local policy's grow_after); the fixed
+# one is suspended whole until HIGH ends.
+
+
+def step_times(log: Path) -> list[tuple[float, int]]:
+    """(time, world size) of every step of the soak job's rank 0, over all its runs."""
+    out, world = [], 0
+    for line in read_text(log).splitlines():
+        f = line.split()
+        if line.startswith("run ") and len(f) >= 8:
+            world = int(f[7])
+        elif line.startswith("s ") and len(f) == 3:
+            out.append((float(f[2]), world))
+    return out
+
+
+def elastic_job(nodes: str, seconds: float, step_s: float, at: float, hold: float) -> dict:
+    low, ldir = submit_coop(nodes, "LOW", SOAK_LOW, (step_s, seconds), "bench-elastic")
+    log = ldir / "logs" / "rank-0.log"
+    t0 = soak_runs(log)[0]["deadline"] - seconds
+    time.sleep(max(0.0, t0 + at - time.time()))
+    t_sub, high, hdir = submit_high(2, hold)
+    t_high = wait_for("the HIGH job's script", lambda: event_time(hdir, "start", run=0), 120, 0.02)
+    t_end = wait_for("the HIGH job's end", lambda: event_time(hdir, "finished", run=0), hold + 120, 0.2)
+    wait_for("the LOW job's final step", lambda: "final " in read_text(log), seconds + 600, 1.0)
+    steps = step_times(log)
+    sizes = [r.get("world") for r in soak_runs(log).values()]
+    drain([low, high])
+    return {"latency": t_high - t_sub, "in_hold": sum(w for t, w in steps if t_sub <= t <= t_end),
+            "total": sum(w for _, w in steps), "runs": len(soak_runs(log)), "hold": t_end - t_sub,
+            "sizes": sizes}
+
+
+def elastic_main(args) -> None:
+    t_start = time.time()
+    load = os.getloadavg()
+    print(f"Slurm {run(['sinfo', '-V']).stdout.strip()}; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}",
+          flush=True)
+    r: dict[str, list[dict]] = {"4": [], "2:4": []}
+    daemon = start_daemon(2.0)
+    try:
+        for i in range(args.repeats):
+            for nodes in ("4", "2:4"):
+                got = elastic_job(nodes, args.seconds, args.step, args.at, args.hold)
+                r[nodes].append(got)
+                print(f"repeat {i + 1}/{args.repeats}, -n {nodes}: " + ", ".join(
+                    f"{k}={v:.2f}" if isinstance(v, float) else f"{k}={v}" for k, v in got.items()), flush=True)
+    finally:
+        stop_daemon(daemon)
+
+    def m(nodes: str, key: str) -> float:
+        return statistics.median(x[key] for x in r[nodes])
+
+    def ratio(a: float, b: float) -> str:
+        return f"{a / b:.2f}x" if b else "- (0 for the fixed job)"
+
+    print(f"\nelastic benchmark, medians of {args.repeats}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, "
+          f"{platform.node()}, {os.cpu_count()} cores, took {time.time() - t_start:.0f} s; LOW job of "
+          f"{args.seconds:g} s, one step per {args.step:g} s per node; a 2-node HIGH job at {args.at:g} s holds "
+          f"{args.hold:g} s")
+    print("| what | elastic 2:4 | fixed 4 (suspended whole) | ratio |\n|---|---|---|---|")
+    print(f"| samples while HIGH holds its nodes (HIGH submitted -> HIGH ended) | {m('2:4', 'in_hold'):.0f} "
+          f"| {m('4', 'in_hold'):.0f} | {ratio(m('2:4', 'in_hold'), m('4', 'in_hold'))} |")
+    print(f"| samples in the whole run | {m('2:4', 'total'):.0f} | {m('4', 'total'):.0f} "
+          f"| {ratio(m('2:4', 'total'), m('4', 'total'))} |")
+    print(f"| HIGH submitted -> HIGH running (shrink vs whole suspend) | {m('2:4', 'latency'):.2f} s "
+          f"| {m('4', 'latency'):.2f} s | {ratio(m('2:4', 'latency'), m('4', 'latency'))} |")
+    print(f"| runs of the LOW job | {m('2:4', 'runs'):.0f} | {m('4', 'runs'):.0f} | - |")
+    print("sizes of the elastic job's runs: " + "; ".join(str(x["sizes"]) for x in r["2:4"]))
+    print("raw: " + json.dumps({k: [{kk: (round(vv, 3) if isinstance(vv, float) else vv) for kk, vv in x.items()}
+                                    for x in v] for k, v in r.items()}))
+
+
 # ------------------------------------------------------------------ main
 
 
@@ -858,8 +937,13 @@ def main() -> None:
                          "job takes nodes for --hold s every --period s, against the same job undisturbed")
     ap.add_argument("--minutes", type=float, default=10.0, help="with --soak: minutes of each of the two runs")
     ap.add_argument("--period", type=float, default=60.0, help="with --soak: seconds between HIGH jobs")
-    ap.add_argument("--hold", type=float, default=10.0, help="with --soak: seconds each HIGH job runs")
-    ap.add_argument("--step", type=float, default=0.1, help="with --soak: seconds of one training step")
+    ap.add_argument("--hold", type=float, default=10.0, help="with --soak, --elastic: seconds each HIGH job runs (issue 11 asks for 60)")
+    ap.add_argument("--step", type=float, default=0.1, help="with --soak, --elastic: seconds of one training step")
+    ap.add_argument("--elastic", action="store_true",
+                    help="(issue 11) samples of an elastic 2:4 LOW job against a fixed 4-node one while a 2-node "
+                         "HIGH job holds its nodes, and the HIGH job's start latency in each case")
+    ap.add_argument("--seconds", type=float, default=110.0, help="with --elastic: seconds the LOW job trains")
+    ap.add_argument("--at", type=float, default=15.0, help="with --elastic: when the HIGH job arrives")
     args = ap.parse_args()
     WORK.mkdir(mode=0o755, parents=True)
     if run(["squeue", "-h", "-o", "%i"]).stdout.split():
@@ -870,6 +954,8 @@ def main() -> None:
         return sched_cost_main(args)
     if args.soak:
         return soak_main(args)
+    if args.elastic:
+        return elastic_main(args)
     r: dict[str, list[float]] = {k: [] for k in (
         "pre_ours", "pre_stock", "pre_stock_dies", "rq_ours", "rq_stock", "restart_ours", "restart_stock",
         "big_ours", "big_stock", "big_high_ours", "big_high_stock")}
