@@ -107,3 +107,79 @@ def test_killed_after_any_action_the_preemption_completes_exactly_once(k):
     assert j2.state == "PENDING" and not is_held(j2), j2  # never left held
     assert "hai-yield" not in parse_tags(j2.admin_comment)
     assert not any(a[1] != 2 for a in slurm.log)  # nothing else touched
+
+
+# ------------------------------------------------------------------ a grow (issue 11)
+
+
+class GrowModel(SlurmModel):
+    """An elastic job 1 (2:4) on 2 of 4 nodes, the other 2 idle: the daemon grows it. The job
+    ignores its notice (the daemon requeues it after the grace); Slurm holds the requeued job
+    back (BeginTime) until the daemon's start-now, then starts it on the 4 free nodes."""
+
+    def __init__(self, kill_after: int | None) -> None:
+        super().__init__([replace(elastic_job(), submit_time=NOW - 999)], kill_after)
+        self.now = float(NOW)
+
+    def idle_nodes(self):
+        return {"gpu": 4 - sum(j.num_nodes for j in self.q.values() if j.state == "RUNNING")}
+
+    def update_job(self, job_id, **fields):
+        self._act("update", job_id, tuple(sorted(fields)))
+        j = replace(self.q[job_id], admin_comment=fields.get("AdminComment", self.q[job_id].admin_comment))
+        if fields.get("StartTime") == "now":
+            j = replace(j, reason="None", eligible_time=int(self.now))
+        self.q[job_id] = j
+
+    def requeue(self, job_id):
+        super().requeue(job_id)
+        self.q[job_id] = replace(self.q[job_id], submit_time=int(self.now), eligible_time=int(self.now) + 5)
+
+    def schedule(self, now: float) -> None:
+        self.now = now
+        j = self.q[1]
+        if j.state == "PENDING" and j.reason != "BeginTime":
+            self.q[1] = replace(j, state="RUNNING", reason="None", num_nodes=4, start_time=int(now))
+
+
+def elastic_job():
+    from test_elastic_rules import elastic
+
+    return elastic(1, 2, start_time=NOW - 999)
+
+
+def play_grow(kill_after: int | None, cycles: int = 40) -> GrowModel:
+    from test_scheduling import POLICY
+
+    policy = replace(POLICY, grow_after_seconds=3)
+    slurm = GrowModel(kill_after)
+    now = [float(NOW)]
+    daemon = PolicyDaemon(slurm, policy=policy, clock=lambda: now[0])
+    for _ in range(cycles):
+        try:
+            daemon.cycle()
+        except Killed:
+            slurm.kill_after = None
+            daemon = PolicyDaemon(slurm, policy=policy, clock=lambda: now[0])
+        now[0] += 1
+        slurm.schedule(now[0])
+    return slurm
+
+
+GROW_UNINTERRUPTED = [("update", 1, ("AdminComment",)), ("signal", 1, "USR2"), ("requeue", 1),
+                      ("update", 1, ("StartTime",)), ("update", 1, ("AdminComment",))]  # tag, notice, requeue, start-now, untag
+
+
+def test_the_uninterrupted_grow():
+    assert play_grow(None).log == GROW_UNINTERRUPTED
+
+
+@pytest.mark.parametrize("k", range(len(GROW_UNINTERRUPTED)))
+def test_killed_after_any_action_of_a_grow_it_completes_exactly_once(k):
+    slurm = play_grow(k)
+    j = slurm.q[1]
+    log = [(a[0], a[1]) for a in slurm.log]
+    assert log.count(("requeue", 1)) == 1  # resized exactly once
+    assert log.index(("signal", 1)) < log.index(("requeue", 1))  # heard the notice first
+    assert (j.state, j.num_nodes) == ("RUNNING", 4)
+    assert "hai-grow" not in parse_tags(j.admin_comment)
