@@ -25,8 +25,8 @@ from test_elastic import ALICE, _all_idle
 from waiting import wait_for
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "elastic_train.py"
-STEPS = 300
-ARGS = ["--steps", str(STEPS), "--step-sleep", "0.2"]  # about 60 s of training: time to shrink and grow
+STEPS = 500
+ARGS = ["--steps", str(STEPS), "--step-sleep", "0.1"]  # 50 s of training at least: time to shrink and grow
 
 
 def _runs(log: str) -> list[tuple[int, int]]:
@@ -63,7 +63,7 @@ def test_an_elastic_job_shrinks_beside_a_higher_job_grows_back_and_ends_as_an_un
              and len(_ids(out / "ids.jsonl")) >= 10, 90, "the elastic job to train on 4 nodes")
 
     # a HIGH job needs 2 of its nodes: it runs beside them on the 2 left
-    high = live.sbatch("-N2", "--qos=high", "-o", "/dev/null", "--wrap", "sleep 10", user=ALICE)
+    high = live.sbatch("-N2", "--qos=high", "-o", "/dev/null", "--wrap", "sleep 5", user=ALICE)
     submitted = time.monotonic()
     wait_for(lambda: len(_runs(_log(job_dir))) == 2, 60, "the elastic job to run again on 2 nodes")
     assert _runs(_log(job_dir))[1][0] == 2
