@@ -246,7 +246,7 @@ def test_auto_runs_at_the_highest_level_with_quota_left(rules):
     second = sbatch(c, "-N1", "--qos=auto", user=BOB)
     third = sbatch(c, "-N2", "--qos=auto", user=BOB)
     for job in (second, third):
-        running(c, job, 30, "the AUTO job to run at a level with quota")
+        running(c, job, 75, "the AUTO job to run at a level with quota")
     assert [c.job(j)["QOS"] for j in (first, second, third)] == \
         ["high.u.hai-bob", "above_normal.u.hai-bob", "normal.u.hai-bob"]
     assert all(c.job(j)["AdminComment"].split() == ["hai-level=AUTO", "hai-grace=5"] for j in (first, second, third))
