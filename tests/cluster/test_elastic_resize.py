@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from test_acceptance import daemon, named, submit, wait_final  # noqa: F401 (fixture)
+from test_acceptance import daemon, free_port, named, submit, wait_final  # noqa: F401 (fixture)
 from test_elastic import ALICE, _all_idle
 from waiting import wait_for
 
@@ -53,6 +53,7 @@ def test_an_elastic_job_shrinks_beside_a_higher_job_grows_back_and_ends_as_an_un
         live, daemon, tmp_path):  # noqa: F811
     out = live.shared_dir("elastic-resize", owner=ALICE)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HAI_", "SLURM_"))}
+    env["HAI_MASTER_PORT"] = str(free_port())  # not the default, which a cluster job's id may give it too
     reference = subprocess.Popen([sys.executable, str(EXAMPLE), "--steps", str(STEPS), "--ids-out", "ids.jsonl",
                                   "--out", "w.safetensors", "--ckpt-dir", "ckpt"], cwd=tmp_path, env=env,
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
