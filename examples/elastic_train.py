@@ -57,6 +57,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     else "final-weights.safetensors", help="where rank 0 writes the final weights")
     ap.add_argument("--ids-out", default="", help="rank 0 appends each step's sample ids here (JSON lines)")
     ap.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep per step (a watchable demo)")
+    ap.add_argument("--sleep-until", default="", help="with --step-sleep: no more sleeping once this file exists")
     return ap.parse_args(argv)
 
 
@@ -130,7 +131,7 @@ def main(local_rank: int, args: argparse.Namespace) -> None:
                 f.write(json.dumps({"step": state.step, "ids": in_order}) + "\n")
         if state.step % 50 == 0:
             log(f"step {state.step}/{args.steps}")
-        if args.step_sleep:
+        if args.step_sleep and not (args.sleep_until and os.path.exists(args.sleep_until)):
             time.sleep(args.step_sleep)
 
     if rank == 0:

@@ -59,7 +59,8 @@ def test_an_elastic_job_shrinks_beside_a_higher_job_grows_back_and_ends_as_an_un
                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     _all_idle(live)
     job, job_dir = submit(live, EXAMPLE, "-n", "2:4", "-p", "LOW", user=ALICE,
-                          args=[*ARGS, "--ids-out", str(out / "ids.jsonl"), "--out", str(out / "w.safetensors")])
+                          args=[*ARGS, "--ids-out", str(out / "ids.jsonl"), "--out", str(out / "w.safetensors"),
+                                "--sleep-until", str(out / "hurry")])
     wait_for(lambda: _runs(_log(job_dir)) == [(4, 0)] and (out / "ids.jsonl").exists()
              and len(_ids(out / "ids.jsonl")) >= 10, 90, "the elastic job to train on 4 nodes")
 
@@ -85,6 +86,7 @@ def test_an_elastic_job_shrinks_beside_a_higher_job_grows_back_and_ends_as_an_un
     notice = named(job_dir, "notice")[1]
     assert (notice["cause"], notice["target_size"]) == ("grow", 4)
     assert [(e["from"], e["to"]) for e in named(job_dir, "grow")] == [(2, 4)]
+    (out / "hurry").touch()  # the rest at full speed (sleeping changes no result)
 
     final = wait_final(job_dir, 180)
     assert final["state"] == "succeeded", _log(job_dir)
