@@ -71,9 +71,13 @@ class SlurmModel:
             self.q[3] = replace(self.q[3], state="RUNNING", reason="None", start_time=int(now))
 
 
-def play(kill_after: int | None, cycles: int = 40) -> SlurmModel:
+def play(kill_after: int | None) -> SlurmModel:
     policy, jobs = demoted_scene()
-    slurm = SlurmModel(jobs, kill_after)
+    return drive(SlurmModel(jobs, kill_after), policy)
+
+
+def drive(slurm: SlurmModel, policy, cycles: int = 40) -> SlurmModel:
+    """Daemon cycles a second apart over the model; a kill starts a new daemon."""
     now = [float(NOW)]
     daemon = PolicyDaemon(slurm, policy=policy, clock=lambda: now[0])
     for _ in range(cycles):
@@ -148,22 +152,10 @@ def elastic_job():
     return elastic(1, 2, start_time=NOW - 999)
 
 
-def play_grow(kill_after: int | None, cycles: int = 40) -> GrowModel:
+def play_grow(kill_after: int | None) -> GrowModel:
     from test_scheduling import POLICY
 
-    policy = replace(POLICY, grow_after_seconds=3)
-    slurm = GrowModel(kill_after)
-    now = [float(NOW)]
-    daemon = PolicyDaemon(slurm, policy=policy, clock=lambda: now[0])
-    for _ in range(cycles):
-        try:
-            daemon.cycle()
-        except Killed:
-            slurm.kill_after = None
-            daemon = PolicyDaemon(slurm, policy=policy, clock=lambda: now[0])
-        now[0] += 1
-        slurm.schedule(now[0])
-    return slurm
+    return drive(GrowModel(kill_after), replace(POLICY, grow_after_seconds=3))
 
 
 GROW_UNINTERRUPTED = [("update", 1, ("AdminComment",)), ("signal", 1, "USR2"), ("requeue", 1),
