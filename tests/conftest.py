@@ -106,7 +106,8 @@ class LiveCluster:
         if not self.release.startswith("22.05."):
             return
         nodes = len(self.run(["sinfo", "-h", "-N", "-o", "%N"]).stdout.split())
-        probe = self.sbatch("-N", str(nodes), "-o", "/dev/null", "-J", "settle", "--wrap", "true")
+        # whole nodes with their 8 GPUs: allowed under HAI's 8-GPU rule too (test_min_gpus.py)
+        probe = self.sbatch("-N", str(nodes), "--gres=gpu:8", "-o", "/dev/null", "-J", "settle", "--wrap", "true")
         deadline = time.monotonic() + 90
         while time.monotonic() < deadline:
             if not self.run(["squeue", "-h", "-j", str(probe), "-o", "%i"], check=False).stdout.strip():
