@@ -7,8 +7,10 @@ When a higher job needs some of its nodes, the job is preempted, commits a check
 runs again on the nodes left; when nodes stay idle, the policy daemon asks it to grow back
 (docs/user-guide.md, "Elastic jobs"). Each run may have another world size, so:
 
-1. The global batch stays the same: `GlobalBatch(64, micro=8).plan(world)` gives each rank
-   its micro-batch and the gradient accumulation steps (4 ranks: 8 x 2; 2 ranks: 8 x 4).
+1. The global batch stays the same: `GlobalBatch(48, micro=8).plan(world)` gives each rank
+   its micro-batch and the gradient accumulation steps (4 ranks: 6 x 2; 3 ranks: 8 x 2;
+   2 ranks: 8 x 3). Choose a global batch that every size of the job's range divides, and a
+   data set of whole global batches (an epoch then ends with a step).
 2. The data position is a global sample count (`ResumableSampler`): every step consumes the
    same samples at every size, and each sample of an epoch is seen once.
 3. Model and optimizer are saved with `CheckpointManager` (DCP) and resharded on load.
@@ -47,9 +49,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     job_dir = os.environ.get("HAI_JOB_DIR")
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=300, help="optimizer steps in all")
-    ap.add_argument("--global-batch", type=int, default=64, help="samples per optimizer step, at every size")
+    ap.add_argument("--global-batch", type=int, default=48,
+                    help="samples per optimizer step, at every size (48: any size from 1 to 4, 6 or 8)")
     ap.add_argument("--micro", type=int, default=8, help="the most samples one rank computes at once")
-    ap.add_argument("--samples", type=int, default=1024, help="size of the synthetic data set")
+    ap.add_argument("--samples", type=int, default=960, help="size of the synthetic data set (whole global batches)")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--seed", type=int, default=1234)
     ap.add_argument("--ckpt-dir", default=os.path.join(job_dir, "checkpoints") if job_dir else "checkpoints")
@@ -58,7 +61,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--ids-out", default="", help="rank 0 appends each step's sample ids here (JSON lines)")
     ap.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep per step (a watchable demo)")
     ap.add_argument("--sleep-until", default="", help="with --step-sleep: no more sleeping once this file exists")
-    return ap.parse_args(argv)
+    args = ap.parse_args(argv)
+    if args.samples % args.global_batch:
+        ap.error(f"--samples {args.samples} is not a whole number of global batches of {args.global_batch}")
+    return args
 
 
 def log(msg: str) -> None:

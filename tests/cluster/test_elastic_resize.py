@@ -2,7 +2,7 @@
 uninterrupted run would: the acceptance test of issue 11 on the live cluster, with the
 policy daemon.
 
-examples/elastic_train.py (float64, a global batch of 64 at every size) runs as LOW on 2:4
+examples/elastic_train.py (float64, a global batch of 48 at every size) runs as LOW on 2:4
 nodes. A 2-node HIGH job arrives: Slurm preempts the LOW job whole, the job learns from
 `hai.target_size()` that it runs on 2 next, commits and calls go_suspend(), and starts
 again at once on the 2 nodes left, beside HIGH. HIGH ends; its nodes stay idle for the
@@ -25,8 +25,13 @@ from test_elastic import ALICE, _all_idle
 from waiting import wait_for
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "elastic_train.py"
-STEPS = 500
-ARGS = ["--steps", str(STEPS), "--step-sleep", "0.1"]  # 50 s of training at least: time to shrink and grow
+STEPS = 1200
+# 120 s of training at most (the test lets it hurry once it has grown back): time to shrink
+# and to grow
+ARGS = ["--steps", str(STEPS), "--step-sleep", "0.1"]
+# HIGH holds its nodes longer than 22.05 may take to start the shrunk job beside it (up to
+# about 40 s after a requeue in CI; docs/user-guide.md)
+HIGH_HOLDS = 50
 
 
 def _runs(log: str) -> list[tuple[int, int]]:
@@ -65,33 +70,36 @@ def test_an_elastic_job_shrinks_beside_a_higher_job_grows_back_and_ends_as_an_un
              and len(_ids(out / "ids.jsonl")) >= 10, 90, "the elastic job to train on 4 nodes")
 
     # a HIGH job needs 2 of its nodes: it runs beside them on the 2 left
-    high = live.sbatch("-N2", "--qos=high", "-o", "/dev/null", "--wrap", "sleep 5", user=ALICE)
+    high = live.sbatch("-N2", "--qos=high", "-o", "/dev/null", "--wrap", f"sleep {HIGH_HOLDS}", user=ALICE)
     submitted = time.monotonic()
     wait_for(lambda: len(_runs(_log(job_dir))) == 2, 60, "the elastic job to run again on 2 nodes")
-    assert _runs(_log(job_dir))[1][0] == 2
-    assert live.job(high)["JobState"] in ("RUNNING", "COMPLETED") and live.job(job)["NumNodes"] == "2"
     shrunk = time.monotonic() - submitted
+    assert _runs(_log(job_dir))[1][0] == 2, _log(job_dir)
+    assert live.job(high)["JobState"] == "RUNNING" and live.job(job)["NumNodes"] == "2"  # side by side
     assert "next run on 2 node(s)" in _log(job_dir)  # hai.target_size(), before it went
     notice = named(job_dir, "notice")[0]
     assert (notice["cause"], notice.get("by_job"), notice["target_size"]) == ("preempted", high, 2)
     assert [(e["from"], e["to"]) for e in named(job_dir, "shrink")] == [(4, 2)]
 
-    # HIGH ends; its nodes stay idle for grow_after (10 s): the daemon asks the job to grow back
-    live.wait_job(high, lambda j: j["JobState"] == "COMPLETED", 60, "the HIGH job to end")
-    ended = time.monotonic()
-    wait_for(lambda: len(_runs(_log(job_dir))) == 3, 90, "the elastic job to grow back to 4 nodes")
-    assert time.monotonic() - ended >= 10
-    assert _runs(_log(job_dir))[2][0] == 4, _log(job_dir)
-    assert "next run on 4 node(s)" in _log(job_dir)
-    notice = named(job_dir, "notice")[1]
-    assert (notice["cause"], notice["target_size"]) == ("grow", 4)
-    assert [(e["from"], e["to"]) for e in named(job_dir, "grow")] == [(2, 4)]
+    # HIGH ends; its nodes stay idle for grow_after (10 s): the daemon asks the job to grow back.
+    # On 22.05 a restart may come back one node short for a while (docs/user-guide.md): the
+    # daemon then grows it again, once more nodes were idle for grow_after.
+    live.wait_job(high, lambda j: j["JobState"] == "COMPLETED", HIGH_HOLDS + 30, "the HIGH job to end")
+    ended = time.time()
+    wait_for(lambda: len(_runs(_log(job_dir))) > 2 and _runs(_log(job_dir))[-1][0] == 4, 150,
+             "the elastic job to grow back to 4 nodes")
     (out / "hurry").touch()  # the rest at full speed (sleeping changes no result)
+    grows = named(job_dir, "notice")[1:]
+    assert grows and all((n["cause"], n["target_size"]) == ("grow", 4) for n in grows), grows
+    assert grows[0]["t"] - ended >= 10  # not before the nodes were idle for grow_after
+    assert "next run on 4 node(s)" in _log(job_dir)
+    resizes = named(job_dir, "grow")
+    assert resizes[0]["from"] == 2 and resizes[-1]["to"] == 4 and len(resizes) == len(grows)
 
     final = wait_final(job_dir, 180)
     assert final["state"] == "succeeded", _log(job_dir)
     st = json.loads(live.run(["hai", "status", "--json", str(job)], user=ALICE).stdout)
-    assert st["sizes"] == [4, 2, 4]
+    assert st["sizes"][:2] == [4, 2] and st["sizes"][-1] == 4
     assert "hai-grow" not in live.job(job)["AdminComment"]  # the daemon dropped its tag once it ran again
 
     output, _ = reference.communicate(timeout=300)
