@@ -13,6 +13,7 @@ import pwd
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import textwrap
@@ -365,8 +366,11 @@ def test_ctrl_c_in_logs_follow_says_the_job_goes_on(live):
     job = json.loads(live.run(["hai-submit", "--json", "-p", "LOW", str(script)], user="hai-alice").stdout)["job_id"]
     wait_state(live, job, lambda s: s["state"] == "running", 60, "running", user="hai-alice")
     argv = ["runuser", "-u", "hai-alice", "--", "env", "HOME=/home/hai-alice", "hai", "logs", "-f", str(job)]
+    # as from a terminal: SIGINT at its default, even when the suite itself was started in the
+    # background with it ignored (an ignored signal stays ignored across exec)
     follow = subprocess.Popen(argv, env=live.env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                              cwd="/home/hai-alice", start_new_session=True)
+                              cwd="/home/hai-alice", start_new_session=True,
+                              preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     time.sleep(3)
     os.killpg(follow.pid, 2)  # Ctrl-C reaches the terminal's whole foreground group
     out, err = follow.communicate(timeout=30)
