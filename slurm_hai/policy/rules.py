@@ -60,6 +60,9 @@ YIELD_TIMEOUT = 120
 # A job that FAILED this long after Slurm asked it to suspend did not die of the notice.
 FAILED_IN_GRACE_SLACK = 60
 MAX_PRIORITY_UPDATES = 500
+# An elastic job that came back smaller than a grow asked is not asked again for this many
+# grow_after periods.
+GROW_RETRY_AFTER = 3
 
 
 @dataclass(frozen=True)
@@ -310,17 +313,22 @@ def _running(job: Job, snap: Snapshot, plan: _Plan, replay: bool = False) -> Non
     g = parse_at(tags.get(GROW_TAG, ""))
     if g:
         size, at = g
-        if job.start_time > at:  # started again since the grow was asked: done
-            plan.update(job.job_id, "grow", f"runs on {job.num_nodes} node(s) since it was asked to grow",
+        if job.start_time <= at:  # the grow is in flight
+            if now - at >= grace:
+                plan.add(Action("requeue", job.job_id, "grow",
+                                f"asked to grow to {size} nodes {now - at:.0f} s ago: grace of {grace} s is over"))
+            elif replay:
+                plan.add(Action("signal", job.job_id, "grow",
+                                f"grows to {size} nodes: suspend notice sent again by a restarted daemon",
+                                (("signal", policy.notice_signal),)))
+            return
+        # Running again. Short of SIZE (Slurm 22.05 may offer a range job one node fewer than
+        # are idle for a while after a requeue), the tag stays, and with it no new grow, for
+        # GROW_RETRY_AFTER x grow_after: a restart per grow_after would gain nothing.
+        if job.num_nodes >= size or now - at >= GROW_RETRY_AFTER * (policy.grow_after_seconds or 0):
+            plan.update(job.job_id, "grow", f"runs on {job.num_nodes} node(s) since it was asked to grow to {size}",
                         AdminComment=with_tags(job.admin_comment, drop=[GROW_TAG]))
-        elif now - at >= grace:
-            plan.add(Action("requeue", job.job_id, "grow",
-                            f"asked to grow to {size} nodes {now - at:.0f} s ago: grace of {grace} s is over"))
-        elif replay:
-            plan.add(Action("signal", job.job_id, "grow",
-                            f"grows to {size} nodes: suspend notice sent again by a restarted daemon",
-                            (("signal", policy.notice_signal),)))
-        return
+            return
     demoted = snap.is_demoted(job)
     if demoted and DEMOTED_TAG not in tags:
         d = policy.demotion

@@ -25,9 +25,10 @@ from test_elastic import ALICE, _all_idle
 from waiting import wait_for
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "elastic_train.py"
-STEPS = 1200
-# 120 s of training at most (the test lets it hurry once it has grown back): time to shrink
-# and to grow
+STEPS = 2000
+# 200 s of training at most (the test lets it hurry once it has grown back): time to shrink
+# and to grow, on 22.05 perhaps in two steps (a grow that came back short is asked again
+# after 3 x grow_after)
 ARGS = ["--steps", str(STEPS), "--step-sleep", "0.1"]
 # HIGH holds its nodes longer than 22.05 may take to start the shrunk job beside it (up to
 # about 40 s after a requeue in CI; docs/user-guide.md); later versions start it at once
@@ -90,15 +91,15 @@ def test_an_elastic_job_shrinks_beside_a_higher_job_grows_back_and_ends_as_an_un
     # daemon then grows it again, once more nodes were idle for grow_after.
     live.wait_job(high, lambda j: j["JobState"] == "COMPLETED", holds + 30, "the HIGH job to end")
     ended = time.time()
-    wait_for(lambda: len(_runs(_log(job_dir))) > 2 and _runs(_log(job_dir))[-1][0] == 4, 150,
+    wait_for(lambda: len(_runs(_log(job_dir))) > 2 and _runs(_log(job_dir))[-1][0] == 4, 170,
              "the elastic job to grow back to 4 nodes")
     (out / "hurry").touch()  # the rest at full speed (sleeping changes no result)
     grows = named(job_dir, "notice")[1:]
     assert grows and all((n["cause"], n["target_size"]) == ("grow", 4) for n in grows), grows
     assert grows[0]["t"] - ended >= 10  # not before the nodes were idle for grow_after
     assert "next run on 4 node(s)" in _log(job_dir)
-    resizes = named(job_dir, "grow")
-    assert resizes[0]["from"] == 2 and resizes[-1]["to"] == 4 and len(resizes) == len(grows)
+    resizes = named(job_dir, "grow")  # a grow that came back on as many nodes as before writes none
+    assert resizes[0]["from"] == 2 and resizes[-1]["to"] == 4
 
     final = wait_final(job_dir, 180)
     assert final["state"] == "succeeded", _log(job_dir)

@@ -192,3 +192,17 @@ def test_each_long_absence_of_the_high_job_is_one_grow_and_each_arrival_one_shri
     for s in range(8 * period):
         c.step(2 if (s // period) % 2 == 0 else 0)
     assert c.sizes == [4, 2, 4, 2, 4, 2, 4, 2, 4]  # 4 arrivals, 4 absences: no extra resize
+
+
+def test_a_grow_that_came_back_short_is_not_asked_again_before_the_retry_time():
+    from slurm_hai.policy.rules import GROW_RETRY_AFTER
+
+    asked = NOW - 20
+    short = elastic(1, 3, start_time=asked + 3, admin_comment=f"hai-level=LOW hai-nodes=2:4:1 hai-grow=4@{asked}")
+    # 1 node idle long enough, but the grow to 4 came back on 3 (22.05): no restart per grow_after
+    assert decide([short], POLICY, NOW, steady_idle={"gpu": 1}) == []
+    later = asked + GROW_RETRY_AFTER * GROW_AFTER
+    dropped = decide([short], POLICY, later, steady_idle={"gpu": 1})
+    assert "hai-grow" not in parse_tags(fields(dropped, 1)["AdminComment"])  # the retry time is over
+    untagged = replace(short, admin_comment="hai-level=LOW hai-nodes=2:4:1")
+    assert grows(decide([untagged], POLICY, later, steady_idle={"gpu": 1}), 1) == 4
