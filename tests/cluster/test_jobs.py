@@ -172,8 +172,10 @@ def test_time_limited_job_continues_past_its_limit_by_suspending(live):
     logs = live.run(["hai", "logs", str(job)]).stdout
     notice = int(logs.split("notice after ")[1].split("s")[0])
     # the notice is due 35 s before the 60 s limit, i.e. at ~25 s, but Slurm documents that
-    # --signal may come up to 60 s early (its event resolution): before the limit is the rule
-    assert notice <= 26 and "finished in run 1" in logs
+    # --signal may come up to 60 s early (its event resolution), and slurmctld's check runs
+    # on its own tick (27 s seen on 25.11 on a busy host): what counts is that the job still
+    # has more than its grace (5 s) left when it hears it
+    assert notice <= 30 and "finished in run 1" in logs
 
 
 def test_ignored_notice_is_forced_after_grace_and_requeued(live):
