@@ -226,16 +226,17 @@ def needs_idle_nodes(jobs: Sequence[Job], policy: Policy, now: float) -> bool:
                         first[key] = (j.job_id, j.user)
     if running_demoted and waiting_between:
         return True
-    if policy.grow_after_seconds is not None and any(j.state == "RUNNING" and can_grow(j) for j in jobs):
+    if policy.grow_after_seconds is not None and any(
+            j.state == "RUNNING" and growable(j, parse_tags(j.admin_comment)) for j in jobs):
         return True
     return any(jid > first[key][0] and user != first[key][1]
                for key, runs in later.items() if key in first for jid, user in runs)
 
 
-def can_grow(job: Job) -> bool:
-    """An elastic job (hai-nodes tag) that runs below its MAX."""
-    nodes = from_tag(parse_tags(job.admin_comment).get(NODES_TAG))
-    return nodes is not None and job.num_nodes < nodes.max
+def growable(job: Job, tags: Mapping[str, str]) -> NodeRange | None:
+    """The range of an elastic job (its hai-nodes tag) that runs below its MAX, else None."""
+    nodes = from_tag(tags.get(NODES_TAG))
+    return nodes if nodes is not None and job.num_nodes < nodes.max else None
 
 
 def decide(jobs: Sequence[Job], policy: Policy, now: float | None = None, *,
@@ -523,11 +524,11 @@ def _grow(snap: Snapshot, plan: _Plan, steady_idle: Mapping[str, int]) -> None:
     candidates: list[tuple[int, int, Job, NodeRange]] = []
     for j in snap.jobs:
         lvl, tags = snap.level[j.job_id], snap.tags[j.job_id]
-        nodes = from_tag(tags.get(NODES_TAG))
-        if (j.state != "RUNNING" or lvl is None or nodes is None or j.num_nodes >= nodes.max
+        nodes = growable(j, tags)
+        if (j.state != "RUNNING" or lvl is None or nodes is None
                 or j.job_id in plan.touched or YIELD_TAG in tags or GROW_TAG in tags
                 or now - j.start_time < after or (j.preempt_time and j.preempt_time >= j.start_time)
-                or j.partition in busy or steady_idle.get(j.partition, 0) <= 0
+                or steady_idle.get(j.partition, 0) <= 0
                 or waiting.get(j.partition, -1) >= lvl.value):
             continue
         candidates.append((-lvl.value, j.job_id, j, nodes))
