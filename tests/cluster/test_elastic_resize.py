@@ -30,12 +30,9 @@ STEPS = 2000
 # and to grow, on 22.05 perhaps in two steps (a grow that came back short is asked again
 # after 3 x grow_after)
 ARGS = ["--steps", str(STEPS), "--step-sleep", "0.1"]
-# HIGH holds its nodes longer than 22.05 may take to start the shrunk job beside it (up to
-# about 40 s after a requeue in CI; docs/user-guide.md); later versions start it at once
-
-
-def high_holds(live) -> int:
-    return 50 if live.release.startswith("22.05.") else 10
+# HIGH holds its nodes until the test has seen the shrunk job run beside it (22.05 may take
+# up to about 40 s to start it after a requeue in CI; docs/user-guide.md)
+HIGH_HOLDS_AT_MOST = 150
 
 
 def _runs(log: str) -> list[tuple[int, int]]:
@@ -76,8 +73,10 @@ def test_an_elastic_job_shrinks_beside_a_higher_job_grows_back_and_ends_as_an_un
     before = len(_runs(_log(job_dir)))
 
     # a HIGH job needs 2 of its nodes: it runs beside them on the 2 left
-    holds = high_holds(live)
-    high = live.sbatch("-N2", "--qos=high", "-o", "/dev/null", "--wrap", f"sleep {holds}", user=ALICE)
+    release = out / "release-high"
+    high = live.sbatch("-N2", "--qos=high", "-o", "/dev/null", "--wrap",
+                       f"for i in $(seq {HIGH_HOLDS_AT_MOST * 5}); do [ -e {release} ] && exit 0; sleep 0.2; done",
+                       user=ALICE)
     submitted = time.monotonic()
     wait_for(lambda: len(_runs(_log(job_dir))) == before + 1, 60, "the elastic job to run again on 2 nodes")
     shrunk = time.monotonic() - submitted
@@ -92,7 +91,8 @@ def test_an_elastic_job_shrinks_beside_a_higher_job_grows_back_and_ends_as_an_un
     # HIGH ends; its nodes stay idle for grow_after (10 s): the daemon asks the job to grow back.
     # On 22.05 a restart may come back one node short for a while (docs/user-guide.md): the
     # daemon then grows it again, once more nodes were idle for grow_after.
-    live.wait_job(high, lambda j: j["JobState"] == "COMPLETED", holds + 30, "the HIGH job to end")
+    release.touch()
+    live.wait_job(high, lambda j: j["JobState"] == "COMPLETED", 30, "the HIGH job to end")
     ended = time.time()
     wait_for(lambda: len(_runs(_log(job_dir))) > before + 1 and _runs(_log(job_dir))[-1][0] == 4, 170,
              "the elastic job to grow back to 4 nodes")
