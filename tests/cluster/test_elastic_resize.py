@@ -91,15 +91,15 @@ def test_an_elastic_job_shrinks_beside_a_higher_job_grows_back_and_ends_as_an_un
     # HIGH ends; its nodes stay idle for grow_after (10 s): the daemon asks the job to grow back.
     # On 22.05 a restart may come back one node short for a while (docs/user-guide.md): the
     # daemon then grows it again, once more nodes were idle for grow_after.
+    released = time.time()  # its nodes cannot be idle before this
     release.touch()
     live.wait_job(high, lambda j: j["JobState"] == "COMPLETED", 30, "the HIGH job to end")
-    ended = time.time()
     wait_for(lambda: len(_runs(_log(job_dir))) > before + 1 and _runs(_log(job_dir))[-1][0] == 4, 170,
              "the elastic job to grow back to 4 nodes")
     (out / "hurry").touch()  # the rest at full speed (sleeping changes no result)
     grows = named(job_dir, "notice")[before:]
     assert grows and all((n["cause"], n["target_size"]) == ("grow", 4) for n in grows), grows
-    assert grows[0]["t"] - ended >= 10  # not before the nodes were idle for grow_after
+    assert grows[0]["t"] - released >= 10  # not before the nodes were idle for grow_after
     assert "next run on 4 node(s)" in _log(job_dir)
     resizes = [e for e in named(job_dir, "grow") if e["t"] > notice["t"]]  # none for a run as big as the last
     assert resizes[0]["from"] == 2 and resizes[-1]["to"] == 4
