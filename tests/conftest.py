@@ -175,6 +175,11 @@ ONE_VERSION = {
     "test_frontdoor.py::test_every_command_shown_in_the_readme_the_guide_and_the_help_works",
     "test_frontdoor.py::test_ctrl_c_in_logs_follow_says_the_job_goes_on",
     "test_frontdoor.py::test_output_cut_short_by_head_ends_quietly",
+    # the cause's words; the notices themselves cross the boundary in test_jobs.py
+    "test_frontdoor.py::test_a_notice_from_the_time_limit_says_time_limit",
+    "test_frontdoor.py::test_hai_suspend_is_by_you_and_a_forced_suspend_shows_in_status",
+    # resuming from the last commit after a forced suspend; forcing itself: test_jobs.py, test_grace.py
+    "test_acceptance.py::test_job_that_ignores_the_notice_is_forced_off_and_resumes_from_its_last_checkpoint",
     "test_acceptance.py::test_kill_9_in_the_middle_of_a_save_resumes_from_the_last_committed_checkpoint",
     "test_acceptance.py::test_slurm_docker_rendered_policy_is_up_to_date",
     "test_integrations.py::test_hf_trainer_preempted_twice_ends_with_the_weights_of_an_uninterrupted_run",
