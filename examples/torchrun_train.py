@@ -57,15 +57,22 @@ def digest(model: nn.Module) -> str:
     return h.hexdigest()
 
 
+def say(line: str) -> None:
+    """One write per line: the processes of a node share its log, and print() writes the
+    text and its newline apart, so two ranks' lines could run together."""
+    sys.stdout.write(f"{TAG} {line}\n")
+    sys.stdout.flush()
+
+
 def main() -> None:
     args = parse_args()
     rank, local_rank, world = int(os.environ["RANK"]), int(os.environ["LOCAL_RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("gloo")  # torchrun's rendezvous (env://); "nccl" on GPUs
     ranks = torch.tensor([float(rank)])
     dist.all_reduce(ranks)  # over every process of every node: 0 + 1 + ... + (world - 1)
-    print(f"{TAG} rank {rank}/{world} local_rank {local_rank}/{os.environ['LOCAL_WORLD_SIZE']} node "
-          f"{os.environ['GROUP_RANK']} run {hai.restart_count()} threads {torch.get_num_threads()} "
-          f"sum of ranks {int(ranks.item())}", flush=True)
+    say(f"rank {rank}/{world} local_rank {local_rank}/{os.environ['LOCAL_WORLD_SIZE']} node "
+        f"{os.environ['GROUP_RANK']} run {hai.restart_count()} threads {torch.get_num_threads()} "
+        f"sum of ranks {int(ranks.item())}")
 
     torch.manual_seed(0)  # the same initial weights on every rank
     model = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 1))
@@ -76,7 +83,7 @@ def main() -> None:
     state = TrainingState(model, optimizer)
     mgr = CheckpointManager(args.ckpt_dir)
     if mgr.load(into=state) is not None and rank == 0:
-        print(f"{TAG} resumed from step {state.step}", flush=True)
+        say(f"resumed from step {state.step}")
 
     flag = torch.zeros(1)
     while state.step < args.steps:
@@ -84,8 +91,7 @@ def main() -> None:
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # ... and now on every node, in the same step
         if flag.item():
             mgr.save(state.step, state)  # all ranks, blocking: committed when it returns
-            print(f"{TAG} rank {rank} suspends at step {state.step} (notice on this node: "
-                  f"{hai.receive_suspend_command()})", flush=True)
+            say(f"rank {rank} suspends at step {state.step} (notice on this node: {hai.receive_suspend_command()})")
             if rank == 0:
                 hai.go_suspend()  # requeued now; never returns
             while True:  # the requeue stops the other ranks
@@ -97,13 +103,13 @@ def main() -> None:
         optimizer.step()
         state.step += 1
         if rank == 0 and state.step % 20 == 0:
-            print(f"{TAG} step {state.step}/{args.steps} loss {loss.item():.5f}", flush=True)
+            say(f"step {state.step}/{args.steps} loss {loss.item():.5f}")
         if state.step % args.save_every == 0:
             mgr.save(state.step, state)
         time.sleep(args.step_sleep)
     mgr.wait()
     if rank == 0:
-        print(f"{TAG} done at step {state.step}: weights sha256={digest(model)}", flush=True)
+        say(f"done at step {state.step}: weights sha256={digest(model)}")
     dist.barrier()
     del ddp
     dist.destroy_process_group()

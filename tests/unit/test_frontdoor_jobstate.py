@@ -9,7 +9,9 @@ from slurm_hai.jobs.status import (history, level_name, marker, notice_cause, pr
                                    why_notice)
 from slurm_hai.slurm.records import JobInfo
 
-NOW = float(int(time.time()))  # today: times print as HH:MM:SS
+# noon today: times within 12 h of it print as HH:MM:SS (a run near midnight once printed
+# tomorrow's date for NOW + 1 h)
+NOW = float(time.mktime((*time.localtime()[:3], 12, 0, 0, 0, 0, -1)))
 
 
 def job(job_id: int, state: str, qos: str, *, partition: str = "gpu", preempt_time: int = 0, start_time: int = 0,
