@@ -59,7 +59,7 @@ BIN = Path(sys.executable).parent
 ENV = dict(os.environ)
 ENV.setdefault("SLURM_CONF", str(STATE / "etc" / "slurm.conf"))
 ENV["PATH"] = f"{BIN}:{ENV.get('PATH', '/usr/bin:/bin')}"
-WORK = Path(f"/tmp/slurm-hai-cluster-bench-{os.getpid()}")
+WORK = STATE / "shared" / f"cluster-bench-{os.getpid()}"  # every node sees it (/tmp is each node's own)
 ENV["HAI_HOME"] = str(WORK / "hai")
 
 # The cooperative slurm-hai job: rank 0 may hold GIB of state; on the notice it commits a

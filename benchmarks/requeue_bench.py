@@ -112,7 +112,7 @@ def main() -> None:
     args = ap.parse_args()
     c = localcluster.cluster_from_env()
     version = SlurmVersion.parse(localcluster.run([c.tool("scontrol"), "--version"], c).stdout)
-    work = Path(f"/tmp/slurm-hai-requeue-bench-{os.getpid()}")
+    work = c.state / "shared" / f"requeue-bench-{os.getpid()}"  # every node sees it (/tmp is each node's own)
     work.mkdir(mode=0o755)
     rows: list[tuple[str, list[float]]] = []
     t_start = time.monotonic()

@@ -14,6 +14,7 @@ import os
 import re
 import shutil
 import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Callable
@@ -21,6 +22,7 @@ from typing import Callable
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
+LOCALCLUSTER = REPO / "contrib" / "localcluster" / "localcluster.py"
 # tests/with_pyslurm needs pyslurm built against the cluster's Slurm (25.11): tests/each_slurm.py
 # runs it in its own virtualenv; the main venv has no pyslurm and does not collect it. (The
 # directory is not named pyslurm: on sys.path it would pass for the package.)
@@ -62,6 +64,26 @@ class LiveCluster:
         if check and p.returncode != 0:
             raise AssertionError(f"{' '.join(map(str, argv))} exited {p.returncode}:\n{p.stdout}\n{p.stderr}")
         return p
+
+    def node_pid(self, node: str) -> int:
+        """The process that holds `node`'s mount namespace (contrib/localcluster: each node
+        has its own /dev/shm and /tmp)."""
+        return int((self.state / "run" / f"node-{node}.pid").read_text().split()[0])
+
+    def on_node(self, node: str, argv: list[str], *, user: str | None = None,
+                check: bool = True) -> subprocess.CompletedProcess:
+        """Run `argv` on `node`: in its mount namespace (as `user`), as a job there would."""
+        inner = ["runuser", "-u", user, "--", *argv] if user else argv
+        return self.run(["nsenter", f"--target={self.node_pid(node)}", "--mount", "--", *inner], check=check)
+
+    def node_up(self, node: str) -> None:
+        """Start `node` again: its slurmd, in a fresh namespace if the node was lost."""
+        self.run([sys.executable, str(LOCALCLUSTER), "node-up", node])
+
+    def lose_node(self, node: str) -> None:
+        """Kill every process on `node` (its slurmd, job steps, the holder of its /dev/shm and
+        /tmp): what losing the node does."""
+        self.run([sys.executable, str(LOCALCLUSTER), "node-lose", node])
 
     def sbatch(self, *args: str, user: str | None = None, script: str | None = None) -> int:
         argv = ["sbatch", "--parsable", *args]
@@ -122,10 +144,10 @@ class LiveCluster:
         raise AssertionError(f"a job on all {nodes} idle nodes did not run within 60 s: {self.job(probe)}")
 
     def shared_root(self) -> Path:
-        """/tmp/slurm-hai-tests/<cluster instance>: tests of two instances never share files."""
-        base = Path("/tmp/slurm-hai-tests") / self.state.name
+        """<state dir>/shared/tests: what every node sees (the local cluster's "shared file
+        system"; /tmp is each node's own), apart for each cluster instance."""
+        base = self.state / "shared" / "tests"
         base.mkdir(mode=0o755, parents=True, exist_ok=True)
-        base.parent.chmod(0o755)
         base.chmod(0o755)
         return base
 
@@ -182,10 +204,12 @@ ONE_VERSION = {
     "test_acceptance.py::test_job_that_ignores_the_notice_is_forced_off_and_resumes_from_its_last_checkpoint",
     "test_acceptance.py::test_kill_9_in_the_middle_of_a_save_resumes_from_the_last_committed_checkpoint",
     "test_acceptance.py::test_slurm_docker_rendered_policy_is_up_to_date",
+    "test_local_nodes.py::test_a_node_s_dev_shm_and_tmp_are_its_own_survive_a_slurmd_restart_and_die_with_the_node",
     "test_integrations.py::test_hf_trainer_preempted_twice_ends_with_the_weights_of_an_uninterrupted_run",
     "test_integrations.py::test_lightning_preempted_and_resumed_ends_with_the_weights_of_an_uninterrupted_run",
     "test_hostile_users.py::test_a_run_that_cannot_start_says_why_in_status_and_logs",
     "test_daemon_faults.py::test_one_daemon_leads_across_hosts_and_the_standby_takes_over_when_it_is_killed",
+    "test_daemon_faults.py::test_daemon_killed_in_the_middle_of_a_yield_the_next_one_finishes_it_one_requeue_never_held",
     "test_load.py::test_200_jobs_from_4_users_keep_quotas_and_each_ends_exactly_once",
     "test_metrics_prometheus.py::test_a_preemption_shows_up_in_the_prometheus_series",
     "test_torchrun_live.py::test_torchrun_job_on_two_nodes_is_preempted_and_resumes_bit_for_bit",

@@ -195,9 +195,43 @@ def daemons(c: Cluster) -> list[Daemon]:
         Daemon("slurmdbd", s / "run" / "slurmdbd.pid", s / "log" / "slurmdbd.log", "slurmdbd", c.ports["slurmdbd"]),
         Daemon("slurmctld", s / "run" / "slurmctld.pid", s / "log" / "slurmctld.log", "slurmctld", c.ports["slurmctld"]),
     ]
-    out += [Daemon(f"slurmd-{n.name}", s / "run" / f"slurmd-{n.name}.pid", s / "log" / f"slurmd-{n.name}.log",
-                   "slurmd", n.port) for n in c.nodes]
+    out += [node_holder(c, n) for n in c.nodes]
+    out += [slurmd(c, n) for n in c.nodes]
     return out
+
+
+def node_holder(c: Cluster, n: Node) -> Daemon:
+    """The process that keeps node `n`'s mount namespace (its own /dev/shm and /tmp) alive:
+    a slurmd restart keeps the node's memory, as on a real node; killing every process of
+    the namespace (losing the node) loses it."""
+    return Daemon(f"node-{n.name}", c.state / "run" / f"node-{n.name}.pid", c.state / "log" / f"node-{n.name}.log",
+                  "sleep", 0)
+
+
+def slurmd(c: Cluster, n: Node) -> Daemon:
+    return Daemon(f"slurmd-{n.name}", c.state / "run" / f"slurmd-{n.name}.pid",
+                  c.state / "log" / f"slurmd-{n.name}.log", "slurmd", n.port)
+
+
+# Inside a new mount namespace (private propagation: nothing leaks to the host): fresh
+# tmpfs on /dev/shm and /tmp, the pid file ($1), then sleep forever as the namespace's holder.
+HOLDER_SCRIPT = ("mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs /dev/shm && "
+                 "mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs /tmp && "
+                 'echo $$ > "$1" && exec sleep infinity')
+
+
+def start_node(c: Cluster, n: Node) -> None:
+    """Start node `n`: its namespace holder, then its slurmd inside that namespace. A slurmd
+    left running in a namespace that is gone is restarted in the new one."""
+    holder, daemon = node_holder(c, n), slurmd(c, n)
+    (c.state / "spool" / f"d-{n.name}").mkdir(exist_ok=True)
+    fresh = running_pid(holder) is None
+    start(holder, ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", HOLDER_SCRIPT, "sh",
+                   str(holder.pidfile)], c, foreground=True)
+    if fresh and running_pid(daemon):
+        stop(daemon)
+    start(daemon, ["nsenter", f"--target={running_pid(holder)}", "--mount", "--",
+                   c.tool("slurmd"), "-f", str(c.slurm_conf), "-N", n.name], c)
 
 
 def running_pid(d: Daemon) -> int | None:
@@ -351,6 +385,7 @@ def make_dirs(c: Cluster) -> None:
         ("", None, 0o755), ("etc", None, 0o755), ("log", slurm, 0o755), ("run", slurm, 0o755),
         ("spool", None, 0o755), ("spool/ctld", slurm, 0o700), ("gpu", None, 0o755),
         ("munge", munge, 0o755), ("mysql", mysql, 0o750), ("lib", None, 0o755),
+        ("shared", None, 0o1777),  # the cluster's shared file system (each node's /tmp is its own)
     ]:
         p = s / sub
         p.mkdir(parents=True, exist_ok=True)
@@ -539,9 +574,8 @@ def up(source: str | None = None, prefix: str | None = None) -> None:
     setup_accounting(c)
     was_running = running_pid(ds[3]) is not None
     start(ds[3], [c.tool("slurmctld"), "-f", str(c.slurm_conf)], c)
-    for d, node in zip(ds[4:], c.nodes):
-        (c.state / "spool" / f"d-{node.name}").mkdir(exist_ok=True)
-        start(d, [c.tool("slurmd"), "-f", str(c.slurm_conf), "-N", node.name], c)
+    for node in c.nodes:
+        start_node(c, node)
     if was_running and changed:
         run(["scontrol", "reconfigure"], c)
     wait_for("slurmctld answering", lambda: run(["scontrol", "ping"], c, check=False).returncode == 0, 30, ds[3])
@@ -552,6 +586,56 @@ def up(source: str | None = None, prefix: str | None = None) -> None:
     print(f"local Slurm {c.version} cluster '{c.name}' is up ({len(NODES)} nodes x {c.gpus_per_node} GPUs) "
           f"in {time.monotonic() - t0:.1f} s")
     print(f"use it with: source {c.state / 'etc' / 'env'}")
+
+
+def find_node(c: Cluster, name: str) -> Node:
+    for n in c.nodes:
+        if n.name == name:
+            return n
+    raise ClusterError(f"no node {name!r} here: the nodes are {', '.join(NODES)}")
+
+
+def node_up(name: str) -> None:
+    """Start one node again (after `node-lose`, or its slurmd stopped): its namespace holder
+    if it is gone (a fresh, empty /dev/shm and /tmp), then its slurmd."""
+    c = cluster_from_env()
+    choose_slurm(c, None, None)
+    start_node(c, find_node(c, name))
+    print(f"node {name} is up")
+
+
+def namespace_processes(holder_pid: int) -> list[int]:
+    """Every process in the mount namespace of `holder_pid`: what runs on that node."""
+    ns = os.readlink(f"/proc/{holder_pid}/ns/mnt")
+    out = []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                if os.readlink(f"/proc/{entry}/ns/mnt") == ns:
+                    out.append(int(entry))
+            except OSError:
+                pass
+    return out
+
+
+def node_lose(name: str) -> None:
+    """What losing a node does: every process on it (its slurmd, the job steps, the holder of
+    its namespace) gets SIGKILL, and its /dev/shm and /tmp are gone with them. Slurm learns
+    of it as it would (SlurmdTimeout), or at once with `scontrol update State=DOWN`."""
+    c = cluster_from_env()
+    holder = node_holder(c, find_node(c, name))
+    pid = running_pid(holder)
+    if pid is None:
+        raise ClusterError(f"node {name} is not running (no {holder.pidfile})")
+    doomed = namespace_processes(pid)
+    for victim in doomed:
+        try:
+            os.kill(victim, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    wait_for(f"every process of node {name} to die",
+             lambda: not any(Path(f"/proc/{v}").exists() for v in doomed), 20)
+    print(f"node {name} lost: {len(doomed)} processes killed")
 
 
 def down() -> None:
@@ -577,10 +661,12 @@ def status() -> int:
     return 0 if all_up else 1
 
 
-USAGE = """usage: up [--slurm-source TARBALL | --slurm-prefix DIR] | down | status
+USAGE = """usage: up [--slurm-source TARBALL | --slurm-prefix DIR] | down | status | node-up NODE | node-lose NODE
   up                        boot (or check) the cluster on Debian's Slurm packages
   up --slurm-source TARBALL build that Slurm once (cached by checksum), boot on it
   up --slurm-prefix DIR     boot on the Slurm installed in DIR
+  node-lose NODE            kill every process on NODE: its memory (/dev/shm, /tmp) is lost
+  node-up NODE              start NODE again (its slurmd; a fresh /dev/shm and /tmp if it was lost)
   (HAI_SLURM_SOURCE / HAI_SLURM_PREFIX: the same; HAI_CLUSTER_DIR: the state directory)"""
 
 
@@ -607,6 +693,8 @@ def main(argv: list[str]) -> int:
             down()
         elif command == "status":
             return status()
+        elif command in ("node-up", "node-lose") and len(argv) == 3:
+            (node_up if command == "node-up" else node_lose)(argv[2])
         else:
             print(USAGE, file=sys.stderr)
             return 2

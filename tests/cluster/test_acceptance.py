@@ -34,7 +34,6 @@ from pathlib import Path
 import pytest
 
 import waiting
-from slurm_hai.runtime.launcher import descendants
 
 pytestmark = pytest.mark.cluster
 
@@ -239,23 +238,9 @@ def test_slurmd_stopped_and_started_again_job_resumes_from_last_commit(story, re
         wait_for(f"slurmd {node} to stop", lambda: not Path(f"/proc/{pid}").exists(), 20, 0.1)
 
     def start_slurmd() -> None:
-        story.run(["slurmd", "-f", str(state / "etc" / "slurm.conf"), "-N", node])
+        story.node_up(node)
         wait_for(f"{node} back in service", lambda: story.run(
             ["sinfo", "-h", "-n", node, "-o", "%t"]).stdout.strip() in ("idle", "alloc", "mix"), 60, 0.5)
-
-    def kill_node_processes() -> None:
-        """What a node's loss does: every process it ran dies. The node's slurmstepds are
-        the processes listening on sockets in its spool dir; kill them and all below them
-        (otherwise the 'dead' node's steps live on and collide with the requeued job)."""
-        listing = subprocess.run(["ss", "-xlpn"], text=True, capture_output=True, check=True).stdout
-        roots = {int(pid) for line in listing.splitlines() if f"{state}/spool/d-{node}/" in line
-                 for pid in re.findall(r"pid=(\d+)", line)}
-        doomed = roots.union(*(descendants(pid) for pid in roots))
-        for pid in doomed:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
 
     def slurmd_alive() -> bool:
         try:
@@ -275,14 +260,14 @@ def test_slurmd_stopped_and_started_again_job_resumes_from_last_commit(story, re
         #    slurmctld does after SlurmdTimeout, without the wait): the job is requeued and
         #    runs again from its last commit.
         stop_slurmd()
-        kill_node_processes()
+        story.lose_node(node)  # every process it ran dies (else its steps live on beside the requeued job)
         story.run(["scontrol", "update", f"NodeName={node}", "State=DOWN", "Reason=acceptance: slurmd stopped"])
         wait_for("the job to be ended on the failed node", lambda: named(job_dir, "killed"), 60)
         committed = committed_steps(job_dir / "checkpoints")
         start_slurmd()
     finally:  # never leave the cluster with a node down, whatever failed above
         if not slurmd_alive():
-            story.run(["slurmd", "-f", str(state / "etc" / "slurm.conf"), "-N", node], check=False)
+            story.node_up(node)
         story.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], check=False)
     final = wait_final(job_dir, 240)
     assert final["state"] == "succeeded"

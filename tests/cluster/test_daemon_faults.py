@@ -126,3 +126,46 @@ def test_with_slurmdbd_stopped_the_front_door_and_the_daemon_work_or_say_so_in_o
     # nothing lost: slurmctld hands slurmdbd what it recorded meanwhile
     wait_for(lambda: "COMPLETED" in live.run(["sacct", "-X", "-n", "-o", "state", "-j", str(during)],
                                              check=False).stdout, 60, "the job run without slurmdbd in accounting")
+
+
+def test_daemon_killed_in_the_middle_of_a_yield_the_next_one_finishes_it_one_requeue_never_held(live, tmp_path):
+    """SIGKILL the daemon right after it tagged a job to yield its node (before the notice's
+    grace ran out and the requeue): the next daemon replays the notice, requeues the job
+    once, and releases it (docs/design.md, "The policy daemon under faults")."""
+    from test_policy_rules import ALICE, BOB
+
+    lock = tmp_path / "policyd.lock"
+    a_log, b_log = tmp_path / "a.log", tmp_path / "b.log"
+    a = start_daemon(live, a_log, "--lock", str(lock))
+    b = None
+    try:
+        wait_for(lambda: "policy daemon started" in a_log.read_text() or a.poll() is not None, 30, "the daemon")
+        blocker = sbatch(live, "-N1", "--qos=high", user="root")  # one node out of reach of the NORMAL jobs
+        running(live, blocker)
+        first = sbatch(live, "-N3", "--qos=normal", user=ALICE)
+        running(live, first)
+        later = sbatch(live, "-N1", "--qos=normal", user=BOB)
+        high = sbatch(live, "-N2", "--qos=very_high", user="root", wrap="sleep 6")
+        # VERY_HIGH takes two of `first`'s nodes; bob's later job starts on the third; once
+        # VERY_HIGH ends, alice's earlier job is owed the node: the daemon tags bob's to yield
+        live.wait_job(first, lambda j: j["Restarts"] == "1", 30, "the requeue of the earlier job")
+        running(live, later, 75, "the later job on the node left over")
+        live.wait_job(high, lambda j: j["JobState"] == "COMPLETED", 30, "the VERY_HIGH job to end")
+        wait_for(lambda: "hai-yield=" in live.job(later).get("AdminComment", ""), 20, "the yield tag")
+        os.kill(a.pid, signal.SIGKILL)
+        a.wait(10)
+        assert live.job(later)["Restarts"] == "0"  # killed before the requeue
+
+        b = start_daemon(live, b_log, "--lock", str(lock))
+        running(live, first, 40, "the earlier job to get its node back")
+        info = live.wait_job(later, lambda j: j["Restarts"] == "1" and j["Reason"] != "JobHeldAdmin"
+                             and "hai-yield" not in j["AdminComment"], 30, "the later job requeued and released")
+        time.sleep(3)  # six more cycles: no second requeue, no hold
+        info = live.job(later)
+        assert info["Restarts"] == "1" and info["Reason"] != "JobHeldAdmin", info
+        assert daemon_lines(b_log.read_text(), later, "yield"), b_log.read_text()
+    finally:
+        stop(a)
+        if b is not None:
+            stop(b)
+    assert "Traceback" not in a_log.read_text() + b_log.read_text()

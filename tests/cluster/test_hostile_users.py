@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import pwd
-import shutil
 import time
 from pathlib import Path
 
@@ -20,13 +19,16 @@ def as_bob(live, *argv: str):
 def test_bob_can_neither_touch_alice_s_job_nor_keep_it_from_starting(live):
     alice = pwd.getpwnam("hai-alice").pw_uid
     bob = pwd.getpwnam("hai-bob").pw_uid
-    # Before Alice runs anything, Bob makes every path he can guess that a job might use.
+    # Before Alice runs anything, Bob makes on every node every path he can guess that a job
+    # might use (each node has its own /dev/shm and /tmp).
     squats = [Path("/dev/shm") / f"slurm-hai-{alice}", Path("/tmp") / f"slurm-hai-{alice}"]
     ckpt_squat = Path("/tmp") / f"hai-alice-ckpt-{live.state.name}"
-    for p in [*squats, ckpt_squat]:
-        shutil.rmtree(p, ignore_errors=True)  # left by an older slurm-hai or an earlier run
-        as_bob(live, "mkdir", "-m", "777", str(p))
-        assert p.stat().st_uid == bob
+    nodes = live.run(["sinfo", "-h", "-N", "-o", "%N"]).stdout.split()
+    for node in nodes:
+        for p in [*squats, ckpt_squat]:
+            live.on_node(node, ["rm", "-rf", str(p)])  # left by an older slurm-hai or an earlier run
+            live.on_node(node, ["mkdir", "-m", "777", str(p)], user="hai-bob")
+            assert live.on_node(node, ["stat", "-c", "%u", str(p)]).stdout.strip() == str(bob)
     d = user_dir(live, "hostile", "hai-alice")
     done = d / "done"
     script = write(d / "train.py", f"""
@@ -60,7 +62,9 @@ def test_bob_can_neither_touch_alice_s_job_nor_keep_it_from_starting(live):
             flag = Path(text.split("flag ", 1)[1].split()[0])
             break
         time.sleep(0.2)
-    assert flag is not None and flag.parent.stat().st_uid == alice, text
+    assert flag is not None, text
+    node = live.job(job)["NodeList"]
+    assert live.on_node(node, ["stat", "-c", "%u", str(flag.parent)]).stdout.strip() == str(alice)
 
     # through hai: one line each, refused
     for argv in (["hai", "suspend", str(job)], ["hai", "stop", str(job)], ["hai", "logs", str(job)]):
@@ -73,11 +77,13 @@ def test_bob_can_neither_touch_alice_s_job_nor_keep_it_from_starting(live):
                  ["scancel", "--signal=USR2", str(job)], ["scancel", "--signal=TERM", "--full", str(job)]):
         p = as_bob(live, *argv)
         assert p.returncode != 0 or "denied" in (p.stderr + p.stdout).lower(), (argv, p.stdout, p.stderr)
-    # through the files: her job directory, her checkpoints, her suspend flag
+    # through the files: her job directory, her checkpoints, her suspend flag (on her node)
     for argv in (["cat", str(jobdir / "events.jsonl")], ["cat", str(log)], ["ls", str(d / "ckpt")],
-                 ["touch", str(jobdir / "suspend.0")], ["sh", "-c", f"echo 1 > {flag}"],
-                 ["sh", "-c", f"echo 1 > {jobdir / 'final.json'}"], ["ls", str(flag.parent)]):
+                 ["touch", str(jobdir / "suspend.0")], ["sh", "-c", f"echo 1 > {jobdir / 'final.json'}"]):
         p = as_bob(live, *argv)
+        assert p.returncode != 0, (argv, p.stdout)
+    for argv in (["sh", "-c", f"echo 1 > {flag}"], ["ls", str(flag.parent)]):
+        p = live.on_node(node, argv, user="hai-bob", check=False)
         assert p.returncode != 0, (argv, p.stdout)
 
     done.touch()
@@ -86,10 +92,11 @@ def test_bob_can_neither_touch_alice_s_job_nor_keep_it_from_starting(live):
     out = live.run(["hai", "logs", str(job)], user="hai-alice").stdout
     assert "NOTICE" not in out and "USED BOB'S DIRECTORY" not in out and "done" in out
     assert f"refused: checkpoint directory {ckpt_squat} belongs to uid {bob}" in out
-    assert not flag.parent.exists()  # the run removed its flag directory
-    assert not any(any(p.iterdir()) for p in [*squats, ckpt_squat])  # nothing of hers in Bob's paths
-    for p in [*squats, ckpt_squat]:
-        shutil.rmtree(p)
+    assert live.on_node(node, ["test", "-e", str(flag.parent)], check=False).returncode == 1  # removed by the run
+    for node in nodes:
+        left = live.on_node(node, ["find", *map(str, [*squats, ckpt_squat]), "-mindepth", "1"]).stdout
+        assert not left, (node, left)  # nothing of hers in Bob's paths
+        live.on_node(node, ["rm", "-rf", *map(str, [*squats, ckpt_squat])])
     assert status(live, job, user="hai-bob")["state"] == "finished-succeeded"  # Bob sees Slurm's view only
 
 
