@@ -5,13 +5,21 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
+import pytest
+
 from slurm_hai.jobs.status import (history, level_name, marker, notice_cause, preemptor, reason_in_words, status,
                                    why_notice)
 from slurm_hai.slurm.records import JobInfo
 
-# noon today: times within 12 h of it print as HH:MM:SS (a run near midnight once printed
-# tomorrow's date for NOW + 1 h)
+# Noon of the day the module is read: times within 12 h of it print as HH:MM:SS. The clock
+# is frozen at NOW for every test (status() reads it itself): runs near midnight once saw a
+# date where the test expected none.
 NOW = float(time.mktime((*time.localtime()[:3], 12, 0, 0, 0, 0, -1)))
+
+
+@pytest.fixture(autouse=True)
+def frozen_clock(monkeypatch):
+    monkeypatch.setattr(time, "time", lambda: NOW)
 
 
 def job(job_id: int, state: str, qos: str, *, partition: str = "gpu", preempt_time: int = 0, start_time: int = 0,
