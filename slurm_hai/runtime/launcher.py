@@ -302,7 +302,14 @@ def main(argv: list[str] | None = None) -> int:
                    flag=flag,
                    why_notice=lambda: _why_notice(slurm, int(job_id), jobdir, args.grace))
     node.start()
-    return node.wait()
+    rc = node.wait()
+    # The run is over. A notice now has nothing left to suspend, and must not kill the
+    # launcher as it leaves: Python's teardown resets handled signals to SIG_DFL, which would
+    # turn a finished run into exit 140 (seen on 26.05). Ignored ones stay ignored.
+    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
+    if args.term_is_notice:
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    return rc
 
 
 if __name__ == "__main__":

@@ -4,6 +4,7 @@ creates beforehand can keep it from starting (issue 18, hostile users)."""
 from __future__ import annotations
 
 import os
+import signal
 import stat
 
 import pytest
@@ -62,7 +63,6 @@ def test_a_checkpoint_directory_someone_else_made_or_anyone_may_write_is_refused
 
 def test_the_step_ignores_the_notice_signals_until_the_launcher_hears_them():
     import argparse
-    import signal
     import subprocess
     import sys
 
@@ -107,7 +107,6 @@ def test_the_squeue_asking_why_a_notice_came_is_not_killed_by_the_same_sigterm(t
     """A SIGTERM notice goes to every process of the step, an squeue the launcher starts for
     the cause too: that squeue starts with SIGTERM blocked, and the launcher's own mask is
     restored afterwards."""
-    import signal
     import subprocess
 
     from slurm_hai.slurm.records import JobInfo
@@ -125,3 +124,41 @@ def test_the_squeue_asking_why_a_notice_came_is_not_killed_by_the_same_sigterm(t
     cause = launcher._why_notice(Slurm(), 5, JobDir(tmp_path / "5").create(), 5.0)
     assert cause["cause"] == "preempted"
     assert signal.pthread_sigmask(signal.SIG_BLOCK, set()) == before
+
+
+def test_a_notice_as_the_launcher_leaves_does_not_turn_a_finished_run_into_a_failure(tmp_path):
+    """Slurm signals every process of the step. A notice that comes as the run ends (the
+    user's command done, the launcher leaving) used to kill the launcher: Python's teardown
+    resets handled signals to SIG_DFL, and the finished run was recorded as failed with exit
+    140 (seen on 26.05 in CI). USR2 is sent here as fast as it goes, from the moment the
+    step's shell ignores it (batch.launcher_argv) to the launcher's exit."""
+    import argparse
+    import contextlib
+    import subprocess
+    import time
+
+    from slurm_hai.runtime.batch import launcher_argv
+
+    jd = JobDir(tmp_path / "7").create()
+    env = {**os.environ, "HAI_MASTER_IP": "127.0.0.1", "SLURM_JOB_ID": "7", "SLURM_NODEID": "1", "SLURM_NNODES": "2"}
+    args = argparse.Namespace(job_dir=str(jd.path), grace=30.0, term_is_notice=False)
+    codes = []
+    for _ in range(5):
+        p = subprocess.Popen(launcher_argv(args, ["true"]), env=env)
+        while p.poll() is None and not usr2_ignored_or_caught(p.pid):
+            time.sleep(0.0002)
+        while p.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(p.pid, signal.SIGUSR2)
+            time.sleep(0.0002)
+        codes.append(p.returncode)
+    assert codes == [0] * 5
+
+
+def usr2_ignored_or_caught(pid: int) -> bool:
+    try:
+        fields = dict(line.split(":\t", 1) for line in open(f"/proc/{pid}/status").read().splitlines() if ":\t" in line)
+    except OSError:
+        return False
+    bit = 1 << (signal.SIGUSR2 - 1)
+    return bool((int(fields["SigIgn"], 16) | int(fields["SigCgt"], 16)) & bit)
