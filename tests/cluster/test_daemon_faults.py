@@ -132,7 +132,7 @@ def test_daemon_killed_in_the_middle_of_a_yield_the_next_one_finishes_it_one_req
     """SIGKILL the daemon right after it tagged a job to yield its node (before the notice's
     grace ran out and the requeue): the next daemon replays the notice, requeues the job
     once, and releases it (docs/design.md, "The policy daemon under faults")."""
-    from test_policy_rules import ALICE, BOB
+    from test_policy_rules import BOB, earlier_and_later
 
     lock = tmp_path / "policyd.lock"
     a_log, b_log = tmp_path / "a.log", tmp_path / "b.log"
@@ -140,12 +140,7 @@ def test_daemon_killed_in_the_middle_of_a_yield_the_next_one_finishes_it_one_req
     b = None
     try:
         wait_for(lambda: "policy daemon started" in a_log.read_text() or a.poll() is not None, 30, "the daemon")
-        blocker = sbatch(live, "-N1", "--qos=high", user="root")  # one node out of reach of the NORMAL jobs
-        running(live, blocker)
-        first = sbatch(live, "-N3", "--qos=normal", user=ALICE)
-        running(live, first)
-        later = sbatch(live, "-N1", "--qos=normal", user=BOB)
-        high = sbatch(live, "-N2", "--qos=very_high", user="root", wrap="sleep 6")
+        first, later, high = earlier_and_later(live, BOB)
         # VERY_HIGH takes two of `first`'s nodes; bob's later job starts on the third; once
         # VERY_HIGH ends, alice's earlier job is owed the node: the daemon tags bob's to yield
         live.wait_job(first, lambda j: j["Restarts"] == "1", 30, "the requeue of the earlier job")

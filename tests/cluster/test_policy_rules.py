@@ -170,16 +170,24 @@ def test_fcfs_within_a_level_and_a_requeued_job_keeps_its_place(rules):
     assert daemon_lines(log(), first, "fcfs"), log()
 
 
-@pytest.mark.parametrize("later_user", [BOB, ALICE], ids=["other-user", "same-user"])
-def test_an_earlier_job_gets_its_nodes_back_from_a_later_job_of_another_user(rules, later_user):
-    """HAI orders a level's jobs by job id, running or not; rule 3 exempts only the same user."""
-    c, log = rules
+def earlier_and_later(c: LiveCluster, later_user: str) -> tuple[int, int, int]:
+    """Alice's NORMAL job on 3 nodes (a HIGH blocker holds the fourth), then a later NORMAL
+    1-node job of `later_user`, then a VERY_HIGH job that needs 2 of alice's nodes for 6 s:
+    (first, later, high)."""
     blocker = sbatch(c, "-N1", "--qos=high", user="root")  # one node out of reach of the NORMAL jobs
     running(c, blocker)
     first = sbatch(c, "-N3", "--qos=normal", user=ALICE)
     running(c, first)
     later = sbatch(c, "-N1", "--qos=normal", user=later_user)
     high = sbatch(c, "-N2", "--qos=very_high", user="root", wrap="sleep 6")
+    return first, later, high
+
+
+@pytest.mark.parametrize("later_user", [BOB, ALICE], ids=["other-user", "same-user"])
+def test_an_earlier_job_gets_its_nodes_back_from_a_later_job_of_another_user(rules, later_user):
+    """HAI orders a level's jobs by job id, running or not; rule 3 exempts only the same user."""
+    c, log = rules
+    first, later, high = earlier_and_later(c, later_user)
     # the VERY_HIGH job takes two of `first`'s nodes; `later` starts on the third while `first` waits
     c.wait_job(first, lambda j: j["Restarts"] == "1" and j["JobState"] == "PENDING", 30, "the requeue")
     running(c, later, 30, "the later job to start on the node left over")
