@@ -13,6 +13,7 @@ import importlib.util
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -75,6 +76,28 @@ class LiveCluster:
         """Run `argv` on `node`: in its mount namespace (as `user`), as a job there would."""
         inner = ["runuser", "-u", user, "--", *argv] if user else argv
         return self.run(["nsenter", f"--target={self.node_pid(node)}", "--mount", "--", *inner], check=check)
+
+    def slurmd_pid(self, node: str) -> int | None:
+        """The pid of `node`'s slurmd if it runs, else None."""
+        try:
+            pid = int((self.state / "run" / f"slurmd-{node}.pid").read_text().split()[0])
+        except (OSError, ValueError, IndexError):
+            return None
+        return pid if Path(f"/proc/{pid}").exists() else None
+
+    def stop_slurmd(self, node: str) -> None:
+        """SIGTERM `node`'s slurmd and wait until it is gone (the node's job steps and its
+        memory stay: a slurmd restart is not the node's loss)."""
+        from waiting import wait_for
+
+        pid = self.slurmd_pid(node)
+        assert pid is not None, f"slurmd of {node} is not running"
+        os.kill(pid, signal.SIGTERM)
+        wait_for(lambda: not Path(f"/proc/{pid}").exists(), 20, f"slurmd {node} to stop", 0.1)
+
+    def in_service(self, node: str) -> bool:
+        """Whether `node` takes jobs (idle, allocated or mixed in sinfo)."""
+        return self.run(["sinfo", "-h", "-n", node, "-o", "%t"]).stdout.strip() in ("idle", "alloc", "mix")
 
     def node_up(self, node: str) -> None:
         """Start `node` again: its slurmd, in a fresh namespace if the node was lost."""

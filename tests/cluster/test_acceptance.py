@@ -225,32 +225,18 @@ def test_kill_9_in_the_middle_of_a_save_resumes_from_the_last_committed_checkpoi
 
 
 def test_slurmd_stopped_and_started_again_job_resumes_from_last_commit(story, reference):
-    state = story.state
     job, job_dir = submit(story, TRAIN, "-n", "2", "-p", "LOW", args=TRAIN_ARGS)
     wait_for("training", lambda: last_step(job_dir) >= 40, 90)
     nodes = story.run(["scontrol", "show", "hostnames", story.job(job)["NodeList"]]).stdout.split()
     node = nodes[-1]  # not the batch host
-    pid_file = state / "run" / f"slurmd-{node}.pid"
-
-    def stop_slurmd() -> None:
-        pid = int(pid_file.read_text().split()[0])
-        os.kill(pid, signal.SIGTERM)
-        wait_for(f"slurmd {node} to stop", lambda: not Path(f"/proc/{pid}").exists(), 20, 0.1)
 
     def start_slurmd() -> None:
         story.node_up(node)
-        wait_for(f"{node} back in service", lambda: story.run(
-            ["sinfo", "-h", "-n", node, "-o", "%t"]).stdout.strip() in ("idle", "alloc", "mix"), 60, 0.5)
-
-    def slurmd_alive() -> bool:
-        try:
-            return Path(f"/proc/{int(pid_file.read_text().split()[0])}").exists()
-        except (OSError, ValueError, IndexError):
-            return False
+        wait_for(f"{node} back in service", lambda: story.in_service(node), 60, 0.5)
 
     try:
         # 1. A slurmd restart alone does not disturb the job: its steps run under slurmstepd.
-        stop_slurmd()
+        story.stop_slurmd(node)
         time.sleep(2)
         start_slurmd()
         before = last_step(job_dir)
@@ -259,14 +245,14 @@ def test_slurmd_stopped_and_started_again_job_resumes_from_last_commit(story, re
         # 2. The node lost (slurmd and everything it ran killed) and declared dead (what
         #    slurmctld does after SlurmdTimeout, without the wait): the job is requeued and
         #    runs again from its last commit.
-        stop_slurmd()
+        story.stop_slurmd(node)
         story.lose_node(node)  # every process it ran dies (else its steps live on beside the requeued job)
         story.run(["scontrol", "update", f"NodeName={node}", "State=DOWN", "Reason=acceptance: slurmd stopped"])
         wait_for("the job to be ended on the failed node", lambda: named(job_dir, "killed"), 60)
         committed = committed_steps(job_dir / "checkpoints")
         start_slurmd()
     finally:  # never leave the cluster with a node down, whatever failed above
-        if not slurmd_alive():
+        if story.slurmd_pid(node) is None:
             story.node_up(node)
         story.run(["scontrol", "update", f"NodeName={node}", "State=RESUME"], check=False)
     final = wait_final(job_dir, 240)

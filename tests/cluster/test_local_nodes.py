@@ -6,7 +6,6 @@ restart keeps it; losing the node (every process on it killed) loses it."""
 from __future__ import annotations
 
 import os
-import signal
 from pathlib import Path
 
 from waiting import wait_for
@@ -14,10 +13,6 @@ from waiting import wait_for
 
 def srun(live, node: str, script: str, check: bool = True):
     return live.run(["srun", "-N1", "-w", node, "sh", "-c", script], check=check, timeout=120)
-
-
-def _in_service(live, node: str) -> bool:
-    return live.run(["sinfo", "-h", "-n", node, "-o", "%t"]).stdout.strip() in ("idle", "alloc", "mix")
 
 
 def test_a_node_s_dev_shm_and_tmp_are_its_own_survive_a_slurmd_restart_and_die_with_the_node(live):
@@ -31,12 +26,9 @@ def test_a_node_s_dev_shm_and_tmp_are_its_own_survive_a_slurmd_restart_and_die_w
     assert not any(Path(f).exists() for f in files)  # nor on the host
 
     # a slurmd restart is not the node's loss: what is in its memory stays
-    pid_file = live.state / "run" / "slurmd-n1.pid"
-    pid = int(pid_file.read_text().split()[0])
-    os.kill(pid, signal.SIGTERM)
-    wait_for(lambda: not Path(f"/proc/{pid}").exists(), 20, "slurmd n1 to stop")
+    live.stop_slurmd("n1")
     live.node_up("n1")
-    wait_for(lambda: _in_service(live, "n1"), 60, "n1 back in service")
+    wait_for(lambda: live.in_service("n1"), 60, "n1 back in service")
     assert srun(live, "n1", f"cat {' '.join(files)}").stdout.split() == ["n1", "n1"]
 
     # losing the node: every process on it killed; started again, its memory is empty
@@ -46,6 +38,6 @@ def test_a_node_s_dev_shm_and_tmp_are_its_own_survive_a_slurmd_restart_and_die_w
     finally:  # never leave the cluster with a node down
         live.node_up("n1")
         live.run(["scontrol", "update", "NodeName=n1", "State=RESUME"], check=False)
-    wait_for(lambda: _in_service(live, "n1"), 60, "n1 back in service")
+    wait_for(lambda: live.in_service("n1"), 60, "n1 back in service")
     p = srun(live, "n1", f"ls {' '.join(files)}", check=False)
     assert p.returncode != 0 and "No such file" in p.stderr, (p.stdout, p.stderr)
