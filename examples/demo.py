@@ -289,8 +289,8 @@ def print_timeline(low: Job, high: Job, ref: Job) -> None:
     def span(a: str, b: str) -> str:
         return f"{t[b] - t[a]:.2f} s" if t.get(a) and t.get(b) else "-"
 
-    commit = low.log_value(r"committed in ([\d.]+) s \(([\d.]+) KiB\)")
-    resumed = low.log_value(r"resumed from step (\d+) \(checkpoint loaded in ([\d.]+) s\)")
+    commit = low.log_value(r"committed in ([\d.]+) s \(([\d.]+) KiB")
+    resumed = low.log_value(r"resumed from step (\d+) \(checkpoint loaded in ([\d.]+) s")
     print("\nLatencies")
     print(f"  HIGH submitted -> notice at LOW rank 0      {span('HIGH submitted', 'notice at LOW rank 0')}")
     print(f"  notice -> checkpoint committed + go_suspend {span('notice at LOW rank 0', 'checkpoint committed')}"

@@ -96,12 +96,6 @@ def make_model() -> nn.Module:
                          nn.Linear(24, 4))
 
 
-def checkpoint_size(ckpt_dir: str, step: int) -> int:
-    """Bytes of a committed checkpoint (layout: docs/checkpoint.md, DIR/step-<12 digits>/)."""
-    path = Path(ckpt_dir) / f"step-{step:012d}"
-    return sum(p.stat().st_size for p in path.rglob("*") if p.is_file())
-
-
 def weights_digest(model: nn.Module) -> str:
     """sha256 over every tensor's name, dtype, shape and bytes, in a fixed order."""
     h = hashlib.sha256()
@@ -111,14 +105,15 @@ def weights_digest(model: nn.Module) -> str:
     return h.hexdigest()
 
 
-def suspend_now(mgr: CheckpointManager, state: TrainingState, ckpt_dir: str) -> None:
-    """Every rank comes here together (the notice was shared). Commit, then let go."""
+def suspend_now(mgr: CheckpointManager, state: TrainingState) -> None:
+    """Every rank comes here together (the notice was shared). Commit, then let go.
+    suspend_save() commits to every node's memory and returns; each node's persist agent
+    makes the durable copy after the job has let go (without agents: a blocking save)."""
     t0 = time.monotonic()
-    mgr.save(state.step, state)  # blocking: returns once committed (collective with several ranks)
-    mgr.wait()
+    handle = mgr.suspend_save(state.step, state)  # collective with several ranks
     took = time.monotonic() - t0
-    log(f"checkpoint step {state.step} committed in {took:.3f} s "
-        f"({checkpoint_size(ckpt_dir, state.step) / 1024:.1f} KiB); calling go_suspend()")
+    log(f"checkpoint step {state.step} committed in {took:.3f} s ({handle.nbytes / 1024:.1f} KiB, "
+        f"{handle.where}); calling go_suspend()")
     if get_rank() == 0:
         hai.go_suspend()  # requeues the job now; never returns
     # The other ranks wait to be stopped by the requeue (any rank could call go_suspend too).
@@ -149,13 +144,15 @@ def main(local_rank: int, args: argparse.Namespace) -> None:
     extra = {"ballast": torch.zeros(int(args.ballast_mb * 2**20) // 4)} if args.ballast_mb else None
     state = TrainingState(model, optimizer, scheduler, sampler, extra=extra)
 
-    mgr = CheckpointManager(args.ckpt_dir, keep_last=args.keep_last)
+    # HAI_NODE_MEMORY: the job's directory in this node's memory (set by the launcher), where
+    # suspend_save() leaves the suspend checkpoint; a restart on the same nodes loads it there.
+    mgr = CheckpointManager(args.ckpt_dir, keep_last=args.keep_last, fast_dir=os.environ.get("HAI_NODE_MEMORY"))
     t0 = time.monotonic()
     if mgr.load(into=state) is None:
         log(f"run {run}: fresh start, {world} processes ({world // args.nprocs} node(s) x {args.nprocs})")
     else:
         log(f"run {run}: resumed from step {mgr.loaded_step} (checkpoint loaded in "
-            f"{time.monotonic() - t0:.3f} s), {world} processes")
+            f"{time.monotonic() - t0:.3f} s, from {mgr.loaded_from}), {world} processes")
 
     suspend_flag = torch.zeros(1)
     while state.step < args.steps:
@@ -166,7 +163,7 @@ def main(local_rank: int, args: argparse.Namespace) -> None:
             dist.all_reduce(suspend_flag, op=dist.ReduceOp.MAX)
             if suspend_flag.item():
                 log(f"suspend notice received at step {state.step}")
-                suspend_now(mgr, state, args.ckpt_dir)
+                suspend_now(mgr, state)
 
             # 2. One ordinary training step.
             ddp.train()

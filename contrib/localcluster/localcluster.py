@@ -197,6 +197,7 @@ def daemons(c: Cluster) -> list[Daemon]:
     ]
     out += [node_holder(c, n) for n in c.nodes]
     out += [slurmd(c, n) for n in c.nodes]
+    out += [persist_agent(c, n) for n in c.nodes]
     return out
 
 
@@ -211,6 +212,16 @@ def node_holder(c: Cluster, n: Node) -> Daemon:
 def slurmd(c: Cluster, n: Node) -> Daemon:
     return Daemon(f"slurmd-{n.name}", c.state / "run" / f"slurmd-{n.name}.pid",
                   c.state / "log" / f"slurmd-{n.name}.log", "slurmd", n.port)
+
+
+def persist_agent(c: Cluster, n: Node) -> Daemon:
+    """Node `n`'s persist agent (`hai-admin persist-agent`): finishes the durable copy of
+    suspend checkpoints that jobs left in the node's memory. Runs inside the node's namespace."""
+    return Daemon(f"persist-{n.name}", c.state / "run" / f"persist-{n.name}.pid",
+                  c.state / "log" / f"persist-{n.name}.log", "python3", 0)
+
+
+HAI_ADMIN = Path(sys.executable).with_name("hai-admin")  # the project's venv (make setup)
 
 
 # Inside a new mount namespace (private propagation: nothing leaks to the host): fresh
@@ -230,8 +241,14 @@ def start_node(c: Cluster, n: Node) -> None:
                    str(holder.pidfile)], c, foreground=True)
     if fresh and running_pid(daemon):
         stop(daemon)
-    start(daemon, ["nsenter", f"--target={running_pid(holder)}", "--mount", "--",
-                   c.tool("slurmd"), "-f", str(c.slurm_conf), "-N", n.name], c)
+    enter = ["nsenter", f"--target={running_pid(holder)}", "--mount", "--"]
+    start(daemon, [*enter, c.tool("slurmd"), "-f", str(c.slurm_conf), "-N", n.name], c)
+    agent = persist_agent(c, n)
+    if fresh and running_pid(agent):
+        stop(agent)
+    if HAI_ADMIN.exists():  # not before `make setup` has installed the project
+        start(agent, ["sh", "-c", 'echo $$ > "$1" && shift && exec "$@"', "sh", str(agent.pidfile), *enter,
+                      str(HAI_ADMIN), "persist-agent"], c, foreground=True)
 
 
 def running_pid(d: Daemon) -> int | None:

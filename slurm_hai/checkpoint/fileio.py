@@ -1,4 +1,5 @@
 """Write a file while hashing it, and read a file back only if its checksum matches.
+No torch here: the persist agent (agent.py) writes checkpoints with it.
 
 Hashing runs in a helper thread on the same memory the write (or read) uses, so it
 overlaps the I/O: both os.write/readinto and xxhash release the GIL.
@@ -10,16 +11,13 @@ import contextlib
 import errno
 import fcntl
 import os
-import struct
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 import numpy as np
-import torch
 
 from .errors import CheckpointError, CorruptCheckpointError, Problem
 from .manifest import FileEntry, new_hasher
-from .serialize import FlatState, parse_header
 
 IO_CHUNK = 64 << 20  # big sequential writes; small enough to pipeline hashing
 DIRECT_ALIGN = 4096  # O_DIRECT wants block-aligned memory, offsets and lengths
@@ -144,7 +142,7 @@ def write_hashed_file(path: Path, data: bytes | memoryview, *, known: FileEntry 
     return FileEntry(size=len(view), checksum=checksum)
 
 
-class _VerifyingReader:
+class VerifyingReader:
     """Reads a file front to back into caller-provided memory while a helper thread hashes
     every byte in order; check() then compares size and checksum with the manifest."""
 
@@ -209,38 +207,10 @@ class _VerifyingReader:
 
 def read_verified_file(path: Path, entry: FileEntry, name: str) -> bytes:
     """A small file's bytes, only if its size and checksum match the manifest."""
-    reader = _VerifyingReader(path, entry, name)
+    reader = VerifyingReader(path, entry, name)
     try:
         data = reader.read_bytes(entry.size)
         reader.check()
     finally:
         reader.close()
     return data
-
-
-def read_tensor_file(path: Path, entry: FileEntry, name: str) -> FlatState:
-    """Read one of our safetensors files straight into freshly allocated tensors (one per
-    entry, so nothing aliases a shared buffer), verifying size and checksum of every byte.
-    The tensors are handed out only after the whole file matched the manifest."""
-    reader = _VerifyingReader(path, entry, name)
-    try:
-        (header_len,) = struct.unpack("<Q", reader.read_bytes(8))
-        header = reader.read_bytes(header_len)
-        data_start = 8 + header_len
-        try:
-            tree, slots = parse_header(header, entry.size - data_start)
-        except CheckpointError as exc:
-            reader.check()  # a checksum mismatch explains a garbled header best
-            raise reader.corrupt(str(exc)) from None
-        tensors = {}
-        for slot in slots:
-            if data_start + slot.begin > reader.offset:
-                reader.read_bytes(data_start + slot.begin - reader.offset)  # padding, hashed too
-            tensor = torch.empty(slot.shape, dtype=slot.dtype)
-            if slot.end > slot.begin:
-                reader.read_into(memoryview(tensor.view(-1).view(torch.uint8).numpy()).cast("B"))
-            tensors[slot.name] = tensor
-        reader.check()
-    finally:
-        reader.close()
-    return FlatState(tree, tensors)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import platform
+import struct
 from pathlib import Path
 from typing import Any
 
@@ -16,9 +17,9 @@ import torch
 from .. import __version__
 from .commit import CheckpointStore
 from .errors import CheckpointError, CorruptCheckpointError, Problem
-from .fileio import read_tensor_file
-from .manifest import LAYOUT_FILES, Manifest
-from .serialize import unflatten_state
+from .fileio import VerifyingReader
+from .manifest import LAYOUT_FILES, FileEntry, Manifest
+from .serialize import FlatState, parse_header, unflatten_state
 
 log = logging.getLogger(__name__)
 
@@ -75,3 +76,31 @@ class ActiveStaging:
         self.paths.discard(staging)
         if staging.exists():
             store.discard(staging)
+
+
+def read_tensor_file(path: Path, entry: FileEntry, name: str) -> FlatState:
+    """Read one of our safetensors files straight into freshly allocated tensors (one per
+    entry, so nothing aliases a shared buffer), verifying size and checksum of every byte.
+    The tensors are handed out only after the whole file matched the manifest."""
+    reader = VerifyingReader(path, entry, name)
+    try:
+        (header_len,) = struct.unpack("<Q", reader.read_bytes(8))
+        header = reader.read_bytes(header_len)
+        data_start = 8 + header_len
+        try:
+            tree, slots = parse_header(header, entry.size - data_start)
+        except CheckpointError as exc:
+            reader.check()  # a checksum mismatch explains a garbled header best
+            raise reader.corrupt(str(exc)) from None
+        tensors = {}
+        for slot in slots:
+            if data_start + slot.begin > reader.offset:
+                reader.read_bytes(data_start + slot.begin - reader.offset)  # padding, hashed too
+            tensor = torch.empty(slot.shape, dtype=slot.dtype)
+            if slot.end > slot.begin:
+                reader.read_into(memoryview(tensor.view(-1).view(torch.uint8).numpy()).cast("B"))
+            tensors[slot.name] = tensor
+        reader.check()
+    finally:
+        reader.close()
+    return FlatState(tree, tensors)

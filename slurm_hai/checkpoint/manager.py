@@ -18,6 +18,7 @@ from __future__ import annotations
 import logging
 import operator
 import os
+import secrets
 import socket
 import threading
 from collections.abc import Iterator, Mapping
@@ -31,6 +32,8 @@ from .errors import CheckpointError, CorruptCheckpointError, Problem
 from .fileio import describe_os_error, write_hashed_file
 from .layout import STATE_FILE, ActiveStaging, checkpoint_versions, rank_file_name, read_single_checkpoint
 from .manifest import LAYOUT_DCP, LAYOUT_SINGLE, FileEntry, Manifest, parse_step_dir_name, read_manifest
+from .memory import (PartInfo, agent_alive, check_part_files, commit_part, file_request, forget_parts, mark_pending,
+                     newest_part, node_name, parts_store, pending_steps, read_part, wait_for_pending)
 from .serialize import flatten_state, is_stateful
 from .staging import HostBuffer, SaveHandle, StagedFile, run_in_background, stage_files
 
@@ -71,6 +74,16 @@ def restore_into(target: Any, loaded: Any, where: str = "") -> None:
             restore_into(value, item, f"{where}/{i}")
 
 
+def checked_step(step: Any) -> int:
+    try:
+        step = operator.index(step)  # ints, numpy ints, 0-d integer tensors
+    except TypeError:
+        raise CheckpointError(f"step must be an integer, got {step!r}") from None
+    if step < 0 or isinstance(step, bool):
+        raise CheckpointError(f"step must be a non-negative integer, got {step!r}")
+    return step
+
+
 class CheckpointManager:
     """Atomic, verified, optionally async and two-tier checkpoints of one training run.
 
@@ -99,7 +112,10 @@ class CheckpointManager:
         store_args = {"lock_timeout": lock_timeout, "stale_staging_age_s": stale_staging_age_s}
         self.durable = CheckpointStore(directory, **store_args)
         self.fast = CheckpointStore(fast_dir, **store_args) if fast_dir is not None else None
+        # suspend_save()'s node memory parts (memory.py): FAST/parts/
+        self.parts = parts_store(Path(fast_dir), **store_args) if fast_dir is not None else None
         self.loaded_step: int | None = None  # the step the last load() returned
+        self.loaded_from = ""  # and where from: "node memory", or the directory
         self._buffer = HostBuffer()
         self._tensor_buffer = HostBuffer()  # async sharded saves: host copies of the tensors
         self._group: Any = None  # async sharded saves: a gloo group for the background threads
@@ -110,11 +126,29 @@ class CheckpointManager:
         if current_rank() == 0:
             for store in self.stores:
                 store.clean_stale(self._active_staging.paths)
+        if self.parts is not None:  # on every node
+            self.parts.clean_stale(self._active_staging.paths)
 
     @property
     def stores(self) -> list[CheckpointStore]:
         """Fast tier first: it is written first and read first."""
         return [store for store in (self.fast, self.durable) if store is not None]
+
+    @property
+    def stores_to_read(self) -> list[CheckpointStore]:
+        """Node memory parts (suspend saves of a single process), then the fast and durable tiers."""
+        return ([self.parts] if self.parts is not None else []) + self.stores
+
+    def _verify(self, store: CheckpointStore, path: Path) -> list[Problem]:
+        if store is not self.parts:
+            return store.verify(path).problems
+        try:
+            part = read_part(path)
+        except CorruptCheckpointError as exc:
+            return exc.problems
+        if part.nodes != 1 or part.manifest.world_size != 1:
+            return [Problem("part.json", "one node's share of a multi-process checkpoint: load it with every rank")]
+        return check_part_files(path, part, sorted(part.manifest.files))
 
     def _keep_for(self, store: CheckpointStore) -> int:
         return self.fast_keep_last if store is self.fast else self.keep_last
@@ -131,12 +165,7 @@ class CheckpointManager:
         it returns after the host copy; rank 0 commits once every rank's files are
         written and checksummed, and a failure on any rank is raised by the next
         save/wait/load/close on every rank. handle.skipped is known once it is done."""
-        try:
-            step = operator.index(step)  # ints, numpy ints, 0-d integer tensors
-        except TypeError:
-            raise CheckpointError(f"step must be an integer, got {step!r}") from None
-        if step < 0 or isinstance(step, bool):
-            raise CheckpointError(f"step must be a non-negative integer, got {step!r}")
+        step = checked_step(step)
         self.wait()  # at most one save in flight; raises the previous save's failure
         if (world := distributed_world()) is not None:
             if not blocking:
@@ -149,17 +178,73 @@ class CheckpointManager:
             handle.skipped = True
             handle.finish()
             return handle
-        global_part, rank_part = flatten_state(state)
-        files = [(STATE_FILE, global_part)]
-        if rank_part is not None:
-            files.append((rank_file_name(0), rank_part))
-        staged = stage_files(files, self._buffer)
+        staged = stage_files(self._single_files(state), self._buffer)
         self._inflight = handle
         self._thread = run_in_background(
             handle, lambda: self._persist(step, staged, targets, handle), lambda: self.housekeeping(targets)
         )
         if blocking:
             self.wait()
+        return handle
+
+    def suspend_save(self, step: int, state: Any) -> SaveHandle:
+        """The save to make at a suspend notice, before go_suspend(): it commits `step` to
+        the memory of every node of the job (fast_dir, node-local) and returns; the node's
+        persist agent (`hai-admin persist-agent`) then copies it to the durable directory,
+        after the job has let go of its nodes. A restart on the same nodes loads it from
+        memory; a restart elsewhere waits for the agents' commit. Collective with world
+        size > 1. Without fast_dir, or without a persist agent on every node, it is a
+        blocking save to the durable directory (with a warning). The handle is done."""
+        step = checked_step(step)
+        self.wait()
+        handle = self._suspend_save(step, state)
+        in_memory = self.parts is not None and self.parts.step_path(step).exists() and not handle.skipped
+        handle.where = "node memory" if in_memory else str(self.durable.root)
+        try:
+            handle.nbytes = (read_part(self.parts.step_path(step)).manifest if in_memory
+                             else read_manifest(self.durable.step_path(step))).total_bytes
+        except CheckpointError:
+            pass  # only informative
+        return handle
+
+    def _suspend_save(self, step: int, state: Any) -> SaveHandle:
+        if (world := distributed_world()) is not None:
+            from .sharded import prepare_share, save_to_memory
+
+            share = prepare_share(state, self._buffer, None)
+            skipped = None
+            if self.parts is not None:
+                skipped = save_to_memory(self.parts, self.durable, step, share, active_staging=self._active_staging)
+            if skipped is None:
+                return self._save_sharded(step, state, rank=world[0])
+            handle = SaveHandle(step)
+            handle.skipped = skipped
+            handle.finish()
+            return handle
+        if self.parts is None or not agent_alive():
+            log.warning("%s: saving step %d to %s directly", "no fast_dir" if self.parts is None else
+                        f"no persist agent on {node_name()}", step, self.durable.root)
+            return self.save(step, state)
+        handle = SaveHandle(step)
+        existing = self.durable.step_path(step)
+        if existing.exists() and self.durable.verify(existing).ok:
+            handle.skipped = True
+            handle.finish()
+            return handle
+        staged = stage_files(self._single_files(state), self._buffer)
+        staging = self.parts.new_staging(step)
+        self._active_staging.add(staging)
+        try:
+            entries = self._write_files(staging, staged, {})
+            part = PartInfo(step, secrets.token_hex(4), node_name(), 0, 1, str(self.durable.root), sorted(entries),
+                            self._single_manifest(step, entries))
+            file_request(commit_part(self.parts, staging, part), part)
+        except OSError as exc:
+            raise describe_os_error(exc, f"writing step {step} to node memory {self.parts.root}") from exc
+        finally:
+            self._active_staging.release(self.parts, staging)
+        mark_pending(self.durable, step, [part.node])
+        handle.finish()
         return handle
 
     def wait(self) -> None:
@@ -188,15 +273,9 @@ class CheckpointManager:
             self._group = dist.new_group(backend="gloo")
         return self._group
 
-    def _warn_fast_dir_unused(self, step: int, rank: int) -> None:
-        # A node-local tier for a multi-rank save needs one manifest per node: not done yet.
-        if self.fast is not None and rank == 0:
-            log.warning("fast_dir is not used for sharded saves: saving step %d to %s only", step, self.durable.root)
-
     def _save_sharded_async(self, step: int, state: Any, *, rank: int) -> SaveHandle:
         from .sharded import persist_sharded, prepare_share
 
-        self._warn_fast_dir_unused(step, rank)
         group = self._checkpoint_group()
         share = prepare_share(state, self._buffer, self._tensor_buffer)  # the blocking part: host copies
         handle = SaveHandle(step)
@@ -217,7 +296,6 @@ class CheckpointManager:
     def _save_sharded(self, step: int, state: Any, *, rank: int) -> SaveHandle:
         from .sharded import save_sharded
 
-        self._warn_fast_dir_unused(step, rank)
         handle = save_sharded(self.durable, step, state, buffer=self._buffer, active_staging=self._active_staging)
         if rank == 0 and not handle.skipped:
             self.housekeeping([self.durable])
@@ -256,25 +334,31 @@ class CheckpointManager:
                 "(the fast tier is optional: free space there or pass fast_dir=None)"
             ) from fast_error
 
+    @staticmethod
+    def _single_files(state: Any) -> list[tuple[str, Any]]:
+        global_part, rank_part = flatten_state(state)
+        files = [(STATE_FILE, global_part)]
+        if rank_part is not None:
+            files.append((rank_file_name(0), rank_part))
+        return files
+
+    @staticmethod
+    def _write_files(staging: Path, staged: list[StagedFile], known: dict[str, FileEntry]) -> dict[str, FileEntry]:
+        return {f.name: write_hashed_file(staging / f.name, f.image, known=known.get(f.name)) for f in staged}
+
+    @staticmethod
+    def _single_manifest(step: int, entries: dict[str, FileEntry]) -> Manifest:
+        return Manifest(step=step, layout=LAYOUT_SINGLE, world_size=1, files=entries,
+                        versions=checkpoint_versions(), created_by={"host": socket.gethostname(), "pid": os.getpid()})
+
     def _write_tier(
         self, store: CheckpointStore, step: int, staged: list[StagedFile], known: dict[str, FileEntry]
     ) -> dict[str, FileEntry]:
         staging = store.new_staging(step)
         self._active_staging.add(staging)
         try:
-            entries = {
-                f.name: write_hashed_file(staging / f.name, f.image, known=known.get(f.name))
-                for f in staged
-            }
-            manifest = Manifest(
-                step=step,
-                layout=LAYOUT_SINGLE,
-                world_size=1,
-                files=entries,
-                versions=checkpoint_versions(),
-                created_by={"host": socket.gethostname(), "pid": os.getpid()},
-            )
-            store.commit(staging, manifest)
+            entries = self._write_files(staging, staged, known)
+            store.commit(staging, self._single_manifest(step, entries))
         except OSError as exc:
             raise describe_os_error(exc, f"writing step {step} to {store.root}") from exc
         finally:
@@ -293,9 +377,15 @@ class CheckpointManager:
     # --- finding and loading ----------------------------------------------------------
 
     def _candidates(self, step: int | None = None) -> Iterator[tuple[int, CheckpointStore, Path]]:
-        """(step, store, path), newest step first, fast tier before durable at equal step."""
+        """(step, store, path), newest step first: a node memory part, then the fast tier, then
+        the durable one at equal step. A suspend checkpoint newer than any here that the
+        agents are still persisting is waited for first."""
+        if step is None and self.parts is not None and current_rank() == 0:
+            newest = newest_part(self.parts)
+            if newest is None or newest[0] < max(pending_steps(self.durable), default=-1):
+                wait_for_pending(self.durable)
         found = []
-        for order, store in enumerate(self.stores):
+        for order, store in enumerate(self.stores_to_read):
             for found_step, path in store.steps().items():
                 if step is None or found_step == step:
                     found.append((-found_step, order, store, path))
@@ -313,11 +403,11 @@ class CheckpointManager:
 
     def _latest_step_local(self) -> int | None:
         for step, store, path in self._candidates():
-            result = store.verify(path)
-            if result.ok:
+            problems = self._verify(store, path)
+            if not problems:
                 return step
             if path.exists():
-                store.quarantine(path, "; ".join(str(p) for p in result.problems))
+                store.quarantine(path, "; ".join(str(p) for p in problems))
         return None
 
     def load(self, step: int | None = None, *, into: Any = None) -> Any:
@@ -330,12 +420,21 @@ class CheckpointManager:
         """
         self.wait()
         if distributed_world() is not None:
-            from .sharded import load_distributed
+            from .sharded import load_distributed, load_from_memory
 
-            found = load_distributed(self.durable, step, into, group=self._checkpoint_group())
+            group = self._checkpoint_group()
+            found = None
+            if self.parts is not None:
+                found = load_from_memory(self.parts, self.durable, step, into, group)
+                if found is None and step is None and current_rank() == 0:
+                    wait_for_pending(self.durable)
+            self.loaded_from = "node memory" if found is not None else str(self.durable.root)
+            if found is None:
+                found = load_distributed(self.durable, step, into, group=group)
             if found is None:
                 return None
             self.loaded_step, state = found
+            self._forget_parts()
             if into is not None:
                 restore_into(into, state)
             return state
@@ -352,6 +451,8 @@ class CheckpointManager:
             finally:
                 self._loading.discard(found_step)
             self.loaded_step = found_step
+            self.loaded_from = "node memory" if store is self.parts else str(store.root)
+            self._forget_parts()
             log.info("loaded checkpoint %s", path)
             if into is not None:
                 restore_into(into, state)
@@ -361,7 +462,16 @@ class CheckpointManager:
             raise CheckpointError(f"no valid checkpoint for step {step} in {dirs}; `hai ckpt ls` lists what exists")
         return None
 
+    def _forget_parts(self) -> None:
+        if self.parts is not None and self.loaded_step is not None:
+            forget_parts(self.parts, older_than=self.loaded_step)
+
     def _read(self, store: CheckpointStore, path: Path, into: Any) -> Any:
+        if store is self.parts:  # verified as it is read, like any checkpoint
+            part = read_part(path)
+            if part.nodes != 1 or part.manifest.world_size != 1:
+                raise CheckpointError(f"{path} is one node's share of a multi-process checkpoint")
+            return read_single_checkpoint(path, part.manifest, rank=0)
         try:
             manifest = read_manifest(path)
         except CheckpointError as exc:

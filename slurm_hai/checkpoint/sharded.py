@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -46,7 +47,8 @@ from .commit import CheckpointStore
 from .errors import CheckpointError, CorruptCheckpointError, Problem
 from .fileio import describe_os_error, fsync_file, read_verified_file, write_hashed_file
 from .layout import ActiveStaging, checkpoint_versions, rank_file_name, read_rank_file, read_single_checkpoint
-from .manifest import LAYOUT_DCP, FileEntry, Manifest, check_file, hash_file, list_step_dirs, read_manifest
+from .manifest import (LAYOUT_DCP, FileEntry, Manifest, check_file, hash_file, list_step_dirs, parse_manifest,
+                       read_manifest)
 from .serialize import flatten_state, unflatten_state
 from .staging import HostBuffer, SaveHandle, StagedFile, stage_files, stage_tensors
 
@@ -387,3 +389,194 @@ def _dcp_tensors(path: Path, manifest: Manifest, into: Any, *, read: bool,
     except BaseException as exc:  # noqa: BLE001 - DCP's CheckpointException is a BaseException
         raise CheckpointError(f"torch.distributed.checkpoint could not load {path}: {exc!r}") from exc
     return tree, targets
+
+
+# --- suspend saves into node memory (memory.py has the layout and the agents' side) ----------
+
+
+def _node_leaders(nodes: list[str]) -> dict[str, int]:
+    """The lowest rank of each node: it completes and hands over the node's part."""
+    leaders: dict[str, int] = {}
+    for rank, node in enumerate(nodes):
+        leaders.setdefault(node, rank)
+    return leaders
+
+
+def save_to_memory(parts: CheckpointStore, durable: CheckpointStore, step: int, share: RankShare, *,
+                   active_staging: ActiveStaging, group: Any = None) -> bool | None:
+    """The collective suspend save: every rank writes its shards into its node's memory
+    part (node-local staging dir, DCP as in a durable save), the ranks agree, each node's
+    leader commits its part, and then hands it to its persist agent; rank 0 marks the step
+    pending in the durable directory. Returns True when the step was already committed
+    (skipped), None when some node has no persist agent (nothing written: the caller saves
+    to the durable tier instead); raises the same CheckpointError on every rank on failure."""
+    from .memory import PartInfo, agent_alive, commit_part, file_request, mark_pending, node_name
+
+    rank = dist.get_rank()
+    prepared = _all_gather((step, share.error, node_name(), agent_alive()), group)
+    errors = [error for _, error, _, _ in prepared if error]
+    if len({rank_step for rank_step, _, _, _ in prepared}) > 1:
+        errors.append("the ranks save different steps; every rank must save the same step")
+    if errors:
+        raise CheckpointError(f"suspend save of step {step} failed: {'; '.join(errors)}")
+    nodes = [node for _, _, node, _ in prepared]  # each rank's node
+    if not all(alive for _, _, _, alive in prepared):
+        if rank == 0:
+            missing = sorted({node for _, _, node, alive in prepared if not alive})
+            log.warning("no persist agent on %s: saving step %d to %s directly", ", ".join(missing), step, durable.root)
+        return None
+    leaders = _node_leaders(nodes)
+    order = sorted(leaders, key=leaders.__getitem__)
+
+    def open_staging() -> str | None:
+        existing = durable.step_path(step)
+        if existing.exists() and durable.verify(existing).ok:
+            return None
+        return parts.new_staging(step).name
+
+    staging_name = _rank0_then_broadcast(open_staging, group)
+    if staging_name is None:
+        return True
+    staging = parts.root / staging_name
+    active_staging.add(staging)
+    try:
+        entries: dict[str, FileEntry] = {}
+        local_error = None
+        try:
+            (staging / DCP_DIR).mkdir(mode=0o700, parents=True, exist_ok=True)
+            write_dcp(share.tensors, process_group=group, storage_writer=dcp.FileSystemWriter(
+                str(staging / DCP_DIR), single_file_per_rank=True, sync_files=False))
+            if share.rank_file is not None:
+                entries[share.rank_file.name] = write_hashed_file(staging / share.rank_file.name, share.rank_file.image)
+            if rank == 0:
+                tree = json.dumps(share.tree, separators=(",", ":")).encode()
+                entries[TREE_FILE] = write_hashed_file(staging / TREE_FILE, tree)
+            entries.update(_hash_files(staging, _owned_dcp_files(staging / DCP_DIR, rank)))
+        except BaseException as exc:  # noqa: BLE001 - DCP's CheckpointException is a BaseException
+            local_error = f"rank {rank}: {_describe_write_error(exc, f'writing step {step} to node memory')}"
+        reports = _all_gather((entries, local_error), group)
+
+        def whole() -> tuple[bytes, bytes, bytes]:
+            failed = [error for _, error in reports if error]
+            if failed:
+                raise CheckpointError(f"suspend save of step {step} failed: {'; '.join(failed)}")
+            files: dict[str, FileEntry] = {}
+            for rank_entries, _ in reports:
+                files.update(rank_entries)
+            manifest = Manifest(step=step, layout=LAYOUT_DCP, world_size=len(nodes), files=files,
+                                versions=checkpoint_versions(),
+                                created_by={"host": durable.host, "pid": os.getpid(), "world_size": len(nodes)})
+            return (manifest.to_json_bytes(), (staging / TREE_FILE).read_bytes(),
+                    (staging / DCP_DIR / ".metadata").read_bytes())
+
+        manifest_bytes, tree_bytes, metadata_bytes = _rank0_then_broadcast(whole, group)
+        manifest = parse_manifest(manifest_bytes)
+        node = nodes[rank]
+        part = PartInfo(step, staging_name.rsplit("-", 1)[-1], node, order.index(node), len(order), str(durable.root),
+                        sorted(name for r, (rank_entries, _) in enumerate(reports) if nodes[r] == node
+                               for name in rank_entries), manifest)
+        committed, local_error = None, None
+        if leaders[node] == rank:
+            try:
+                for name, data in ((TREE_FILE, tree_bytes), (f"{DCP_DIR}/.metadata", metadata_bytes)):
+                    if not (staging / name).exists():  # the small shared files: on every node, for a load there
+                        write_hashed_file(staging / name, data)
+                committed = commit_part(parts, staging, part)
+            except (OSError, CheckpointError) as exc:
+                local_error = f"node {node}: {exc}"
+        failed = [e for e in _all_gather(local_error, group) if e]
+        if failed:
+            raise CheckpointError(f"suspend save of step {step} failed: {'; '.join(failed)}")
+        if committed is not None:
+            try:
+                file_request(committed, part)
+            except CheckpointError as exc:
+                local_error = f"node {node}: {exc}"
+        # Every node's request is filed before the step is marked pending.
+        failed = [e for e in _all_gather(local_error, group) if e]
+        if failed:
+            raise CheckpointError(f"suspend save of step {step} failed: {'; '.join(failed)}")
+        if rank == 0:
+            mark_pending(durable, step, order)
+        return False
+    finally:
+        active_staging.paths.discard(staging)
+        if staging.exists() and leaders.get(nodes[rank]) == rank:
+            parts.discard(staging)
+
+
+def _tensor_owners(path: Path) -> dict[str, int]:
+    """The rank whose DCP file holds each whole tensor (replicated state: DCP wrote each
+    tensor once, in one rank's file); a tensor spread over several files has no owner."""
+    metadata = dcp.FileSystemReader(str(path / DCP_DIR)).read_metadata()
+    files: dict[str, set[str]] = {}
+    for index, info in metadata.storage_data.items():
+        files.setdefault(index.fqn, set()).add(info.relative_path)
+    owners = {}
+    for name, paths in files.items():
+        if len(paths) == 1 and (m := re.match(r"__(\d+)_\d+\.distcp$", next(iter(paths)))):
+            owners[name] = int(m.group(1))
+    return owners
+
+
+def load_from_memory(parts: CheckpointStore, durable: CheckpointStore, step: int | None, into: Any,
+                     group: Any) -> tuple[int, Any] | None:
+    """Collective load of a suspend checkpoint from node memory, when this run landed where
+    it was saved: every rank finds the same newest part on its node, no newer step is
+    committed durably, and each rank's own files verify there. Replicated state: each rank
+    reads the tensors its own DCP file holds and broadcasts them; sharded state (DTensors):
+    each rank reads its shards through DCP. None (nothing read) when any rank cannot."""
+    from .memory import check_part_files, newest_part, pending_steps, read_part
+
+    rank = dist.get_rank()
+    local = newest_part(parts)
+    found = _all_gather(local[0] if local else None, group)
+    # A newer step committed durably, or on its way there from other nodes' memory, wins.
+    newest_elsewhere = _rank0_then_broadcast(lambda: max(
+        [s for s, _ in list_step_dirs(durable.root)] + pending_steps(durable), default=-1), group)
+    chosen = found[0]
+    if chosen is None or len(set(found)) > 1 or (step is not None and chosen != step) or newest_elsewhere > chosen:
+        return None
+    path = local[1]
+    replicated = not _has_dtensor(into)
+    try:
+        part = read_part(path)
+        manifest = part.manifest
+        own = [n for n in manifest.files if n.startswith(f"{DCP_DIR}/__{rank}_")] + [rank_file_name(rank)]
+        need = [TREE_FILE, f"{DCP_DIR}/.metadata"] + [n for n in own if n in manifest.files]
+        problems = check_part_files(path, part, need)
+        error = f"rank {rank}: " + "; ".join(map(str, problems)) if problems else None
+        owners = _tensor_owners(path) if replicated and not problems else {}
+    except CheckpointError as exc:
+        error, owners = f"rank {rank}: {exc}", {}
+    errors = [e for e in _all_gather(error, group) if e]
+    if errors:
+        log.info("step %d is in node memory but not readable here (%s): loading from %s", chosen,
+                 "; ".join(errors), durable.root)
+        return None
+    try:
+        if replicated:
+            tree, targets = _dcp_tensors(path, manifest, into, read=False, distributed=False)
+            mine = {name: t for name, t in targets.items() if owners.get(name) == rank}
+            if len(owners) < len(targets):
+                raise CheckpointError("a tensor is spread over several ranks' files")
+            if mine:
+                dcp.load(mine, storage_reader=dcp.FileSystemReader(str(path / DCP_DIR)), no_dist=True)
+            state = (tree, targets, read_rank_file(path, manifest, rank))
+        else:
+            state = read_dcp_checkpoint(path, manifest, rank=rank, into=into, distributed=True)
+        error = None
+    except BaseException as exc:  # noqa: BLE001 - DCP's CheckpointException is a BaseException
+        state, error = None, f"rank {rank}: {exc!r}"
+    errors = [e for e in _all_gather(error, group) if e]
+    if errors:
+        log.warning("could not load step %d from node memory (%s): loading from %s", chosen, "; ".join(errors),
+                    durable.root)
+        return None
+    if replicated:
+        tree, targets, rank_values = state
+        for name in sorted(targets):
+            dist.broadcast(targets[name], src=owners[name], group=group)
+        state = unflatten_state(tree, targets, rank_values)
+    log.info("loaded step %d from node memory %s", chosen, path)
+    return chosen, state

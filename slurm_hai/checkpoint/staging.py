@@ -130,6 +130,8 @@ class SaveHandle:
     def __init__(self, step: int) -> None:
         self.step = step
         self.skipped = False  # True when the step was already committed everywhere
+        self.where = ""  # suspend_save(): "node memory", or the durable directory it fell back to
+        self.nbytes = 0  # suspend_save(): the checkpoint's size
         self._done = threading.Event()
         self._first_tier_done = threading.Event()
         self._error: CheckpointError | None = None

@@ -379,6 +379,37 @@ def daemon(policy_file: str | None, once: bool, interval: float, lock_file: str 
     sys.exit(code)
 
 
+@main.command("persist-agent")
+@click.option("--spool", metavar="DIR", default=None,
+              help="Where jobs on this node leave their requests. [default: $HAI_PERSIST_SPOOL, "
+                   "else /dev/shm/slurm-hai-persist]")
+@click.option("--once", is_flag=True, help="Handle the requests waiting now, then exit (for a test).")
+@one_line_errors
+def persist_agent(spool: str | None, once: bool) -> None:
+    """Finish the durable copy of suspend checkpoints on this node (run one per node, as root).
+
+    \b
+    A job that suspends with CheckpointManager.suspend_save() commits its checkpoint to
+    this node's memory and lets go of the node at once; this agent then copies the node's
+    share to the durable directory (checksummed, fsynced) and, on the last node to finish,
+    commits it. Each request runs as the job's user. Without an agent on every node of a
+    job, suspend_save() saves to the durable directory itself, as a blocking save.
+    docs/checkpoint.md ("Suspend in memory time"); contrib/systemd/ has a unit file.
+    """
+    from ..checkpoint.agent import Agent, AgentError, prepare_spool
+    from ..checkpoint.memory import spool_dir
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    where = Path(spool) if spool else spool_dir()
+    try:
+        prepare_spool(where)
+    except AgentError as e:
+        raise click.ClickException(str(e)) from None
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: sys.exit(0))
+    Agent(where).serve(once=once)
+
+
 def _serve_metrics(port: int, address: str, policy: Policy):
     """The daemon's metrics, served on address:port; a one-line error when prometheus_client is
     missing (the daemon runs without it as long as no metrics are asked for) or the port is taken."""

@@ -28,7 +28,9 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
+import shutil
 import signal
+import stat
 import subprocess
 import sys
 import tempfile
@@ -50,6 +52,29 @@ def flag_path(job_id: str, run: int) -> Path:
     can stand in for it or keep the run from starting."""
     base = "/dev/shm" if os.path.isdir("/dev/shm") else os.environ.get("TMPDIR", "/tmp")
     return Path(tempfile.mkdtemp(prefix=f"slurm-hai-{job_id}.{run}-", dir=base)) / "suspend"
+
+
+def node_memory_dir(jobdir: JobDir, job_id: str) -> Path | None:
+    """The job's directory in this node's memory (HAI_NODE_MEMORY, for CheckpointManager's
+    fast_dir): the same on every run of the job on this node, so that a restart here finds
+    the suspend checkpoint it left. Made with mkdtemp (0700, a random name nobody can claim
+    first); its path is kept in the job directory, per node. None without /dev/shm."""
+    if not os.path.isdir("/dev/shm"):
+        return None
+    record = jobdir.path / "node-memory" / (os.environ.get("SLURMD_NODENAME") or os.uname().nodename)
+    try:
+        path = Path(record.read_text().strip())
+        st = os.lstat(path)
+        if stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and not st.st_mode & 0o077:
+            return path
+    except (OSError, ValueError):
+        pass  # first run on this node, or the node lost its memory (a reboot)
+    path = Path(tempfile.mkdtemp(prefix=f"slurm-hai-{job_id}-memory-", dir="/dev/shm"))
+    record.parent.mkdir(mode=0o700, exist_ok=True)
+    tmp = record.with_name(f".{record.name}.{os.getpid()}")
+    tmp.write_text(str(path))
+    os.replace(tmp, record)
+    return path
 
 
 def pinned_threads(jobdir: JobDir) -> int:
@@ -86,12 +111,12 @@ def descendants(pid: int) -> set[int]:
     their own (torchrun starts each worker so), which its process group does not reach and
     which, once their parent is gone, Slurm's proctrack/linuxproc no longer finds."""
     children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
+    for proc_stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            ppid = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+            ppid = int(proc_stat.read_text().rsplit(")", 1)[1].split()[1])
         except (OSError, IndexError, ValueError):
             continue  # ended meanwhile
-        children.setdefault(ppid, []).append(int(stat.parent.name))
+        children.setdefault(ppid, []).append(int(proc_stat.parent.name))
     found, todo = set(), [pid]
     while todo:
         below = children.get(todo.pop(), [])
@@ -297,12 +322,20 @@ def main(argv: list[str] | None = None) -> int:
         flag = flag_path(job_id, run) if rank == 0 else None
     except OSError as e:
         return could_not_start(jobdir, run, rank, f"no node-local directory for the suspend flag: {e}")
+    try:
+        memory = node_memory_dir(jobdir, job_id)
+    except OSError as e:
+        return could_not_start(jobdir, run, rank, f"no directory in node memory: {e}")
+    if memory is not None:
+        env["HAI_NODE_MEMORY"] = str(memory)
     node = NodeRun(cmd, env, jobdir, run, rank, args.grace, args.term_is_notice,
                    force_suspend=lambda: slurm.requeue_run(int(job_id)),
                    flag=flag,
                    why_notice=lambda: _why_notice(slurm, int(job_id), jobdir, args.grace))
     node.start()
     rc = node.wait()
+    if rc == 0 and node.noticed_at is None and memory is not None:
+        shutil.rmtree(memory, ignore_errors=True)  # the job is done: no restart will read it
     # The run is over. A notice now has nothing left to suspend, and must not kill the
     # launcher as it leaves: Python's teardown resets handled signals to SIG_DFL, which would
     # turn a finished run into exit 140 (seen on 26.05). Ignored ones stay ignored.

@@ -1,0 +1,297 @@
+"""The node memory tier of suspend saves, and the hand-off to the node's persist agent.
+
+A suspend save (``CheckpointManager.suspend_save``) commits each node's share of the
+checkpoint to that node's memory (``fast_dir``, e.g. under /dev/shm) and returns; the job
+then calls go_suspend(). The durable copy is finished by the persist agent of each node
+(agent.py), a process that outlives the job:
+
+    FAST/parts/.staging-<step>-...      a part being written (never read)
+    FAST/parts/step-<N>/                one node's committed part (renamed into place)
+        part.json                       PartInfo: the step, which node of how many, the
+                                        durable directory, the files this node owns and
+                                        the whole checkpoint's manifest
+        <the checkpoint's files>        those this node's ranks wrote, plus copies of the
+                                        small shared ones (tree.json, dcp/.metadata)
+    SPOOL/<uid>-<step>-<token>-<k>.json one request per node and save: {"part": path}
+    DIR/.persisting-<N>.json            rank 0 wrote it once every node's part committed:
+                                        a restart elsewhere waits for step N
+    DIR/.persist-<N>-<token>/           the agents' shared staging dir; .part-<k>.done
+
+Every node's agent copies the files its node owns into the shared staging dir, checking
+each against the manifest's checksum, fsyncs them and drops its ``.part-<k>.done``; the one
+that finds every node's marker (holding DIR/.lock) writes the manifest and renames the dir
+to ``step-<N>``, the same commit as any save. A crash of an agent leaves the request in the
+spool (a restarted agent does it again) and the durable tier with the new checkpoint or
+without it, never a part of it.
+
+Torch-free: the agent imports this module.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import mmap
+import os
+import secrets
+import shutil
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from .commit import CheckpointStore, process_start_ticks, writer_alive
+from .errors import CheckpointError, CorruptCheckpointError, Problem
+from .fileio import describe_os_error, fsync_dir, write_hashed_file
+from .manifest import MANIFEST_NAME, FileEntry, Manifest, check_file, parse_manifest
+
+log = logging.getLogger(__name__)
+
+PARTS_DIR = "parts"
+PART_FILE = "part.json"
+PART_FORMAT = "slurm-hai-memory-part"
+PERSIST_PREFIX = ".persist-"
+PENDING_PREFIX = ".persisting-"
+AGENT_PIDFILE = "agent.pid"
+DEFAULT_SPOOL = "/dev/shm/slurm-hai-persist"
+PENDING_WAIT_S = 120.0  # how long a restart elsewhere waits for the agents' durable commit
+
+
+def spool_dir() -> Path:
+    """Where this node's persist agent takes requests ($HAI_PERSIST_SPOOL overrides)."""
+    return Path(os.environ.get("HAI_PERSIST_SPOOL") or DEFAULT_SPOOL)
+
+
+def node_name() -> str:
+    """Which node's memory this process sees: Slurm's name for the node, else the host's."""
+    return os.environ.get("SLURMD_NODENAME") or os.uname().nodename
+
+
+def agent_alive(spool: Path | None = None) -> bool:
+    """Does a persist agent run on this node? (its pid file: pid and start time)"""
+    try:
+        pid, ticks = (int(x) for x in ((spool or spool_dir()) / AGENT_PIDFILE).read_text().split())
+    except (OSError, ValueError):
+        return False
+    return writer_alive(pid, ticks)
+
+
+def write_agent_pidfile(spool: Path) -> None:
+    pid = os.getpid()
+    tmp = spool / f".{AGENT_PIDFILE}.{pid}"
+    tmp.write_text(f"{pid} {process_start_ticks(pid)}\n")
+    os.replace(tmp, spool / AGENT_PIDFILE)
+
+
+@dataclass
+class PartInfo:
+    """part.json: one node's share of a checkpoint in its memory tier."""
+
+    step: int
+    token: str  # names the agents' shared staging dir of this save
+    node: str
+    node_index: int
+    nodes: int
+    durable: str  # the durable checkpoint directory the agents commit to
+    owned: list[str]  # files this node's agent copies (each file has exactly one owner)
+    manifest: Manifest  # the whole checkpoint's
+
+    def to_json_bytes(self) -> bytes:
+        return json.dumps({
+            "format": PART_FORMAT, "format_version": 1, "step": self.step, "token": self.token, "node": self.node,
+            "node_index": self.node_index, "nodes": self.nodes, "durable": self.durable, "owned": self.owned,
+            "manifest": json.loads(self.manifest.to_json_bytes()),
+        }, indent=1).encode()
+
+
+def read_part(part_dir: Path) -> PartInfo:
+    try:
+        raw = json.loads((part_dir / PART_FILE).read_bytes())
+        if raw.get("format") != PART_FORMAT:
+            raise ValueError(f"not a {PART_FORMAT}")
+        manifest = parse_manifest(json.dumps(raw["manifest"]).encode())
+        return PartInfo(int(raw["step"]), str(raw["token"]), str(raw["node"]), int(raw["node_index"]),
+                        int(raw["nodes"]), str(raw["durable"]), [str(n) for n in raw["owned"]], manifest)
+    except FileNotFoundError:
+        raise CorruptCheckpointError(str(part_dir), [Problem(PART_FILE, "missing")]) from None
+    except (OSError, ValueError, KeyError, TypeError, CheckpointError) as exc:
+        raise CorruptCheckpointError(str(part_dir), [Problem(PART_FILE, str(exc))]) from None
+
+
+def check_part_files(part_dir: Path, part: PartInfo, names: list[str]) -> list[Problem]:
+    """Size and checksum of the named files of a part against the checkpoint's manifest."""
+    problems = []
+    for name in names:
+        entry = part.manifest.files.get(name)
+        if entry is None:
+            problems.append(Problem(name, "not in the checkpoint's manifest"))
+        else:
+            problems += check_file(part_dir, name, entry, check_data=True)
+    return problems
+
+
+def parts_store(fast_root: Path, **store_args: float) -> CheckpointStore:
+    return CheckpointStore(fast_root / PARTS_DIR, **store_args)
+
+
+def newest_part(parts: CheckpointStore) -> tuple[int, Path] | None:
+    steps = parts.steps()
+    return max(steps.items()) if steps else None
+
+
+def commit_part(parts: CheckpointStore, staging: Path, part: PartInfo) -> Path:
+    """Write part.json into a fully written staging dir and rename it to step-<N>. A part of
+    the same step that is already there (an earlier run's) is replaced: the durable commit
+    of that step, if any, was made from identical files, and a pending one reads the new."""
+    try:
+        (staging / PART_FILE).write_bytes(part.to_json_bytes())
+        target = parts.step_path(part.step)
+        with parts.locked():
+            if target.exists():
+                shutil.rmtree(target)
+            os.rename(staging, target)
+        return target
+    except OSError as exc:
+        raise describe_os_error(exc, f"committing step {part.step} to node memory {parts.root}") from exc
+
+
+def forget_parts(parts: CheckpointStore, older_than: int) -> None:
+    """Remove this node's parts older than a step that is loaded or committed; their
+    durable copies are done or no longer needed."""
+    for step, path in parts.steps().items():
+        if step < older_than:
+            shutil.rmtree(path, ignore_errors=True)
+
+
+def file_request(part_dir: Path, part: PartInfo, spool: Path | None = None) -> Path:
+    """Hand a committed part to this node's persist agent."""
+    spool = spool or spool_dir()
+    name = f"{os.getuid()}-{part.step:012d}-{part.token}-{part.node_index}.json"
+    tmp = spool / f".{name}.{secrets.token_hex(4)}"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+        try:
+            os.write(fd, json.dumps({"part": str(part_dir)}).encode())
+        finally:
+            os.close(fd)
+        os.rename(tmp, spool / name)
+    except OSError as exc:
+        raise describe_os_error(exc, f"handing step {part.step} to the persist agent in {spool}") from exc
+    return spool / name
+
+
+def pending_path(durable: CheckpointStore, step: int) -> Path:
+    return durable.root / f"{PENDING_PREFIX}{step:012d}.json"
+
+
+def mark_pending(durable: CheckpointStore, step: int, nodes: list[str]) -> None:
+    """Rank 0, once every node's part is committed: step N is on its way to the durable tier."""
+    path = pending_path(durable, step)
+    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}")
+    try:
+        tmp.write_text(json.dumps({"step": step, "nodes": nodes, "created_unix": time.time()}))
+        os.replace(tmp, path)
+    except OSError as exc:  # only a hint for a restart on other nodes: the save itself is done
+        log.warning("could not mark step %d pending in %s (%s): a restart on other nodes will not wait for it",
+                    step, durable.root, exc.strerror or exc)
+
+
+def pending_steps(durable: CheckpointStore) -> list[int]:
+    out = []
+    for path in durable.root.glob(f"{PENDING_PREFIX}*.json"):
+        try:
+            out.append(int(path.name[len(PENDING_PREFIX):-len(".json")]))
+        except ValueError:
+            continue
+    return sorted(out, reverse=True)
+
+
+def wait_for_pending(durable: CheckpointStore, timeout: float = PENDING_WAIT_S) -> None:
+    """Before loading from the durable tier: if a suspend checkpoint newer than its newest
+    one is still being persisted by the agents, wait for it (up to `timeout`). Markers of
+    steps already committed, or older, are removed."""
+    deadline = time.monotonic() + timeout
+    while True:
+        committed = max(durable.steps(), default=-1)
+        waiting = [s for s in pending_steps(durable) if s > committed]
+        for step in pending_steps(durable):
+            if step <= committed:
+                pending_path(durable, step).unlink(missing_ok=True)
+        if not waiting:
+            return
+        if time.monotonic() >= deadline:
+            log.warning("step %d was saved to node memory but has not reached %s after %.0f s (a node lost, or "
+                        "no persist agent running?): loading the newest durable checkpoint instead",
+                        waiting[0], durable.root, timeout)
+            return
+        time.sleep(0.2)
+
+
+# --- the agent's side: runs as the job's user ------------------------------------------
+
+
+def _copy_checked(source: Path, dest: Path, entry: FileEntry, name: str) -> None:
+    """Copy one file of a part into the durable staging dir (written and fsynced with
+    write_hashed_file), refusing it unless its checksum is the manifest's."""
+    dest.unlink(missing_ok=True)  # a crashed attempt's leftover
+    dest.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    with open(source, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size != entry.size:
+            raise CorruptCheckpointError(str(source.parent), [Problem(name, f"size {size}, manifest says {entry.size}")])
+        if size == 0:
+            written = write_hashed_file(dest, b"")
+        else:
+            with mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ) as mapped:
+                view = memoryview(mapped)
+                try:
+                    written = write_hashed_file(dest, view)
+                finally:
+                    view.release()
+    if written.checksum != entry.checksum:
+        dest.unlink(missing_ok=True)
+        raise CorruptCheckpointError(str(source.parent), [Problem(name, "checksum mismatch in node memory")])
+
+
+def persist_part(part_dir: Path) -> str:
+    """Copy one node's part to the durable tier; commit the checkpoint if every node's part
+    is there. Returns what happened: 'committed', 'copied' (waiting for other nodes) or
+    'already' (the step was committed before)."""
+    part = read_part(part_dir)
+    durable = CheckpointStore(part.durable, lock_timeout=300.0, stale_staging_age_s=6 * 3600.0)
+    step = part.step
+    if durable.step_path(step).exists():
+        return "already"
+    staging = durable.root / f"{PERSIST_PREFIX}{step:012d}-{part.token}"
+    try:
+        staging.mkdir(mode=0o700, exist_ok=True)
+        if staging.is_symlink() or staging.stat().st_uid != os.geteuid():
+            raise CheckpointError(f"{staging} is not this user's directory")
+        for name in part.owned:
+            entry = part.manifest.files.get(name)
+            if entry is None:
+                raise CorruptCheckpointError(str(part_dir), [Problem(name, "not in the checkpoint's manifest")])
+            _copy_checked(part_dir / name, staging / name, entry, name)
+        for sub in [p for p in staging.rglob("*") if p.is_dir()] + [staging]:
+            fsync_dir(sub)
+        done = staging / f".part-{part.node_index}.done"
+        fd = os.open(done, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        os.fsync(fd)
+        os.close(fd)
+        fsync_dir(staging)
+        with durable.locked():
+            if durable.step_path(step).exists():  # another save of the same step (a second suspend) won
+                shutil.rmtree(staging, ignore_errors=True)
+                return "already"
+            markers = [f".part-{k}.done" for k in range(part.nodes)]
+            if not all((staging / m).exists() for m in markers):
+                return "copied"
+            (staging / MANIFEST_NAME).unlink(missing_ok=True)  # an agent killed while committing
+            target = durable.commit(staging, part.manifest)
+            if target is None:
+                return "already"
+        for marker in markers:  # not part of the checkpoint (the manifest does not list them)
+            (target / marker).unlink(missing_ok=True)
+        pending_path(durable, step).unlink(missing_ok=True)
+        return "committed"
+    except OSError as exc:
+        raise describe_os_error(exc, f"persisting step {step} from {part_dir} to {durable.root}") from exc

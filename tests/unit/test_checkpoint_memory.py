@@ -1,0 +1,259 @@
+"""Suspend saves into node memory and the persist agent (memory.py, agent.py).
+
+The nodes are simulated: each rank is told its node (SLURMD_NODENAME) and gets that node's
+memory directory and agent spool. The live proof, with real nodes that each have their own
+/dev/shm, is tests/cluster/test_suspend_memory.py."""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torch.distributed as dist
+from safetensors.torch import load_file, save_file
+from test_checkpoint_sharded import STEP, expected_values, init_gloo, make_state, train_two_steps
+from test_checkpoint_sharded_async import spawn
+
+from slurm_hai.checkpoint import CheckpointManager, verify_checkpoint
+from slurm_hai.checkpoint import memory
+from slurm_hai.checkpoint.agent import Agent, prepare_spool
+from slurm_hai.checkpoint.manifest import list_step_dirs, step_dir_name
+
+
+def node_of(rank: int) -> str:
+    return f"n{rank // 2 + 1}"  # two ranks per node
+
+
+def on_node(base: Path, node: str) -> Path:
+    """Point this process at node `node`: its name, its agent's spool. Returns its memory."""
+    os.environ["SLURMD_NODENAME"] = node
+    os.environ["HAI_PERSIST_SPOOL"] = str(base / node / "spool")
+    return base / node / "shm"
+
+
+def start_agent(base: Path, node: str) -> Agent:
+    spool = base / node / "spool"
+    prepare_spool(spool)
+    memory.write_agent_pidfile(spool)  # this test process stands in for the node's agent
+    return Agent(spool)
+
+
+def run_agent(base: Path, node: str) -> None:
+    start_agent(base, node).serve(poll=0.02, once=True)
+
+
+def single_state(value: float) -> dict:
+    return {"w": torch.full((1000,), value), "b": torch.arange(7, dtype=torch.int64) * int(value), "step": int(value)}
+
+
+@pytest.fixture
+def one_node(tmp_path, monkeypatch):
+    monkeypatch.setenv("SLURMD_NODENAME", "n1")
+    monkeypatch.setenv("HAI_PERSIST_SPOOL", str(tmp_path / "n1" / "spool"))
+    return tmp_path
+
+
+def test_a_suspend_save_lands_in_node_memory_and_the_agent_commits_it_durably(one_node):
+    durable, fast = one_node / "durable", one_node / "n1" / "shm"
+    agent = start_agent(one_node, "n1")
+    mgr = CheckpointManager(durable, fast_dir=fast)
+    mgr.save(1, single_state(1.0))
+    handle = mgr.suspend_save(2, single_state(2.0))
+    assert handle.done() and not handle.skipped
+    assert list_step_dirs(durable) == [(1, durable / step_dir_name(1))]  # not durable yet
+    assert (durable / ".persisting-000000000002.json").exists()
+    # a restart on the same node loads it from memory, before the agent ran
+    again = CheckpointManager(durable, fast_dir=fast)
+    assert again.load()["step"] == 2 and again.loaded_step == 2
+    agent.serve(poll=0.02, once=True)
+    assert verify_checkpoint(durable / step_dir_name(2)).ok
+    assert not (durable / ".persisting-000000000002.json").exists()
+    assert not list(durable.glob(".persist-*")) and not list((one_node / "n1" / "spool").glob("*-*.json"))
+    # a restart on another node (empty memory) loads the durable copy, equal to what was saved
+    elsewhere = CheckpointManager(durable, fast_dir=one_node / "n2" / "shm")
+    state = elsewhere.load()
+    assert elsewhere.loaded_step == 2 and torch.equal(state["b"], single_state(2.0)["b"])
+
+
+def test_a_restart_elsewhere_waits_for_the_agent_instead_of_loading_an_older_step(one_node):
+    durable = one_node / "durable"
+    agent = start_agent(one_node, "n1")
+    mgr = CheckpointManager(durable, fast_dir=one_node / "n1" / "shm")
+    mgr.save(1, single_state(1.0))
+    mgr.suspend_save(2, single_state(2.0))
+    late = threading.Timer(1.0, lambda: agent.serve(poll=0.02, once=True))
+    late.start()
+    start = time.monotonic()
+    elsewhere = CheckpointManager(durable, fast_dir=one_node / "n2" / "shm")
+    assert elsewhere.load()["step"] == 2
+    assert time.monotonic() - start >= 0.9
+    late.join()
+
+
+def test_when_the_agent_never_commits_the_restart_falls_back_to_the_newest_durable_step(one_node, monkeypatch, caplog):
+    durable = one_node / "durable"
+    start_agent(one_node, "n1")
+    mgr = CheckpointManager(durable, fast_dir=one_node / "n1" / "shm")
+    mgr.save(1, single_state(1.0))
+    mgr.suspend_save(2, single_state(2.0))
+    monkeypatch.setattr(memory, "PENDING_WAIT_S", 0.5)
+    monkeypatch.setattr(memory.wait_for_pending, "__defaults__", (0.5,))
+    with caplog.at_level(logging.WARNING):
+        assert CheckpointManager(durable, fast_dir=one_node / "n2" / "shm").load()["step"] == 1
+    assert "step 2 was saved to node memory but has not reached" in caplog.text
+
+
+def test_without_an_agent_a_suspend_save_is_a_blocking_durable_save(one_node, caplog):
+    durable = one_node / "durable"
+    mgr = CheckpointManager(durable, fast_dir=one_node / "n1" / "shm")
+    with caplog.at_level(logging.WARNING):
+        mgr.suspend_save(3, single_state(3.0))
+    assert "no persist agent on n1: saving step 3" in caplog.text
+    assert verify_checkpoint(durable / step_dir_name(3)).ok
+    assert not list((one_node / "n1" / "shm" / "parts").glob("step-*"))
+
+
+def test_an_agent_killed_while_copying_leaves_the_previous_checkpoint_and_finishes_on_restart(one_node, monkeypatch):
+    durable = one_node / "durable"
+    start_agent(one_node, "n1")
+    mgr = CheckpointManager(durable, fast_dir=one_node / "n1" / "shm")
+    mgr.save(1, single_state(1.0))
+    mgr.suspend_save(2, single_state(2.0))
+    (part,) = (one_node / "n1" / "shm" / "parts").glob("step-*")
+    real = memory._copy_checked
+
+    def dies_after_the_copy(source, dest, entry, name):
+        real(source, dest, entry, name)
+        raise KeyboardInterrupt  # stands in for SIGKILL: the file is there, the commit is not
+
+    monkeypatch.setattr(memory, "_copy_checked", dies_after_the_copy)
+    with pytest.raises(KeyboardInterrupt):
+        memory.persist_part(part)
+    assert list(durable.glob(".persist-*")) and not (durable / step_dir_name(2)).exists()
+    assert CheckpointManager(durable).load()["step"] == 1  # the previous one, whole
+    monkeypatch.setattr(memory, "_copy_checked", real)
+    run_agent(one_node, "n1")  # the request is still in the spool
+    assert verify_checkpoint(durable / step_dir_name(2)).ok
+    assert CheckpointManager(durable).load()["step"] == 2
+
+
+def test_a_part_corrupted_in_memory_is_never_committed(one_node):
+    durable = one_node / "durable"
+    start_agent(one_node, "n1")
+    mgr = CheckpointManager(durable, fast_dir=one_node / "n1" / "shm")
+    mgr.save(1, single_state(1.0))
+    mgr.suspend_save(2, single_state(2.0))
+    (part,) = (one_node / "n1" / "shm" / "parts").glob("step-*")
+    with open(part / "state.safetensors", "r+b") as f:
+        f.seek(-3, os.SEEK_END)
+        f.write(b"\xff\xfe\xfd")
+    with pytest.raises(memory.CorruptCheckpointError, match="checksum mismatch in node memory"):
+        memory.persist_part(part)
+    assert not (durable / step_dir_name(2)).exists()
+    # the restart on this node does not load it either: it falls back to the durable step 1
+    assert CheckpointManager(durable, fast_dir=one_node / "n1" / "shm").load()["step"] == 1
+
+
+# --- several ranks on two nodes -----------------------------------------------------------
+
+
+def _suspend_rank(rank: int, world_size: int, port: int, base: str) -> None:
+    fast = on_node(Path(base), node_of(rank))
+    init_gloo(rank, world_size, port)
+    try:
+        state = train_two_steps(rank, world_size)
+        torch.manual_seed(100 + rank)
+        mgr = CheckpointManager(Path(base) / "durable", fast_dir=fast)
+        handle = mgr.suspend_save(STEP, state)
+        assert handle.done() and not handle.skipped
+        expected = expected_values(state)
+        expected["next_random"] = torch.rand(4)
+        save_file(expected, str(Path(base) / f"expected-rank{rank}.safetensors"))
+    finally:
+        dist.destroy_process_group()
+
+
+def _resume_rank(rank: int, world_size: int, port: int, base: str, where: str) -> None:
+    fast = on_node(Path(base), node_of(rank))
+    init_gloo(rank, world_size, port)
+    try:
+        state = make_state(seed=1234 + rank)
+        torch.manual_seed(555)
+        mgr = CheckpointManager(Path(base) / "durable", fast_dir=fast)
+        mgr.load(into=state)
+        assert mgr.loaded_step == STEP and state.step == STEP
+        expected = load_file(str(Path(base) / "expected-rank0.safetensors"))
+        for name, value in expected_values(state).items():
+            assert torch.equal(value, expected[name]), (rank, name)
+        mine = load_file(str(Path(base) / f"expected-rank{rank}.safetensors"))
+        assert torch.equal(torch.rand(4), mine["next_random"]), rank
+        Path(base, f"{where}-{rank}.ok").write_text("")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_four_ranks_on_two_nodes_suspend_to_memory_resume_from_it_and_the_agents_commit_it(tmp_path, caplog):
+    base = tmp_path
+    for node in ("n1", "n2"):
+        start_agent(base, node)
+    durable = base / "durable"
+    spawn(_suspend_rank, 4, base)
+    for node, ranks in (("n1", (0, 1)), ("n2", (2, 3))):
+        (part,) = (base / node / "shm" / "parts").glob("step-*")
+        info = memory.read_part(part)
+        assert info.nodes == 2 and info.node == node
+        assert {f"rank-{r:05d}.safetensors" for r in ranks} <= set(info.owned)
+        assert all(f"__{r}_" not in name for name in info.owned for r in range(4) if r not in ranks)
+        assert (part / "tree.json").exists() and (part / "dcp" / ".metadata").exists()  # on every node
+    assert not (durable / step_dir_name(STEP)).exists()
+    assert (durable / f".persisting-{STEP:012d}.json").exists()
+
+    # the same nodes: loaded from memory (nothing durable exists yet), bitwise, RNG per rank
+    spawn(_resume_rank, 4, base, "memory")
+    assert len(list(base.glob("memory-*.ok"))) == 4
+
+    run_agent(base, "n2")  # one node's share: not committed until every node's is there
+    assert not (durable / step_dir_name(STEP)).exists() and list(durable.glob(".persist-*"))
+    run_agent(base, "n1")
+    assert verify_checkpoint(durable / step_dir_name(STEP)).ok
+    assert not list(durable.glob(".persist-*")) and not list(durable.glob(".persisting-*"))
+
+    # other nodes (empty memory): the durable copy, bitwise
+    for node in ("n1", "n2"):
+        shutil.rmtree(base / node / "shm")
+    spawn(_resume_rank, 4, base, "durable")
+    assert len(list(base.glob("durable-*.ok"))) == 4
+
+
+def _lost_node_resume_rank(rank: int, world_size: int, port: int, base: str) -> None:
+    fast = on_node(Path(base), node_of(rank))
+    memory.wait_for_pending.__defaults__ = (1.0,)
+    init_gloo(rank, world_size, port)
+    try:
+        mgr = CheckpointManager(Path(base) / "durable", fast_dir=fast)
+        state = mgr.load()
+        Path(base, f"lost-{rank}.step").write_text(str(mgr.loaded_step))
+        assert state is not None
+    finally:
+        dist.destroy_process_group()
+
+
+def test_a_node_lost_before_the_durable_commit_falls_back_to_the_newest_durable_checkpoint(tmp_path):
+    base = tmp_path
+    for node in ("n1", "n2"):
+        start_agent(base, node)
+    spawn(_suspend_rank, 4, base)  # step 5 in memory only
+    run_agent(base, "n1")
+    shutil.rmtree(base / "n2")  # n2 lost: its memory and its agent's requests with it
+    durable = base / "durable"
+    assert not (durable / step_dir_name(STEP)).exists()
+    # an older durable checkpoint to fall back to, written by one process
+    CheckpointManager(durable).save(3, single_state(3.0))
+    spawn(_lost_node_resume_rank, 4, base)
+    assert {Path(base, f"lost-{r}.step").read_text() for r in range(4)} == {"3"}
