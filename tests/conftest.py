@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import pwd
 import re
 import shutil
 import signal
@@ -70,6 +71,10 @@ class LiveCluster:
         """The process that holds `node`'s mount namespace (contrib/localcluster: each node
         has its own /dev/shm and /tmp)."""
         return int((self.state / "run" / f"node-{node}.pid").read_text().split()[0])
+
+    @staticmethod
+    def uid(user: str) -> int:
+        return pwd.getpwnam(user).pw_uid
 
     def on_node(self, node: str, argv: list[str], *, user: str | None = None,
                 check: bool = True) -> subprocess.CompletedProcess:

@@ -113,6 +113,8 @@ def read_part(part_dir: Path) -> PartInfo:
                         int(raw["nodes"]), str(raw["durable"]), [str(n) for n in raw["owned"]], manifest)
     except FileNotFoundError:
         raise CorruptCheckpointError(str(part_dir), [Problem(PART_FILE, "missing")]) from None
+    except PermissionError:
+        raise CheckpointError(f"cannot read {part_dir / PART_FILE}: permission denied") from None
     except (OSError, ValueError, KeyError, TypeError, CheckpointError) as exc:
         raise CorruptCheckpointError(str(part_dir), [Problem(PART_FILE, str(exc))]) from None
 

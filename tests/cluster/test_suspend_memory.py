@@ -1,0 +1,74 @@
+"""Suspend in memory time on the live cluster: examples/train.py, 4 nodes x 1 process, as
+Alice. At the notice it commits to each node's memory (HAI_NODE_MEMORY, the node's own
+/dev/shm) and lets go; the persist agent of each node (started by the local cluster inside
+the node) copies its node's share to the durable directory as Alice, and the last one
+commits it. The restart lands on the same 4 nodes and loads from their memory, and the
+final weights are bit for bit those of an uninterrupted run."""
+
+from __future__ import annotations
+
+import os
+import re
+import stat
+
+import pytest
+from test_acceptance import (ALICE, BOB, STEPS, TRAIN, committed_steps, daemon, last_step, named, reference,  # noqa: F401
+                             resumed_from, same_weights, submit, train_lines, wait_final, wait_for)
+
+from slurm_hai.checkpoint import verify_checkpoint
+from slurm_hai.checkpoint.manifest import step_dir_name
+
+pytestmark = pytest.mark.cluster
+
+
+def test_a_suspend_goes_to_each_node_memory_the_restart_loads_it_there_and_the_agents_commit_it(
+        live, daemon, reference):  # noqa: F811 - fixtures
+    args = ["--nprocs", "1", "--steps", str(STEPS), "--step-sleep", "0.03", "--ballast-mb", "16"]
+    job, job_dir = submit(live, TRAIN, "-n", "4", "-p", "LOW", user=ALICE, args=args)
+    wait_for("the job to train", lambda: last_step(job_dir) >= 20, 120, 0.2)
+    live.run(["hai", "suspend", str(job)], user=ALICE)
+    suspended = wait_for("the suspend", lambda: named(job_dir, "suspended"), 60)
+    assert suspended[0]["how"] == "go_suspend"
+    (commit,) = [m for line in train_lines(job_dir) for m in [re.search(r"checkpoint step (\d+) committed .*"
+                                                                         r"node memory", line)] if m]
+    at = int(commit.group(1))
+
+    # Each node kept its share in its own memory: the directory the launcher made there is
+    # not on any other node.
+    memory = {p.name: p.read_text() for p in (job_dir / "node-memory").iterdir()}
+    assert sorted(memory) == ["n1", "n2", "n3", "n4"]
+    for node, path in memory.items():
+        assert live.on_node(node, ["test", "-d", f"{path}/parts/{step_dir_name(at)}"], check=False).returncode == 0
+        other = "n2" if node == "n1" else "n1"
+        assert live.on_node(other, ["test", "-e", path], check=False).returncode != 0
+
+    # Bob hands n1's agent a request naming Alice's part: it runs as Bob, who cannot read it.
+    bob_request = f"/dev/shm/slurm-hai-persist/{live.uid(BOB)}-{at:012d}-bob-0.json"
+    live.on_node("n1", ["sh", "-c", f"echo '{{\"part\": \"{memory['n1']}/parts/{step_dir_name(at)}\"}}' > "
+                        f"{bob_request}"], user=BOB)
+
+    # The agents commit the durable copy, as Alice, private to her.
+    ckpt = job_dir / "checkpoints"
+    wait_for("the agents' durable commit", lambda: at in committed_steps(ckpt), 60)
+    step_dir = ckpt / step_dir_name(at)
+    assert verify_checkpoint(step_dir).ok
+    alice = live.uid(ALICE)
+    for path in [step_dir, *step_dir.rglob("*")]:
+        st = os.lstat(path)
+        assert st.st_uid == alice, path
+        assert not stat.S_IMODE(st.st_mode) & 0o077, path
+    assert not list(ckpt.glob(".persist-*")) and not list(ckpt.glob(".persisting-*"))
+    agent_log = live.state / "log" / "persist-n1.console"
+    wait_for("the agent to try Bob's request", lambda: f"{os.path.basename(bob_request)}: " in agent_log.read_text(), 30)
+    assert "permission denied" in agent_log.read_text().split(os.path.basename(bob_request))[-1]
+
+    # The restart landed on the same nodes (the job holds all four) and loaded from memory.
+    wait_for("the restart", lambda: resumed_from(job_dir), 90)
+    assert resumed_from(job_dir) == [at]
+    assert any(f"resumed from step {at}" in line and "from node memory" in line for line in train_lines(job_dir))
+    final = wait_final(job_dir, 180)
+    assert final["state"] == "succeeded"
+    assert same_weights(job_dir / "final-weights.safetensors", reference), "resumed weights differ"
+    # The job is done: each node's memory directory is gone.
+    for node, path in memory.items():
+        assert live.on_node(node, ["test", "-e", path], check=False).returncode != 0
