@@ -30,6 +30,7 @@ from .manifest import (
     DELETING_PREFIX,
     LOCK_NAME,
     MANIFEST_NAME,
+    PERSIST_PREFIX,
     QUARANTINE_DIR,
     STAGING_PREFIX,
     Manifest,
@@ -269,14 +270,16 @@ class CheckpointStore:
                 shutil.rmtree(aside, ignore_errors=True)
 
     def clean_stale(self, active: set[Path]) -> None:
-        """Remove staging dirs whose writer is dead (same host) or silent for too long,
-        and leftovers of interrupted deletions."""
+        """Remove staging dirs whose writer is dead (same host) or silent for too long
+        (the persist agents' too: a node lost before its copy), and leftovers of
+        interrupted deletions."""
         now = time.time()
         with os.scandir(self.root) as entries:
             candidates = [
                 Path(e.path)
                 for e in entries
-                if e.name.startswith((STAGING_PREFIX, DELETING_PREFIX)) and e.is_dir(follow_symlinks=False)
+                if e.name.startswith((STAGING_PREFIX, DELETING_PREFIX, PERSIST_PREFIX))
+                and e.is_dir(follow_symlinks=False)
             ]
         for path in candidates:
             if path in active:

@@ -428,11 +428,12 @@ class CheckpointManager:
                 found = load_from_memory(self.parts, self.durable, step, into, group)
                 if found is None and step is None and current_rank() == 0:
                     wait_for_pending(self.durable)
-            self.loaded_from = "node memory" if found is not None else str(self.durable.root)
+            where = "node memory" if found is not None else str(self.durable.root)
             if found is None:
                 found = load_distributed(self.durable, step, into, group=group)
             if found is None:
                 return None
+            self.loaded_from = where
             self.loaded_step, state = found
             self._forget_parts()
             if into is not None:

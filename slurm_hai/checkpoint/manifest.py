@@ -39,6 +39,7 @@ LAYOUTS = (LAYOUT_SINGLE, LAYOUT_DCP, LAYOUT_FILES)
 STEP_DIR_PREFIX = "step-"
 STAGING_PREFIX = ".staging-"
 DELETING_PREFIX = ".deleting-"
+PERSIST_PREFIX = ".persist-"  # the persist agents' shared staging dir of a suspend save (memory.py)
 QUARANTINE_DIR = ".quarantine"
 LOCK_NAME = ".lock"
 

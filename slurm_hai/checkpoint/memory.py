@@ -42,14 +42,13 @@ from pathlib import Path
 from .commit import CheckpointStore, process_start_ticks, writer_alive
 from .errors import CheckpointError, CorruptCheckpointError, Problem
 from .fileio import describe_os_error, fsync_dir, write_hashed_file
-from .manifest import MANIFEST_NAME, FileEntry, Manifest, check_file, parse_manifest
+from .manifest import MANIFEST_NAME, PERSIST_PREFIX, FileEntry, Manifest, check_file, parse_manifest
 
 log = logging.getLogger(__name__)
 
 PARTS_DIR = "parts"
 PART_FILE = "part.json"
 PART_FORMAT = "slurm-hai-memory-part"
-PERSIST_PREFIX = ".persist-"
 PENDING_PREFIX = ".persisting-"
 AGENT_PIDFILE = "agent.pid"
 DEFAULT_SPOOL = "/dev/shm/slurm-hai-persist"
@@ -224,6 +223,8 @@ def wait_for_pending(durable: CheckpointStore, timeout: float = PENDING_WAIT_S) 
             log.warning("step %d was saved to node memory but has not reached %s after %.0f s (a node lost, or "
                         "no persist agent running?): loading the newest durable checkpoint instead",
                         waiting[0], durable.root, timeout)
+            for step in waiting:  # given up: the next restart must not wait for it again
+                pending_path(durable, step).unlink(missing_ok=True)
             return
         time.sleep(0.2)
 

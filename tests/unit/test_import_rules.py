@@ -5,7 +5,8 @@
 - runtime/ pulls in neither click nor jinja2;
 - the CLI and runtime/client import no training framework (the integrations are extras), and
   each integration imports only its own framework;
-- no module outside slurm/ names a Slurm command.
+- no module outside slurm/ names a Slurm command;
+- the persist agent (checkpoint/agent.py) loads no torch.
 """
 
 from __future__ import annotations
@@ -112,3 +113,9 @@ def test_the_cli_and_the_client_import_no_training_framework(module):
 def test_each_integration_imports_only_its_own_framework(integration, framework):
     # (lightning.pytorch itself imports transformers when it is installed)
     assert frameworks_loaded_by(f"slurm_hai.integrations.{integration}") == frameworks_loaded_by(framework)
+
+
+def test_the_persist_agent_loads_no_torch():
+    """The agent starts a child per request: it must start in a fraction of a second."""
+    loaded = imported_by("slurm_hai.checkpoint.agent")
+    assert "torch" not in loaded and "slurm_hai.checkpoint.manager" not in loaded
