@@ -214,7 +214,8 @@ class CheckpointManager:
             share = prepare_share(state, self._buffer, None)
             skipped = None
             if self.parts is not None:
-                skipped = save_to_memory(self.parts, self.durable, step, share, active_staging=self._active_staging)
+                skipped = save_to_memory(self.parts, self.durable, step, share, active_staging=self._active_staging,
+                                         group=self._checkpoint_group())
             if skipped is None:
                 return self._save_sharded(step, state, rank=world[0])
             handle = SaveHandle(step)

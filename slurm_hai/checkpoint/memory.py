@@ -47,6 +47,7 @@ from .manifest import MANIFEST_NAME, PERSIST_PREFIX, FileEntry, Manifest, check_
 log = logging.getLogger(__name__)
 
 PARTS_DIR = "parts"
+PEER_PREFIX = "peer-"
 PART_FILE = "part.json"
 PART_FORMAT = "slurm-hai-memory-part"
 PENDING_PREFIX = ".persisting-"
@@ -155,10 +156,22 @@ def commit_part(parts: CheckpointStore, staging: Path, part: PartInfo) -> Path:
         raise describe_os_error(exc, f"committing step {part.step} to node memory {parts.root}") from exc
 
 
+def peer_dir_name(step: int, node_index: int) -> str:
+    """Where a node keeps the peer copy of node `node_index`'s part (sharded.py)."""
+    return f"{PEER_PREFIX}{step:012d}-{node_index}"
+
+
 def forget_parts(parts: CheckpointStore, older_than: int) -> None:
-    """Remove this node's parts older than a step that is loaded or committed; their
-    durable copies are done or no longer needed."""
+    """Remove this node's parts and peer copies older than a step that is loaded or
+    committed; their durable copies are done or no longer needed."""
     for step, path in parts.steps().items():
+        if step < older_than:
+            shutil.rmtree(path, ignore_errors=True)
+    for path in parts.root.glob(f"{PEER_PREFIX}*"):
+        try:
+            step = int(path.name[len(PEER_PREFIX):].split("-")[0])
+        except ValueError:
+            continue
         if step < older_than:
             shutil.rmtree(path, ignore_errors=True)
 
@@ -233,8 +246,8 @@ def wait_for_pending(durable: CheckpointStore, timeout: float = PENDING_WAIT_S) 
 
 
 def _copy_checked(source: Path, dest: Path, entry: FileEntry, name: str) -> None:
-    """Copy one file of a part into the durable staging dir (written and fsynced with
-    write_hashed_file), refusing it unless its checksum is the manifest's."""
+    """Copy one file of a part to `dest` (written and fsynced with write_hashed_file),
+    refusing it unless its checksum is the manifest's."""
     dest.unlink(missing_ok=True)  # a crashed attempt's leftover
     dest.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     with open(source, "rb") as f:
@@ -255,6 +268,27 @@ def _copy_checked(source: Path, dest: Path, entry: FileEntry, name: str) -> None
         raise CorruptCheckpointError(str(source.parent), [Problem(name, "checksum mismatch in node memory")])
 
 
+def _copy_share(part_dir: Path, part: PartInfo, staging: Path) -> None:
+    """Copy the files a node owns into the shared staging dir. Two agents may copy the same
+    share at once (the node's own and the one holding its peer copy): each writes into a
+    directory of its own first and renames every file into place, so that a name in the
+    staging dir is always a whole, fsynced, verified file."""
+    mine = staging.with_name(f"{staging.name}.tmp-{part.node_index}-{os.getpid()}-{secrets.token_hex(2)}")
+    try:
+        mine.mkdir(mode=0o700)
+        for name in part.owned:
+            entry = part.manifest.files.get(name)
+            if entry is None:
+                raise CorruptCheckpointError(str(part_dir), [Problem(name, "not in the checkpoint's manifest")])
+            _copy_checked(part_dir / name, mine / name, entry, name)
+            (staging / name).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            os.rename(mine / name, staging / name)
+        for sub in [p for p in staging.rglob("*") if p.is_dir()] + [staging]:
+            fsync_dir(sub)
+    finally:
+        shutil.rmtree(mine, ignore_errors=True)
+
+
 def persist_part(part_dir: Path) -> str:
     """Copy one node's part to the durable tier; commit the checkpoint if every node's part
     is there. Returns what happened: 'committed', 'copied' (waiting for other nodes) or
@@ -265,22 +299,17 @@ def persist_part(part_dir: Path) -> str:
     if durable.step_path(step).exists():
         return "already"
     staging = durable.root / f"{PERSIST_PREFIX}{step:012d}-{part.token}"
+    done = staging / f".part-{part.node_index}.done"
     try:
         staging.mkdir(mode=0o700, exist_ok=True)
         if staging.is_symlink() or staging.stat().st_uid != os.geteuid():
             raise CheckpointError(f"{staging} is not this user's directory")
-        for name in part.owned:
-            entry = part.manifest.files.get(name)
-            if entry is None:
-                raise CorruptCheckpointError(str(part_dir), [Problem(name, "not in the checkpoint's manifest")])
-            _copy_checked(part_dir / name, staging / name, entry, name)
-        for sub in [p for p in staging.rglob("*") if p.is_dir()] + [staging]:
-            fsync_dir(sub)
-        done = staging / f".part-{part.node_index}.done"
-        fd = os.open(done, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
-        os.fsync(fd)
-        os.close(fd)
-        fsync_dir(staging)
+        if not done.exists():  # else the node's share is there already (its own agent, or its peer's)
+            _copy_share(part_dir, part, staging)
+            fd = os.open(done, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
+            os.fsync(fd)
+            os.close(fd)
+            fsync_dir(staging)
         with durable.locked():
             if durable.step_path(step).exists():  # another save of the same step (a second suspend) won
                 shutil.rmtree(staging, ignore_errors=True)

@@ -30,8 +30,10 @@ from __future__ import annotations
 
 import json
 import logging
+import mmap
 import os
 import re
+import shutil
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -488,8 +490,12 @@ def save_to_memory(parts: CheckpointStore, durable: CheckpointStore, step: int, 
         if failed:
             raise CheckpointError(f"suspend save of step {step} failed: {'; '.join(failed)}")
         if committed is not None:
+            # A peer copy first: once go_suspend() has run, the node may be lost at any time.
+            peer = _peer_copy(parts, committed, part, order, leaders, group) if len(order) > 1 else None
             try:
                 file_request(committed, part)
+                if peer is not None:
+                    file_request(*peer)
             except CheckpointError as exc:
                 local_error = f"node {node}: {exc}"
         # Every node's request is filed before the step is marked pending.
@@ -503,6 +509,79 @@ def save_to_memory(parts: CheckpointStore, durable: CheckpointStore, step: int, 
         active_staging.paths.discard(staging)
         if staging.exists() and leaders.get(nodes[rank]) == rank:
             parts.discard(staging)
+
+
+def _wait(works: list[Any]) -> None:
+    for work in works:
+        work.wait()
+
+
+def _peer_copy(parts: CheckpointStore, part_dir: Path, part: Any, order: list[str], leaders: dict[str, int],
+               group: Any) -> tuple[Path, Any] | None:
+    """Node leaders only: send this node's share to the next node's leader and keep the
+    previous node's share here (FAST/parts/peer-<step>-<k>/, with its part.json), so that
+    one node lost before the agents' durable commit does not lose the step: the agent
+    that holds the peer copy persists that node's share too. Returns (the peer copy, its
+    PartInfo), or None when the exchange failed (logged: the save stands without it)."""
+    from .memory import PART_FILE, PartInfo, peer_dir_name
+
+    k, n = part.node_index, len(order)
+    prev = (k - 1) % n
+    to, frm = leaders[order[(k + 1) % n]], leaders[order[prev]]
+    maps: list[mmap.mmap] = []
+    tensors: list[torch.Tensor] = []
+    works: list[Any] = []
+    staging = parts.root / f".staging-peer-{part.step:012d}-{prev}-{os.getpid()}"
+
+    def mapped(fd: int, size: int, writable: bool) -> torch.Tensor:
+        maps.append(mmap.mmap(fd, size, prot=mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)))
+        tensors.append(torch.frombuffer(maps[-1], dtype=torch.uint8))
+        return tensors[-1]
+
+    try:
+        sizes = [(part_dir / name).stat().st_size for name in part.owned]
+        header = torch.frombuffer(bytearray(json.dumps([part.owned, sizes]).encode()), dtype=torch.uint8)
+        length, their_length = torch.tensor([header.numel()]), torch.zeros(1, dtype=torch.int64)
+        _wait([dist.isend(length, to, group), dist.irecv(their_length, frm, group)])
+        their_header = torch.empty(int(their_length), dtype=torch.uint8)
+        _wait([dist.isend(header, to, group), dist.irecv(their_header, frm, group)])
+        their_names, their_sizes = json.loads(bytes(their_header.numpy()))
+        staging.mkdir(mode=0o700)
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message="The given buffer is not writable")
+            for name, size in zip(part.owned, sizes):
+                if size:
+                    with open(part_dir / name, "rb") as f:
+                        works.append(dist.isend(mapped(f.fileno(), size, False), to, group))
+            for name, size in zip(their_names, their_sizes):
+                path = staging / name
+                path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+                try:
+                    os.ftruncate(fd, size)
+                    if size:
+                        works.append(dist.irecv(mapped(fd, size, True), frm, group))
+                finally:
+                    os.close(fd)
+            _wait(works)
+        peer = PartInfo(part.step, part.token, order[prev], prev, n, part.durable, their_names, part.manifest)
+        (staging / PART_FILE).write_bytes(peer.to_json_bytes())
+        target = parts.root / peer_dir_name(part.step, prev)
+        shutil.rmtree(target, ignore_errors=True)
+        os.rename(staging, target)
+        return target, peer
+    except (OSError, ValueError, RuntimeError) as exc:
+        log.warning("no peer copy of step %d (%s): a node lost before the durable commit loses this step", part.step, exc)
+        shutil.rmtree(staging, ignore_errors=True)
+        return None
+    finally:
+        works.clear()
+        tensors.clear()
+        for m in maps:
+            try:
+                m.close()
+            except BufferError:  # still exported: closed when collected
+                pass
 
 
 def _tensor_owners(path: Path) -> dict[str, int]:

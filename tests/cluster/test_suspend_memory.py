@@ -8,6 +8,7 @@ final weights are bit for bit those of an uninterrupted run."""
 from __future__ import annotations
 
 import os
+import signal
 import re
 import stat
 
@@ -72,3 +73,47 @@ def test_a_suspend_goes_to_each_node_memory_the_restart_loads_it_there_and_the_a
     # The job is done: each node's memory directory is gone.
     for node, path in memory.items():
         assert live.on_node(node, ["test", "-e", path], check=False).returncode != 0
+
+
+def test_a_node_lost_after_go_suspend_before_the_durable_commit_resumes_through_its_peer_copy(
+        live, daemon, reference):  # noqa: F811 - fixtures
+    """n2 is lost after go_suspend(), its share of the suspend checkpoint still only in memory
+    (its agent and that of n3, which holds n2's peer copy, were stopped). Once n3's agent
+    runs again, it persists n3's share and n2's from the peer copy, and the checkpoint is
+    committed without n2. The restart (n2 back, its memory empty) waits for that commit and
+    resumes from the suspend step, bitwise."""
+    args = ["--nprocs", "1", "--steps", str(STEPS), "--step-sleep", "0.03"]
+    job, job_dir = submit(live, TRAIN, "-n", "4", "-p", "LOW", user=ALICE, args=args)
+    wait_for("the job to train", lambda: last_step(job_dir) >= 20, 120, 0.2)
+    agents = {node: int((live.state / "run" / f"persist-{node}.pid").read_text().split()[0]) for node in ("n2", "n3")}
+    for pid in agents.values():
+        os.kill(pid, signal.SIGSTOP)
+    # n2 drains: the requeued job cannot start again before n2 was lost and came back
+    live.run(["scontrol", "update", "NodeName=n2", "State=DRAIN", "Reason=test: n2 is about to be lost"])
+    try:
+        live.run(["hai", "suspend", str(job)], user=ALICE)
+        wait_for("the suspend", lambda: named(job_dir, "suspended"), 60)
+        (commit,) = [m for line in train_lines(job_dir)
+                     for m in [re.search(r"checkpoint step (\d+) committed .*node memory", line)] if m]
+        at = int(commit.group(1))
+        ckpt = job_dir / "checkpoints"
+        live.lose_node("n2")  # its memory, its stopped agent and its requests are gone
+        assert at not in committed_steps(ckpt)
+        os.kill(agents["n3"], signal.SIGCONT)
+        wait_for("n3's agent to commit with n2's share from its peer copy", lambda: at in committed_steps(ckpt), 60)
+        assert verify_checkpoint(ckpt / step_dir_name(at)).ok
+        live.node_up("n2")
+    finally:
+        for pid in agents.values():
+            try:
+                os.kill(pid, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        if live.slurmd_pid("n2") is None:
+            live.node_up("n2")
+        live.run(["scontrol", "update", "NodeName=n2", "State=RESUME"], check=False)
+    final = wait_final(job_dir, 240)
+    assert final["state"] == "succeeded"
+    assert resumed_from(job_dir) == [at]
+    assert any(f"resumed from step {at}" in line and "from node memory" not in line for line in train_lines(job_dir))
+    assert same_weights(job_dir / "final-weights.safetensors", reference), "resumed weights differ"

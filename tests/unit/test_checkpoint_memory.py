@@ -219,11 +219,14 @@ def test_four_ranks_on_two_nodes_suspend_to_memory_resume_from_it_and_the_agents
     spawn(_resume_rank, 4, base, "memory")
     assert len(list(base.glob("memory-*.ok"))) == 4
 
-    run_agent(base, "n2")  # one node's share: not committed until every node's is there
-    assert not (durable / step_dir_name(STEP)).exists() and list(durable.glob(".persist-*"))
-    run_agent(base, "n1")
+    # each node also holds the other's share (the peer copy): n2's agent alone commits the step
+    assert memory.read_part(base / "n2" / "shm" / "parts" / memory.peer_dir_name(STEP, 0)).owned == \
+        memory.read_part(next((base / "n1" / "shm" / "parts").glob("step-*"))).owned
+    run_agent(base, "n2")
     assert verify_checkpoint(durable / step_dir_name(STEP)).ok
+    run_agent(base, "n1")  # finds it committed
     assert not list(durable.glob(".persist-*")) and not list(durable.glob(".persisting-*"))
+    assert not list((base / "n1" / "spool").glob("*-*.json"))
 
     # other nodes (empty memory): the durable copy, bitwise
     for node in ("n1", "n2"):
@@ -245,16 +248,34 @@ def _lost_node_resume_rank(rank: int, world_size: int, port: int, base: str) -> 
         dist.destroy_process_group()
 
 
-def test_a_node_lost_before_the_durable_commit_falls_back_to_the_newest_durable_checkpoint(tmp_path):
-    base = tmp_path
+def test_a_node_lost_before_the_durable_commit_is_covered_by_its_peer_copy(tmp_path):
+    base, durable = tmp_path, tmp_path / "durable"
     for node in ("n1", "n2"):
         start_agent(base, node)
+    CheckpointManager(durable).save(3, single_state(3.0))  # an older durable checkpoint
     spawn(_suspend_rank, 4, base)  # step 5 in memory only
-    run_agent(base, "n1")
     shutil.rmtree(base / "n2")  # n2 lost: its memory and its agent's requests with it
-    durable = base / "durable"
-    assert not (durable / step_dir_name(STEP)).exists()
-    # an older durable checkpoint to fall back to, written by one process
+    run_agent(base, "n1")  # n1's own share, and n2's from the peer copy n1 holds
+    assert verify_checkpoint(durable / step_dir_name(STEP)).ok
+    for node in ("n1", "n2"):  # the restart lands elsewhere: the durable copy, bitwise
+        shutil.rmtree(base / node, ignore_errors=True)
+    spawn(_resume_rank, 4, base, "after-loss")
+    assert len(list(base.glob("after-loss-*.ok"))) == 4
+
+
+def test_losing_both_copies_of_a_share_falls_back_to_the_newest_durable_checkpoint(tmp_path):
+    base, durable = tmp_path, tmp_path / "durable"
+    for node in ("n1", "n2"):
+        start_agent(base, node)
     CheckpointManager(durable).save(3, single_state(3.0))
+    spawn(_suspend_rank, 4, base)
+    shutil.rmtree(base / "n2")  # n2 lost, and with it the peer copy of n1's share...
+    for path in (base / "n1" / "shm" / "parts").glob("peer-*"):  # ...and n2's copy on n1 too
+        shutil.rmtree(path)
+    for request in (base / "n1" / "spool").glob("*-*.json"):
+        if request.name.endswith("-1.json"):
+            request.unlink()
+    run_agent(base, "n1")
+    assert not (durable / step_dir_name(STEP)).exists()
     spawn(_lost_node_resume_rank, 4, base)
     assert {Path(base, f"lost-{r}.step").read_text() for r in range(4)} == {"3"}
