@@ -159,7 +159,7 @@ def persist_sharded(
     Returns True when the step was already committed (skipped); raises the same
     CheckpointError on every rank when any rank failed, and then nothing is committed.
     Rank 0 keeps its staging dir in active_staging while it is in use."""
-    rank, world_size = dist.get_rank(), dist.get_world_size(group)
+    rank = dist.get_rank()
 
     # Agree on the preparation first: a rank that failed there and skipped dcp.save
     # would leave the others waiting in DCP's collectives.
@@ -203,15 +203,36 @@ def persist_sharded(
 def _write_and_commit(
     store: CheckpointStore, step: int, share: RankShare, staging: Path, *, active_staging: ActiveStaging, group: Any
 ) -> bool:
-    rank, world_size = dist.get_rank(), dist.get_world_size(group)
+    # The agreement: rank 0 commits only if every rank's files are written and checksummed.
+    reports = _write_share(staging, share, f"writing step {step} to {store.root}", group, sync=True)
+
+    def commit() -> None:
+        try:
+            manifest = _agreed_manifest(reports, step, "sharded save", store.host)
+            unclaimed = [p for p in (staging / DCP_DIR).iterdir()
+                         if p.relative_to(staging).as_posix() not in manifest.files]
+            manifest.files.update(_hash_files(staging, unclaimed))
+            store.commit(staging, manifest)
+        finally:
+            active_staging.release(store, staging)
+
+    _rank0_then_broadcast(commit, group)
+    return False
+
+
+Reports = list[tuple[dict[str, FileEntry], "str | None"]]
+
+
+def _write_share(staging: Path, share: RankShare, action: str, group: Any, *, sync: bool) -> Reports:
+    """Every rank writes its share into `staging` (its DCP shards, its PerRank file, rank 0
+    the tree) and checksums what it wrote. Returns every rank's (files, error): what rank 0
+    commits only if no rank failed. A failure never skips the all-gather."""
+    rank = dist.get_rank()
     entries: dict[str, FileEntry] = {}
     local_error: str | None = None
     try:
-        write_dcp(
-            share.tensors,
-            storage_writer=dcp.FileSystemWriter(str(staging / DCP_DIR), single_file_per_rank=True, sync_files=True),
-            process_group=group,
-        )
+        storage = dcp.FileSystemWriter(str(staging / DCP_DIR), single_file_per_rank=True, sync_files=sync)
+        write_dcp(share.tensors, storage_writer=storage, process_group=group)
         if share.rank_file is not None:
             entries[share.rank_file.name] = write_hashed_file(staging / share.rank_file.name, share.rank_file.image)
         if rank == 0:
@@ -219,34 +240,21 @@ def _write_and_commit(
             entries[TREE_FILE] = write_hashed_file(staging / TREE_FILE, tree)
         entries.update(_hash_files(staging, _owned_dcp_files(staging / DCP_DIR, rank)))
     except BaseException as exc:  # noqa: BLE001 - DCP's CheckpointException is a BaseException
-        local_error = f"rank {rank}: {_describe_write_error(exc, f'writing step {step} to {store.root}')}"
-    # The agreement: rank 0 commits only if every rank's files are written and checksummed.
-    reports = _all_gather((entries, local_error), group)
+        local_error = f"rank {rank}: {_describe_write_error(exc, action)}"
+    return _all_gather((entries, local_error), group)
 
-    def commit() -> None:
-        try:
-            errors = [error for _, error in reports if error]
-            if errors:
-                raise CheckpointError(f"sharded save of step {step} failed: {'; '.join(errors)}")
-            files: dict[str, FileEntry] = {}
-            for rank_entries, _ in reports:
-                files.update(rank_entries)
-            unclaimed = [p for p in (staging / DCP_DIR).iterdir() if p.relative_to(staging).as_posix() not in files]
-            files.update(_hash_files(staging, unclaimed))
-            manifest = Manifest(
-                step=step,
-                layout=LAYOUT_DCP,
-                world_size=world_size,
-                files=files,
-                versions=checkpoint_versions(),
-                created_by={"host": store.host, "pid": os.getpid(), "world_size": world_size},
-            )
-            store.commit(staging, manifest)
-        finally:
-            active_staging.release(store, staging)
 
-    _rank0_then_broadcast(commit, group)
-    return False
+def _agreed_manifest(reports: Reports, step: int, what: str, host: str) -> Manifest:
+    """The manifest of every rank's files, or the CheckpointError naming every rank that failed."""
+    errors = [error for _, error in reports if error]
+    if errors:
+        raise CheckpointError(f"{what} of step {step} failed: {'; '.join(errors)}")
+    files: dict[str, FileEntry] = {}
+    for rank_entries, _ in reports:
+        files.update(rank_entries)
+    world_size = len(reports)
+    return Manifest(step=step, layout=LAYOUT_DCP, world_size=world_size, files=files, versions=checkpoint_versions(),
+                    created_by={"host": host, "pid": os.getpid(), "world_size": world_size})
 
 
 def _describe_write_error(exc: BaseException, action: str) -> str:
@@ -442,32 +450,15 @@ def save_to_memory(parts: CheckpointStore, durable: CheckpointStore, step: int, 
     staging = parts.root / staging_name
     active_staging.add(staging)
     try:
-        entries: dict[str, FileEntry] = {}
-        local_error = None
         try:
-            (staging / DCP_DIR).mkdir(mode=0o700, parents=True, exist_ok=True)
-            write_dcp(share.tensors, process_group=group, storage_writer=dcp.FileSystemWriter(
-                str(staging / DCP_DIR), single_file_per_rank=True, sync_files=False))
-            if share.rank_file is not None:
-                entries[share.rank_file.name] = write_hashed_file(staging / share.rank_file.name, share.rank_file.image)
-            if rank == 0:
-                tree = json.dumps(share.tree, separators=(",", ":")).encode()
-                entries[TREE_FILE] = write_hashed_file(staging / TREE_FILE, tree)
-            entries.update(_hash_files(staging, _owned_dcp_files(staging / DCP_DIR, rank)))
-        except BaseException as exc:  # noqa: BLE001 - DCP's CheckpointException is a BaseException
-            local_error = f"rank {rank}: {_describe_write_error(exc, f'writing step {step} to node memory')}"
-        reports = _all_gather((entries, local_error), group)
+            staging.mkdir(mode=0o700, exist_ok=True)  # rank 0 made it on its node; each node its own
+            (staging / DCP_DIR).mkdir(mode=0o700, exist_ok=True)
+        except OSError:
+            pass  # reported by the write that follows, in the agreement
+        reports = _write_share(staging, share, f"writing step {step} to node memory", group, sync=False)
 
         def whole() -> tuple[bytes, bytes, bytes]:
-            failed = [error for _, error in reports if error]
-            if failed:
-                raise CheckpointError(f"suspend save of step {step} failed: {'; '.join(failed)}")
-            files: dict[str, FileEntry] = {}
-            for rank_entries, _ in reports:
-                files.update(rank_entries)
-            manifest = Manifest(step=step, layout=LAYOUT_DCP, world_size=len(nodes), files=files,
-                                versions=checkpoint_versions(),
-                                created_by={"host": durable.host, "pid": os.getpid(), "world_size": len(nodes)})
+            manifest = _agreed_manifest(reports, step, "suspend save", durable.host)
             return (manifest.to_json_bytes(), (staging / TREE_FILE).read_bytes(),
                     (staging / DCP_DIR / ".metadata").read_bytes())
 

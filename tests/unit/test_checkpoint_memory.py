@@ -120,13 +120,20 @@ def test_without_an_agent_a_suspend_save_is_a_blocking_durable_save(one_node, ca
     assert not list((one_node / "n1" / "shm" / "parts").glob("step-*"))
 
 
-def test_an_agent_killed_while_copying_leaves_the_previous_checkpoint_and_finishes_on_restart(one_node, monkeypatch):
-    durable = one_node / "durable"
-    start_agent(one_node, "n1")
-    mgr = CheckpointManager(durable, fast_dir=one_node / "n1" / "shm")
+def suspended_after_one_durable_save(base: Path) -> tuple[Path, Path]:
+    """Step 1 saved durably, step 2 suspended into n1's memory (its agent not run yet):
+    (the durable directory, step 2's part)."""
+    durable = base / "durable"
+    start_agent(base, "n1")
+    mgr = CheckpointManager(durable, fast_dir=base / "n1" / "shm")
     mgr.save(1, single_state(1.0))
     mgr.suspend_save(2, single_state(2.0))
-    (part,) = (one_node / "n1" / "shm" / "parts").glob("step-*")
+    (part,) = (base / "n1" / "shm" / "parts").glob("step-*")
+    return durable, part
+
+
+def test_an_agent_killed_while_copying_leaves_the_previous_checkpoint_and_finishes_on_restart(one_node, monkeypatch):
+    durable, part = suspended_after_one_durable_save(one_node)
     real = memory._copy_checked
 
     def dies_after_the_copy(source, dest, entry, name):
@@ -145,12 +152,7 @@ def test_an_agent_killed_while_copying_leaves_the_previous_checkpoint_and_finish
 
 
 def test_a_part_corrupted_in_memory_is_never_committed(one_node):
-    durable = one_node / "durable"
-    start_agent(one_node, "n1")
-    mgr = CheckpointManager(durable, fast_dir=one_node / "n1" / "shm")
-    mgr.save(1, single_state(1.0))
-    mgr.suspend_save(2, single_state(2.0))
-    (part,) = (one_node / "n1" / "shm" / "parts").glob("step-*")
+    durable, part = suspended_after_one_durable_save(one_node)
     with open(part / "state.safetensors", "r+b") as f:
         f.seek(-3, os.SEEK_END)
         f.write(b"\xff\xfe\xfd")
