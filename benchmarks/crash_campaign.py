@@ -4,7 +4,8 @@
 
 Three kinds of fault, in every save path (PATHS: a blocking save, async saves, two tiers,
 a blocking "suspend" save while an async one is in flight, 2-rank sharded saves, blocking
-and async):
+and async; for kills also "persist-agent": suspend_save() into node memory and the persist
+agent's copy and durable commit, in one process that is killed anywhere in either):
 
 * kill: the writer (every rank of a sharded job) is SIGKILLed at a random moment of a
   loop of saves (`--kills N`, spread evenly over the paths);
@@ -62,7 +63,8 @@ from slurm_hai.checkpoint import CheckpointError, CheckpointManager, verify_chec
 from slurm_hai.checkpoint.manifest import step_dir_name  # noqa: E402
 
 FORK = multiprocessing.get_context("fork")  # torch is already imported: a fork starts in ms
-PATHS = ("sync", "async", "fast+durable", "suspend", "sharded", "sharded-async")
+PATHS = ("sync", "async", "fast+durable", "suspend", "sharded", "sharded-async", "persist-agent")
+KILL_ONLY = ("persist-agent",)  # its commit is the store's; injection and power loss run on the others
 SHARDED_WORLD = 2
 KEEP_LAST = 2
 
@@ -119,6 +121,33 @@ def run_saves(mgr: CheckpointManager, path: str, steps: Iterator[int], report: C
         report("C", done)
 
 
+def run_suspends(root: Path, steps: Iterator[int], report: Callable[[str, int], None]) -> None:
+    """The persist-agent path: suspend_save() each step into node memory (root/node), then
+    do what the node's agent does with the request (memory.persist_part). ('C', step) once
+    the durable commit is done. Requests a killed run left are finished first, as a
+    restarted agent does."""
+    from slurm_hai.checkpoint.agent import prepare_spool
+    from slurm_hai.checkpoint.memory import persist_part, write_agent_pidfile
+
+    spool = root / "spool"
+    os.environ["HAI_PERSIST_SPOOL"] = str(spool)
+    prepare_spool(spool)
+    write_agent_pidfile(spool)  # this process stands in for the node's agent
+
+    def agent() -> None:
+        for request in sorted(spool.glob("*-*.json")):
+            persist_part(Path(json.loads(request.read_text())["part"]))
+            request.unlink()
+
+    agent()
+    mgr = CheckpointManager(root / "durable", keep_last=KEEP_LAST, fast_dir=root / "node")
+    for step in steps:
+        report("S", step)
+        mgr.suspend_save(step, state_for(step))
+        agent()
+        report("C", step)
+
+
 def manager_for(root: Path, path: str) -> CheckpointManager:
     fast = root / "fast" if path == "fast+durable" else None
     return CheckpointManager(root / "durable", keep_last=KEEP_LAST, fast_dir=fast)
@@ -157,6 +186,8 @@ def _writer(root: str, path: str, first_step: int, rank: int, port: int, report_
         init_gloo(rank, SHARDED_WORLD, port)
     report = pipe_reporter(report_fd) if rank == 0 else (lambda kind, step: None)
     try:
+        if path == "persist-agent":
+            return run_suspends(Path(root), itertools.count(first_step), report)
         run_saves(manager_for(Path(root), path), path, itertools.count(first_step), report)
     except (CheckpointError, RuntimeError):
         os._exit(1)  # the other rank was killed first: its peer's collectives fail, as they should
@@ -166,7 +197,8 @@ def _reader(root: str, path: str, report_fd: int) -> None:
     """A fresh process: find the newest checkpoint, check every value and that it verifies."""
     _quiet()
     try:
-        mgr = manager_for(Path(root), path)
+        # persist-agent: what a restart on another node finds, the durable directory alone
+        mgr = CheckpointManager(Path(root) / "durable") if path == "persist-agent" else manager_for(Path(root), path)
         latest = mgr.latest_step()
         state = mgr.load()
         copies = [store.step_path(latest) for store in mgr.stores] if latest is not None else []
@@ -950,10 +982,11 @@ def main(argv: list[str] | None = None) -> int:
         tallies: list[Tally] = []
         if "kill" not in skip and args.kills:
             tallies += kill_campaign(args.kills, paths, workdir, rng)
+        others = tuple(p for p in paths if p not in KILL_ONLY)
         if "inject" not in skip:
-            tallies += injection_campaign(paths, workdir, rng, args.inject_sample)
+            tallies += injection_campaign(others, workdir, rng, args.inject_sample)
         if "power" not in skip:
-            power, bad_visible = power_loss_campaign(paths, workdir, list(range(1, args.power_loss_steps + 1)))
+            power, bad_visible = power_loss_campaign(others, workdir, list(range(1, args.power_loss_steps + 1)))
             tallies += power
     print(f"crash campaign: seed {args.seed}, {time.monotonic() - started:.0f} s, torch {torch.__version__}, "
           f"{os.cpu_count()} cores")

@@ -49,11 +49,11 @@ def test_the_enumeration_finds_a_commit_protocol_without_its_fsyncs(tmp_path, br
         assert bad_visible["sync"] > 0  # step dirs whose files were never made durable
 
 
-@pytest.mark.parametrize("path", ["suspend", "sharded-async"])
+@pytest.mark.parametrize("path", ["suspend", "sharded-async", "persist-agent"])
 def test_sigkill_of_the_suspend_and_async_sharded_saves_never_loses_or_tears(tmp_path, path):
     run = KillRun(path, tmp_path, Tally("kill", path))
     rng = random.Random(7)
-    kills = 6 if path == "suspend" else 3
+    kills = 3 if path == "sharded-async" else 6
     for _ in range(kills):
         kill_once(run, rng)
     assert run.tally.consistent == kills, run.tally.notes
