@@ -303,6 +303,8 @@ def test_every_command_shown_in_the_readme_the_guide_and_the_help_works(live, tm
                      "/etc/slurm/hai": str(admin_out)}.get(a, a) for a in argv]
             if argv[1] == "daemon":
                 argv += ["--once", "--lock", str(tmp_path / "daemon.lock")]
+            if argv[1] == "persist-agent":  # the requests waiting in a spool of its own (none), then exit
+                argv += ["--once", "--spool", str(tmp_path / "spool")]
             return "admin", argv
         if argv[0] == "hai-submit":
             return "any", argv if any(a == "--dry-run" for a in argv) else [argv[0], "--dry-run", *argv[1:]]
