@@ -3,7 +3,8 @@ state per node (32 weight matrices, each a DTensor sharded by rows over the 2 ra
 FSDP) is suspended with `hai suspend`, twice per repeat, alternating:
 
 - memory: CheckpointManager(fast_dir=$HAI_NODE_MEMORY).suspend_save(): each node's shard
-  to its own memory, go_suspend(); the nodes' persist agents make the durable copy;
+  to its own memory and (without --no-peer) a copy to the next node's, go_suspend(); the
+  nodes' persist agents make the durable copy;
 - durable: a blocking save to the durable directory (what jobs did before), go_suspend().
 
 The job holds its nodes across the requeue (a filler job holds the other two), so the
@@ -14,7 +15,7 @@ Baselines measured in the same run, in this process: one copy of GIB into preall
 memory (memcpy), and GIB written and fsynced to the durable file system by 2 writers at once
 (what the 2 agents write). Printed as a table; medians of --repeats.
 
-    .venv/bin/python benchmarks/suspend_memory_bench.py [--gib 2] [--repeats 3]
+    .venv/bin/python benchmarks/suspend_memory_bench.py [--gib 2] [--repeats 3] [--no-peer]
 
 Needs the local cluster idle, with its persist agents (contrib/localcluster/up), as root.
 """
@@ -42,7 +43,7 @@ from torch.distributed.tensor import DTensor, Shard
 import slurm_hai as hai
 from slurm_hai.checkpoint import CheckpointManager
 
-mode, gib = sys.argv[1], float(sys.argv[2])
+mode, gib, peer = sys.argv[1], float(sys.argv[2]), sys.argv[3] == "peer"
 torch.set_num_threads(1)
 hai.init_process_group("gloo")
 rank, world = dist.get_rank(), dist.get_world_size()
@@ -79,7 +80,7 @@ while True:
     dist.all_reduce(flag, op=dist.ReduceOp.MAX)
     if flag.item():
         t0 = time.monotonic()
-        h = mgr.suspend_save(1, state) if mode == "memory" else mgr.save(1, state)
+        h = mgr.suspend_save(1, state, peer_copy=peer) if mode == "memory" else mgr.save(1, state)
         print(f"committed in {time.monotonic() - t0:.3f} s to {h.where or ckpt}", flush=True)
         if rank == 0:
             hai.go_suspend()
@@ -130,14 +131,15 @@ def write_fsync_s(gib: float, writers: int = 2) -> float:
     return time.perf_counter() - t0
 
 
-def one(mode: str, gib: float) -> dict[str, float]:
+def one(mode: str, gib: float, peer: bool) -> dict[str, float]:
     script = WORK / "memjob.py"
     script.write_text(JOB)
     filler = int(run(["sbatch", "--parsable", "-N2", "--qos=low", "--gres=gpu:8", "--output=/dev/null",
                       "--job-name=bench-filler", "--wrap", "sleep 3600"]).stdout.strip().split(";")[0])
     wait_for("the filler job", lambda: "RUNNING" in run(["squeue", "-h", "-j", str(filler), "-o", "%T"]).stdout, 60)
     info = json.loads(run(["hai-submit", "--json", "-n", "2", "-p", "LOW", "--gpus-per-node", "8",
-                           "--name", f"bench-{mode}", str(script), "--", mode, str(gib)]).stdout)
+                           "--name", f"bench-{mode}", str(script), "--", mode, str(gib),
+                           "peer" if peer else "no-peer"]).stdout)
     job, job_dir = int(info["job_id"]), Path(info["job_dir"])
     log = job_dir / "logs" / "rank-0.log"
     wait_for(f"the {mode} job to be ready", lambda: "ready" in read_text(log), 300)
@@ -165,6 +167,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--gib", type=float, default=2.0, help="state per node")
     ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--no-peer", action="store_true", help="suspend_save(peer_copy=False): no copy in the next node")
     args = ap.parse_args()
     WORK.mkdir(mode=0o755, parents=True)
     if run(["squeue", "-h", "-o", "%i"]).stdout.split():
@@ -176,7 +179,7 @@ def main() -> None:
             r.setdefault("memcpy", []).append(memcpy_s(args.gib))
             r.setdefault("write", []).append(write_fsync_s(args.gib))
             for mode in ("memory", "durable"):
-                got = one(mode, args.gib)
+                got = one(mode, args.gib, not args.no_peer)
                 for key, value in got.items():
                     r.setdefault(f"{mode}.{key}", []).append(value)
                 print(f"repeat {i + 1}/{args.repeats} {mode}: " + ", ".join(

@@ -187,17 +187,20 @@ class CheckpointManager:
             self.wait()
         return handle
 
-    def suspend_save(self, step: int, state: Any) -> SaveHandle:
+    def suspend_save(self, step: int, state: Any, *, peer_copy: bool = True) -> SaveHandle:
         """The save to make at a suspend notice, before go_suspend(): it commits `step` to
         the memory of every node of the job (fast_dir, node-local) and returns; the node's
         persist agent (`hai-admin persist-agent`) then copies it to the durable directory,
         after the job has let go of its nodes. A restart on the same nodes loads it from
         memory; a restart elsewhere waits for the agents' commit. Collective with world
         size > 1. Without fast_dir, or without a persist agent on every node, it is a
-        blocking save to the durable directory (with a warning). The handle is done."""
+        blocking save to the durable directory (with a warning). The handle is done.
+        peer_copy: also keep each node's share in the next node's memory (several nodes), so
+        that one node lost before the durable commit costs nothing; it adds a network copy of
+        each node's share to the save (docs/checkpoint.md, "The window")."""
         step = checked_step(step)
         self.wait()
-        handle = self._suspend_save(step, state)
+        handle = self._suspend_save(step, state, peer_copy)
         in_memory = self.parts is not None and self.parts.step_path(step).exists() and not handle.skipped
         handle.where = "node memory" if in_memory else str(self.durable.root)
         try:
@@ -207,7 +210,7 @@ class CheckpointManager:
             pass  # only informative
         return handle
 
-    def _suspend_save(self, step: int, state: Any) -> SaveHandle:
+    def _suspend_save(self, step: int, state: Any, peer_copy: bool) -> SaveHandle:
         if (world := distributed_world()) is not None:
             from .sharded import prepare_share, save_to_memory
 
@@ -215,7 +218,7 @@ class CheckpointManager:
             skipped = None
             if self.parts is not None:
                 skipped = save_to_memory(self.parts, self.durable, step, share, active_staging=self._active_staging,
-                                         group=self._checkpoint_group())
+                                         group=self._checkpoint_group(), peer_copy=peer_copy)
             if skipped is None:
                 return self._save_sharded(step, state, rank=world[0])
             handle = SaveHandle(step)

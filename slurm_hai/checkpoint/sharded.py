@@ -413,7 +413,7 @@ def _node_leaders(nodes: list[str]) -> dict[str, int]:
 
 
 def save_to_memory(parts: CheckpointStore, durable: CheckpointStore, step: int, share: RankShare, *,
-                   active_staging: ActiveStaging, group: Any = None) -> bool | None:
+                   active_staging: ActiveStaging, group: Any = None, peer_copy: bool = True) -> bool | None:
     """The collective suspend save: every rank writes its shards into its node's memory
     part (node-local staging dir, DCP as in a durable save), the ranks agree, each node's
     leader commits its part, and then hands it to its persist agent; rank 0 marks the step
@@ -482,7 +482,7 @@ def save_to_memory(parts: CheckpointStore, durable: CheckpointStore, step: int, 
             raise CheckpointError(f"suspend save of step {step} failed: {'; '.join(failed)}")
         if committed is not None:
             # A peer copy first: once go_suspend() has run, the node may be lost at any time.
-            peer = _peer_copy(parts, committed, part, order, leaders, group) if len(order) > 1 else None
+            peer = _peer_copy(parts, committed, part, order, leaders, group) if peer_copy and len(order) > 1 else None
             try:
                 file_request(committed, part)
                 if peer is not None:
