@@ -226,8 +226,9 @@ def wait_for_pending(durable: CheckpointStore, timeout: float = PENDING_WAIT_S) 
     deadline = time.monotonic() + timeout
     while True:
         committed = max(durable.steps(), default=-1)
-        waiting = [s for s in pending_steps(durable) if s > committed]
-        for step in pending_steps(durable):
+        pending = pending_steps(durable)
+        waiting = [s for s in pending if s > committed]
+        for step in pending:
             if step <= committed:
                 pending_path(durable, step).unlink(missing_ok=True)
         if not waiting:
@@ -246,9 +247,8 @@ def wait_for_pending(durable: CheckpointStore, timeout: float = PENDING_WAIT_S) 
 
 
 def _copy_checked(source: Path, dest: Path, entry: FileEntry, name: str) -> None:
-    """Copy one file of a part to `dest` (written and fsynced with write_hashed_file),
-    refusing it unless its checksum is the manifest's."""
-    dest.unlink(missing_ok=True)  # a crashed attempt's leftover
+    """Copy one file of a part to `dest`, a new name in the copier's own directory (written
+    and fsynced with write_hashed_file), refusing it unless its checksum is the manifest's."""
     dest.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     with open(source, "rb") as f:
         size = os.fstat(f.fileno()).st_size
