@@ -3,8 +3,9 @@ state per node (32 weight matrices, each a DTensor sharded by rows over the 2 ra
 FSDP) is suspended with `hai suspend`, twice per repeat, alternating:
 
 - memory: CheckpointManager(fast_dir=$HAI_NODE_MEMORY).suspend_save(): each node's shard
-  to its own memory and (without --no-peer) a copy to the next node's, go_suspend(); the
-  nodes' persist agents make the durable copy;
+  to its own memory (into spares that reserve_node_memory() wrote ahead) and (without
+  --no-peer) a copy to the next node's, go_suspend(); the nodes' persist agents make the
+  durable copy;
 - durable: a blocking save to the durable directory (what jobs did before), go_suspend().
 
 The job holds its nodes across the requeue (a filler job holds the other two), so the
@@ -73,6 +74,8 @@ if hai.restart_count() > 0:
     print(f"loaded in {took:.3f} s from {mgr.loaded_from} ok={ok}", flush=True)
     mgr.close()
     sys.exit(0)
+if mode == "memory":  # what a job does after building its model: node memory for the suspend save
+    mgr.reserve_node_memory(state, wait=True)
 print("ready", flush=True)
 flag = torch.zeros(1)
 while True:

@@ -33,7 +33,8 @@ from .fileio import describe_os_error, write_hashed_file
 from .layout import STATE_FILE, ActiveStaging, checkpoint_versions, rank_file_name, read_single_checkpoint
 from .manifest import LAYOUT_DCP, LAYOUT_SINGLE, FileEntry, Manifest, parse_step_dir_name, read_manifest
 from .memory import (PartInfo, agent_alive, check_part_files, commit_part, file_request, forget_parts, mark_pending,
-                     newest_part, node_name, parts_store, pending_steps, read_part, wait_for_pending)
+                     newest_part, node_name, parts_store, pending_steps, read_part, reserve_spares,
+                     wait_for_pending)
 from .serialize import flatten_state, is_stateful
 from .staging import HostBuffer, SaveHandle, StagedFile, run_in_background, stage_files
 
@@ -123,6 +124,9 @@ class CheckpointManager:
         self._thread: threading.Thread | None = None
         self._active_staging = ActiveStaging()
         self._loading: set[int] = set()
+        self._reserving: threading.Thread | None = None  # reserve_node_memory()'s
+        self._stop_reserving = threading.Event()
+        self._node_count: int | None = None
         if current_rank() == 0:
             for store in self.stores:
                 store.clean_stale(self._active_staging.paths)
@@ -168,6 +172,7 @@ class CheckpointManager:
         step = checked_step(step)
         self.wait()  # at most one save in flight; raises the previous save's failure
         if (world := distributed_world()) is not None:
+            self.reserve_node_memory(state)
             if not blocking:
                 return self._save_sharded_async(step, state, rank=world[0])
             return self._save_sharded(step, state, rank=world[0])
@@ -186,6 +191,44 @@ class CheckpointManager:
         if blocking:
             self.wait()
         return handle
+
+    def reserve_node_memory(self, state: Any, *, wait: bool = False) -> None:
+        """Reserve ahead, in the background, the node memory a suspend_save() of `state` will
+        write into (a distributed job with fast_dir): the save then overwrites pages that are
+        already there, about three times faster than faulting in new ones. Memory that a
+        part already committed to the durable tier holds is reused. save() and load(into=)
+        call it; call it after building the model when the job makes no save before its first
+        suspend notice. Collective with world size > 1, like save(). wait: return once the
+        memory is reserved (it takes 0.5 s per GiB here)."""
+        if self.parts is None or distributed_world() is None:
+            return
+        from .node_memory import spare_sizes
+        from .serialize import flatten_state
+
+        if self._node_count is None:  # once: the only collective here
+            import torch.distributed as dist
+
+            nodes: list[Any] = [None] * dist.get_world_size()
+            dist.all_gather_object(nodes, node_name(), group=self._checkpoint_group())
+            self._node_count = len(set(nodes))
+        if self._reserving is not None and self._reserving.is_alive():
+            if wait:
+                self._reserving.join()
+            return
+        if not agent_alive():
+            return
+        try:
+            tensors = flatten_state(state)[0].tensors
+        except Exception as exc:  # noqa: BLE001 - the save reports a state it cannot flatten
+            log.debug("not reserving node memory: %r", exc)
+            return
+        sizes = spare_sizes(tensors, distributed_world()[1], self._node_count > 1)
+        self._reserving = threading.Thread(target=reserve_spares, args=(self.parts, self.durable, sizes),
+                                           kwargs={"stop": self._stop_reserving}, name="hai-reserve-node-memory",
+                                           daemon=True)
+        self._reserving.start()
+        if wait:
+            self._reserving.join()
 
     def suspend_save(self, step: int, state: Any, *, peer_copy: bool = True) -> SaveHandle:
         """The save to make at a suspend notice, before go_suspend(): it commits `step` to
@@ -212,7 +255,8 @@ class CheckpointManager:
 
     def _suspend_save(self, step: int, state: Any, peer_copy: bool) -> SaveHandle:
         if (world := distributed_world()) is not None:
-            from .sharded import prepare_share, save_to_memory
+            from .node_memory import save_to_memory
+            from .sharded import prepare_share
 
             share = prepare_share(state, self._buffer, None)
             skipped = None
@@ -264,6 +308,9 @@ class CheckpointManager:
         """Wait for the in-flight save (raising its failure) and let go of the checkpoint
         process group. Call it (or wait()) before destroying the process group."""
         self.wait()
+        if self._reserving is not None:  # at most one spare being written: it is finished
+            self._stop_reserving.set()
+            self._reserving.join()
         self._group = None
 
     def _checkpoint_group(self) -> Any:
@@ -424,7 +471,8 @@ class CheckpointManager:
         """
         self.wait()
         if distributed_world() is not None:
-            from .sharded import load_distributed, load_from_memory
+            from .node_memory import load_from_memory
+            from .sharded import load_distributed
 
             group = self._checkpoint_group()
             found = None
@@ -442,6 +490,7 @@ class CheckpointManager:
             self._forget_parts()
             if into is not None:
                 restore_into(into, state)
+                self.reserve_node_memory(into)
             return state
         for found_step, store, path in self._candidates(step):
             self._loading.add(found_step)

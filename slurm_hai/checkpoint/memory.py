@@ -12,10 +12,18 @@ then calls go_suspend(). The durable copy is finished by the persist agent of ea
                                         the whole checkpoint's manifest
         <the checkpoint's files>        those this node's ranks wrote, plus copies of the
                                         small shared ones (tree.json, dcp/.metadata)
+    FAST/spares/own-<rank>, peer-<rank> pre-faulted files (reserve_spares): a suspend save
+                                        renames them into its part and overwrites them
     SPOOL/<uid>-<step>-<token>-<k>.json one request per node and save: {"part": path}
     DIR/.persisting-<N>.json            rank 0 wrote it once every node's part committed:
                                         a restart elsewhere waits for step N
     DIR/.persist-<N>-<token>/           the agents' shared staging dir; .part-<k>.done
+
+Spares: a new tmpfs file costs a page fault and a zeroed page per 4 KiB written, three times
+the cost of the copy itself (0.61 s per GiB against 0.19 s here). So the job reserves its
+suspend save's memory ahead, in the background (``posix_fallocate``), and the save
+overwrites pages that are already there: its own file (``own-<rank>``) and, for a peer copy,
+what the previous node sends (``peer-<rank>``). Without spares the save is the same, slower.
 
 Every node's agent copies the files its node owns into the shared staging dir, checking
 each against the manifest's checksum, fsyncs them and drops its ``.part-<k>.done``; the one
@@ -29,12 +37,14 @@ Torch-free: the agent imports this module.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import mmap
 import os
 import secrets
 import shutil
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -42,11 +52,14 @@ from pathlib import Path
 from .commit import CheckpointStore, process_start_ticks, writer_alive
 from .errors import CheckpointError, CorruptCheckpointError, Problem
 from .fileio import describe_os_error, fsync_dir, write_hashed_file
-from .manifest import MANIFEST_NAME, PERSIST_PREFIX, FileEntry, Manifest, check_file, parse_manifest
+from .manifest import (DELETING_PREFIX, MANIFEST_NAME, PERSIST_PREFIX, STEP_DIR_PREFIX, FileEntry, Manifest, check_file,
+                       parse_manifest)
 
 log = logging.getLogger(__name__)
 
 PARTS_DIR = "parts"
+SPARES_DIR = "spares"
+SPARE_TMP_PREFIX = ".tmp-"
 PEER_PREFIX = "peer-"
 PART_FILE = "part.json"
 PART_FORMAT = "slurm-hai-memory-part"
@@ -127,7 +140,7 @@ def check_part_files(part_dir: Path, part: PartInfo, names: list[str]) -> list[P
         if entry is None:
             problems.append(Problem(name, "not in the checkpoint's manifest"))
         else:
-            problems += check_file(part_dir, name, entry, check_data=True)
+            problems += check_file(part_dir, name, entry, check_data=True, mapped=True)
     return problems
 
 
@@ -156,6 +169,134 @@ def commit_part(parts: CheckpointStore, staging: Path, part: PartInfo) -> Path:
         raise describe_os_error(exc, f"committing step {part.step} to node memory {parts.root}") from exc
 
 
+def spares_dir(parts: CheckpointStore) -> Path:
+    return parts.root.parent / SPARES_DIR
+
+
+def _spare_tmp(spares: Path) -> Path:
+    """A temporary name in spares/ that names its process (reserve_spares cleans up after
+    dead ones)."""
+    return spares / f"{SPARE_TMP_PREFIX}{os.getpid()}-{secrets.token_hex(4)}"
+
+
+def _recycle(parts: CheckpointStore, durable: CheckpointStore, spares: Path) -> list[Path]:
+    """Retire this node's parts and peer copies whose step is committed durably (they only
+    spare a restart the durable read) and return their big files, moved into spares/ as
+    spare candidates, largest first. Each dir is renamed away first, so that nothing reads
+    it half emptied (another rank of the node recycling at the same time gets the others)."""
+    taken = []
+    for path in sorted(parts.root.glob("*")):
+        step = _part_step(path.name)
+        if step is None or not durable.step_path(step).exists():
+            continue
+        retired = parts.root / f"{DELETING_PREFIX}{path.name}-{os.getpid()}-{secrets.token_hex(2)}"
+        try:
+            os.rename(path, retired)
+        except OSError:
+            continue
+        for file in retired.rglob("*"):
+            try:
+                if file.is_file() and not file.is_symlink() and file.stat().st_size >= 1 << 20:
+                    os.rename(file, dest := _spare_tmp(spares))
+                    taken.append((dest.stat().st_size, dest))
+            except OSError:
+                continue
+        shutil.rmtree(retired, ignore_errors=True)
+    return [dest for _, dest in sorted(taken, reverse=True)]
+
+
+def _part_step(name: str) -> int | None:
+    """The step of a committed part (step-<N>) or peer copy (peer-<N>-<k>) dir name."""
+    for prefix in (STEP_DIR_PREFIX, PEER_PREFIX):
+        if name.startswith(prefix):
+            try:
+                return int(name[len(prefix):].split("-")[0])
+            except ValueError:
+                return None
+    return None
+
+
+def reserve_spares(parts: CheckpointStore, durable: CheckpointStore, sizes: dict[str, int], *,
+                   wait_s: float = PENDING_WAIT_S, stop: threading.Event | None = None) -> None:
+    """Make sure each spares/<name> has at least its size in node memory, written once (run
+    in the background: 0.5 s per GiB here). Parts whose durable copy is committed are
+    recycled first, so that the memory tier holds about one save's worth of pages; a part
+    still on its way to the durable tier is waited for (up to wait_s, or until `stop` is
+    set) rather than doubled. Best effort: with too little memory the save goes without
+    (logged)."""
+    spares = spares_dir(parts)
+    stop = stop or threading.Event()
+    mine: list[Path] = []
+    try:
+        spares.mkdir(mode=0o700, exist_ok=True)
+        for tmp in spares.glob(f"{SPARE_TMP_PREFIX}*"):  # of processes that died reserving
+            with contextlib.suppress(ValueError, OSError):
+                if not Path(f"/proc/{int(tmp.name[len(SPARE_TMP_PREFIX):].split('-')[0])}").exists():
+                    tmp.unlink()
+        missing = {name: size for name, size in sizes.items()
+                   if not ((spares / name).exists() and (spares / name).stat().st_size >= size)}
+
+        def on_its_way() -> bool:
+            return any(step is not None and not durable.step_path(step).exists()
+                       for step in (_part_step(p.name) for p in parts.root.glob("*")))
+
+        deadline = time.monotonic() + wait_s
+        while missing and on_its_way() and time.monotonic() < deadline:
+            if stop.wait(1.0):
+                return
+        mine = _recycle(parts, durable, spares) if missing else []
+        for name, size in sorted(missing.items(), key=lambda item: item[1], reverse=True):
+            tmp = mine[0] if mine else _spare_tmp(spares)
+            if not mine:
+                mine.append(tmp)
+            fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+            try:
+                have = os.fstat(fd).st_size
+                os.posix_fallocate(fd, 0, size)  # all or nothing when memory is short
+                _zero(fd, have, size)
+            finally:
+                os.close(fd)
+            os.replace(tmp, spares / name)
+            mine.pop(0)
+    except OSError as exc:
+        log.warning("could not reserve node memory in %s for a suspend save (%s): it will be slower", spares,
+                    exc.strerror or exc)
+    finally:
+        for left in mine:
+            left.unlink(missing_ok=True)
+
+
+def _zero(fd: int, start: int, end: int) -> None:
+    """Write zeros over [start, end): tmpfs hands out fallocated pages unwritten and clears
+    each on its first touch, which made mapping a spare 4x slower than one written once."""
+    zeros = bytes(min(64 << 20, max(end - start, 0)))
+    while start < end:
+        start += os.pwrite(fd, memoryview(zeros)[:end - start], start)
+
+
+def take_spare(spares: Path, name: str, dest: Path, size: int | None = None) -> bool:
+    """Move spares/<name> to `dest` (a new name on the same file system), cut to `size`
+    bytes when given. False when it is not there: the caller writes a new file."""
+    try:
+        os.rename(spares / name, dest)
+        if size is not None:
+            os.truncate(dest, size)
+        return True
+    except OSError:
+        return False
+
+
+def spare_names(spares: Path, prefix: str) -> list[tuple[int, str]]:
+    """(size, name) of the spares whose name starts with `prefix`, largest first."""
+    found = []
+    for path in spares.glob(f"{prefix}*"):
+        try:
+            found.append((path.stat().st_size, path.name))
+        except OSError:
+            continue
+    return sorted(found, reverse=True)
+
+
 def peer_dir_name(step: int, node_index: int) -> str:
     """Where a node keeps the peer copy of node `node_index`'s part (sharded.py)."""
     return f"{PEER_PREFIX}{step:012d}-{node_index}"
@@ -164,15 +305,9 @@ def peer_dir_name(step: int, node_index: int) -> str:
 def forget_parts(parts: CheckpointStore, older_than: int) -> None:
     """Remove this node's parts and peer copies older than a step that is loaded or
     committed; their durable copies are done or no longer needed."""
-    for step, path in parts.steps().items():
-        if step < older_than:
-            shutil.rmtree(path, ignore_errors=True)
-    for path in parts.root.glob(f"{PEER_PREFIX}*"):
-        try:
-            step = int(path.name[len(PEER_PREFIX):].split("-")[0])
-        except ValueError:
-            continue
-        if step < older_than:
+    for path in parts.root.glob("*"):
+        step = _part_step(path.name)
+        if step is not None and step < older_than:
             shutil.rmtree(path, ignore_errors=True)
 
 

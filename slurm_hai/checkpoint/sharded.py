@@ -28,12 +28,11 @@ of its files matched the checksum rank 0 recorded when committing it.
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import logging
-import mmap
 import os
-import re
-import shutil
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -43,13 +42,14 @@ from typing import Any, TypeVar
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from .commit import CheckpointStore
 from .errors import CheckpointError, CorruptCheckpointError, Problem
 from .fileio import describe_os_error, fsync_file, read_verified_file, write_hashed_file
 from .layout import ActiveStaging, checkpoint_versions, rank_file_name, read_rank_file, read_single_checkpoint
-from .manifest import (LAYOUT_DCP, FileEntry, Manifest, check_file, hash_file, list_step_dirs, parse_manifest,
+from .manifest import (LAYOUT_DCP, FileEntry, Manifest, check_file, hash_file, list_step_dirs, new_hasher,
                        read_manifest)
 from .serialize import flatten_state, unflatten_state
 from .staging import HostBuffer, SaveHandle, StagedFile, stage_files, stage_tensors
@@ -204,7 +204,7 @@ def _write_and_commit(
     store: CheckpointStore, step: int, share: RankShare, staging: Path, *, active_staging: ActiveStaging, group: Any
 ) -> bool:
     # The agreement: rank 0 commits only if every rank's files are written and checksummed.
-    reports = _write_share(staging, share, f"writing step {step} to {store.root}", group, sync=True)
+    reports = _write_share(staging, share, f"writing step {step} to {store.root}", group)
 
     def commit() -> None:
         try:
@@ -223,22 +223,100 @@ def _write_and_commit(
 Reports = list[tuple[dict[str, FileEntry], "str | None"]]
 
 
-def _write_share(staging: Path, share: RankShare, action: str, group: Any, *, sync: bool) -> Reports:
+class _ChecksummedFile(io.BufferedRandom):
+    """A file DCP writes from its start, over whatever pages the file already has, and
+    checksums as it goes; closing it cuts it after the last byte written. `entry` is its
+    FileEntry once closed (None if anything was written out of order)."""
+
+    def __init__(self, raw: io.FileIO) -> None:
+        super().__init__(raw)
+        self._hasher = new_hasher()
+        self._size: int | None = 0  # None: written out of order
+        self._end = 0
+        self.entry: FileEntry | None = None
+
+    def write(self, data: Any) -> int:
+        at = self.tell()
+        if self._size is not None and at == self._size:
+            self._hasher.update(data)
+            self._size += memoryview(data).nbytes
+        else:
+            self._size = None
+        written = super().write(data)
+        self._end = max(self._end, at + written)
+        return written
+
+    def close(self) -> None:
+        if not self.closed:
+            self.truncate(self._end)
+            if self._size == self._end:
+                self.entry = FileEntry(self._end, self._hasher.hexdigest())
+        super().close()
+
+
+class _InMemoryFileSystem(FileSystem):
+    """How DCP writes a share into node memory: a data file that already exists (a spare
+    moved into place, memory.py) is overwritten in place rather than truncated first, so its
+    pages are reused, and every file is checksummed as it is written, not read again."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.written: dict[Path, FileEntry | None] = {}
+
+    @contextlib.contextmanager
+    def create_stream(self, path: str | os.PathLike[str], mode: str) -> Any:
+        if mode != "wb":
+            with super().create_stream(path, mode) as stream:
+                yield stream
+            return
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        stream = _ChecksummedFile(io.FileIO(fd, "r+"))
+        try:
+            yield stream
+        finally:
+            stream.close()
+            self.written[Path(path)] = stream.entry
+
+    def rename(self, path: str | os.PathLike[str], new_path: str | os.PathLike[str]) -> None:
+        super().rename(path, new_path)
+        self.written[Path(new_path)] = self.written.pop(Path(path), None)
+
+
+@contextlib.contextmanager
+def _without_zip_crc() -> Any:
+    """torch.save's zip CRC32 costs 0.3 s per GiB here; the manifest's checksum covers every
+    file already. (A global switch: suspend_save() runs with no other save in flight.)"""
+    before = torch.serialization.get_crc32_options()
+    torch.serialization.set_crc32_options(False)
+    try:
+        yield
+    finally:
+        torch.serialization.set_crc32_options(before)
+
+
+def _write_share(staging: Path, share: RankShare, action: str, group: Any, *, in_memory: bool = False) -> Reports:
     """Every rank writes its share into `staging` (its DCP shards, its PerRank file, rank 0
     the tree) and checksums what it wrote. Returns every rank's (files, error): what rank 0
-    commits only if no rank failed. A failure never skips the all-gather."""
+    commits only if no rank failed. A failure never skips the all-gather. in_memory: node
+    memory (node_memory.py): no fsync, files overwritten in place and checksummed as they
+    are written, no zip CRC."""
     rank = dist.get_rank()
     entries: dict[str, FileEntry] = {}
     local_error: str | None = None
     try:
-        storage = dcp.FileSystemWriter(str(staging / DCP_DIR), single_file_per_rank=True, sync_files=sync)
-        write_dcp(share.tensors, storage_writer=storage, process_group=group)
+        storage = dcp.FileSystemWriter(str(staging / DCP_DIR), single_file_per_rank=True, sync_files=not in_memory)
+        fs = storage.fs = _InMemoryFileSystem() if in_memory else storage.fs
+        with _without_zip_crc() if in_memory else contextlib.nullcontext():
+            write_dcp(share.tensors, storage_writer=storage, process_group=group)
         if share.rank_file is not None:
             entries[share.rank_file.name] = write_hashed_file(staging / share.rank_file.name, share.rank_file.image)
         if rank == 0:
             tree = json.dumps(share.tree, separators=(",", ":")).encode()
             entries[TREE_FILE] = write_hashed_file(staging / TREE_FILE, tree)
-        entries.update(_hash_files(staging, _owned_dcp_files(staging / DCP_DIR, rank)))
+        owned = _owned_dcp_files(staging / DCP_DIR, rank)
+        hashed = {p.relative_to(staging).as_posix(): e for p in owned if (e := getattr(fs, "written", {}).get(p))}
+        entries.update(hashed)
+        entries.update(_hash_files(staging, [p for p in owned if p.relative_to(staging).as_posix() not in hashed]))
     except BaseException as exc:  # noqa: BLE001 - DCP's CheckpointException is a BaseException
         local_error = f"rank {rank}: {_describe_write_error(exc, action)}"
     return _all_gather((entries, local_error), group)
@@ -399,254 +477,3 @@ def _dcp_tensors(path: Path, manifest: Manifest, into: Any, *, read: bool,
     except BaseException as exc:  # noqa: BLE001 - DCP's CheckpointException is a BaseException
         raise CheckpointError(f"torch.distributed.checkpoint could not load {path}: {exc!r}") from exc
     return tree, targets
-
-
-# --- suspend saves into node memory (memory.py has the layout and the agents' side) ----------
-
-
-def _node_leaders(nodes: list[str]) -> dict[str, int]:
-    """The lowest rank of each node: it completes and hands over the node's part."""
-    leaders: dict[str, int] = {}
-    for rank, node in enumerate(nodes):
-        leaders.setdefault(node, rank)
-    return leaders
-
-
-def save_to_memory(parts: CheckpointStore, durable: CheckpointStore, step: int, share: RankShare, *,
-                   active_staging: ActiveStaging, group: Any = None, peer_copy: bool = True) -> bool | None:
-    """The collective suspend save: every rank writes its shards into its node's memory
-    part (node-local staging dir, DCP as in a durable save), the ranks agree, each node's
-    leader commits its part, and then hands it to its persist agent; rank 0 marks the step
-    pending in the durable directory. Returns True when the step was already committed
-    (skipped), None when some node has no persist agent (nothing written: the caller saves
-    to the durable tier instead); raises the same CheckpointError on every rank on failure."""
-    from .memory import PartInfo, agent_alive, commit_part, file_request, mark_pending, node_name
-
-    rank = dist.get_rank()
-    prepared = _all_gather((step, share.error, node_name(), agent_alive()), group)
-    errors = [error for _, error, _, _ in prepared if error]
-    if len({rank_step for rank_step, _, _, _ in prepared}) > 1:
-        errors.append("the ranks save different steps; every rank must save the same step")
-    if errors:
-        raise CheckpointError(f"suspend save of step {step} failed: {'; '.join(errors)}")
-    nodes = [node for _, _, node, _ in prepared]  # each rank's node
-    if not all(alive for _, _, _, alive in prepared):
-        if rank == 0:
-            missing = sorted({node for _, _, node, alive in prepared if not alive})
-            log.warning("no persist agent on %s: saving step %d to %s directly", ", ".join(missing), step, durable.root)
-        return None
-    leaders = _node_leaders(nodes)
-    order = sorted(leaders, key=leaders.__getitem__)
-
-    def open_staging() -> str | None:
-        existing = durable.step_path(step)
-        if existing.exists() and durable.verify(existing).ok:
-            return None
-        return parts.new_staging(step).name
-
-    staging_name = _rank0_then_broadcast(open_staging, group)
-    if staging_name is None:
-        return True
-    staging = parts.root / staging_name
-    active_staging.add(staging)
-    try:
-        try:
-            staging.mkdir(mode=0o700, exist_ok=True)  # rank 0 made it on its node; each node its own
-            (staging / DCP_DIR).mkdir(mode=0o700, exist_ok=True)
-        except OSError:
-            pass  # reported by the write that follows, in the agreement
-        reports = _write_share(staging, share, f"writing step {step} to node memory", group, sync=False)
-
-        def whole() -> tuple[bytes, bytes, bytes]:
-            manifest = _agreed_manifest(reports, step, "suspend save", durable.host)
-            return (manifest.to_json_bytes(), (staging / TREE_FILE).read_bytes(),
-                    (staging / DCP_DIR / ".metadata").read_bytes())
-
-        manifest_bytes, tree_bytes, metadata_bytes = _rank0_then_broadcast(whole, group)
-        manifest = parse_manifest(manifest_bytes)
-        node = nodes[rank]
-        part = PartInfo(step, staging_name.rsplit("-", 1)[-1], node, order.index(node), len(order), str(durable.root),
-                        sorted(name for r, (rank_entries, _) in enumerate(reports) if nodes[r] == node
-                               for name in rank_entries), manifest)
-        committed, local_error = None, None
-        if leaders[node] == rank:
-            try:
-                for name, data in ((TREE_FILE, tree_bytes), (f"{DCP_DIR}/.metadata", metadata_bytes)):
-                    if not (staging / name).exists():  # the small shared files: on every node, for a load there
-                        write_hashed_file(staging / name, data)
-                committed = commit_part(parts, staging, part)
-            except (OSError, CheckpointError) as exc:
-                local_error = f"node {node}: {exc}"
-        failed = [e for e in _all_gather(local_error, group) if e]
-        if failed:
-            raise CheckpointError(f"suspend save of step {step} failed: {'; '.join(failed)}")
-        if committed is not None:
-            # A peer copy first: once go_suspend() has run, the node may be lost at any time.
-            peer = _peer_copy(parts, committed, part, order, leaders, group) if peer_copy and len(order) > 1 else None
-            try:
-                file_request(committed, part)
-                if peer is not None:
-                    file_request(*peer)
-            except CheckpointError as exc:
-                local_error = f"node {node}: {exc}"
-        # Every node's request is filed before the step is marked pending.
-        failed = [e for e in _all_gather(local_error, group) if e]
-        if failed:
-            raise CheckpointError(f"suspend save of step {step} failed: {'; '.join(failed)}")
-        if rank == 0:
-            mark_pending(durable, step, order)
-        return False
-    finally:
-        active_staging.paths.discard(staging)
-        if staging.exists() and leaders.get(nodes[rank]) == rank:
-            parts.discard(staging)
-
-
-def _wait(works: list[Any]) -> None:
-    for work in works:
-        work.wait()
-
-
-def _peer_copy(parts: CheckpointStore, part_dir: Path, part: Any, order: list[str], leaders: dict[str, int],
-               group: Any) -> tuple[Path, Any] | None:
-    """Node leaders only: send this node's share to the next node's leader and keep the
-    previous node's share here (FAST/parts/peer-<step>-<k>/, with its part.json), so that
-    one node lost before the agents' durable commit does not lose the step: the agent
-    that holds the peer copy persists that node's share too. Returns (the peer copy, its
-    PartInfo), or None when the exchange failed (logged: the save stands without it)."""
-    from .memory import PART_FILE, PartInfo, peer_dir_name
-
-    k, n = part.node_index, len(order)
-    prev = (k - 1) % n
-    to, frm = leaders[order[(k + 1) % n]], leaders[order[prev]]
-    maps: list[mmap.mmap] = []
-    tensors: list[torch.Tensor] = []
-    works: list[Any] = []
-    staging = parts.root / f".staging-peer-{part.step:012d}-{prev}-{os.getpid()}"
-
-    def mapped(fd: int, size: int, writable: bool) -> torch.Tensor:
-        maps.append(mmap.mmap(fd, size, prot=mmap.PROT_READ | (mmap.PROT_WRITE if writable else 0)))
-        tensors.append(torch.frombuffer(maps[-1], dtype=torch.uint8))
-        return tensors[-1]
-
-    try:
-        sizes = [(part_dir / name).stat().st_size for name in part.owned]
-        header = torch.frombuffer(bytearray(json.dumps([part.owned, sizes]).encode()), dtype=torch.uint8)
-        length, their_length = torch.tensor([header.numel()]), torch.zeros(1, dtype=torch.int64)
-        _wait([dist.isend(length, to, group), dist.irecv(their_length, frm, group)])
-        their_header = torch.empty(int(their_length), dtype=torch.uint8)
-        _wait([dist.isend(header, to, group), dist.irecv(their_header, frm, group)])
-        their_names, their_sizes = json.loads(bytes(their_header.numpy()))
-        staging.mkdir(mode=0o700)
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message="The given buffer is not writable")
-            for name, size in zip(part.owned, sizes):
-                if size:
-                    with open(part_dir / name, "rb") as f:
-                        works.append(dist.isend(mapped(f.fileno(), size, False), to, group))
-            for name, size in zip(their_names, their_sizes):
-                path = staging / name
-                path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-                fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
-                try:
-                    os.ftruncate(fd, size)
-                    if size:
-                        works.append(dist.irecv(mapped(fd, size, True), frm, group))
-                finally:
-                    os.close(fd)
-            _wait(works)
-        peer = PartInfo(part.step, part.token, order[prev], prev, n, part.durable, their_names, part.manifest)
-        (staging / PART_FILE).write_bytes(peer.to_json_bytes())
-        target = parts.root / peer_dir_name(part.step, prev)
-        shutil.rmtree(target, ignore_errors=True)
-        os.rename(staging, target)
-        return target, peer
-    except (OSError, ValueError, RuntimeError) as exc:
-        log.warning("no peer copy of step %d (%s): a node lost before the durable commit loses this step", part.step, exc)
-        shutil.rmtree(staging, ignore_errors=True)
-        return None
-    finally:
-        works.clear()
-        tensors.clear()
-        for m in maps:
-            try:
-                m.close()
-            except BufferError:  # still exported: closed when collected
-                pass
-
-
-def _tensor_owners(path: Path) -> dict[str, int]:
-    """The rank whose DCP file holds each whole tensor (replicated state: DCP wrote each
-    tensor once, in one rank's file); a tensor spread over several files has no owner."""
-    metadata = dcp.FileSystemReader(str(path / DCP_DIR)).read_metadata()
-    files: dict[str, set[str]] = {}
-    for index, info in metadata.storage_data.items():
-        files.setdefault(index.fqn, set()).add(info.relative_path)
-    owners = {}
-    for name, paths in files.items():
-        if len(paths) == 1 and (m := re.match(r"__(\d+)_\d+\.distcp$", next(iter(paths)))):
-            owners[name] = int(m.group(1))
-    return owners
-
-
-def load_from_memory(parts: CheckpointStore, durable: CheckpointStore, step: int | None, into: Any,
-                     group: Any) -> tuple[int, Any] | None:
-    """Collective load of a suspend checkpoint from node memory, when this run landed where
-    it was saved: every rank finds the same newest part on its node, no newer step is
-    committed durably, and each rank's own files verify there. Replicated state: each rank
-    reads the tensors its own DCP file holds and broadcasts them; sharded state (DTensors):
-    each rank reads its shards through DCP. None (nothing read) when any rank cannot."""
-    from .memory import check_part_files, newest_part, pending_steps, read_part
-
-    rank = dist.get_rank()
-    local = newest_part(parts)
-    found = _all_gather(local[0] if local else None, group)
-    # A newer step committed durably, or on its way there from other nodes' memory, wins.
-    newest_elsewhere = _rank0_then_broadcast(lambda: max(
-        [s for s, _ in list_step_dirs(durable.root)] + pending_steps(durable), default=-1), group)
-    chosen = found[0]
-    if chosen is None or len(set(found)) > 1 or (step is not None and chosen != step) or newest_elsewhere > chosen:
-        return None
-    path = local[1]
-    replicated = not _has_dtensor(into)
-    try:
-        part = read_part(path)
-        manifest = part.manifest
-        own = [n for n in manifest.files if n.startswith(f"{DCP_DIR}/__{rank}_")] + [rank_file_name(rank)]
-        need = [TREE_FILE, f"{DCP_DIR}/.metadata"] + [n for n in own if n in manifest.files]
-        problems = check_part_files(path, part, need)
-        error = f"rank {rank}: " + "; ".join(map(str, problems)) if problems else None
-        owners = _tensor_owners(path) if replicated and not problems else {}
-    except CheckpointError as exc:
-        error, owners = f"rank {rank}: {exc}", {}
-    errors = [e for e in _all_gather(error, group) if e]
-    if errors:
-        log.info("step %d is in node memory but not readable here (%s): loading from %s", chosen,
-                 "; ".join(errors), durable.root)
-        return None
-    try:
-        if replicated:
-            tree, targets = _dcp_tensors(path, manifest, into, read=False, distributed=False)
-            mine = {name: t for name, t in targets.items() if owners.get(name) == rank}
-            if len(owners) < len(targets):
-                raise CheckpointError("a tensor is spread over several ranks' files")
-            if mine:
-                dcp.load(mine, storage_reader=dcp.FileSystemReader(str(path / DCP_DIR)), no_dist=True)
-            state = (tree, targets, read_rank_file(path, manifest, rank))
-        else:
-            state = read_dcp_checkpoint(path, manifest, rank=rank, into=into, distributed=True)
-        error = None
-    except BaseException as exc:  # noqa: BLE001 - DCP's CheckpointException is a BaseException
-        state, error = None, f"rank {rank}: {exc!r}"
-    errors = [e for e in _all_gather(error, group) if e]
-    if errors:
-        log.warning("could not load step %d from node memory (%s): loading from %s", chosen, "; ".join(errors),
-                    durable.root)
-        return None
-    if replicated:
-        tree, targets, rank_values = state
-        for name in sorted(targets):
-            dist.broadcast(targets[name], src=owners[name], group=group)
-        state = unflatten_state(tree, targets, rank_values)
-    log.info("loaded step %d from node memory %s", chosen, path)
-    return chosen, state

@@ -281,3 +281,123 @@ def test_losing_both_copies_of_a_share_falls_back_to_the_newest_durable_checkpoi
     assert not (durable / step_dir_name(STEP)).exists()
     spawn(_lost_node_resume_rank, 4, base)
     assert {Path(base, f"lost-{r}.step").read_text() for r in range(4)} == {"3"}
+
+
+# --- DTensor shards: spares reserved ahead, read back in place --------------------------
+
+
+def _sharded_state(rank: int, world_size: int, fill: float | None = None) -> dict:
+    """A 2-node FSDP-like state: two DTensor weights sharded by rows, and a plain tensor
+    (replicated, as an optimizer's step count is)."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor import DTensor, Shard
+
+    mesh = init_device_mesh("cpu", (world_size,))
+    generator = torch.Generator().manual_seed(rank)
+    shards = [torch.randn(1024, 512, generator=generator), torch.randn(3, 5, generator=generator).to(torch.bfloat16)]
+    if fill is not None:
+        for shard in shards:
+            shard.fill_(fill)
+    state = {f"w{i}": DTensor.from_local(t, mesh, [Shard(0)], run_check=False) for i, t in enumerate(shards)}
+    state["count"] = torch.tensor([7 if fill is None else 0], dtype=torch.int64)
+    return state
+
+
+def _sharded_suspend_rank(rank: int, world_size: int, port: int, base: str) -> None:
+    fast = on_node(Path(base), f"n{rank + 1}")
+    init_gloo(rank, world_size, port)
+    try:
+        state = _sharded_state(rank, world_size)
+        mgr = CheckpointManager(Path(base) / "durable", fast_dir=fast)
+        mgr.reserve_node_memory(state, wait=True)
+        spares = {p.name: p.stat().st_ino for p in (fast / "spares").iterdir()}
+        assert set(spares) == {f"own-{rank}", f"peer-{rank}"}, spares
+        assert mgr.suspend_save(STEP, state).where == "node memory"
+        part = next((fast / "parts").glob("step-*"))
+        # the part's data file is the spare, overwritten in place (its pages were reserved)
+        assert (part / "dcp" / f"__{rank}_0.distcp").stat().st_ino == spares[f"own-{rank}"]
+        peer = next((fast / "parts").glob("peer-*"))
+        assert (peer / "dcp" / f"__{1 - rank}_0.distcp").stat().st_ino == spares[f"peer-{rank}"]
+        assert not list((fast / "spares").iterdir())
+        save_file({k: (v.to_local() if k != "count" else v).clone() for k, v in state.items()},
+                  str(Path(base) / f"sharded-rank{rank}.safetensors"))
+        mgr.close()
+    finally:
+        dist.destroy_process_group()
+
+
+def _sharded_resume_rank(rank: int, world_size: int, port: int, base: str, where: str) -> None:
+    fast = on_node(Path(base), f"n{rank + 1}")
+    init_gloo(rank, world_size, port)
+    try:
+        state = _sharded_state(rank, world_size, fill=0.0)
+        mgr = CheckpointManager(Path(base) / "durable", fast_dir=fast)
+        mgr.load(into=state)
+        assert mgr.loaded_step == STEP and (mgr.loaded_from == "node memory") == (where == "memory"), mgr.loaded_from
+        expected = load_file(str(Path(base) / f"sharded-rank{rank}.safetensors"))
+        for name, value in state.items():
+            got = value if name == "count" else value.to_local()
+            assert torch.equal(got, expected[name]) and got.dtype == expected[name].dtype, (rank, name)
+        mgr.close()
+        Path(base, f"{where}-{rank}.ok").write_text("")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_dtensor_shards_are_saved_into_reserved_memory_and_read_back_in_place_bitwise(tmp_path):
+    for node in ("n1", "n2"):
+        start_agent(tmp_path, node)
+    spawn(_sharded_suspend_rank, 2, tmp_path)
+    spawn(_sharded_resume_rank, 2, tmp_path, "memory")
+    assert len(list(tmp_path.glob("memory-*.ok"))) == 2
+    for node in ("n1", "n2"):
+        run_agent(tmp_path, node)
+    assert verify_checkpoint(tmp_path / "durable" / step_dir_name(STEP)).ok
+    # a part whose bytes do not parse as torch.save's archive is not read in place: the
+    # restart loads the durable copy instead (and nothing wrong)
+    for node in ("n1", "n2"):
+        data = next((tmp_path / node / "shm" / "parts").glob("step-*")) / "dcp" / f"__{int(node[1]) - 1}_0.distcp"
+        raw = bytearray(data.read_bytes())
+        raw[0:4] = b"XXXX"
+        data.write_bytes(bytes(raw))
+    spawn(_sharded_resume_rank, 2, tmp_path, "durable")
+    assert len(list(tmp_path.glob("durable-*.ok"))) == 2
+
+
+def test_reserving_memory_recycles_parts_already_committed_durably(tmp_path):
+    durable_dir, fast = tmp_path / "durable", tmp_path / "n1" / "shm"
+    mgr = CheckpointManager(durable_dir, fast_dir=fast)
+    parts, spares = mgr.parts, fast / "spares"
+    for step, committed in ((4, True), (5, False)):
+        part = parts.root / step_dir_name(step)
+        (part / "dcp").mkdir(parents=True)
+        (part / "dcp" / "__0_0.distcp").write_bytes(b"x" * (2 << 20))
+        if committed:
+            CheckpointManager(durable_dir).save(step, single_state(float(step)))
+    recycled_ino = (parts.root / step_dir_name(4) / "dcp" / "__0_0.distcp").stat().st_ino
+    memory.reserve_spares(parts, mgr.durable, {"own-0": 3 << 20}, wait_s=0.0)
+    assert (spares / "own-0").stat().st_ino == recycled_ino  # step 4's pages, grown to the size asked
+    assert (spares / "own-0").stat().st_size == 3 << 20 and (spares / "own-0").read_bytes()[-1:] == b"\0"
+    assert not (parts.root / step_dir_name(4)).exists()
+    assert (parts.root / step_dir_name(5)).exists()  # not durable yet: the agent may still need it
+    assert {p.name for p in spares.iterdir()} == {"own-0"}
+
+
+def test_a_data_file_is_checksummed_as_written_and_cut_after_its_last_byte(tmp_path):
+    import io
+
+    from slurm_hai.checkpoint.manifest import hash_file
+    from slurm_hai.checkpoint.sharded import _ChecksummedFile
+
+    path = tmp_path / "spare"
+    path.write_bytes(b"old" * 1000)  # a spare: longer than what is written over it
+    with _ChecksummedFile(io.FileIO(path, "r+")) as f:
+        f.write(b"abc")
+        f.write(memoryview(torch.arange(4, dtype=torch.float32).numpy()))
+    assert path.stat().st_size == 19 and f.entry is not None
+    assert (f.entry.size, f.entry.checksum) == hash_file(path)
+    with _ChecksummedFile(io.FileIO(path, "r+")) as f:  # written out of order: not trusted, hashed again later
+        f.write(b"abcdef")
+        f.seek(0)
+        f.write(b"X")
+    assert f.entry is None and path.read_bytes() == b"Xbcdef"
