@@ -18,7 +18,8 @@ memory (memcpy), and GIB written and fsynced to the durable file system by 2 wri
 
     .venv/bin/python benchmarks/suspend_memory_bench.py [--gib 2] [--repeats 3] [--no-peer]
 
-Needs the local cluster idle, with its persist agents (contrib/localcluster/up), as root.
+Needs the local cluster idle, with its persist agents (contrib/localcluster/up), as root;
+after each job the agents remove its node memory, which the benchmark waits for.
 """
 
 from __future__ import annotations
@@ -134,6 +135,20 @@ def write_fsync_s(gib: float, writers: int = 2) -> float:
     return time.perf_counter() - t0
 
 
+def shmem_gib() -> float:
+    """Memory held by tmpfs on this host (every node's /dev/shm)."""
+    kib = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
+               if line.startswith("Shmem:"))
+    return kib / 2**20
+
+
+def finish(jobs: list[int]) -> None:
+    """Cancel the jobs, and wait for the persist agents to remove their node memory (the
+    next repeat must not start with less memory)."""
+    drain(jobs)
+    wait_for("the agents to free the jobs' node memory", lambda: shmem_gib() < 0.5, 120, 0.5)
+
+
 def one(mode: str, gib: float, peer: bool) -> dict[str, float]:
     script = WORK / "memjob.py"
     script.write_text(JOB)
@@ -151,7 +166,7 @@ def one(mode: str, gib: float, peer: bool) -> dict[str, float]:
     requeued = wait_for("the requeue", lambda: restarts(job) > before and time.time(), 120, 0.01)
     notice = event_t(job_dir, "notice")
     if event_t(job_dir, "forced_suspend") is not None:  # the save did not make the grace
-        drain([job, filler])
+        finish([job, filler])
         return {"requeued": requeued - notice, "forced": 1.0}
     durable_step = job_dir / "ckpt" / "step-000000000001"
     durable_at = wait_for("the durable commit", lambda: durable_step.exists() and time.time(), 300, 0.01)
@@ -160,7 +175,7 @@ def one(mode: str, gib: float, peer: bool) -> dict[str, float]:
     committed = re.search(r"committed in ([\d.]+) s to (.*)", read_text(log))
     if loaded.group(3) != "True":
         raise SystemExit(f"{mode}: the restart loaded wrong values")
-    drain([job, filler])
+    finish([job, filler])
     return {"requeued": requeued - notice, "forced": 0.0, "save": float(committed.group(1)),
             "where": committed.group(2), "durable_after_go": max(0.0, durable_at - event_t(job_dir, "go_suspend")),
             "load": float(loaded.group(1)), "from": loaded.group(2)}

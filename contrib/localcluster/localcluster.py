@@ -248,7 +248,7 @@ def start_node(c: Cluster, n: Node) -> None:
         stop(agent)
     if HAI_ADMIN.exists():  # not before `make setup` has installed the project
         start(agent, ["sh", "-c", 'echo $$ > "$1" && shift && exec "$@"', "sh", str(agent.pidfile), *enter,
-                      str(HAI_ADMIN), "persist-agent"], c, foreground=True)
+                      str(HAI_ADMIN), "persist-agent", "--sweep-every", "5"], c, foreground=True)
 
 
 def running_pid(d: Daemon) -> int | None:

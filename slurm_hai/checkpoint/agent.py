@@ -11,6 +11,13 @@ fails on that user's permissions. A child that fails (disk full, the durable fil
 away) leaves the request; it is tried again with a growing pause, up to MAX_ATTEMPTS, then
 renamed to failed-<name>.
 
+The agent also sweeps this node's memory: a job's directory there (HAI_NODE_MEMORY,
+``/dev/shm/slurm-hai-<job>-memory-*``, and the runs' suspend-flag directories,
+``slurm-hai-<job>.<run>-*``) outlives each run on purpose, for a restart on this node; once
+Slurm says the job is over (not pending, running or suspended, seen twice a sweep apart)
+and its owner has no request waiting, the agent removes it. A job that ends with exit 0
+removes its own; this covers the cancelled, failed and killed ones.
+
 Torch-free, like memory.py: the agent starts in a fraction of a second and copies with the
 same fsynced, checksummed writes as the training job.
 """
@@ -21,10 +28,13 @@ import json
 import logging
 import os
 import pwd
+import re
+import shutil
 import stat
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -35,6 +45,9 @@ log = logging.getLogger("slurm_hai.persist_agent")
 
 MAX_ATTEMPTS = 5
 MAX_CHILDREN = 4
+SWEEP_S = 30.0
+# a job's node memory (slurm-hai-<job>-memory-*) or one of its runs' flag dirs (slurm-hai-<job>.<run>-*)
+JOB_DIR = re.compile(r"slurm-hai-(\d+)[-.]")
 
 
 class AgentError(Exception):
@@ -76,9 +89,42 @@ def _as_owner(uid: int) -> dict:
 
 
 class Agent:
-    def __init__(self, spool: Path) -> None:
+    """jobs_over(job ids) -> those of them Slurm says are over; None: no sweeping.
+    memory_root: where jobs keep their node memory."""
+
+    def __init__(self, spool: Path, jobs_over: Callable[[list[int]], set[int]] | None = None,
+                 memory_root: Path = Path("/dev/shm"), sweep_s: float = SWEEP_S) -> None:
         self.spool = spool
         self.requests: dict[str, Request] = {}
+        self.jobs_over, self.memory_root, self.sweep_s = jobs_over, memory_root, sweep_s
+        self._over_before: set[str] = set()  # dirs whose job was over at the last sweep
+        self._next_sweep = 0.0
+
+    def sweep(self) -> list[str]:
+        """Remove the node memory of jobs that are over: seen over at two sweeps in a row
+        (a requeue in flight is never mistaken for an end), its owner with no request
+        waiting (the agent may still need its parts). Returns what it removed."""
+        dirs: dict[str, tuple[int, int]] = {}
+        with os.scandir(self.memory_root) as entries:
+            for entry in entries:
+                if (m := JOB_DIR.match(entry.name)) and entry.is_dir(follow_symlinks=False):
+                    dirs[entry.name] = (int(m.group(1)), entry.stat(follow_symlinks=False).st_uid)
+        if not dirs or self.jobs_over is None:
+            self._over_before = set()
+            return []
+        try:
+            over = self.jobs_over(sorted({job for job, _ in dirs.values()}))
+        except Exception as exc:  # noqa: BLE001 - Slurm away: keep everything, try again later
+            log.warning("not sweeping node memory: %s", exc)
+            return []
+        waiting = {req.uid for req in self.requests.values()}
+        over_now = {name for name, (job, uid) in dirs.items() if job in over and uid not in waiting}
+        removed = sorted(over_now & self._over_before)
+        for name in removed:
+            shutil.rmtree(self.memory_root / name, ignore_errors=True)
+            log.info("removed %s: job %d is over", self.memory_root / name, dirs[name][0])
+        self._over_before = over_now - set(removed)
+        return removed
 
     def scan(self) -> None:
         """Pick up new request files; forget ones that are gone (done)."""
@@ -128,6 +174,12 @@ class Agent:
             self.step()
             if once and not self.requests:
                 return
+            if time.monotonic() >= self._next_sweep:
+                self._next_sweep = time.monotonic() + self.sweep_s
+                try:
+                    self.sweep()
+                except OSError as exc:
+                    log.warning("sweeping %s: %s", self.memory_root, exc)
             time.sleep(poll)
 
 

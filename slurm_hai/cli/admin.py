@@ -384,8 +384,10 @@ def daemon(policy_file: str | None, once: bool, interval: float, lock_file: str 
               help="Where jobs on this node leave their requests. [default: $HAI_PERSIST_SPOOL, "
                    "else /dev/shm/slurm-hai-persist]")
 @click.option("--once", is_flag=True, help="Handle the requests waiting now, then exit (for a test).")
+@click.option("--sweep-every", metavar="SECONDS", type=click.FloatRange(min=1.0), default=30.0, show_default=True,
+              help="How often to look for node memory of jobs that are over (it is removed once seen twice).")
 @one_line_errors
-def persist_agent(spool: str | None, once: bool) -> None:
+def persist_agent(spool: str | None, once: bool, sweep_every: float) -> None:
     """Finish the durable copy of suspend checkpoints on this node (run one per node, as root).
 
     \b
@@ -394,6 +396,7 @@ def persist_agent(spool: str | None, once: bool) -> None:
     share to the durable directory (checksummed, fsynced) and, on the last node to finish,
     commits it. Each request runs as the job's user. Without an agent on every node of a
     job, suspend_save() saves to the durable directory itself, as a blocking save.
+    It also removes the node memory (/dev/shm/slurm-hai-<job>-*) of jobs that are over.
     docs/checkpoint.md ("Suspend in memory time"); contrib/systemd/ has a unit file.
     """
     from ..checkpoint.agent import Agent, AgentError, prepare_spool
@@ -407,7 +410,17 @@ def persist_agent(spool: str | None, once: bool) -> None:
         raise click.ClickException(str(e)) from None
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: sys.exit(0))
-    Agent(where).serve(once=once)
+    Agent(where, jobs_over=_jobs_over, sweep_s=sweep_every).serve(once=once)
+
+
+def _jobs_over(job_ids: list[int]) -> set[int]:
+    """Those of the jobs that Slurm says ended, or no longer knows (asked one by one: squeue
+    fails a whole query for one id it no longer knows)."""
+    from ..slurm import backend
+    from ..slurm.records import ENDED_STATES
+
+    slurm = backend()
+    return {job for job in job_ids if (info := slurm.job(job)) is None or info.state in ENDED_STATES}
 
 
 def _serve_metrics(port: int, address: str, policy: Policy):

@@ -29,6 +29,10 @@ BASE_STATES = ("PENDING", "RUNNING", "SUSPENDED", "COMPLETED", "CANCELLED", "FAI
                "NODE_FAIL", "PREEMPTED", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY")
 
 
+# The states of a job that is over for good (a requeued job is PENDING again, a held one too).
+ENDED_STATES = ("COMPLETED", "CANCELLED", "FAILED", "TIMEOUT", "NODE_FAIL", "BOOT_FAIL", "DEADLINE", "OUT_OF_MEMORY")
+
+
 class RecordError(SlurmError):
     """A Slurm record in a shape slurm-hai does not know (one line: release, command, field)."""
 

@@ -117,3 +117,35 @@ def test_a_node_lost_after_go_suspend_before_the_durable_commit_resumes_through_
     assert resumed_from(job_dir) == [at]
     assert any(f"resumed from step {at}" in line and "from node memory" not in line for line in train_lines(job_dir))
     assert same_weights(job_dir / "final-weights.safetensors", reference), "resumed weights differ"
+
+
+def test_the_agents_remove_the_node_memory_of_a_job_that_is_over_and_keep_a_running_ones(
+        live, daemon):  # noqa: F811 - fixtures
+    """A job cancelled after a suspend left its memory on its nodes (the launcher removes it
+    only when the job ends with exit 0): the nodes' agents remove it once Slurm says the job
+    ended, and leave the memory of a job still running alone."""
+    args = ["--nprocs", "1", "--steps", "100000", "--step-sleep", "0.05"]
+    over, over_dir = submit(live, TRAIN, "-n", "2", "-p", "LOW", user=ALICE, args=args)
+    running, running_dir = submit(live, TRAIN, "-n", "2", "-p", "LOW", user=BOB, args=args)
+    for job_dir in (over_dir, running_dir):
+        wait_for("the jobs to train", lambda: last_step(job_dir) >= 5, 120, 0.2)
+    live.run(["hai", "suspend", str(over)], user=ALICE)
+    wait_for("the suspend", lambda: named(over_dir, "suspended"), 60)
+    (commit,) = [m for line in train_lines(over_dir)
+                 for m in [re.search(r"checkpoint step (\d+) committed .*node memory", line)] if m]
+    wait_for("the agents' durable commit", lambda: int(commit.group(1)) in committed_steps(over_dir / "checkpoints"), 60)
+
+    def memory(job_dir):
+        return {p.name: p.read_text() for p in (job_dir / "node-memory").iterdir()}
+
+    def left(where):
+        return [node for node, path in where.items()
+                if live.on_node(node, ["test", "-e", path], check=False).returncode == 0]
+
+    mine, theirs = memory(over_dir), memory(running_dir)
+    assert len(left(mine)) == 2 and len(left(theirs)) == 2
+    live.run(["scancel", str(over)])
+    wait_for("the agents to remove the ended job's node memory", lambda: not left(mine), 60)
+    assert len(left(theirs)) == 2 and last_step(running_dir) > 5  # still running, still there
+    live.run(["scancel", str(running)])
+    wait_for("the agents to remove the second job's node memory", lambda: not left(theirs), 60)

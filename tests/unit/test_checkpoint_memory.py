@@ -401,3 +401,32 @@ def test_a_data_file_is_checksummed_as_written_and_cut_after_its_last_byte(tmp_p
         f.seek(0)
         f.write(b"X")
     assert f.entry is None and path.read_bytes() == b"Xbcdef"
+
+
+def test_the_agent_sweeps_the_memory_of_jobs_seen_over_twice_and_never_with_a_request_waiting(tmp_path):
+    shm, spool = tmp_path / "shm", tmp_path / "spool"
+    prepare_spool(spool)
+    for name in ("slurm-hai-11-memory-abc", "slurm-hai-11.0-xyz", "slurm-hai-12-memory-def",
+                 "slurm-hai-13-memory-ghi", "slurm-hai-persist", "other"):
+        (shm / name).mkdir(parents=True)
+    asked: list[list[int]] = []
+
+    def jobs_over(ids):
+        asked.append(ids)
+        return {11, 13}
+
+    agent = Agent(spool, jobs_over=jobs_over, memory_root=shm)
+    (spool / f"{os.getuid()}-000000000001-tok-0.json").write_text('{"part": "/nowhere"}')
+    agent.scan()  # a request of job 13's owner (this uid) waits: nothing of theirs goes
+    assert agent.sweep() == [] and agent.sweep() == []
+    agent.requests.clear()
+    assert agent.sweep() == []  # over once: a requeue in flight could look like that
+    assert agent.sweep() == ["slurm-hai-11-memory-abc", "slurm-hai-11.0-xyz", "slurm-hai-13-memory-ghi"]
+    assert sorted(p.name for p in shm.iterdir()) == ["other", "slurm-hai-12-memory-def", "slurm-hai-persist"]
+    assert agent.sweep() == [] and asked[-1] == [12]
+
+    def slurm_away(ids):
+        raise RuntimeError("slurmctld not responding")
+
+    agent.jobs_over = slurm_away
+    assert agent.sweep() == [] and (shm / "slurm-hai-12-memory-def").exists()
