@@ -48,6 +48,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from .commit import CheckpointStore, process_start_ticks, writer_alive
 from .errors import CheckpointError, CorruptCheckpointError, Problem
@@ -424,6 +425,56 @@ def _copy_share(part_dir: Path, part: PartInfo, staging: Path) -> None:
         shutil.rmtree(mine, ignore_errors=True)
 
 
+def _peer_grace_s() -> float:
+    """How long the agent holding a peer copy gives the share's own agent to start, and to
+    show progress, before it copies the share itself ($HAI_PEER_GRACE_S, for tests)."""
+    return float(os.environ.get("HAI_PEER_GRACE_S", "10"))
+
+
+@contextlib.contextmanager
+def _copying(staging: Path, node_index: int, peer: bool) -> Any:
+    """While the share's own agent copies it, .part-<k>.copying exists and is touched every
+    second: the agent holding the peer copy waits while it is fresh (one copy of each share,
+    not two), and takes over when it goes stale (the node was lost mid-copy)."""
+    claim = staging / f".part-{node_index}.copying"
+    stop = threading.Event()
+
+    def heartbeat() -> None:
+        while not stop.wait(1.0):
+            with contextlib.suppress(OSError):
+                os.utime(claim)
+
+    if peer:
+        yield
+        return
+    claim.touch(mode=0o600)
+    beating = threading.Thread(target=heartbeat, daemon=True)
+    beating.start()
+    try:
+        yield
+    finally:
+        stop.set()
+        beating.join()
+
+
+def _owner_copies(staging: Path, node_index: int) -> bool:
+    """For the agent holding a peer copy: wait while the share's own agent copies it (its
+    claim fresh, or not there yet within the grace). True once that agent marked the share
+    done; False when it never started or went silent (lost): then copy it from here."""
+    done, claim = staging / f".part-{node_index}.done", staging / f".part-{node_index}.copying"
+    grace, started = _peer_grace_s(), time.time()
+    while True:
+        if done.exists():
+            return True
+        try:
+            fresh = time.time() - claim.stat().st_mtime < grace
+        except FileNotFoundError:
+            fresh = time.time() - started < grace
+        if not fresh:
+            return False
+        time.sleep(0.2)
+
+
 def persist_part(part_dir: Path) -> str:
     """Copy one node's part to the durable tier; commit the checkpoint if every node's part
     is there. Returns what happened: 'committed', 'copied' (waiting for other nodes) or
@@ -439,8 +490,12 @@ def persist_part(part_dir: Path) -> str:
         staging.mkdir(mode=0o700, exist_ok=True)
         if staging.is_symlink() or staging.stat().st_uid != os.geteuid():
             raise CheckpointError(f"{staging} is not this user's directory")
-        if not done.exists():  # else the node's share is there already (its own agent, or its peer's)
-            _copy_share(part_dir, part, staging)
+        peer = part_dir.name.startswith(PEER_PREFIX)
+        if peer and _owner_copies(staging, part.node_index):
+            pass  # the share's own node copied it: the peer copy was not needed
+        elif not done.exists():  # else the node's share is there already (its own agent, or its peer's)
+            with _copying(staging, part.node_index, peer):
+                _copy_share(part_dir, part, staging)
             fd = os.open(done, os.O_WRONLY | os.O_CREAT | os.O_CLOEXEC, 0o600)
             os.fsync(fd)
             os.close(fd)
@@ -453,6 +508,8 @@ def persist_part(part_dir: Path) -> str:
             if not all((staging / m).exists() for m in markers):
                 return "copied"
             (staging / MANIFEST_NAME).unlink(missing_ok=True)  # an agent killed while committing
+            for claim in staging.glob(".part-*.copying"):  # not part of the checkpoint
+                claim.unlink(missing_ok=True)
             target = durable.commit(staging, part.manifest)
             if target is None:
                 return "already"

@@ -52,6 +52,13 @@ def single_state(value: float) -> dict:
     return {"w": torch.full((1000,), value), "b": torch.arange(7, dtype=torch.int64) * int(value), "step": int(value)}
 
 
+@pytest.fixture(autouse=True)
+def short_peer_grace(monkeypatch):
+    """An agent holding a peer copy waits this long for the share's own agent (10 s in
+    production); the agents' children inherit it."""
+    monkeypatch.setenv("HAI_PEER_GRACE_S", "0.5")
+
+
 @pytest.fixture
 def one_node(tmp_path, monkeypatch):
     monkeypatch.setenv("SLURMD_NODENAME", "n1")
@@ -430,3 +437,30 @@ def test_the_agent_sweeps_the_memory_of_jobs_seen_over_twice_and_never_with_a_re
 
     agent.jobs_over = slurm_away
     assert agent.sweep() == [] and (shm / "slurm-hai-12-memory-def").exists()
+
+
+def test_the_agent_holding_a_peer_copy_leaves_the_share_to_its_own_agent_unless_it_goes_silent(
+        tmp_path, monkeypatch):
+    for node in ("n1", "n2"):
+        start_agent(tmp_path, node)
+    spawn(_suspend_rank, 4, tmp_path)
+    copied: list[str] = []
+    real_copy = memory._copy_share
+    monkeypatch.setattr(memory, "_copy_share", lambda part_dir, *a: (copied.append(part_dir.name), real_copy(part_dir, *a)))
+    part = {node: next((tmp_path / node / "shm" / "parts").glob("step-*")) for node in ("n1", "n2")}
+    peer_of = {node: next((tmp_path / node / "shm" / "parts").glob("peer-*")) for node in ("n1", "n2")}
+    # n1's own agent copies n1's share while n2's agent (holding n1's peer copy) looks: one copy
+    owner = threading.Thread(target=memory.persist_part, args=(part["n1"],))
+    owner.start()
+    assert memory.persist_part(peer_of["n2"]) in ("copied", "committed")
+    owner.join()
+    assert copied == [part["n1"].name]
+    # n2's share: its agent went silent mid-copy (a claim that stopped beating): n1 copies it
+    token = memory.read_part(part["n2"]).token
+    claim = tmp_path / "durable" / f".persist-{STEP:012d}-{token}" / ".part-1.copying"
+    claim.touch()
+    os.utime(claim, (time.time() - 60, time.time() - 60))
+    assert memory.persist_part(peer_of["n1"]) == "committed"
+    assert copied == [part["n1"].name, peer_of["n1"].name]
+    step_dir = tmp_path / "durable" / step_dir_name(STEP)
+    assert verify_checkpoint(step_dir).ok and not list(step_dir.glob(".part-*"))
