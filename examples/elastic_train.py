@@ -97,7 +97,9 @@ def main(local_rank: int, args: argparse.Namespace) -> None:
         log(f"world size {old} -> {new}: micro-batch {micro} x {accumulation} accumulation steps per rank")
 
     state = TrainingState(model, optimizer, None, sampler, on_resize=resized)
-    mgr = CheckpointManager(args.ckpt_dir, keep_last=2)
+    # HAI_NODE_MEMORY: suspend saves go to node memory and the nodes' persist agents make them
+    # durable; a restart at another size waits for that and reshards from the durable copy.
+    mgr = CheckpointManager(args.ckpt_dir, keep_last=2, fast_dir=os.environ.get("HAI_NODE_MEMORY"))
     mgr.load(into=state)
     log(f"run {hai.restart_count()}: world {world}, step {state.step}, micro-batch {micro} x {accumulation}")
 
@@ -109,8 +111,7 @@ def main(local_rank: int, args: argparse.Namespace) -> None:
         if notice.item():
             if rank == 0:
                 log(f"notice at step {state.step}: next run on {hai.target_size()} node(s) (0: suspended whole)")
-            mgr.save(state.step, state)  # collective and blocking: committed when it returns
-            mgr.wait()
+            mgr.suspend_save(state.step, state)  # collective: committed to every node's memory
             if rank == 0:
                 hai.go_suspend()
             while True:

@@ -81,7 +81,7 @@ def main() -> None:
     ddp = DistributedDataParallel(model, find_unused_parameters=True)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     state = TrainingState(model, optimizer)
-    mgr = CheckpointManager(args.ckpt_dir)
+    mgr = CheckpointManager(args.ckpt_dir, fast_dir=os.environ.get("HAI_NODE_MEMORY"))  # node memory: suspend saves
     if mgr.load(into=state) is not None and rank == 0:
         say(f"resumed from step {state.step}")
 
@@ -90,7 +90,7 @@ def main() -> None:
         flag[0] = float(hai.receive_suspend_command())  # True on every process of node 0 ...
         dist.all_reduce(flag, op=dist.ReduceOp.MAX)  # ... and now on every node, in the same step
         if flag.item():
-            mgr.save(state.step, state)  # all ranks, blocking: committed when it returns
+            mgr.suspend_save(state.step, state)  # all ranks: committed to every node's memory on return
             say(f"rank {rank} suspends at step {state.step} (notice on this node: {hai.receive_suspend_command()})")
             if rank == 0:
                 hai.go_suspend()  # requeued now; never returns

@@ -389,6 +389,8 @@ def load_from_memory(parts: CheckpointStore, durable: CheckpointStore, step: int
     try:
         part = read_part(path)
         manifest = part.manifest
+        if manifest.world_size != dist.get_world_size():  # an elastic job restarted at another size
+            raise CheckpointError(f"saved by {manifest.world_size} ranks, this run has {dist.get_world_size()}")
         own = [n for n in manifest.files if n.startswith(f"{DCP_DIR}/__{rank}_")] + [rank_file_name(rank)]
         problems = check_part_files(path, part, [TREE_FILE, f"{DCP_DIR}/.metadata"] +
                                     [n for n in own if n in manifest.files])
