@@ -46,7 +46,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import slurm_hai as hai
 from slurm_hai import get_rank, get_world_size, init_process_group, spawn
-from slurm_hai.checkpoint import CheckpointManager, ResumableSampler, TrainingState
+from slurm_hai.checkpoint import CheckpointError, CheckpointManager, ResumableSampler, TrainingState
 
 # The lines the demo (examples/demo.py) and the tests read from the log start with this.
 TAG = "[train]"
@@ -105,12 +105,29 @@ def weights_digest(model: nn.Module) -> str:
     return h.hexdigest()
 
 
+def settled(mgr: CheckpointManager) -> None:
+    """Wait for the periodic save in flight. One that failed (a full disk, the file system
+    away) says why in one line, and training goes on: the newest good checkpoint stays, and
+    the next periodic save tries again."""
+    try:
+        mgr.wait()
+    except CheckpointError as exc:
+        log(f"checkpoint failed: {exc} Training goes on; the next save tries again.")
+
+
 def suspend_now(mgr: CheckpointManager, state: TrainingState) -> None:
     """Every rank comes here together (the notice was shared). Commit, then let go.
     suspend_save() commits to every node's memory and returns; each node's persist agent
     makes the durable copy after the job has let go (without agents: a blocking save)."""
+    settled(mgr)  # a periodic save still in flight
     t0 = time.monotonic()
-    handle = mgr.suspend_save(state.step, state)  # collective with several ranks
+    try:
+        handle = mgr.suspend_save(state.step, state)  # collective with several ranks
+    except CheckpointError as exc:  # never go_suspend() without a committed checkpoint
+        log(f"suspend checkpoint failed: {exc} Not calling go_suspend(): the job is forced off at the "
+            "end of its grace and resumes from its newest good checkpoint.")
+        while True:
+            time.sleep(1)
     took = time.monotonic() - t0
     log(f"checkpoint step {state.step} committed in {took:.3f} s ({handle.nbytes / 1024:.1f} KiB, "
         f"{handle.where}); calling go_suspend()")
@@ -181,13 +198,14 @@ def main(local_rank: int, args: argparse.Namespace) -> None:
             # 3. Periodic checkpoint. blocking=False returns after one host copy in a single
             #    process; with several ranks it is a collective save (see docs/checkpoint.md).
             if state.step % args.save_every == 0:
+                settled(mgr)
                 mgr.save(state.step, state, blocking=False)
             if args.step_sleep:
                 time.sleep(args.step_sleep)
             if state.step >= args.steps:
                 break
 
-    mgr.wait()  # every in-flight save committed (or raise)
+    settled(mgr)  # every in-flight save committed, or said why not
     if rank == 0:
         from safetensors.torch import save_file
 

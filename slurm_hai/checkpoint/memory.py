@@ -341,6 +341,7 @@ def mark_pending(durable: CheckpointStore, step: int, nodes: list[str]) -> None:
         tmp.write_text(json.dumps({"step": step, "nodes": nodes, "created_unix": time.time()}))
         os.replace(tmp, path)
     except OSError as exc:  # only a hint for a restart on other nodes: the save itself is done
+        tmp.unlink(missing_ok=True)
         log.warning("could not mark step %d pending in %s (%s): a restart on other nodes will not wait for it",
                     step, durable.root, exc.strerror or exc)
 
@@ -393,12 +394,14 @@ def _copy_checked(source: Path, dest: Path, entry: FileEntry, name: str) -> None
         if size == 0:
             written = write_hashed_file(dest, b"")
         else:
-            with mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ) as mapped:
-                view = memoryview(mapped)
-                try:
-                    written = write_hashed_file(dest, view)
-                finally:
-                    view.release()
+            mapped = mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ)
+            try:
+                written = write_hashed_file(dest, memoryview(mapped))
+            finally:
+                # A failed write's traceback may still hold a view of it (a full disk): then the
+                # mapping goes when that is collected, and the write's error is what is reported.
+                with contextlib.suppress(BufferError):
+                    mapped.close()
     if written.checksum != entry.checksum:
         dest.unlink(missing_ok=True)
         raise CorruptCheckpointError(str(source.parent), [Problem(name, "checksum mismatch in node memory")])

@@ -334,8 +334,11 @@ def main(argv: list[str] | None = None) -> int:
                    why_notice=lambda: _why_notice(slurm, int(job_id), jobdir, args.grace))
     node.start()
     rc = node.wait()
-    if rc == 0 and node.noticed_at is None and memory is not None:
-        shutil.rmtree(memory, ignore_errors=True)  # the job is done: no restart will read it
+    if rc == 0 and node.noticed_at is None and memory is not None and not any(memory.glob("parts/*")):
+        # The job is done: no restart will read it. A suspend checkpoint there (parts/) may
+        # still be on its way to the durable directory: the node's persist agent removes the
+        # directory once Slurm says the job ended and nothing of it waits to be persisted.
+        shutil.rmtree(memory, ignore_errors=True)
     # The run is over. A notice now has nothing left to suspend, and must not kill the
     # launcher as it leaves: Python's teardown resets handled signals to SIG_DFL, which would
     # turn a finished run into exit 140 (seen on 26.05). Ignored ones stay ignored.
