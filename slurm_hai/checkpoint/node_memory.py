@@ -213,7 +213,8 @@ def _peer_copy(parts: CheckpointStore, part_dir: Path, part: Any, order: list[st
             for name, size in zip(their_names, their_sizes):
                 path = staging / name
                 path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-                fits = [spare for spare in pool if spare[0] >= size] or pool[:1]  # the smallest that fits, or the largest
+                # the smallest spare that fits, or else the largest
+                fits = [spare for spare in pool if spare[0] >= size] or pool[:1]
                 reused = size >= 1 << 20 and bool(fits) and take_spare(spares_dir(parts), fits[-1][1], path)
                 if reused:
                     pool.remove(fits[-1])

@@ -118,6 +118,16 @@ def _run_of(events: Sequence[dict], start: float, end: float) -> int | None:
     return runs[0] if runs else None
 
 
+def _started_before(events: Sequence[dict], end: float) -> float:
+    """When a run began that accounting keeps without a start (Slurm records none for a run
+    requeued within a second or so of starting: seen on 22.05): the job's last `start`
+    event before the run's end (accounting's end is whole seconds). 0 when there is none."""
+    if not end:
+        return 0.0
+    starts = [float(e.get("t", 0)) for e in events if e.get("event") == "start"]
+    return max((t for t in starts if t <= end + 1), default=0.0)
+
+
 def build(records: Iterable[JobInfo], events: Mapping[int, Sequence[dict]], since: float, until: float,
           ladder: Sequence[Level] = DEFAULT_LADDER, nodes: Iterable[str] = ()) -> Timeline:
     """The timeline of [since, until] from accounting records (one per run of a job) and each
@@ -125,24 +135,25 @@ def build(records: Iterable[JobInfo], events: Mapping[int, Sequence[dict]], sinc
     intervals: list[Interval] = []
     runs_of: dict[int, list[tuple[float, float, tuple[str, ...], str]]] = {}  # job -> (start, end, nodes, level)
     for rec in sorted(records, key=lambda r: (r.job_id, r.start_time)):
-        if not rec.start_time or not rec.node_list or rec.node_list == "None assigned":
+        job_events = events.get(rec.job_id, ())
+        start = float(rec.start_time or _started_before(job_events, rec.end_time))
+        if not start or not rec.node_list or rec.node_list == "None assigned":
             continue  # never started (pending, or cancelled while waiting)
         running = not rec.end_time or rec.state in ("RUNNING", "SUSPENDED")
         end = until if running else float(rec.end_time)
-        if end < since or rec.start_time > until:
+        if end < since or start > until:
             continue
         lvl = level_of_qos(rec.qos, tuple(ladder))
         level = lvl.name if lvl else OTHER_LEVEL
         held = tuple(expand(rec.node_list))
-        job_events = events.get(rec.job_id, ())
-        run = _run_of(job_events, rec.start_time, end)
-        runs_of.setdefault(rec.job_id, []).append((float(rec.start_time), end, held, level))
+        run = _run_of(job_events, start, end)
+        runs_of.setdefault(rec.job_id, []).append((start, end, held, level))
         text = (f"job {rec.job_id} {rec.name} ({rec.user}), {level}"
                 + (f", run {run}" if run is not None else "")
-                + f"\n{clock(rec.start_time, until)} to {'now' if running else clock(end, until)}"
-                + f" ({_duration(end - rec.start_time)}), {rec.state.lower()}"
+                + f"\n{clock(start, until)} to {'now' if running else clock(end, until)}"
+                + f" ({_duration(end - start)}), {rec.state.lower()}"
                 + f"\nnodes {rec.node_list}")
-        intervals += [Interval(node, rec.job_id, rec.user, rec.name, level, run, float(rec.start_time), end,
+        intervals += [Interval(node, rec.job_id, rec.user, rec.name, level, run, start, end,
                                rec.state, running, text) for node in held]
     marks = [m for job_id, job_events in sorted(events.items())
              for m in job_marks(job_id, job_events, runs_of.get(job_id, [])) if since <= m.t <= until]

@@ -133,7 +133,8 @@ def test_the_agents_remove_the_node_memory_of_a_job_that_is_over_and_keep_a_runn
     wait_for("the suspend", lambda: named(over_dir, "suspended"), 60)
     (commit,) = [m for line in train_lines(over_dir)
                  for m in [re.search(r"checkpoint step (\d+) committed .*node memory", line)] if m]
-    wait_for("the agents' durable commit", lambda: int(commit.group(1)) in committed_steps(over_dir / "checkpoints"), 60)
+    at = int(commit.group(1))
+    wait_for("the agents' durable commit", lambda: at in committed_steps(over_dir / "checkpoints"), 60)
 
     def memory(job_dir):
         return {p.name: p.read_text() for p in (job_dir / "node-memory").iterdir()}

@@ -446,7 +446,11 @@ def test_the_agent_holding_a_peer_copy_leaves_the_share_to_its_own_agent_unless_
     spawn(_suspend_rank, 4, tmp_path)
     copied: list[str] = []
     real_copy = memory._copy_share
-    monkeypatch.setattr(memory, "_copy_share", lambda part_dir, *a: (copied.append(part_dir.name), real_copy(part_dir, *a)))
+    def recorded_copy(part_dir, *args):
+        copied.append(part_dir.name)
+        real_copy(part_dir, *args)
+
+    monkeypatch.setattr(memory, "_copy_share", recorded_copy)
     part = {node: next((tmp_path / node / "shm" / "parts").glob("step-*")) for node in ("n1", "n2")}
     peer_of = {node: next((tmp_path / node / "shm" / "parts").glob("peer-*")) for node in ("n1", "n2")}
     # n1's own agent copies n1's share while n2's agent (holding n1's peer copy) looks: one copy

@@ -76,6 +76,19 @@ def test_a_suspend_is_marked_where_the_job_was_with_the_notice_cause_and_a_resta
     assert "job 10 (LOW) run 1 restarted" in restart.text and "n[3-4]" in restart.text
 
 
+def test_a_run_that_accounting_keeps_without_a_start_is_drawn_from_the_jobs_start_event():
+    # Seen on 22.05: a run requeued a second after it started has Start=None in sacct.
+    records = [run_record(10, 0, 200, "n[1-2]", state="REQUEUED"), run_record(10, 260, 400, "n[3-4]")]
+    events = {10: [ev("start", 199.4, run=0, nodes="n[1-2]"), ev("suspended", 200.6, run=0, how="go_suspend"),
+                   ev("start", 261, run=1, nodes="n[3-4]")]}
+    tl = build(records, events, since=0, until=1000)
+    assert sorted((i.node, i.run, i.start, i.end) for i in tl.intervals if i.run == 0) == [
+        ("n1", 0, 199.4, 200), ("n2", 0, 199.4, 200)]
+    assert [(m.kind, m.nodes) for m in tl.marks] == [("suspend", ("n1", "n2")), ("restart", ("n3", "n4"))]
+    # a record without a start and without a start event never ran: not drawn
+    assert not build([run_record(12, 0, 200, "n1", state="CANCELLED")], {}, since=0, until=1000).intervals
+
+
 def test_a_forced_suspend_has_its_own_mark():
     events = {10: [ev("start", 101, run=0), ev("notice", 190, run=0, cause="user", by_uid=0),
                    ev("forced_suspend", 196, run=0, after=5.0), ev("suspended", 197, run=0, how="forced")]}
