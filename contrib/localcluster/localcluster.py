@@ -596,6 +596,15 @@ def up(source: str | None = None, prefix: str | None = None) -> None:
     if was_running and changed:
         run(["scontrol", "reconfigure"], c)
     wait_for("slurmctld answering", lambda: run(["scontrol", "ping"], c, check=False).returncode == 0, 30, ds[3])
+    if not (c.state / "spool" / "ctld" / "assoc_usage").exists():
+        # A new state directory. slurmctld saves its association usage every 5 minutes or
+        # when it stops, and from 25.11 it refuses to start from a state that lacks it
+        # (fatal: No Assoc usage file): a controller killed in its first minutes (a test
+        # does that) could not come back. One clean restart writes it.
+        stop(ds[3])
+        start(ds[3], [c.tool("slurmctld"), "-f", str(c.slurm_conf)], c)
+        wait_for("slurmctld answering", lambda: run(["scontrol", "ping"], c, check=False).returncode == 0, 30,
+                 ds[3])
     down_nodes = run(["sinfo", "-h", "-N", "-t", "down,drain,inval", "-o", "%N"], c, check=False).stdout.split()
     if down_nodes:
         run(["scontrol", "update", f"nodename={','.join(down_nodes)}", "state=resume"], c, check=False)

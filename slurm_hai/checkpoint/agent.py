@@ -98,6 +98,7 @@ class Agent:
         self.requests: dict[str, Request] = {}
         self.jobs_over, self.memory_root, self.sweep_s = jobs_over, memory_root, sweep_s
         self._over_before: set[str] = set()  # dirs whose job was over at the last sweep
+        self._slurm_away = False  # said once per outage
         self._next_sweep = 0.0
 
     def sweep(self) -> list[str]:
@@ -115,8 +116,12 @@ class Agent:
         try:
             over = self.jobs_over(sorted({job for job, _ in dirs.values()}))
         except Exception as exc:  # noqa: BLE001 - Slurm away: keep everything, try again later
-            log.warning("not sweeping node memory: %s", exc)
+            (log.debug if self._slurm_away else log.warning)("not sweeping node memory: %s", exc)
+            self._slurm_away = True
             return []
+        if self._slurm_away:
+            log.info("sweeping node memory again: Slurm answers")
+            self._slurm_away = False
         waiting = {req.uid for req in self.requests.values()}
         over_now = {name for name, (job, uid) in dirs.items() if job in over and uid not in waiting}
         removed = sorted(over_now & self._over_before)
@@ -187,7 +192,9 @@ def handle(request: Path) -> int:
     """The child: persist one request's part as its owner; remove the request when done."""
     try:
         part = Path(json.loads(request.read_text())["part"])
-        outcome = persist_part(part)
+        # Gone: its step was committed and the part recycled, or the job's memory removed
+        # (nothing here to persist, now or later).
+        outcome = persist_part(part) if part.exists() else "gone"
     except (OSError, ValueError, KeyError, TypeError, CheckpointError) as exc:
         print(f"slurm-hai persist: {request.name}: {exc}", file=sys.stderr, flush=True)
         return 1

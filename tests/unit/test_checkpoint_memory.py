@@ -6,6 +6,7 @@ memory directory and agent spool. The live proof, with real nodes that each have
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -468,3 +469,12 @@ def test_the_agent_holding_a_peer_copy_leaves_the_share_to_its_own_agent_unless_
     assert copied == [part["n1"].name, peer_of["n1"].name]
     step_dir = tmp_path / "durable" / step_dir_name(STEP)
     assert verify_checkpoint(step_dir).ok and not list(step_dir.glob(".part-*"))
+
+
+def test_a_request_whose_part_is_gone_is_done(tmp_path, capsys):
+    from slurm_hai.checkpoint.agent import handle
+
+    request = tmp_path / "0-000000000005-tok-1.json"
+    request.write_text(json.dumps({"part": str(tmp_path / "shm" / "parts" / "peer-000000000005-1")}))
+    assert handle(request) == 0 and not request.exists()
+    assert "gone" in capsys.readouterr().out
