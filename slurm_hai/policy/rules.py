@@ -55,6 +55,12 @@ QUOTA_REASONS = ("QOSMaxNodePerUserLimit", "QOSMaxTRESPerUserLimit", "QOSMaxGRES
 # Slurm's requeue delay (cred_expire, 120 s by default), not by a --begin of its owner.
 REQUEUE_SETTLE_SECONDS = 2
 REQUEUE_DELAY_MAX = 300
+# The daemon's forced requeue is the backstop of the job's own launcher, which forces the
+# suspend (and records it as one) `grace` seconds after the notice reached it. Slurm's
+# preempt time is in whole seconds and the notice takes a moment to arrive, so without this
+# slack the daemon could requeue first (seen on 25.11: 4.4 s after the job's notice).
+FORCE_REQUEUE_SLACK = 2
+
 # How long a preempted demoted job stays held for the job it yields to, after its grace time.
 YIELD_TIMEOUT = 120
 # A job that FAILED this long after Slurm asked it to suspend did not die of the notice.
@@ -289,7 +295,7 @@ def _running(job: Job, snap: Snapshot, plan: _Plan, replay: bool = False) -> Non
     now, policy = snap.now, snap.policy
     grace = snap.grace(job)
     pt = job.preempt_time
-    if pt and pt >= job.start_time and now - pt >= grace:
+    if pt and pt >= job.start_time and now - pt >= grace + FORCE_REQUEUE_SLACK:
         plan.add(Action("requeue", job.job_id, "force-requeue",
                         f"ignored its suspend notice: preempted {now - pt:.0f} s ago, grace {grace} s"))
         return

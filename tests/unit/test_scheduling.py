@@ -60,14 +60,18 @@ def test_nothing_to_do_for_a_plain_queue():
 
 
 def test_preempted_job_still_running_after_grace_is_requeued():
-    jobs = [job(1, "RUNNING", "low", start_time=NOW - 60, preempt_time=NOW - 6)]
+    jobs = [job(1, "RUNNING", "low", start_time=NOW - 60, preempt_time=NOW - 7)]
     (a,) = decide(jobs, POLICY, NOW)
     assert (a.kind, a.job_id, a.rule) == ("requeue", 1, "force-requeue")
-    assert "ignored its suspend notice: preempted 6 s ago, grace 5 s" in a.why
+    assert "ignored its suspend notice: preempted 7 s ago, grace 5 s" in a.why
 
 
 def test_preempted_job_within_grace_is_left_alone():
     jobs = [job(1, "RUNNING", "low", start_time=NOW - 60, preempt_time=NOW - 3)]
+    assert decide(jobs, POLICY, NOW) == []
+    # just past it: the job's launcher forces the suspend first (it counts from the notice's
+    # arrival, after Slurm's whole-second preempt time); the daemon is the backstop
+    jobs = [job(1, "RUNNING", "low", start_time=NOW - 60, preempt_time=NOW - 6)]
     assert decide(jobs, POLICY, NOW) == []
 
 
@@ -75,11 +79,11 @@ def test_a_job_gets_the_grace_it_asked_for_not_the_policys():
     policy = replace(POLICY, max_grace_seconds=60)
     asked = dict(start_time=NOW - 60, admin_comment="hai-level=LOW hai-grace=20")
     assert decide([job(1, "RUNNING", "low", preempt_time=NOW - 15, **asked)], policy, NOW) == []
-    (a,) = decide([job(1, "RUNNING", "low", preempt_time=NOW - 21, **asked)], policy, NOW)
+    (a,) = decide([job(1, "RUNNING", "low", preempt_time=NOW - 22, **asked)], policy, NOW)
     assert a.rule == "force-requeue" and "grace 20 s" in a.why
     # a stamp beyond the policy's maximum (the policy changed since) counts as grace_seconds
     beyond = dict(asked, admin_comment="hai-level=LOW hai-grace=90")
-    (a,) = decide([job(1, "RUNNING", "low", preempt_time=NOW - 6, **beyond)], policy, NOW)
+    (a,) = decide([job(1, "RUNNING", "low", preempt_time=NOW - 7, **beyond)], policy, NOW)
     assert "grace 5 s" in a.why
 
 
