@@ -188,13 +188,24 @@ class Agent:
             time.sleep(poll)
 
 
+def _there(part: Path) -> bool:
+    """False when the part is gone: its step was committed and the part recycled, or the
+    job's memory removed (nothing to persist, now or later). Any other error (a request
+    naming someone else's part) is persist_part's to report."""
+    try:
+        part.stat()
+    except FileNotFoundError:
+        return False
+    except OSError:
+        pass
+    return True
+
+
 def handle(request: Path) -> int:
     """The child: persist one request's part as its owner; remove the request when done."""
     try:
         part = Path(json.loads(request.read_text())["part"])
-        # Gone: its step was committed and the part recycled, or the job's memory removed
-        # (nothing here to persist, now or later).
-        outcome = persist_part(part) if part.exists() else "gone"
+        outcome = persist_part(part) if _there(part) else "gone"
     except (OSError, ValueError, KeyError, TypeError, CheckpointError) as exc:
         print(f"slurm-hai persist: {request.name}: {exc}", file=sys.stderr, flush=True)
         return 1

@@ -265,8 +265,11 @@ def test_slurmctld_stopped_between_the_notice_and_the_requeue_job_is_requeued_on
     """slurmctld dies (SIGKILL) while the job commits its suspend checkpoint, so go_suspend's
     requeue finds no controller; slurmctld is started again 3 s later. The job is requeued
     once, resumes from its suspend checkpoint, and ends bitwise equal."""
-    # 64 MiB of ballast: the suspend save lasts long enough for slurmctld to be gone first
-    job, job_dir = submit(story, TRAIN, "-n", "2", "-p", "LOW", args=[*TRAIN_ARGS, "--ballast-mb", "64"])
+    # 64 MiB of ballast: the suspend save lasts long enough for slurmctld to be gone first.
+    # --grace 20: the controller's outage (3 s, then `up`) must not run into a forced suspend
+    # (25.11's slurmctld takes seconds to come back).
+    job, job_dir = submit(story, TRAIN, "-n", "2", "-p", "LOW", "--grace", "20",
+                          args=[*TRAIN_ARGS, "--ballast-mb", "64"])
     wait_for("training", lambda: last_step(job_dir) >= 30, 90)
     pid = int((story.state / "run" / "slurmctld.pid").read_text().split()[0])
     log = job_dir / "logs" / "rank-0.log"
