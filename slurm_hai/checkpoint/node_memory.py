@@ -399,7 +399,7 @@ def load_from_memory(parts: CheckpointStore, durable: CheckpointStore, step: int
             raise CheckpointError("; ".join(map(str, problems)))
         metadata = dcp.FileSystemReader(str(path / DCP_DIR)).read_metadata()  # its checksum matched
         owners = _tensor_owners(metadata)
-        tree, targets = _dcp_tensors(path, manifest, into, read=False, distributed=False)
+        tree, targets = _dcp_tensors(path, manifest, into, read=False, distributed=False, metadata=metadata)
         reads = _plan_in_place(metadata, targets, rank, owners)
         error = None
     except CheckpointError as exc:

@@ -448,8 +448,8 @@ def _read_dcp_broadcast(path: Path, manifest: Manifest, *, rank: int, into: Any,
     return unflatten_state(tree, targets, rank_file)
 
 
-def _dcp_tensors(path: Path, manifest: Manifest, into: Any, *, read: bool,
-                 distributed: bool) -> tuple[Any, dict[str, torch.Tensor]]:
+def _dcp_tensors(path: Path, manifest: Manifest, into: Any, *, read: bool, distributed: bool,
+                 metadata: Any = None) -> tuple[Any, dict[str, torch.Tensor]]:
     """(the structure, a tensor per saved name) of a VERIFIED DCP checkpoint: `into`'s
     own tensors where name, shape and dtype match, new ones otherwise; filled from storage
     when `read`."""
@@ -457,7 +457,8 @@ def _dcp_tensors(path: Path, manifest: Manifest, into: Any, *, read: bool,
         raise CorruptCheckpointError(str(path), [Problem(TREE_FILE, "not listed in the manifest")])
     tree = json.loads(read_verified_file(path / TREE_FILE, manifest.files[TREE_FILE], TREE_FILE))
     reader = dcp.FileSystemReader(str(path / DCP_DIR))
-    metadata = reader.read_metadata()  # a pickle, read only after its checksum matched
+    if metadata is None:  # (a caller may have read it already)
+        metadata = reader.read_metadata()  # a pickle, read only after its checksum matched
     live = flatten_state(into)[0].tensors if into is not None else {}
     targets: dict[str, torch.Tensor] = {}
     for name, item in metadata.state_dict_metadata.items():
