@@ -275,13 +275,11 @@ def _zero(fd: int, start: int, end: int) -> None:
         start += os.pwrite(fd, memoryview(zeros)[:end - start], start)
 
 
-def take_spare(spares: Path, name: str, dest: Path, size: int | None = None) -> bool:
-    """Move spares/<name> to `dest` (a new name on the same file system), cut to `size`
-    bytes when given. False when it is not there: the caller writes a new file."""
+def take_spare(spares: Path, name: str, dest: Path) -> bool:
+    """Move spares/<name> to `dest` (a new name on the same file system). False when it is
+    not there: the caller writes a new file."""
     try:
         os.rename(spares / name, dest)
-        if size is not None:
-            os.truncate(dest, size)
         return True
     except OSError:
         return False
