@@ -1,4 +1,4 @@
-"""A burst of 200 short jobs from 4 users at mixed levels, AUTO among them (issue 18, load).
+"""A burst of 200 short jobs from 4 users at mixed levels, AUTO and elastic among them (issue 18, load).
 
 The queue is sampled every 0.5 s until every job has ended; at no sample may a user run more
 nodes at a level than the policy's quota, every job ends exactly once with its own output,
@@ -8,7 +8,9 @@ is shorter than the grace time.
 Submission: `hai-submit` is a Python process (~0.25 s of CPU each); 200 of them cannot start
 in 10 s on a 2-core host. So each user submits its first jobs with `hai-submit` and the rest
 with plain `sbatch --qos=LEVEL` (C, ~20 ms): both go through the same job_submit.lua (levels,
-quota variants, AUTO), the part under load here. Everything is submitted from 8 threads.
+quota variants, AUTO, elastic ranges), the part under load here. Everything is submitted from
+8 threads. Every seventh job of a user is elastic (`--nodes=1-2`: job_submit.lua tags it, the
+daemon may grow it), so elastic jobs are preempted, shrunk and grown among the others.
 """
 
 from __future__ import annotations
@@ -29,28 +31,35 @@ from slurm_hai.policy.model import load_policy
 USERS = ("hai-alice", "hai-bob", "hai-carol", "hai-dave")
 JOBS_PER_USER = 50
 BY_HAI_SUBMIT = 3  # per user (LOW, NORMAL, AUTO); the rest by sbatch
+ELASTIC_EVERY, ELASTIC_AT = 7, 5  # jobs i with i % 7 == 5 are elastic 1-2: ABOVE_NORMAL, AUTO, LOW, NORMAL, HIGH...
 # levels in turn; several users at each, so higher ones take nodes from lower ones
 LEVELS = ("LOW", "NORMAL", "AUTO", "HIGH", "LOW", "ABOVE_NORMAL", "NORMAL", "AUTO", "BELOW_NORMAL", "LOW")
 SUBMIT_ORDER = ("LOW", "BELOW_NORMAL", "NORMAL", "AUTO", "ABOVE_NORMAL", "HIGH")
 SUBMIT_BOUND_S = 10.0
 WORK = """#!/bin/sh
-# $1: this job's output file, $2: its token. One "start" line per run, "done" once at the end.
-echo "start $SLURM_JOB_ID ${SLURM_RESTART_COUNT:-0}" >> "$1"
+# $1: this job's output file, $2: its token. One "start" line per run (with its node count),
+# "done" once at the end.
+echo "start $SLURM_JOB_ID ${SLURM_RESTART_COUNT:-0} $SLURM_JOB_NUM_NODES" >> "$1"
 sleep 1
 echo "done $SLURM_JOB_ID $2" >> "$1"
 """
 
 
+def elastic(i: int) -> bool:
+    return i % ELASTIC_EVERY == ELASTIC_AT
+
+
 def submit(live, d: Path, user: str, i: int) -> tuple[str, str, str, int]:
     token, level = f"{user}-{i}", LEVELS[i % len(LEVELS)]
     out, work = d / token, d / "work.sh"
+    assert not (i < BY_HAI_SUBMIT and elastic(i))
     if i < BY_HAI_SUBMIT:
         p = live.run(["hai-submit", "--json", "-p", level, "--name", token, "--workdir", str(d), str(work),
                       str(out), token], user=user)
         job = int(re.search(r'"job_id": (\d+)', p.stdout).group(1))
     else:
         job = live.sbatch("-o", "/dev/null", "--requeue", f"--qos={level.lower()}", "-J", token,
-                          "--wrap", f"{work} {out} {token}", user=user)
+                          *(["--nodes=1-2"] if elastic(i) else []), "--wrap", f"{work} {out} {token}", user=user)
     return token, user, level, job
 
 
@@ -101,9 +110,12 @@ def test_200_jobs_from_4_users_keep_quotas_and_each_ends_exactly_once(live, tmp_
         for line in live.run(["scontrol", "show", "job", "-o"]).stdout.splitlines():
             f = dict(kv.split("=", 1) for kv in line.split() if "=" in kv)
             if int(f.get("JobId", 0)) in ids:
-                final[int(f["JobId"])] = f
+                final[int(f["JobId"])] = {**f, "line": line}
         level_of = {job: level_of_qos(final[job]["QOS"], policy.ladder) for job in ids}
+        tagged = {job for job in ids if "hai-nodes=1:2:" in final[job]["line"]}
+        grows = Counter(int(j) for j in re.findall(r"job (\d+): \w+ \[[\w+-]*grow", d_log.read_text()))
         suspended: dict[int, int] = {}
+        on_two = 0
         for token, user, level, job in jobs:
             info = final[job]
             assert info["JobState"] == "COMPLETED", (token, info)
@@ -112,6 +124,11 @@ def test_200_jobs_from_4_users_keep_quotas_and_each_ends_exactly_once(live, tmp_
             assert [ln for ln in lines if ln.startswith("done")] == [f"done {job} {token}"], (token, lines)
             assert lines[-1] == f"done {job} {token}", (token, lines)
             assert all(ln.startswith(f"start {job} ") for ln in lines[:-1]), (token, lines)
+            # an elastic job runs on 1 or 2 nodes each time, a fixed one on 1
+            sizes = {int(ln.split()[3]) for ln in lines[:-1]}
+            on_two += 2 in sizes
+            assert sizes <= ({1, 2} if elastic(int(token.rsplit("-", 1)[1])) else {1}), (token, lines)
+            assert (job in tagged) == elastic(int(token.rsplit("-", 1)[1])), (token, info["line"])
             restarts = suspended[job] = int(info["Restarts"])
             assert len(lines) - 1 <= restarts + 1, (token, lines, restarts)
             # the anti-thrash bound: a job is suspended only for one the policy puts before it
@@ -121,7 +138,8 @@ def test_200_jobs_from_4_users_keep_quotas_and_each_ends_exactly_once(live, tmp_
             ahead = sum(1 for t2, u2, _, j2 in jobs if level_of[j2].value > mine
                         or (level_of[j2].value == mine and j2 < job and u2 != user))
             bound = ahead if not policy.min_run_seconds else min(ahead, int(ran_s // policy.min_run_seconds))
-            assert restarts <= bound, (token, restarts, bound)
+            # an elastic job is also restarted each time the daemon asks it to grow
+            assert restarts <= bound + grows[job], (token, restarts, bound, grows[job])
         cycles = [float(s) for s in re.findall(r"cycle: \d+ jobs, .*?([\d.]+) s", d_log.read_text())]
         # the bound: a cycle shorter than the grace time, so a job that ignores its notice is
         # forced off on time (seen here: median 0.4 s, max 2.0 s on a loaded 2-core host)
@@ -129,7 +147,8 @@ def test_200_jobs_from_4_users_keep_quotas_and_each_ends_exactly_once(live, tmp_
         noticed = sum(1 for job in ids if final[job].get("PreemptTime", "None") != "None")
         print(f"all ended after {ran_s:.0f} s; {samples} samples; preempted (notice sent): {noticed}; "
               f"suspensions (requeues): {sum(suspended.values())} "
-              f"(most of one job: {max(suspended.values())}); by level: "
+              f"(most of one job: {max(suspended.values())}); elastic: {len(tagged)}, grown: {len(grows)}, on 2 "
+              f"nodes at least once: {on_two}; by level: "
               f"{dict(Counter(lvl.name for lvl in level_of.values()))}; daemon cycles: {len(cycles)}, "
               f"median {statistics.median(cycles):.1f} s, max {max(cycles):.1f} s")
         assert daemon.poll() is None, d_log.read_text()
