@@ -33,7 +33,9 @@ failed). Exit status 1 when anything was lost or torn.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import errno
+import io
 import itertools
 import json
 import logging
@@ -123,11 +125,11 @@ def run_saves(mgr: CheckpointManager, path: str, steps: Iterator[int], report: C
 
 def run_suspends(root: Path, steps: Iterator[int], report: Callable[[str, int], None]) -> None:
     """The persist-agent path: suspend_save() each step into node memory (root/node), then
-    do what the node's agent does with the request (memory.persist_part). ('C', step) once
-    the durable commit is done. Requests a killed run left are finished first, as a
-    restarted agent does."""
-    from slurm_hai.checkpoint.agent import prepare_spool
-    from slurm_hai.checkpoint.memory import persist_part, write_agent_pidfile
+    do what the node's agent does with the request (agent.handle, in this process). ('C',
+    step) once the durable commit is done. Requests a killed run left are finished first, as
+    a restarted agent does."""
+    from slurm_hai.checkpoint.agent import handle, prepare_spool
+    from slurm_hai.checkpoint.memory import write_agent_pidfile
 
     spool = root / "spool"
     os.environ["HAI_PERSIST_SPOOL"] = str(spool)
@@ -136,8 +138,10 @@ def run_suspends(root: Path, steps: Iterator[int], report: Callable[[str, int], 
 
     def agent() -> None:
         for request in sorted(spool.glob("*-*.json")):
-            persist_part(Path(json.loads(request.read_text())["part"]))
-            request.unlink()
+            with contextlib.redirect_stdout(io.StringIO()):  # its "committed" line per request
+                failed = handle(request)
+            if failed:
+                raise SystemExit(f"the agent failed on {request.name}")
 
     agent()
     mgr = CheckpointManager(root / "durable", keep_last=KEEP_LAST, fast_dir=root / "node")

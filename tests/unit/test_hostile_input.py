@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import copy
 import json
-import math
 import os
 import re
 import shutil
@@ -31,7 +30,7 @@ from slurm_hai.cli import admin as admin_cli
 from slurm_hai.cli import submit as submit_cli
 from slurm_hai.jobs.request import JobRequest, RequestError, render_script, validate
 from slurm_hai.policy.levels import DEFAULT_LADDER, LevelError, ladder_arg, parse_level
-from slurm_hai.policy.limits import MAX_GRACE, MAX_LEVEL_NAME, MAX_LEVELS
+from slurm_hai.policy.limits import MAX_LEVEL_NAME, MAX_LEVELS
 from slurm_hai.policy.model import Policy, PolicyError, load_policy, parse_policy
 from slurm_hai.slurm import commands, hostlist
 from slurm_hai.slurm.records import PYSLURM, PYSLURM_DB, JobInfo, RecordError, job_from_record, jobs_from_json
