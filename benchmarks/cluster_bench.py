@@ -28,13 +28,13 @@ nodes, and a restart (go_suspend -> the script running again), each cut into pha
 job events and Slurm's log lines; --sched-cost N what a SchedulerParameters lever costs
 slurmctld with N held jobs (sdiag); --soak (issue 18) the goodput of a 4-node LOW training
 job while a 2-node HIGH job takes nodes for --hold s every --period s, against the same job
-undisturbed in the same run, and what each preemption costs beyond the HIGH job's hold. See
-docs/benchmarks.md.
+undisturbed in the same run, and what each preemption costs beyond the HIGH job's hold and
+its own run (--with-elastic: the same job as an elastic 2:4 job too). See docs/benchmarks.md.
 
     .venv/bin/python benchmarks/cluster_bench.py --latency --repeats 7 --lever before-19
     .venv/bin/python benchmarks/cluster_bench.py --latency --repeats 7 --lever conf=Epilog=/bin/true
     .venv/bin/python benchmarks/cluster_bench.py --sched-cost 3000 --lever sched=+defer_batch
-    .venv/bin/python benchmarks/cluster_bench.py --soak --minutes 10 [--period 60 --hold 10]
+    .venv/bin/python benchmarks/cluster_bench.py --soak --with-elastic --minutes 10 [--period 60 --hold 10]
 
 Uses $HAI_CLUSTER_DIR (default /var/lib/slurm-hai/localcluster) or $SLURM_CONF; needs the
 cluster idle, as root.
@@ -369,7 +369,7 @@ def submit_high(nodes: int = 2, hold: float = 0.0) -> tuple[float, int, Path]:
     return t0, int(info["job_id"]), Path(info["job_dir"])
 
 
-def submit_coop(nodes: int, level: str, script_text: str = COOP, args: tuple = (),
+def submit_coop(nodes: int | str, level: str, script_text: str = COOP, args: tuple = (),
                 name: str = "bench-coop") -> tuple[int, Path]:
     """A cooperative hai-submit job, once its rank 0 printed "ready"."""
     script = WORK / f"{name}.py"
@@ -685,9 +685,10 @@ def sched_cost_main(args) -> None:
 #
 # --soak: a 4-node LOW training job (SOAK_LOW) runs --minutes undisturbed (the baseline),
 # then the same job again while a 2-node HIGH job takes nodes for --hold s every --period s
-# (submitted at the middle of each period). The job checkpoints its step on the notice,
-# calls go_suspend() and resumes from the checkpoint; goodput is the steps kept (the final
-# step) against the baseline's in the same time.
+# (submitted at the middle of each period), and with --with-elastic once more as an elastic
+# 2:4 job. The job checkpoints its step on the notice, calls go_suspend() and resumes from
+# the checkpoint; goodput is the samples kept (steps x nodes, up to where the next run
+# resumed) against the baseline's in the same time.
 
 # Rank 0 trains: one step is STEP_S seconds of sleep (the accelerator's time, steady on a
 # loaded host), logged as "s STEP EPOCH". Its clock is the first run's: the job ends at
@@ -746,10 +747,26 @@ def soak_runs(log: Path) -> dict[int, dict]:
     return runs
 
 
-def soak_job(seconds: float, step_s: float, period: float | None, hold: float) -> dict:
-    """One soak job, with the HIGH job cycling when period is given."""
+def kept_samples(runs: dict[int, dict]) -> tuple[int, int]:
+    """(samples kept, samples computed) of a soak job: a run's steps up to where the next run
+    resumed (its final step for the last), times the run's world size."""
+    kept = computed = 0
+    order = sorted(runs)
+    for i, r in enumerate(order):
+        run_ = runs[r]
+        if not run_["last"]:
+            continue
+        done = run_["last"][0]
+        upto = runs[order[i + 1]]["from"] if i + 1 < len(order) else run_.get("final", done)
+        kept += (min(done, upto) - run_["from"]) * run_["world"]
+        computed += (done - run_["from"]) * run_["world"]
+    return kept, computed
+
+
+def soak_job(seconds: float, step_s: float, period: float | None, hold: float, nodes: str = "4") -> dict:
+    """One soak job (4 nodes, or an elastic range), with the HIGH job cycling when period is given."""
     LOGS.mark()
-    low, ldir = submit_coop(4, "LOW", SOAK_LOW, (step_s, seconds), "bench-soak")
+    low, ldir = submit_coop(nodes, "LOW", SOAK_LOW, (step_s, seconds), "bench-soak")
     log = ldir / "logs" / "rank-0.log"
     t0 = soak_runs(log)[0]["deadline"] - seconds
     highs = []
@@ -764,10 +781,9 @@ def soak_job(seconds: float, step_s: float, period: float | None, hold: float) -
     time.sleep(1)  # the last slurmctld lines
     lines = LOGS.lines()
     drain([low] + [h[1] for h in highs])
-    useful = next(x["final"] for x in runs.values() if "final" in x)
-    computed = sum(x["last"][0] - x["from"] for x in runs.values() if x["last"])
-    phases, lost = [], []
-    for t_sub, high, hdir in highs:
+    useful, computed = kept_samples(runs)
+    phases, lost, own = [], [], []
+    for t_sub, high, hdir in highs if nodes == "4" else ():  # an elastic job runs on beside HIGH: no gap
         r = next((e["run"] for e in events(ldir) if e.get("event") == "notice" and e["t"] >= t_sub), None)
         if r is None or r + 1 not in runs or not runs[r]["last"] or not runs[r + 1]["first"]:
             continue  # the deadline came first
@@ -783,8 +799,9 @@ def soak_job(seconds: float, step_s: float, period: float | None, hold: float) -
         }
         phases.append({k: (v - t_sub if v else float("nan")) for k, v in marks.items()})
         lost.append(runs[r + 1]["first"][1] - runs[r]["last"][1] - step_s)
+        own.append(marks["HIGH finished"] - marks["HIGH script running"])  # NaN if an event is missing
     return {"useful": useful, "computed": computed, "runs": len(runs), "preemptions": len(highs),
-            "phases": phases, "lost": lost}
+            "phases": phases, "lost": lost, "own": own, "sizes": [runs[r]["world"] for r in sorted(runs)]}
 
 
 def soak_main(args) -> None:
@@ -796,38 +813,55 @@ def soak_main(args) -> None:
     print(f"Slurm {run(['sinfo', '-V']).stdout.strip()}; load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}",
           flush=True)
     daemon = start_daemon(2.0)
+    soaks = {}
     try:
         print(f"baseline: the LOW job alone for {args.minutes:g} min", flush=True)
         base = soak_job(seconds, args.step, None, args.hold)
-        print(f"  {base['useful']} steps", flush=True)
-        print(f"soak: HIGH for {args.hold:g} s every {args.period:g} s", flush=True)
-        soak = soak_job(seconds, args.step, args.period, args.hold)
+        print(f"  {base['useful']} samples", flush=True)
+        for nodes in ("4", "2:4") if args.with_elastic else ("4",):
+            print(f"soak, -n {nodes}: HIGH for {args.hold:g} s every {args.period:g} s", flush=True)
+            soaks[nodes] = soak_job(seconds, args.step, args.period, args.hold, nodes)
+            print(f"  {soaks[nodes]['useful']} samples; runs on {soaks[nodes]['sizes']}", flush=True)
     finally:
         stop_daemon(daemon)
     load_after = os.getloadavg()
-    rate = base["useful"] / seconds
-    n = soak["preemptions"]
-    goodput = soak["useful"] / base["useful"]
-    ceiling = 1 - n * args.hold / seconds
-    overhead = (rate * seconds - soak["useful"]) / rate / n - args.hold
+    rate = base["useful"] / seconds  # samples/s of the undisturbed job on its 4 nodes
     print(f"\npreemption soak; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {platform.node()}, "
           f"{os.cpu_count()} cores, load average before {load[0]:.2f} {load[1]:.2f}, after "
-          f"{load_after[0]:.2f} {load_after[1]:.2f}; took {time.time() - t_start:.0f} s")
-    print("| run | steps kept | steps computed | runs | preemptions | goodput | ceiling | goodput / ceiling "
-          "| overhead per preemption beyond the HIGH job's hold |\n|---|---|---|---|---|---|---|---|---|")
+          f"{load_after[0]:.2f} {load_after[1]:.2f}; took {time.time() - t_start:.0f} s; samples = steps x nodes")
+    print("| run | samples kept | samples computed | runs | preemptions | goodput | ceiling | goodput / ceiling "
+          "| overhead per preemption beyond the hold | beyond the HIGH job's own run |\n"
+          "|---|---|---|---|---|---|---|---|---|---|")
     print(f"| undisturbed, {args.minutes:g} min | {base['useful']} | {base['computed']} | {base['runs']} | 0 "
-          f"| 1 | 1 | - | - |")
-    print(f"| HIGH {args.hold:g} s every {args.period:g} s | {soak['useful']} | {soak['computed']} | {soak['runs']} "
-          f"| {n} | {goodput:.3f} | {ceiling:.3f} | {goodput / ceiling:.3f} | {overhead:.2f} s (from the steps; "
-          f"from the gaps: median {nan_median(soak['lost']) - args.hold:.2f} s) |")
-    ph = soak["phases"]
-    print(f"\neach preemption: HIGH command at 0; median time of each mark (and the phase since the previous mark), "
-          f"{len(ph)} preemptions\n| mark | at | phase |\n|---|---|---|")
+          f"| 1 | 1 | - | - | - |")
+    for nodes, soak in soaks.items():
+        n = soak["preemptions"]
+        goodput = soak["useful"] / base["useful"]
+        # the HIGH job takes all 4 nodes' work from a whole-suspend job, 2 of 4 from an elastic one
+        share = 1 if nodes == "4" else 0.5
+        ceiling = 1 - n * args.hold * share / seconds
+        # seconds of the whole job's work lost per preemption, beyond what the hold itself takes
+        overhead = ((rate * seconds - soak["useful"]) / rate - n * args.hold * share) / n
+        if soak["lost"]:  # the HIGH job's own run: its script's start to its end (the hold, Python, exit)
+            beyond_own = [lost - own for lost, own in zip(soak["lost"], soak["own"])]
+            gaps = f" (from the steps; median of the gaps {nan_median(soak['lost']) - args.hold:.2f} s)"
+            own_cell = (f"{overhead - (statistics.fmean(soak['own']) - args.hold):.2f} s (from the steps; median of "
+                        f"the gaps {nan_median(beyond_own):.2f} s)")
+        else:
+            gaps, own_cell = " (of the whole job's time)", "-"
+        name = (f"HIGH {args.hold:g} s every {args.period:g} s" if nodes == "4"
+                else f"same, LOW job elastic {nodes} (runs on {', '.join(map(str, soak['sizes']))})")
+        print(f"| {name} | {soak['useful']} | {soak['computed']} | {soak['runs']} | {n} | {goodput:.3f} "
+              f"| {ceiling:.3f} | {goodput / ceiling:.3f} | {overhead:.2f} s{gaps} | {own_cell} |")
+    ph = soaks["4"]["phases"]
+    print(f"\neach preemption of the 4-node job: HIGH command at 0; median time of each mark (and the phase since "
+          f"the previous mark), {len(ph)} preemptions\n| mark | at | phase |\n|---|---|---|")
     for i, name in enumerate(SOAK_PHASES):
         gap = nan_median([p[name] - p[SOAK_PHASES[i - 1]] for p in ph]) if i else float("nan")
         print(f"| {name} | {nan_median([p[name] for p in ph]):.2f} s | {'' if i == 0 else f'+{gap:.2f}'} |")
     print(f"time lost per preemption (LOW last step -> first step again, less one step): median "
-          f"{nan_median(soak['lost']):.2f} s; all: {', '.join(f'{x:.2f}' for x in soak['lost'])}")
+          f"{nan_median(soaks['4']['lost']):.2f} s; all: {', '.join(f'{x:.2f}' for x in soaks['4']['lost'])}; "
+          f"the HIGH job's own runs: {', '.join(f'{x:.2f}' for x in soaks['4']['own'])}")
 
 
 # ------------------------------------------------------------------ elastic (issue 11)
@@ -935,7 +969,9 @@ def main() -> None:
     ap.add_argument("--soak", action="store_true",
                     help="the preemption soak of issue 18: goodput of a 4-node LOW training job while a 2-node HIGH "
                          "job takes nodes for --hold s every --period s, against the same job undisturbed")
-    ap.add_argument("--minutes", type=float, default=10.0, help="with --soak: minutes of each of the two runs")
+    ap.add_argument("--minutes", type=float, default=10.0, help="with --soak: minutes of each run")
+    ap.add_argument("--with-elastic", action="store_true",
+                    help="with --soak: also soak the LOW job as an elastic 2:4 job (it runs on beside HIGH)")
     ap.add_argument("--period", type=float, default=60.0, help="with --soak: seconds between HIGH jobs")
     ap.add_argument("--hold", type=float, default=10.0, help="with --soak, --elastic: seconds each HIGH job runs (issue 11 asks for 60)")
     ap.add_argument("--step", type=float, default=0.1, help="with --soak, --elastic: seconds of one training step")
