@@ -22,7 +22,7 @@
  * 2. PLUGIN ARGUMENTS (plugstack.conf), all optional:
  *      levels=EXTREME_HIGH:50,VERY_HIGH:40,HIGH:30,ABOVE_NORMAL:20,NORMAL:10,
  *             UNDER_NORMAL:8,BELOW_NORMAL:5,LOW:0        (this is the default)
- *      max_grace=300  master_port_base=40000  master_port_span=10000   (defaults,
+ *      max_grace=300  master_port_base=20000  master_port_span=10000   (defaults,
  *      slurm_hai/policy/limits.py)
  *    A bad argument is reported with slurm_error and its default is kept.
  *
@@ -110,7 +110,7 @@ SPANK_PLUGIN(hai_spank, 1);
 	"EXTREME_HIGH:50,VERY_HIGH:40,HIGH:30,ABOVE_NORMAL:20,NORMAL:10," \
 	"UNDER_NORMAL:8,BELOW_NORMAL:5,LOW:0"
 #define HAI_DEFAULT_MAX_GRACE 300L
-#define HAI_DEFAULT_PORT_BASE 40000L
+#define HAI_DEFAULT_PORT_BASE 20000L
 #define HAI_DEFAULT_PORT_SPAN 10000L
 #define HAI_CONTRACT_MARK "spank"
 

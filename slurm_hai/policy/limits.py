@@ -10,8 +10,11 @@ from __future__ import annotations
 # sbatch --hai-grace).
 MAX_GRACE = 300
 # A job's rendezvous port, when nothing sets HAI_MASTER_PORT: MASTER_PORT_BASE +
-# (job id % MASTER_PORT_SPAN), so that two jobs sharing a node do not collide.
-MASTER_PORT_BASE = 40000
+# (job id % MASTER_PORT_SPAN), so that two jobs sharing a node do not collide. Below Linux's
+# ephemeral ports (net.ipv4.ip_local_port_range, 32768-60999 by default): a port in that range
+# may be held as the local end of any outgoing connection, and rank 0's listen then fails with
+# EADDRINUSE (seen in CI with 40000 + job id).
+MASTER_PORT_BASE = 20000
 MASTER_PORT_SPAN = 10000
 # The most levels a ladder may have, and the longest level name: the plugin's fixed tables
 # (HAI_MAX_LEVELS, HAI_NAME_LEN - 1). A ladder beyond them would be refused by the plugin,

@@ -7,7 +7,7 @@ launcher takes it as is; otherwise it computes it from Slurm's variables:
     RANK = NODE_RANK      node rank in the step (SLURM_NODEID)
     WORLD_SIZE            number of nodes of the step
     MASTER_IP = MASTER_ADDR   IPv4 address of the step's first node (its NodeAddr)
-    MASTER_PORT           HAI_MASTER_PORT, else HAI_MASTER_PORT_BASE (40000)
+    MASTER_PORT           HAI_MASTER_PORT, else HAI_MASTER_PORT_BASE (20000)
                           + SLURM_JOB_ID % HAI_MASTER_PORT_SPAN (10000) (policy/limits.py)
     HAI_RESTART_COUNT     SLURM_RESTART_COUNT (0 before the first restart)
 """

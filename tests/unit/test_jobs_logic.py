@@ -42,7 +42,7 @@ def test_contract_computed_from_slurm_variables():
     env = {"SLURM_NODEID": "1", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "gpu[07-08]",
            "SLURM_JOB_ID": "1234", "SLURM_RESTART_COUNT": "3", "HAI_MASTER_IP": "10.0.0.7"}
     c = node_contract(env)
-    assert c == {"MASTER_IP": "10.0.0.7", "MASTER_ADDR": "10.0.0.7", "MASTER_PORT": "41234", "WORLD_SIZE": "2",
+    assert c == {"MASTER_IP": "10.0.0.7", "MASTER_ADDR": "10.0.0.7", "MASTER_PORT": "21234", "WORLD_SIZE": "2",
                  "RANK": "1", "NODE_RANK": "1", "HAI_RESTART_COUNT": "3", "HAI_CONTRACT": "launcher"}
 
 
@@ -53,8 +53,8 @@ def test_contract_from_the_spank_plugin_is_taken_as_is():
 
 
 def test_master_port_spreads_jobs_over_the_span():
-    assert master_port({"SLURM_JOB_ID": "7"}) == 40007
-    assert master_port({"SLURM_JOB_ID": "12345"}) == 42345
+    assert master_port({"SLURM_JOB_ID": "7"}) == 20007
+    assert master_port({"SLURM_JOB_ID": "12345"}) == 22345
     assert master_port({"SLURM_JOB_ID": "7", "HAI_MASTER_PORT_BASE": "40000", "HAI_MASTER_PORT_SPAN": "100"}) == 40007
     assert master_port({"SLURM_JOB_ID": "7", "HAI_MASTER_PORT": "5000"}) == 5000
 
