@@ -20,6 +20,7 @@ import mmap
 import os
 import sys
 import time
+from collections.abc import Callable
 
 __all__ = ["receive_suspend_command", "target_size", "go_suspend", "get_whole_life_state", "set_whole_life_state",
            "restart_count"]
@@ -92,6 +93,22 @@ def set_whole_life_state(value: int) -> None:
     _job_dir().set_whole_life_state(int(value))
 
 
+def _requeuer(job_id: int) -> Callable[[], bool]:
+    """A call that asks Slurm to requeue this run: True once it went through."""
+    from ..slurm import SlurmError, backend
+
+    slurm = backend()
+
+    def requeue() -> bool:
+        try:
+            slurm.requeue_run(job_id)
+            return True
+        except SlurmError as e:  # already requeued by another rank, or slurmctld away
+            print(f"slurm-hai: go_suspend: {e} (trying again)", file=sys.stderr, flush=True)
+            return False
+    return requeue
+
+
 def go_suspend() -> None:
     """Tell the scheduler this job may be interrupted now: it is requeued at once and its
     processes are stopped; this call does not return. Any rank on any node may call it."""
@@ -100,19 +117,7 @@ def go_suspend() -> None:
     if jobdir.mark_suspend(run, "go_suspend"):
         jobdir.event("go_suspend", run=run, host=os.uname().nodename, pid=os.getpid())
     job_id = os.environ.get("SLURM_JOB_ID")
-    requeue = None
-    if job_id and not os.environ.get("HAI_SIMULATE"):
-        from ..slurm import SlurmError, backend
-
-        slurm = backend()
-
-        def requeue() -> bool:
-            try:
-                slurm.requeue_run(int(job_id))
-                return True
-            except SlurmError as e:  # already requeued by another rank, or slurmctld away
-                print(f"slurm-hai: go_suspend: {e} (trying again)", file=sys.stderr, flush=True)
-                return False
+    requeue = _requeuer(int(job_id)) if job_id and not os.environ.get("HAI_SIMULATE") else None
     sys.stdout.flush()
     sys.stderr.flush()
     # The requeue (or the end of the steps, or the local simulator) stops this process. A
