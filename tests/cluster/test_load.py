@@ -125,10 +125,11 @@ def test_200_jobs_from_4_users_keep_quotas_and_each_ends_exactly_once(live, tmp_
             assert lines[-1] == f"done {job} {token}", (token, lines)
             assert all(ln.startswith(f"start {job} ") for ln in lines[:-1]), (token, lines)
             # an elastic job runs on 1 or 2 nodes each time, a fixed one on 1
+            is_elastic = elastic(int(token.rsplit("-", 1)[1]))
             sizes = {int(ln.split()[3]) for ln in lines[:-1]}
             on_two += 2 in sizes
-            assert sizes <= ({1, 2} if elastic(int(token.rsplit("-", 1)[1])) else {1}), (token, lines)
-            assert (job in tagged) == elastic(int(token.rsplit("-", 1)[1])), (token, info["line"])
+            assert sizes <= ({1, 2} if is_elastic else {1}), (token, lines)
+            assert (job in tagged) == is_elastic, (token, info["line"])
             restarts = suspended[job] = int(info["Restarts"])
             assert len(lines) - 1 <= restarts + 1, (token, lines, restarts)
             # the anti-thrash bound: a job is suspended only for one the policy puts before it
