@@ -3,15 +3,22 @@
  *
  * Built for Slurm 22.05 (SPANK ABI is per major release: rebuild on upgrade).
  *
- * 1. OPTIONS (sbatch, salloc, srun):
+ * 1. OPTIONS (sbatch, salloc, srun), decided as slurm_hai/policy/placement.py
+ *    decides them for hai-submit (request_level, grace_of; the plugin is
+ *    started with that policy's ladder and limits, section 2):
  *      --hai-priority=LEVEL  LEVEL = a level name of the ladder (any case), the
  *                            number of a level (must equal one of the values),
- *                            or AUTO (always accepted, any case).
- *      --hai-grace=SECONDS   integer 1..max_grace.
+ *                            or AUTO / -1 (refused when allow_auto=no).
+ *                            Surrounding white space is ignored (what
+ *                            Python's str.strip() removes from ASCII text);
+ *                            text with any byte outside ASCII is refused.
+ *      --hai-grace=SECONDS   whole seconds in decimal digits, 1 (MIN_GRACE) to
+ *                            max_grace.
  *    A bad value is refused at submission (callback returns -1 with one
- *    "hai: ..." error line; Slurm adds its own "Invalid --hai-... argument"
- *    line). In sbatch/salloc/srun the canonical value goes to the controller
- *    as job control env (spank_job_control_setenv):
+ *    "hai: ..." error line, the words of placement.REFUSALS; Slurm adds its own
+ *    "Invalid --hai-... argument" line). In sbatch/salloc/srun the canonical
+ *    value goes to the controller as job control env
+ *    (spank_job_control_setenv):
  *      HAI_PRIORITY=<LEVEL NAME in upper case, or AUTO>, HAI_GRACE=<seconds>.
  *    Seen on 22.05: job_submit.lua gets them in job_desc.spank_job_env as
  *    "HAI_PRIORITY=HIGH" and "HAI_GRACE=60", without the SPANK_ prefix (the
@@ -19,12 +26,27 @@
  *    In slurmstepd (remote) the option callbacks never fail: values were
  *    validated at submission and a changed ladder must not kill running jobs.
  *
- * 2. PLUGIN ARGUMENTS (plugstack.conf), all optional:
- *      levels=EXTREME_HIGH:50,VERY_HIGH:40,HIGH:30,ABOVE_NORMAL:20,NORMAL:10,
- *             UNDER_NORMAL:8,BELOW_NORMAL:5,LOW:0        (this is the default)
- *      max_grace=300  master_port_base=20000  master_port_span=10000   (defaults,
- *      slurm_hai/policy/limits.py)
- *    A bad argument is reported with slurm_error and its default is kept.
+ * 2. PLUGIN ARGUMENTS (plugstack.conf), rendered from the site's policy by
+ *    `hai-admin render` (templates/slurm/plugstack.conf.j2, from
+ *    slurm_hai/policy/placement.py spank_arguments). The policy's three are
+ *    required; the plugin has no ladder and no grace limit of its own:
+ *      levels=GOLD:30,SILVER:10,...  the ladder: 1 to 32 (MAX_LEVELS) distinct
+ *                     names [A-Z][A-Z0-9_]* of at most 31 (MAX_LEVEL_NAME)
+ *                     characters, not AUTO, with distinct values 0 to 1000
+ *                     (MAX_LEVEL_VALUE)
+ *      max_grace=N    the policy's grace limit (max_grace_seconds, else
+ *                     grace_seconds), 1 to 3600 (MIN_GRACE, MAX_GRACE)
+ *      allow_auto=yes|no  whether --hai-priority may be AUTO
+ *    When one of them is missing, bad or given twice the plugin logs one error
+ *    (run `hai-admin render` and install its plugstack.conf), still registers
+ *    its options, and refuses every --hai-priority and --hai-grace ("has no
+ *    policy"); the environment contract (section 3) is set as usual.
+ *    Not policy, optional (defaults MASTER_PORT_BASE, MASTER_PORT_SPAN of
+ *    slurm_hai/policy/limits.py; a bad one is logged and its default kept):
+ *      master_port_base=20000  master_port_span=10000
+ *    The bounds above are limits.py's; tests/unit/test_spank_policy.py keeps
+ *    them equal and checks, on generated policies, that this plugin accepts
+ *    exactly what placement.py accepts.
  *
  * 3. HAI ENVIRONMENT CONTRACT, set in every task of every step (remote context:
  *    slurm_spank_task_init, which sees the task's final environment). Rules:
@@ -70,7 +92,8 @@
  *
  * 4. Listed as "optional" in plugstack.conf: Slurm then ignores a failing
  *    callback (it only logs our error), so a broken lookup never fails a job;
- *    only a bad --hai-* value on the command line is fatal (by design).
+ *    only a bad --hai-* value on the command line is fatal (by design), and
+ *    any --hai-* value while plugstack.conf gives no policy (section 2).
  *
  * The plugin calls Slurm API functions (slurm_load_node_single, hostlists,
  * ...) that srun, sbatch, salloc and slurmstepd already export from
@@ -82,6 +105,7 @@
 #include <errno.h>
 #include <limits.h>
 #include <netdb.h>
+#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -104,15 +128,21 @@ typedef hostlist_t hai_hostlist_t;
 
 SPANK_PLUGIN(hai_spank, 1);
 
-#define HAI_MAX_LEVELS 32
-#define HAI_NAME_LEN 32
-#define HAI_DEFAULT_LEVELS \
-	"EXTREME_HIGH:50,VERY_HIGH:40,HIGH:30,ABOVE_NORMAL:20,NORMAL:10," \
-	"UNDER_NORMAL:8,BELOW_NORMAL:5,LOW:0"
-#define HAI_DEFAULT_MAX_GRACE 300L
-#define HAI_DEFAULT_PORT_BASE 20000L
-#define HAI_DEFAULT_PORT_SPAN 10000L
+/* The bounds of slurm_hai/policy/limits.py (tests/unit/test_spank_policy.py
+ * keeps them equal). */
+#define HAI_MAX_LEVELS 32		/* MAX_LEVELS */
+#define HAI_NAME_LEN 32			/* MAX_LEVEL_NAME + 1 */
+#define HAI_MAX_LEVEL_VALUE 1000L	/* MAX_LEVEL_VALUE */
+#define HAI_MIN_GRACE 1L		/* MIN_GRACE */
+#define HAI_MAX_GRACE 3600L		/* MAX_GRACE */
+/* Not policy: the rendezvous ports when plugstack.conf names none. */
+#define HAI_DEFAULT_PORT_BASE 20000L	/* MASTER_PORT_BASE */
+#define HAI_DEFAULT_PORT_SPAN 10000L	/* MASTER_PORT_SPAN */
+/* The ladder as users read it: "NAME(1000), " at most per level. */
+#define HAI_LIST_LEN (HAI_MAX_LEVELS * (HAI_NAME_LEN + 8))
 #define HAI_CONTRACT_MARK "spank"
+#define HAI_NO_POLICY "run `hai-admin render` and install the plugstack.conf " \
+	"it writes"
 
 struct hai_level {
 	char name[HAI_NAME_LEN];
@@ -121,14 +151,16 @@ struct hai_level {
 
 /* The only state: plugin arguments and the values of our two options. */
 static struct {
+	int policy;			/* levels, max_grace, allow_auto valid */
 	struct hai_level levels[HAI_MAX_LEVELS];
 	int nlevels;
 	long max_grace;
+	int allow_auto;
 	long port_base;
 	long port_span;
 	char priority[HAI_NAME_LEN];	/* canonical --hai-priority, "" unset */
 	long grace;			/* --hai-grace, 0 unset */
-	char priority_usage[1024];
+	char priority_usage[HAI_LIST_LEN + 64];
 	char grace_usage[128];
 } hai;
 
@@ -151,97 +183,152 @@ static int _parse_long(const char *s, long lo, long hi, long *out)
 	return 0;
 }
 
-/* Parse "NAME:VALUE,NAME:VALUE,..." into a ladder; 0 on success. */
+/*
+ * The first len bytes of s as decimal digits (at least one, no sign, leading
+ * zeros allowed, as Python's str.isdigit on ASCII) in [lo, hi]; 0 on success.
+ * Independent of the locale.
+ */
+static int _parse_digits(const char *s, size_t len, long lo, long hi,
+			 long *out)
+{
+	long v = 0;
+	size_t i;
+
+	if (!s || !len)
+		return -1;
+	for (i = 0; i < len; i++) {
+		if (s[i] < '0' || s[i] > '9')
+			return -1;
+		if (v <= hi)	/* past hi: only the digits are checked */
+			v = v * 10 + (s[i] - '0');
+	}
+	if (v < lo || v > hi)
+		return -1;
+	*out = v;
+	return 0;
+}
+
+/* White space Python's str.strip() removes from ASCII text. */
+static int _is_space(char c)
+{
+	return c == ' ' || (c >= '\t' && c <= '\r') ||
+	       (c >= '\x1c' && c <= '\x1f');
+}
+
+static char _upper(char c)
+{
+	return (c >= 'a' && c <= 'z') ? (char) (c - 'a' + 'A') : c;
+}
+
+/* Whether the len bytes of word name level `name` (ASCII, any case). */
+static int _names(const char *word, size_t len, const char *name)
+{
+	size_t i;
+
+	if (strlen(name) != len)
+		return 0;
+	for (i = 0; i < len; i++)
+		if (_upper(word[i]) != name[i])
+			return 0;
+	return 1;
+}
+
+/*
+ * Parse "NAME:VALUE,NAME:VALUE,..." (the policy's ladder, as
+ * placement.spank_arguments writes it) into a ladder; 0 on success.
+ */
 static int _parse_levels(const char *spec, struct hai_level *lv, int *n)
 {
-	char *copy, *item, *save = NULL;
-	int count = 0, rc = 0;
+	const char *item = spec;
+	int count = 0;
 
 	if (!spec || !*spec)
 		return -1;
-	if (!(copy = strdup(spec)))
-		return -1;
-
-	for (item = strtok_r(copy, ",", &save); item && !rc;
-	     item = strtok_r(NULL, ",", &save)) {
-		char *colon = strchr(item, ':');
-		size_t len;
+	for (;;) {
+		const char *colon = strchr(item, ':');
+		const char *end = strchr(item, ',');
+		size_t len, i;
 		long value;
-		int i;
+		int j;
 
-		if (!colon || colon == item || count >= HAI_MAX_LEVELS) {
-			rc = -1;
-			break;
+		if (!end)
+			end = item + strlen(item);
+		if (!colon || colon > end || colon == item ||
+		    count >= HAI_MAX_LEVELS)
+			return -1;
+		len = (size_t) (colon - item);
+		if (len >= HAI_NAME_LEN || item[0] < 'A' || item[0] > 'Z')
+			return -1;
+		for (i = 0; i < len; i++) {
+			char c = item[i];
+			if (!(c >= 'A' && c <= 'Z') && !(c >= '0' && c <= '9') &&
+			    c != '_')
+				return -1;
+			lv[count].name[i] = c;
 		}
-		*colon = '\0';
-		len = strlen(item);
-		if (len >= HAI_NAME_LEN ||
-		    _parse_long(colon + 1, -1000000L, 1000000L, &value)) {
-			rc = -1;
-			break;
-		}
-		for (i = 0; i < (int) len; i++) {
-			unsigned char c = (unsigned char) item[i];
-			if (!isalnum(c) && c != '_') {
-				rc = -1;
-				break;
-			}
-			lv[count].name[i] = (char) toupper(c);
-		}
-		if (rc)
-			break;
 		lv[count].name[len] = '\0';
+		if (_parse_digits(colon + 1, (size_t) (end - colon - 1), 0,
+				  HAI_MAX_LEVEL_VALUE, &value))
+			return -1;
 		lv[count].value = value;
 		if (!strcmp(lv[count].name, "AUTO"))
-			rc = -1;
-		for (i = 0; i < count && !rc; i++) {
-			if (!strcmp(lv[i].name, lv[count].name) ||
-			    lv[i].value == value)
-				rc = -1;
-		}
+			return -1;
+		for (j = 0; j < count; j++)
+			if (!strcmp(lv[j].name, lv[count].name) ||
+			    lv[j].value == value)
+				return -1;
 		count++;
+		if (!*end)
+			break;
+		item = end + 1;
 	}
-	free(copy);
-	if (!rc && count == 0)
-		rc = -1;
-	if (!rc)
-		*n = count;
-	return rc;
+	*n = count;
+	return 0;
 }
 
-/* Canonical name of a --hai-priority value, or NULL if it is not valid. What
- * hai-submit -p takes (slurm_hai/policy/levels.py, parse_level): surrounding
- * white space is ignored; a name in any case, AUTO or -1, or a level's number in
- * decimal digits with an optional '-' (no '+'). */
+/*
+ * The canonical name of a --hai-priority value: a level's name, "AUTO", or
+ * NULL when the ladder has no such level. What placement.request_level takes
+ * (levels.parse_level): surrounding white space is ignored; a name in any
+ * case, AUTO or -1, or a level's number in decimal digits with an optional
+ * '-' (no '+'). Whether AUTO is allowed is the caller's to check.
+ */
 static const char *_canonical_level(const char *arg)
 {
-	char word[HAI_NAME_LEN];
+	const char *p, *digits;
 	size_t len;
 	long value;
 	int i;
 
 	if (!arg)
 		return NULL;
-	while (isspace((unsigned char) *arg))
+	for (p = arg; *p; p++)
+		if ((unsigned char) *p > 0x7f)
+			return NULL;
+	while (_is_space(*arg))
 		arg++;
-	for (len = strlen(arg); len && isspace((unsigned char) arg[len - 1]);)
+	for (len = strlen(arg); len && _is_space(arg[len - 1]);)
 		len--;
-	if (!len || len >= sizeof(word))
+	if (!len)
 		return NULL;
-	memcpy(word, arg, len);
-	word[len] = '\0';
-	if (!strcasecmp(word, "AUTO") || !strcmp(word, "-1"))
+	if (_names(arg, len, "AUTO") || (len == 2 && !strncmp(arg, "-1", 2)))
 		return "AUTO";
 	for (i = 0; i < hai.nlevels; i++)
-		if (!strcasecmp(word, hai.levels[i].name))
+		if (_names(arg, len, hai.levels[i].name))
 			return hai.levels[i].name;
-	if (word[0] != '+' && _parse_long(word, LONG_MIN, LONG_MAX, &value) == 0)
-		for (i = 0; i < hai.nlevels; i++)
-			if (hai.levels[i].value == value)
-				return hai.levels[i].name;
+	/* -0 is 0 (Python's int); any other negative number names no level */
+	digits = arg[0] == '-' ? arg + 1 : arg;
+	if (_parse_digits(digits, len - (size_t) (digits - arg), 0,
+			  HAI_MAX_LEVEL_VALUE, &value) ||
+	    (digits != arg && value != 0))
+		return NULL;
+	for (i = 0; i < hai.nlevels; i++)
+		if (hai.levels[i].value == value)
+			return hai.levels[i].name;
 	return NULL;
 }
 
+/* The ladder as users may name it (placement.choices): "GOLD(30), ..." */
 static void _level_list(char *buf, size_t len)
 {
 	size_t used = 0;
@@ -266,18 +353,45 @@ static int _in_remote(void)
 	return spank_context() == S_CTX_REMOTE;
 }
 
+static int _no_policy(const char *opt)
+{
+	slurm_error("hai: --%s refused: the slurm-hai SPANK plugin has no "
+		    "policy (plugstack.conf gives hai_spank.so no valid "
+		    "levels=, max_grace=, allow_auto=); the admin must %s",
+		    opt, HAI_NO_POLICY);
+	return -1;
+}
+
 static int _opt_priority(int val, const char *optarg, int remote)
 {
 	const char *name;
-	char list[768];
+	char list[HAI_LIST_LEN];
 
 	(void) val;
 	if (remote || _in_remote())
 		return 0;	/* validated at submission */
-	if (!(name = _canonical_level(optarg))) {
-		_level_list(list, sizeof(list));
-		slurm_error("hai: unknown priority level '%s'; use one of %s, "
-			    "or AUTO", optarg ? optarg : "", list);
+	if (!hai.policy)
+		return _no_policy("hai-priority");
+	name = _canonical_level(optarg);
+	_level_list(list, sizeof(list));
+	if (!name) {
+		char shown[256];
+		const char *a = optarg ? optarg : "";
+		size_t len;
+
+		while (_is_space(*a))
+			a++;
+		len = strlen(a);
+		while (len && _is_space(a[len - 1]))
+			len--;
+		snprintf(shown, sizeof(shown), "%.*s", (int) len, a);
+		slurm_error("hai: unknown priority level '%s'; use one of %s "
+			    "or AUTO", shown, list);
+		return -1;
+	}
+	if (!strcmp(name, "AUTO") && !hai.allow_auto) {
+		slurm_error("hai: priority AUTO is not allowed on this "
+			    "cluster; use one of %s", list);
 		return -1;
 	}
 	snprintf(hai.priority, sizeof(hai.priority), "%s", name);
@@ -291,10 +405,14 @@ static int _opt_grace(int val, const char *optarg, int remote)
 	(void) val;
 	if (remote || _in_remote())
 		return 0;	/* validated at submission */
-	if (_parse_long(optarg, 1, hai.max_grace, &grace)) {
-		slurm_error("hai: invalid --hai-grace '%s'; use an integer "
-			    "number of seconds from 1 to %ld",
-			    optarg ? optarg : "", hai.max_grace);
+	if (!hai.policy)
+		return _no_policy("hai-grace");
+	if (!optarg || _parse_digits(optarg, strlen(optarg), HAI_MIN_GRACE,
+				     hai.max_grace, &grace)) {
+		slurm_error("hai: grace '%s' is not allowed on this cluster; "
+			    "ask for whole seconds from %ld to %ld (the "
+			    "policy's max_grace_seconds)", optarg ? optarg : "",
+			    HAI_MIN_GRACE, hai.max_grace);
 		return -1;
 	}
 	hai.grace = grace;
@@ -310,15 +428,35 @@ static struct spank_option hai_opts[] = {
 /* ------------------------------------------------------------------------ */
 /* plugin arguments                                                          */
 
+/* Add one problem (printf format) to the list in buf. */
+__attribute__ ((format (printf, 3, 4)))
+static void _problem(char *buf, size_t len, const char *fmt, ...)
+{
+	size_t used = strlen(buf);
+	va_list ap;
+
+	if (used + 2 >= len)
+		return;
+	if (used) {
+		memcpy(buf + used, "; ", 3);
+		used += 2;
+	}
+	va_start(ap, fmt);
+	vsnprintf(buf + used, len - used, fmt, ap);
+	va_end(ap);
+}
+
 static int _parse_args(int ac, char **av)
 {
+	char problems[512] = "";
+	int seen_levels = 0, seen_grace = 0, seen_auto = 0;
 	int i, rc = 0;
 
-	if (_parse_levels(HAI_DEFAULT_LEVELS, hai.levels, &hai.nlevels)) {
-		slurm_error("hai: internal error: bad default level ladder");
-		return -1;
-	}
-	hai.max_grace = HAI_DEFAULT_MAX_GRACE;
+	memset(hai.levels, 0, sizeof(hai.levels));
+	hai.policy = 0;
+	hai.nlevels = 0;
+	hai.max_grace = 0;
+	hai.allow_auto = 0;
 	hai.port_base = HAI_DEFAULT_PORT_BASE;
 	hai.port_span = HAI_DEFAULT_PORT_SPAN;
 
@@ -327,28 +465,46 @@ static int _parse_args(int ac, char **av)
 		long v;
 
 		if (!strncmp(a, "levels=", 7)) {
-			struct hai_level lv[HAI_MAX_LEVELS];
-			int n = 0;
-
-			if (_parse_levels(a + 7, lv, &n)) {
-				slurm_error("hai: bad plugin argument '%s' "
-					    "(want NAME:VALUE,... with unique "
-					    "names and values); using the "
-					    "default ladder", a);
-				rc = -1;
-				continue;
+			if (seen_levels++) {
+				_problem(problems, sizeof(problems),
+					 "levels= given twice");
+				hai.nlevels = 0;
+			} else if (_parse_levels(a + 7, hai.levels,
+						 &hai.nlevels)) {
+				_problem(problems, sizeof(problems),
+					 "bad levels= (want NAME:VALUE,... with "
+					 "1-%d distinct names [A-Z][A-Z0-9_]* "
+					 "of at most %d characters, values "
+					 "0-%ld)", HAI_MAX_LEVELS,
+					 HAI_NAME_LEN - 1, HAI_MAX_LEVEL_VALUE);
+				hai.nlevels = 0;
 			}
-			memcpy(hai.levels, lv, sizeof(lv));
-			hai.nlevels = n;
 		} else if (!strncmp(a, "max_grace=", 10)) {
-			if (_parse_long(a + 10, 1, 86400, &v)) {
-				slurm_error("hai: bad plugin argument '%s'; "
-					    "using max_grace=%ld", a,
-					    hai.max_grace);
-				rc = -1;
-				continue;
+			if (seen_grace++) {
+				_problem(problems, sizeof(problems),
+					 "max_grace= given twice");
+				hai.max_grace = 0;
+			} else if (_parse_digits(a + 10, strlen(a + 10),
+						 HAI_MIN_GRACE, HAI_MAX_GRACE,
+						 &v)) {
+				_problem(problems, sizeof(problems),
+					 "bad '%s' (want %ld-%ld)", a,
+					 HAI_MIN_GRACE, HAI_MAX_GRACE);
+			} else {
+				hai.max_grace = v;
 			}
-			hai.max_grace = v;
+		} else if (!strncmp(a, "allow_auto=", 11)) {
+			if (seen_auto++) {
+				_problem(problems, sizeof(problems),
+					 "allow_auto= given twice");
+			} else if (!strcmp(a + 11, "yes")) {
+				hai.allow_auto = 1;
+			} else if (!strcmp(a + 11, "no")) {
+				hai.allow_auto = 0;
+			} else {
+				_problem(problems, sizeof(problems),
+					 "bad '%s' (want yes or no)", a);
+			}
 		} else if (!strncmp(a, "master_port_base=", 17)) {
 			if (_parse_long(a + 17, 1, 65535, &v)) {
 				slurm_error("hai: bad plugin argument '%s'; "
@@ -372,6 +528,23 @@ static int _parse_args(int ac, char **av)
 			rc = -1;
 		}
 	}
+	if (!seen_levels)
+		_problem(problems, sizeof(problems), "no levels=");
+	if (!seen_grace)
+		_problem(problems, sizeof(problems), "no max_grace=");
+	if (!seen_auto)
+		_problem(problems, sizeof(problems), "no allow_auto=");
+	if (problems[0]) {
+		slurm_error("hai: plugstack.conf gives hai_spank.so no policy "
+			    "(%s): --hai-priority and --hai-grace are refused; "
+			    "%s", problems, HAI_NO_POLICY);
+		hai.nlevels = 0;
+		hai.max_grace = 0;
+		hai.allow_auto = 0;
+		rc = -1;
+	} else {
+		hai.policy = 1;
+	}
 	if (hai.port_base + hai.port_span - 1 > 65535) {
 		slurm_error("hai: master_port_base=%ld + master_port_span=%ld "
 			    "exceeds port 65535; using master_port_span=1",
@@ -384,17 +557,27 @@ static int _parse_args(int ac, char **av)
 
 int slurm_spank_init(spank_t sp, int ac, char **av)
 {
-	char list[768];
+	char list[HAI_LIST_LEN];
 	int rc, i;
 
 	rc = _parse_args(ac, av);
 
-	_level_list(list, sizeof(list));
-	snprintf(hai.priority_usage, sizeof(hai.priority_usage),
-		 "HAI priority level: %s, a level number, or AUTO", list);
-	snprintf(hai.grace_usage, sizeof(hai.grace_usage),
-		 "seconds a preempted job gets to checkpoint (1-%ld)",
-		 hai.max_grace);
+	if (hai.policy) {
+		_level_list(list, sizeof(list));
+		snprintf(hai.priority_usage, sizeof(hai.priority_usage),
+			 "HAI priority level: %s, a level number%s", list,
+			 hai.allow_auto ? ", or AUTO" : "");
+		snprintf(hai.grace_usage, sizeof(hai.grace_usage),
+			 "seconds a preempted job gets to checkpoint (%ld-%ld)",
+			 HAI_MIN_GRACE, hai.max_grace);
+	} else {
+		snprintf(hai.priority_usage, sizeof(hai.priority_usage),
+			 "HAI priority level (unavailable: hai_spank.so has "
+			 "no policy in plugstack.conf)");
+		snprintf(hai.grace_usage, sizeof(hai.grace_usage),
+			 "seconds a preempted job gets to checkpoint "
+			 "(unavailable: hai_spank.so has no policy)");
+	}
 	hai_opts[0].usage = hai.priority_usage;
 	hai_opts[1].usage = hai.grace_usage;
 

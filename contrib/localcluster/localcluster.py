@@ -34,8 +34,6 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from slurm_hai.controller.apply import apply_changes, apply_policy  # noqa: E402
-from slurm_hai.policy.levels import ladder_arg  # noqa: E402
-from slurm_hai.policy.limits import spank_arguments  # noqa: E402
 from slurm_hai.policy.model import Policy, PolicyError, load_policy  # noqa: E402
 from slurm_hai.policy.ladder import Change, template_context  # noqa: E402
 from slurm_hai.render import render  # noqa: E402
@@ -466,8 +464,7 @@ def render_configs(c: Cluster) -> bool:
     changed |= write_if_changed(etc / "gres.conf", render("slurm/gres.conf.j2", **ctx))
     # slurmctld reloads job_submit.lua by itself when the file changes
     write_if_changed(etc / "job_submit.lua", render("slurm/job_submit.lua.j2", **ctx))
-    plug = render("slurm/plugstack.conf.j2", spank_so=spank_so,
-                  **spank_arguments(ladder_arg(policy.ladder))) if spank_so else ""
+    plug = render("slurm/plugstack.conf.j2", spank_so=spank_so, **ctx) if spank_so else ""
     changed |= write_if_changed(etc / "plugstack.conf", plug)
     write_if_changed(etc / "slurmdbd.conf", render("slurm/slurmdbd.conf.j2", **ctx), 0o600, slurm)
     write_if_changed(etc / "policy.toml", POLICY_FILE.read_text())

@@ -15,6 +15,7 @@ from typing import Callable
 
 import click
 
+from ..policy.levels import Level, variant_qos
 from ..policy.model import Policy, load_policy, policy_path
 from .common import Group, emit_json, one_line_errors, timeline_options
 
@@ -64,60 +65,84 @@ def main() -> None:
 
 @main.command()
 @_policy_option
-@click.option("--json", "as_json", is_flag=True, help="Print the parsed policy as JSON.")
+@click.option("--json", "as_json", is_flag=True, help="Print the policy in force as JSON.")
 @one_line_errors
 def check(policy_file: str | None, as_json: bool) -> None:
-    """Validate a policy file and summarise it.
+    """Validate a policy file and print every value in force, the defaults it leaves out too.
 
     Every problem is reported with its place, e.g.
     `policy.toml: [quota.users.alice] HIGH: expected a non-negative integer, got 'x'`.
     """
     policy, path = _load(policy_file)
+    p = _policy_json(policy)
     if as_json:
-        click.echo(json.dumps(_policy_json(policy), indent=2))
+        click.echo(json.dumps(p, indent=2))
         return
     click.echo(f"{path}: valid")
-    for lvl in policy.levels_high_to_low:
-        q = policy.quota.get(lvl.name)
-        click.echo(f"  {lvl.name:<14} {lvl.value:>4}  qos {lvl.qos:<14} quota "
-                   f"{'unlimited' if q is None else f'{q} node(s)'} per user"
-                   f"{'  (default level)' if lvl.name == policy.default_level else ''}")
-    for kind, table in (("user", policy.user_quota), ("account", policy.account_quota)):
-        for owner, levels in sorted(table.items()):
-            items = ", ".join(f"{k}={'unlimited' if v is None else v}" for k, v in levels.items())
-            click.echo(f"  override for {kind} {owner}: {items}")
-    d = policy.demotion
-    click.echo(f"  grace {policy.grace_seconds} s, minimum run {policy.min_run_seconds} s, "
-               + (f"demotion {d.source} -> {d.target} after {d.after_seconds} s" if d else "no demotion"))
-    fcfs = policy.fcfs_preempt_levels
+    ladder = [lvl["name"] for lvl in p["levels"]]
+
+    def every(levels: list[str]) -> str:
+        return "every level" if levels == ladder else ", ".join(levels) if levels else "no level"
+
+    click.echo("  levels, highest first, each with its QOS and the nodes one user may run at once at it:")
+    for lvl in p["levels"]:
+        quota = "unlimited" if lvl["quota"] is None else f"{lvl['quota']} node(s)"
+        click.echo(f"    {lvl['name']:<14} {lvl['value']:>4}  qos {lvl['qos']:<14} quota {quota}"
+                   + ("  (default level)" if lvl["name"] == p["default_level"] else ""))
+    for kind, table in p["quota_overrides"].items():
+        for owner, levels in table.items():
+            qos = variant_qos(Level(0, "<LEVEL>"), kind[0], owner)  # the pattern of its levels' QOS names
+            quotas = ", ".join(f"{name} {'unlimited' if o['quota'] is None else o['quota']}"
+                               for name, o in levels.items())
+            click.echo(f"  override for {kind[:-1]} {owner} (QOS {qos}), nodes at once: {quotas}")
+    click.echo(f"  default level {p['default_level']}; AUTO {'allowed' if p['allow_auto'] else 'not allowed'}")
+    click.echo(f"  grace {p['grace_seconds']} s; a job may ask for up to {p['max_grace_seconds']} s "
+               f"(max_grace_seconds); suspend notice SIG{p['notice_signal']}")
+    d = p["demotion"]
+    click.echo(f"  minimum run {p['min_run_seconds']} s; "
+               + (f"demotion {d['from']} -> {d['to']} after {d['after_seconds']} s" if d else "no demotion"))
     click.echo("  a waiting job takes back its place in line from later jobs of other users at "
-               + ("every level" if fcfs is None else ", ".join(fcfs) if fcfs else "no level")
-               + f"; at least {policy.min_gpus} GPU(s) per node")
-    for g in policy.groups:
-        click.echo(f"  node group {g.name}: nodes {g.nodes}, PriorityTier {g.priority_tier}, levels "
-                   f"{', '.join(g.levels) if g.levels else 'all'}{' (default)' if g.default else ''}"
-                   + (f", at least {g.min_gpus} GPU(s) per node" if g.min_gpus is not None else ""))
+               + every(p["fcfs_preempt_levels"]))
+    grow = p["elastic"]["grow_after_seconds"]
+    click.echo(f"  at least {p['min_gpus']} GPU(s) per node; "
+               + (f"an elastic job grows into nodes idle {grow} s" if grow is not None else "elastic jobs never grow"))
+    click.echo("  accounts given the ladder by apply: "
+               + (", ".join(p["accounts"]) or "none (only the associations of quota overrides)"))
+    for g in p["groups"]:
+        click.echo(f"  node group {g['name']}{' (default)' if g['default'] else ''}: nodes {g['nodes']}; "
+                   f"PriorityTier {g['priority_tier']}; takes {every(g['levels'])}; "
+                   f"at least {g['min_gpus']} GPU(s) per node")
 
 
 def _policy_json(policy: Policy) -> dict:
+    """Every value of `policy` in force, the defaults its file leaves out too: what a level
+    or group left open means is spelled out (every level, the policy's min_gpus)."""
     d = policy.demotion
+
+    def overrides(table: dict[str, dict[str, int | None]], kind: str) -> dict:
+        return {owner: {name: {"quota": quota, "qos": variant_qos(policy.level(name), kind, owner)}
+                        for name, quota in levels.items()} for owner, levels in sorted(table.items())}
+
     return {
         "source": policy.source,
-        "levels": {lvl.name: lvl.value for lvl in policy.ladder},
+        "levels": [{"name": lvl.name, "value": lvl.value, "qos": lvl.qos, "quota": policy.quota.get(lvl.name)}
+                   for lvl in policy.levels_high_to_low],
         "default_level": policy.default_level,
-        "grace_seconds": policy.grace_seconds,
-        "min_run_seconds": policy.min_run_seconds,
-        "demotion": {"from": d.source, "to": d.target, "after_seconds": d.after_seconds} if d else None,
-        "quota": policy.quota,
-        "user_quota": policy.user_quota,
-        "account_quota": policy.account_quota,
-        "accounts": list(policy.accounts),
         "allow_auto": policy.allow_auto,
+        "grace_seconds": policy.grace_seconds,
+        "max_grace_seconds": policy.grace_limit,
+        "min_run_seconds": policy.min_run_seconds,
         "notice_signal": policy.notice_signal,
-        "fcfs_preempt_levels": None if policy.fcfs_preempt_levels is None else list(policy.fcfs_preempt_levels),
+        "demotion": {"from": d.source, "to": d.target, "after_seconds": d.after_seconds} if d else None,
+        "fcfs_preempt_levels": [lvl.name for lvl in policy.levels_high_to_low if policy.fcfs_preempts(lvl.name)],
         "min_gpus": policy.min_gpus,
-        "groups": [{"name": g.name, "nodes": g.nodes, "priority_tier": g.priority_tier, "levels": list(g.levels),
-                    "default": g.default, "min_gpus": g.min_gpus} for g in policy.groups],
+        "elastic": {"grow": policy.grow_after_seconds is not None, "grow_after_seconds": policy.grow_after_seconds},
+        "accounts": list(policy.accounts),
+        "quota_overrides": {"users": overrides(policy.user_quota, "u"),
+                            "accounts": overrides(policy.account_quota, "a")},
+        "groups": [{"name": g.name, "nodes": g.nodes, "priority_tier": g.priority_tier, "default": g.default,
+                    "levels": [lvl.name for lvl in policy.levels_high_to_low if g.accepts(lvl.name)],
+                    "min_gpus": policy.min_gpus_for(g.name)} for g in policy.groups],
     }
 
 
@@ -143,8 +168,6 @@ def render(policy_file: str | None, out_dir: str, spank_plugin: str) -> None:
     what Slurm has. slurmctld re-reads job_submit.lua by itself when it changes; the
     slurm.conf fragments need `scontrol reconfigure` (PreemptType: a restart).
     """
-    from ..policy.levels import ladder_arg
-    from ..policy.limits import spank_arguments
     from ..policy.ladder import ClusterState, offline_access_changes, plan_changes, template_context
     from ..render import render as render_template
     from ..slurm.commands import change_argv
@@ -160,8 +183,7 @@ def render(policy_file: str | None, out_dir: str, spank_plugin: str) -> None:
         "partitions.conf": render_template("slurm/partitions.conf.j2", **ctx),
         "qos-ladder.sh": render_template("slurm/qos-ladder.sh.j2", changes=changes, access=access, **ctx),
         "job_submit.lua": render_template("slurm/job_submit.lua.j2", **ctx),
-        "plugstack.conf": render_template("slurm/plugstack.conf.j2", spank_so=spank_plugin,
-                                          **spank_arguments(ladder_arg(policy.ladder))),
+        "plugstack.conf": render_template("slurm/plugstack.conf.j2", spank_so=spank_plugin, **ctx),
     }
     for name, text in files.items():
         path = out / name
@@ -468,25 +490,26 @@ def explain(policy_file: str | None, job_ids: tuple[int, ...], as_json: bool) ->
 
 
 @main.command()
+@_policy_option
 @timeline_options
 @one_line_errors
-def timeline(since: str, until: str | None, out: str, as_json: bool) -> None:
+def timeline(policy_file: str | None, since: str, until: str | None, out: str, as_json: bool) -> None:
     """Draw the cluster's nodes over time, as one HTML page that opens offline.
 
-    Which job held each node when, coloured by level, with a mark where a run was
-    suspended (go_suspend() or by force), restarted, shrunk or grown; hover for the
+    Which job held each node when, coloured by the policy's levels, with a mark where a run
+    was suspended (go_suspend() or by force), restarted, shrunk or grown; hover for the
     details. Every run of every job comes from Slurm's accounting (sacct); the marks from
     each job's events, so run it as root to see every user's. `hai timeline` draws one
     user's jobs.
     """
     from ..jobs.timeline import collect
-    from ..policy.model import find_policy
     from ..slurm import backend
     from .common import current_user
     from .user import timeline_window, write_timeline
 
     start, end = timeline_window(since, until)
-    tl = collect(backend(), start, end, current_user(), find_policy().ladder)
+    policy, _ = _load(policy_file)
+    tl = collect(backend(), start, end, current_user(), policy.ladder)
     write_timeline(tl, out, "HAI cluster timeline", as_json)
 
 

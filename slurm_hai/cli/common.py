@@ -114,16 +114,16 @@ class Refused(click.ClickException):
         super().__init__(" ".join(message.split()))  # a user's value with a newline stays one line
 
 
-def parse_priority(text: str):
-    """A level (or AUTO) from the user's -p, or Refused with a near match suggested."""
-    from ..policy.levels import DEFAULT_LADDER, LevelError, parse_level
+def parse_priority(text: str | None, policy):
+    """The level (or AUTO) of the user's -p in the cluster's `policy` (None: its default
+    level), or Refused in the policy's words with a near match suggested."""
+    from ..policy import placement
 
     try:
-        return parse_level(text)
-    except LevelError:
-        names = ", ".join(f"{lvl.name}({lvl.value})" for lvl in DEFAULT_LADDER)
-        hint = did_you_mean(text, [lvl.name for lvl in DEFAULT_LADDER] + ["AUTO"])
-        raise Refused(f"unknown priority level {text!r}; {hint}use one of {names} or AUTO") from None
+        return placement.request_level(policy, text)
+    except placement.Refused as e:
+        hint = did_you_mean(str(text), [lvl.name for lvl in policy.ladder] + ["AUTO"])
+        raise Refused(f"{e}; {hint}".rstrip("; ") if hint else str(e)) from None
 
 
 # What Slurm's commands print when they find no configuration (no SLURM_CONF, no

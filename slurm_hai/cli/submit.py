@@ -39,9 +39,9 @@ def _node_range(ctx, param, value: str) -> str:
               help="Number of nodes (whole nodes). A range makes the job elastic: it starts once MIN nodes "
                    "are free, on as many as it may up to MAX (in steps of STEP), and its size may change "
                    "between runs. Slurm's MIN-MAX works too.")
-@click.option("-p", "--priority", default="NORMAL", show_default=True,
-              help="Level name or number (EXTREME_HIGH 50 ... LOW 0), or AUTO: the highest level "
-                   "where you still have quota.")
+@click.option("-p", "--priority", default=None, show_default="the policy's default_level",
+              help="Level name or number of the cluster's ladder (`hai-admin check` lists it; HAI's is "
+                   "EXTREME_HIGH 50 ... LOW 0), or AUTO: the highest level where you still have quota.")
 @click.option("--gpus-per-node", type=int, default=None,
               help="GPUs per node. Default: what the nodes of the job's group have (0 where they have none).")
 @click.option("-g", "--group", help="Node group (Slurm partition). Default: the cluster's default group.")
@@ -89,14 +89,20 @@ def main(script, args, name, nodes, priority, gpus_per_node, group, env, time_li
       hai-submit --torchrun -n 2 -p LOW examples/torchrun_train.py --steps 300
     """
     args = script_args(args)
-    parse_priority(priority)  # a near miss gets a suggestion before anything else is checked
+    from ..policy.model import PolicyError, find_policy
+
+    try:
+        policy = find_policy()
+    except PolicyError as e:
+        raise Refused(f"the cluster's policy cannot be read: {e}") from None
+    parse_priority(priority, policy)  # a near miss gets a suggestion before anything else is checked
     req = JobRequest(script=script, args=args, name=name, nodes=nodes, priority=priority,
                      gpus_per_node=gpus_per_node, group=group, env=list(env), time=time_limit, grace=grace,
                      retries=retries, workdir=workdir, python=python, job_root=str(default_root()),
                      torchrun=torchrun)
     slurm = backend()
     try:
-        prepared = prepare(req, slurm, dry_run)
+        prepared = prepare(req, slurm, policy, dry_run)
         if prepared.slurm_unreachable:
             why = no_config_hint(prepared.slurm_unreachable) or prepared.slurm_unreachable
             click.echo(f"hai-submit: cannot ask Slurm about the node group ({why}); assuming "

@@ -271,33 +271,65 @@ def timeline(since, until, out, as_json):
 # ------------------------------------------------------------------ quota
 
 
+def my_accounts(slurm, me: str, jobs: Sequence[JobInfo]) -> tuple[list[str], str]:
+    """Your Slurm accounts (your default account first) and the default one ("" when unknown):
+    from Slurm's accounting, and the accounts your jobs run in (all there is without slurmdbd)."""
+    from ..slurm import SlurmError
+
+    try:
+        default = next((u["DefaultAccount"] for u in slurm.users() if u.get("User") == me), "")
+        known = {a["Account"] for a in slurm.associations() if a.get("User") == me and a.get("Account")}
+    except SlurmError:  # no accounting here, or slurmdbd down: the queue still tells some
+        default, known = "", set()
+    known |= {j.account for j in jobs if j.account}
+    return sorted(known, key=lambda a: (a != default, a)), default
+
+
 @main.command()
-@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print JSON: per level, your nodes in use, the quota in your default account (`account`) and "
+                   "in each of your accounts.")
 @one_line_errors
 def quota(as_json):
     """Show your node quota per level and how many nodes you use of it.
 
     Counts your running jobs' nodes at each level against the policy's per-user quota
     (`hai-admin check` shows everyone's); a job beyond it waits, a job larger than it is
-    refused at submit."""
+    refused at submit. A quota may be set for an account: when your accounts' quotas
+    differ, each account has its own column, your default account (the one your jobs run
+    in unless you name another) first."""
     from ..policy.model import find_policy
     from ..policy.levels import level_of_qos
 
     policy = find_policy()
     me = current_user()
+    slurm = backend()
+    jobs = slurm.jobs(user=me)
+    accounts, default = my_accounts(slurm, me, jobs)
     used: dict[str, int] = {}
-    for j in backend().jobs(user=me):
+    for j in jobs:
         lvl = level_of_qos(j.qos, policy.ladder)
         if lvl is not None and j.state in ("RUNNING", "CONFIGURING", "COMPLETING"):
             used[lvl.name] = used.get(lvl.name, 0) + j.num_nodes
-    rows = [{"level": lvl.name, "value": lvl.value, "quota": policy.quota_for(lvl.name, me),
-             "in_use": used.get(lvl.name, 0)} for lvl in policy.levels_high_to_low]
+    first = accounts[0] if accounts else ""  # none known: your own quota, else the default one
+    rows = [{"level": lvl.name, "value": lvl.value, "in_use": used.get(lvl.name, 0), "account": first or None,
+             "quota": policy.quota_for(lvl.name, me, first),
+             "accounts": {a: policy.quota_for(lvl.name, me, a) for a in accounts}}
+            for lvl in policy.levels_high_to_low]
     if as_json:
         emit_json(rows)
         return
-    click.echo(table(["LEVEL", "VALUE", "IN USE", "QUOTA"],
-                     [[r["level"], r["value"], r["in_use"], "no limit" if r["quota"] is None else r["quota"]]
+    differ = len({tuple(r["accounts"][a] for r in rows) for a in accounts}) > 1
+    heads = [f"QUOTA {a}" + (" (default)" if a == default else "") for a in accounts] if differ else ["QUOTA"]
+    click.echo(table(["LEVEL", "VALUE", "IN USE", *heads],
+                     [[r["level"], r["value"], r["in_use"],
+                       *("no limit" if q is None else q for q in (r["accounts"].values() if differ else [r["quota"]]))]
                       for r in rows]))
+    if accounts and not differ:
+        names = ", ".join(f"{a} (default)" if a == default and len(accounts) > 1 else a for a in accounts)
+        click.echo(f"quota in your account{'s' if len(accounts) > 1 else ''} {names}")
+    elif not accounts and policy.account_quota:
+        click.echo("your accounts are unknown (Slurm's accounting did not say): an account's own quota may differ")
 
 
 # ------------------------------------------------------------------ logs
@@ -457,13 +489,15 @@ def suspend(job, as_json):
     """Suspend JOB gracefully: rank 0 gets the suspend notice, the job commits, calls
     go_suspend() (or is suspended by force after its grace time) and is requeued."""
     from ..jobs import control
+    from ..policy.model import find_policy
 
     info, jobdir = lookup(job)
     check_owner(info, "suspend")
     if info is None or info.state != "RUNNING":
         st = job_status(job, info, jobdir)
         raise click.ClickException(f"job {job} is {st.state}, not running; only a running job can be suspended")
-    control.request_suspend(backend(), job, jobdir, writable=jobdir.path.is_dir() and may_read(info))
+    control.request_suspend(backend(), job, jobdir, writable=jobdir.path.is_dir() and may_read(info),
+                            notice_signal=find_policy().notice_signal)
     if as_json:
         emit_json({"job_id": job, "notice_sent": True})
     else:
@@ -479,7 +513,8 @@ main.add_command(ckpt)
 @click.option("--suspend-after", type=float, default=10, show_default=True,
               help="Seconds into each run when the suspend notice arrives.")
 @click.option("--restarts", type=int, default=1, show_default=True, help="How many times to suspend and restart.")
-@click.option("--grace", type=float, default=5, show_default=True, help="Seconds before a forced suspend.")
+@click.option("--grace", type=float, show_default="the policy's grace_seconds",
+              help="Seconds before a forced suspend.")
 @click.option("--python", "python", default=sys.executable, show_default="this interpreter")
 @click.option("--job-dir", type=click.Path(file_okay=False), help="State directory (default: a new temporary one).")
 @one_line_errors
@@ -487,8 +522,10 @@ def run_local(script, args, suspend_after, restarts, grace, python, job_dir):
     """Run SCRIPT here, without Slurm, as a one-node job that gets the suspend notice
     after --suspend-after seconds and is restarted, to test resume logic locally.
     Arguments after `--` go to the script."""
+    from ..policy.model import find_policy
     from ..runtime.simulate import simulate
 
+    grace = find_policy().grace_seconds if grace is None else grace
     cmd = [python, script, *args] if script.endswith(".py") else [script, *args]
     rc = simulate(cmd, suspend_after=suspend_after, restarts=restarts, grace=grace, job_dir=job_dir)
     sys.exit(rc)

@@ -160,9 +160,10 @@ def _run(event: dict) -> int:
 
 
 class DaemonMetrics:
-    """The daemon's metrics in their own registry; `serve` exposes them over HTTP."""
+    """The daemon's metrics in their own registry; `serve` exposes them over HTTP. `ladder`:
+    the policy's, whose levels' series exist from the start."""
 
-    def __init__(self, ladder: Iterable[Level] = (), since: float | None = None,
+    def __init__(self, ladder: Iterable[Level], since: float | None = None,
                  registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         self.since = time.time() if since is None else since

@@ -20,13 +20,14 @@ def stop(slurm: Backend, job_id: int, jobdir: JobDir, writable: bool) -> None:
         jobdir.event("stop", by=os.getuid())
 
 
-def request_suspend(slurm: Backend, job_id: int, jobdir: JobDir, writable: bool) -> None:
-    """Send the suspend notice to the job's steps. The request is recorded first: the
-    launcher reads it to tell why the notice came."""
+def request_suspend(slurm: Backend, job_id: int, jobdir: JobDir, writable: bool, notice_signal: str) -> None:
+    """Send the suspend notice (`notice_signal`, the policy's: the signal the job's launchers
+    take as the notice) to the job's steps. The request is recorded first: the launcher reads
+    it to tell why the notice came."""
     if writable:
         jobdir.event("suspend_requested", by=os.getuid())
     try:
-        slurm.cancel(job_id, signal="USR2")
+        slurm.cancel(job_id, signal=notice_signal)
     except Exception:
         if writable:
             jobdir.event("suspend_request_failed", by=os.getuid())

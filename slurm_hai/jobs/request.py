@@ -17,9 +17,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Iterable
 
-from ..policy.levels import AUTO, parse_level
-from ..policy.limits import MAX_GRACE
+from ..policy.levels import AUTO
+from ..policy.limits import NOTICE_MARGIN
 from ..policy.model import Policy
+from ..policy.placement import REFUSALS, Refused, grace_of, group_of, request_level
 from ..policy.sizes import NodeRange
 from ..policy.tags import DIR as DIR_TAG, GRACE as GRACE_TAG, NODES as NODES_TAG
 from ..render import render
@@ -32,7 +33,6 @@ ENV_KEY_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 TIME_RE = re.compile(r"(?:([0-9]+)-)?([0-9]+)(?::([0-9]{1,2}))?(?::([0-9]{1,2}))?|UNLIMITED|INFINITE", re.I)
 GROUP_RE = re.compile(r"[A-Za-z0-9_.-]{1,64}")
 RESERVED_ENV = {"SLURM_", "HAI_JOB_DIR", "HAI_SUSPEND_FLAG", "HAI_CONTRACT", "HAI_SUBMIT_TOKEN"}
-NOTICE_MARGIN = 30
 
 
 class RequestError(ValueError):
@@ -54,7 +54,7 @@ class JobRequest:
     args: list[str] = field(default_factory=list)
     name: str | None = None
     nodes: int | str = 1  # N, or MIN:MAX[:STEP] / MIN-MAX for an elastic job (policy/sizes.py)
-    priority: str = "NORMAL"
+    priority: str | None = None  # a level name or number, or AUTO; None: the policy's default level
     gpus_per_node: int = 0
     group: str | None = None
     env: list[str] = field(default_factory=list)  # KEY=VALUE
@@ -80,10 +80,11 @@ def _safe_path(value: str, what: str) -> str:
     return value
 
 
-def validate(req: JobRequest, policy: Policy | None = None) -> dict:
-    """Check every field; return the template context. Raises RequestError.
-    `policy`: the cluster's, for the default grace and the most a job may ask (without one,
-    5 s and the contract's MAX_GRACE; job_submit.lua checks the cluster's again)."""
+def validate(req: JobRequest, policy: Policy) -> dict:
+    """Check every field; return the template context. Raises RequestError. The level, its
+    node group and the grace are the cluster's `policy`'s decisions (policy/placement.py,
+    which job_submit.lua makes again in the same words); the quota needs the job's account,
+    which Slurm knows: job_submit.lua refuses a job over it."""
     name = req.name or Path(req.script).stem or "hai-job"
     if not NAME_RE.fullmatch(name):
         fix = "choose another --name" if req.name else "name it with --name"
@@ -91,21 +92,20 @@ def validate(req: JobRequest, policy: Policy | None = None) -> dict:
     nodes = requested_nodes(req)
     if not 0 <= req.gpus_per_node <= 64:
         raise RequestError(f"--gpus-per-node must be between 0 and 64, got {req.gpus_per_node}")
+    check_group_name(req.group)
     try:
-        level = parse_level(req.priority)
-    except ValueError as e:
+        level = request_level(policy, req.priority)
+        grace = grace_of(policy, req.grace)
+    except Refused as e:
         raise RequestError(str(e)) from None
     # AUTO goes to Slurm as the QOS "auto": job_submit.lua places the job, and the policy
     # daemon moves it to the highest level where its owner has quota, every cycle.
     qos, level_name = ("auto", AUTO) if level == AUTO else (level.qos, level.name)
-    check_group_name(req.group)
+    group = group_of(policy, req.group or "")
+    if level != AUTO and group is not None and not group.accepts(level.name):
+        raise RequestError(REFUSALS["group_levels"] % (group.name, ", ".join(group.levels)))
     if req.time is not None:
         time_minutes(req.time, "--time")
-    grace = req.grace if req.grace is not None else (max(1, policy.grace_seconds) if policy else 5)
-    most = min(MAX_GRACE, policy.grace_limit) if policy else MAX_GRACE
-    if not 1 <= grace <= most:
-        why = " (the cluster's max_grace_seconds)" if policy and most < MAX_GRACE else ""
-        raise RequestError(f"--grace must be between 1 and {most} seconds{why}, got {grace}")
     if not 0 <= req.retries <= 100:
         raise RequestError(f"--retries must be between 0 and 100, got {req.retries}")
     env = []
@@ -135,7 +135,7 @@ def validate(req: JobRequest, policy: Policy | None = None) -> dict:
         "nodes_tag": f";{NODES_TAG}={nodes.tag()}" if nodes.elastic else "",
         "gpus": req.gpus_per_node, "qos": qos, "level": level_name,
         "partition": req.group, "time": req.time, "grace": grace, "retries": req.retries,
-        "notice_seconds": grace + NOTICE_MARGIN, "dir_tag": DIR_TAG, "grace_tag": GRACE_TAG,
+        "notice_signal": policy.notice_signal, "notice_seconds": grace + NOTICE_MARGIN, "dir_tag": DIR_TAG, "grace_tag": GRACE_TAG,
         "workdir": workdir, "job_root": req.job_root,
         "env": env, "python": sys.executable, "command": command,
     }

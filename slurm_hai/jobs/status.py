@@ -115,16 +115,10 @@ def reason_in_words(job: JobInfo | None, final: dict | None) -> str:
     return SLURM_REASONS.get(job.reason, job.reason)
 
 
-def level_of_job(job: JobInfo) -> Level | None:
-    """The level of a job's QOS, a base QOS (`high`) or a quota override's variant of it
-    (`high.u.alice`, policy/levels.py)."""
-    return level_of_qos(job.qos) if job.qos else None
-
-
 def level_name(job: JobInfo) -> str:
-    """The job's level as users name it: `NORMAL` for `normal.u.bob` too, whatever the ladder."""
-    lvl = level_of_job(job)
-    return lvl.name if lvl else parse_qos(job.qos)[0].upper()
+    """The job's level as users name it: `NORMAL` for `normal.u.bob` too. Needs no ladder: a
+    level's QOS is its name in lower case (policy/levels.py), whichever ladder it is of."""
+    return parse_qos(job.qos)[0].upper()
 
 
 def level_of(job: JobInfo | None, request: dict) -> str:
@@ -203,16 +197,17 @@ NOTICE_SLACK = 70  # Slurm may send --signal up to 60 s early (its timer resolut
 REQUEST_WINDOW = 30  # a `hai suspend` this recent explains a notice
 
 
-def preemptor(me: JobInfo, queue: Iterable[JobInfo]) -> JobInfo | None:
-    """The job Slurm most likely preempts `me` for: a pending job of a higher level in an
-    overlapping node group, the highest level first, then the oldest (first in line)."""
-    mine = level_of_job(me)
+def preemptor(me: JobInfo, queue: Iterable[JobInfo], ladder: tuple[Level, ...]) -> JobInfo | None:
+    """The job Slurm most likely preempts `me` for: a pending job of a higher level of `ladder`
+    (the policy's) in an overlapping node group, the highest level first, then the oldest
+    (first in line). None when `me` is of no level of the ladder."""
+    mine = level_of_qos(me.qos, ladder)
     if mine is None:
         return None
     parts = set(me.partition.split(","))
     best: tuple | None = None
     for j in queue:
-        lvl = level_of_job(j)
+        lvl = level_of_qos(j.qos, ladder)
         if (j.job_id == me.job_id or j.state != "PENDING" or lvl is None or lvl.value <= mine.value
                 or not parts & set(j.partition.split(","))):
             continue
@@ -222,10 +217,11 @@ def preemptor(me: JobInfo, queue: Iterable[JobInfo]) -> JobInfo | None:
     return best[1] if best else None
 
 
-def notice_cause(me: JobInfo | None, queue: Sequence[JobInfo], events: Sequence[dict], now: float,
-                 notice_seconds: float) -> dict:
+def notice_cause(me: JobInfo | None, queue: Sequence[JobInfo], ladder: tuple[Level, ...], events: Sequence[dict],
+                 now: float, notice_seconds: float) -> dict:
     """Why a suspend notice came, as event fields: cause = preempted (by_job, by_level),
-    user (by_uid), time_limit (limit_at) or unknown. `notice_seconds`: how long before the
+    user (by_uid), time_limit (limit_at) or unknown. `ladder`: the policy's, whose levels
+    tell which waiting job may have preempted `me`; `notice_seconds`: how long before the
     time limit the job asked for the notice (grace + 30)."""
     if me is not None:
         grow = tags.parse_at(me.tags.get(tags.GROW, ""))
@@ -240,7 +236,7 @@ def notice_cause(me: JobInfo | None, queue: Sequence[JobInfo], events: Sequence[
             return {"cause": "preempted", "by_job": y[0], "by_level": level_name(other) if other else "", why: True,
                     "target_size": 0}
         if me.preempt_time and me.preempt_time >= me.start_time:
-            other = preemptor(me, queue)
+            other = preemptor(me, queue, ladder)
             return {"cause": "preempted", **({"by_job": other.job_id, "by_level": level_name(other)}
                                              if other else {}), "target_size": shrinks_to(me, other)}
     asked = [e for e in events if e.get("event") == "suspend_requested" and now - float(e.get("t", 0)) < REQUEST_WINDOW]

@@ -13,7 +13,7 @@ import secrets
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..policy.model import Policy, PolicyError, find_policy
+from ..policy.model import Policy
 from ..slurm import Backend, SlurmError
 from .jobdir import JobDir, write_atomic
 from .request import (JobRequest, RequestError, check_files, check_group_name, did_you_mean, fit_to_group,
@@ -60,14 +60,10 @@ def group_gpus(slurm: Backend, req: JobRequest) -> tuple[str, int]:
                               req.gpus_per_node)
 
 
-def prepare(req: JobRequest, slurm: Backend, dry_run: bool = False, policy: Policy | None = None) -> Prepared:
-    """Check `req` (files, node group, every value, the policy's min_gpus) and render its
-    sbatch script. `policy`: the cluster's (default: found as `hai-admin` finds it)."""
+def prepare(req: JobRequest, slurm: Backend, policy: Policy, dry_run: bool = False) -> Prepared:
+    """Check `req` (files, node group, every value, the cluster's `policy`) and render its
+    sbatch script."""
     check_files(req)
-    try:
-        policy = policy or find_policy()
-    except PolicyError as e:
-        raise RequestError(f"the cluster's policy cannot be read: {e}") from None
     unreachable, group = "", req.group
     try:
         group, req.gpus_per_node = group_gpus(slurm, req)

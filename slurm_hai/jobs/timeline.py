@@ -24,9 +24,9 @@ from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 from ..policy import tags
-from ..policy.levels import DEFAULT_LADDER, Level, level_of_qos
+from ..policy.levels import Level, level_of_qos
 from ..slurm.base import Backend
-from ..slurm.hostlist import expand
+from ..policy.hostlist import expand
 from ..slurm.records import JobInfo
 from .jobdir import JobDir, default_root
 from .status import clock, why_notice
@@ -129,9 +129,10 @@ def _started_before(events: Sequence[dict], end: float) -> float:
 
 
 def build(records: Iterable[JobInfo], events: Mapping[int, Sequence[dict]], since: float, until: float,
-          ladder: Sequence[Level] = DEFAULT_LADDER, nodes: Iterable[str] = ()) -> Timeline:
+          ladder: Sequence[Level], nodes: Iterable[str] = ()) -> Timeline:
     """The timeline of [since, until] from accounting records (one per run of a job) and each
-    job's events (job id -> events.jsonl). `nodes`: rows to show even when no job held them."""
+    job's events (job id -> events.jsonl), its levels and colours those of `ladder` (the
+    policy's). `nodes`: rows to show even when no job held them."""
     intervals: list[Interval] = []
     runs_of: dict[int, list[tuple[float, float, tuple[str, ...], str]]] = {}  # job -> (start, end, nodes, level)
     for rec in sorted(records, key=lambda r: (r.job_id, r.start_time)):
@@ -260,7 +261,7 @@ def job_root(rec: JobInfo, me: str) -> Path | None:
         return None
 
 
-def collect(slurm: Backend, since: float, until: float, me: str, ladder: Sequence[Level] = DEFAULT_LADDER,
+def collect(slurm: Backend, since: float, until: float, me: str, ladder: Sequence[Level],
             only_mine: bool = False) -> Timeline:
     """The timeline use case: one accounting read (the caller's jobs, or everyone's with
     every node as a row) and each job's events."""

@@ -30,6 +30,7 @@ from typing import TYPE_CHECKING, Mapping
 from . import tags
 from .levels import LEVEL_STRIDE, VARIANT_SEP, Level, parse_qos, variant_qos
 from .model import MIN_GPUS_REFUSAL, Policy
+from .placement import lua_tables, spank_arguments
 
 if TYPE_CHECKING:  # policy/ imports only the standard library at run time
     from ..slurm.version import SlurmVersion
@@ -210,8 +211,10 @@ def plan_changes(policy: Policy, state: ClusterState) -> list[Change]:
             return row.get("Account", "") in policy.accounts
         return row.get("User", "") in policy.user_quota or row.get("Account", "") in policy.account_quota
 
-    def order(row: dict[str, str]) -> tuple:  # accounts before their users
-        return row.get("User", "") != "", row.get("Cluster", ""), row.get("Account", ""), row.get("User", "")
+    # The users of an account before the account itself: sacctmgr refuses an account's new
+    # default QOS while an association below it cannot use it (and says so, exit status 0).
+    def order(row: dict[str, str]) -> tuple:
+        return row.get("Cluster", ""), row.get("Account", ""), row.get("User", "") == "", row.get("User", "")
 
     rows = sorted((r for r in state.assocs if in_scope(r)), key=order)
     for row in rows:
@@ -284,31 +287,20 @@ def _partition_changes(policy: Policy, group, state: ClusterState) -> list[Chang
 def template_context(policy: Policy, slurm: SlurmVersion | None = None) -> dict[str, object]:
     """Everything templates/slurm/*.j2 need from a policy, already checked and computed,
     for the Slurm version `slurm` (when None, `slurm_hai.render` gives the templates the
-    oldest supported, whose spellings every later version still accepts).
+    oldest supported, whose spellings every later version still accepts): job_submit.lua's
+    tables (`placement.lua_tables`), the SPANK plugin's arguments, the QOS and partitions.
 
     Values are names validated by the policy loader ([A-Z0-9_] levels, [a-z0-9_-] owners,
     partition names) and integers, so they go into Lua strings and config lines as they are.
     """
-    def lua_quota(value: int | None) -> int:
-        return -1 if value is None else value  # -1: unlimited (an override of a limited default)
-
-    overrides = {}
-    for kind, table in (("u", policy.user_quota), ("a", policy.account_quota)):
-        overrides[kind] = {
-            owner: [(lvl, variant_qos(policy.level(lvl), kind, owner), lua_quota(n))
-                    for lvl, n in sorted(levels.items())]
-            for owner, levels in sorted(table.items())
-        }
     groups = [{"name": g.name, "nodes": g.nodes, "priority_tier": g.priority_tier, "default": g.default,
                "allow_qos": group_allow_qos(policy, g)} for g in policy.groups]
     return {
         **({"slurm": slurm} if slurm is not None else {}),
+        **lua_tables(policy),
+        **spank_arguments(policy),
         "policy": policy,
         "qos_weight": qos_weight(policy),
-        "levels_high_to_low": policy.levels_high_to_low,
-        "default_quota": {lvl.name: policy.quota[lvl.name] for lvl in policy.ladder if lvl.name in policy.quota},
-        "user_overrides": overrides["u"],
-        "account_overrides": overrides["a"],
         "node_groups": groups,
         "level_tag": tags.LEVEL,
         "grace_tag": tags.GRACE,
@@ -317,25 +309,34 @@ def template_context(policy: Policy, slurm: SlurmVersion | None = None) -> dict[
         # the 8-GPU rule: GPUs per node by node group (partition), the top-level value for others
         "min_gpus": policy.min_gpus,
         "group_min_gpus": {g.name: policy.min_gpus_for(g.name) for g in policy.groups},
-        "default_group": policy.default_group.name if policy.default_group else "",
         "min_gpus_refusal": MIN_GPUS_REFUSAL,
     }
 
 
 def offline_access_changes(policy: Policy) -> list[Change]:
-    """QOS access for `hai-admin render`'s script, written without reading the database:
-    the policy's accounts and their users get the ladder, then each override owner its variants."""
+    """QOS access for `hai-admin render`'s script, written without reading the database, so
+    that it leaves every association `plan_changes` would touch as `hai-admin apply` sets it
+    on a database that has none of our QOS: the associations of the policy's accounts (when
+    it names none, of the accounts with a quota override) get the ladder, each user with an
+    override their variants (when the policy names no accounts, in every account of theirs);
+    the users of an account before the account itself, as `plan_changes` orders them."""
     def grant(user: str, account: str) -> dict[str, str]:
         names = sorted({policy.qos_for(lvl.name, user, account) for lvl in policy.ladder})
         return {"qos": ",".join(names), "defaultqos": policy.qos_for(policy.default_level, user, account)}
 
+    accounts = policy.accounts or tuple(sorted(policy.account_quota))
     changes = []
-    for account in policy.accounts:
-        changes.append(Change("modify", "account", where={"name": account}, settings=grant("", account),
-                              why=f"account {account} uses the ladder"))
+    if not policy.accounts:
+        for user in sorted(policy.user_quota):
+            changes.append(Change("modify", "user", where={"name": user}, settings=grant(user, ""),
+                                  why=f"user {user} uses their quota override QOS"))
+    for account in accounts:
         changes.append(Change("modify", "user", where={"account": account}, settings=grant("", account),
                               why=f"users of account {account} use the ladder"))
-    for user in sorted(policy.user_quota):
-        changes.append(Change("modify", "user", where={"name": user}, settings=grant(user, ""),
-                              why=f"user {user} uses their quota override QOS"))
+        for user in sorted(policy.user_quota):
+            changes.append(Change("modify", "user", where={"name": user, "account": account},
+                                  settings=grant(user, account),
+                                  why=f"user {user} in account {account} uses their quota override QOS"))
+        changes.append(Change("modify", "account", where={"name": account}, settings=grant("", account),
+                              why=f"account {account} uses the ladder"))
     return changes

@@ -30,6 +30,7 @@ class Level:
         return self.name.lower()
 
 
+# HAI's own ladder: the policy loader's default when a policy file has no [levels].
 DEFAULT_LADDER: tuple[Level, ...] = (
     Level(50, "EXTREME_HIGH"),
     Level(40, "VERY_HIGH"),
@@ -46,18 +47,21 @@ class LevelError(ValueError):
     """A priority given by a user that is not a level of the ladder."""
 
 
-def parse_level(text: str | int, ladder: tuple[Level, ...] = DEFAULT_LADDER) -> Level | str:
-    """Turn a user's priority (name, number or AUTO) into a Level, or AUTO.
+def parse_level(text: str | int, ladder: tuple[Level, ...]) -> Level | str:
+    """Turn a user's priority (name, number or AUTO) into a Level of `ladder` (the policy's), or AUTO.
 
     Names are case-insensitive; a number must be exactly a level's value.
     """
-    raw = str(text).strip()
-    if raw.upper() == AUTO or raw == str(AUTO_VALUE):
+    raw = str(text)
+    # ASCII only, as the SPANK plugin and job_submit.lua read it (Unicode would strip other
+    # white space and upper-case 'hıgh' to HIGH)
+    names = {lvl.name: lvl for lvl in ladder} if raw.isascii() else {}
+    raw = raw.strip()
+    if names and (raw.upper() == AUTO or raw == str(AUTO_VALUE)):
         return AUTO
-    names = {lvl.name: lvl for lvl in ladder}
     if raw.upper() in names:
         return names[raw.upper()]
-    if re.fullmatch(r"-?[0-9]+", raw):  # ASCII digits, as the SPANK plugin reads them
+    if names and re.fullmatch(r"-?[0-9]+", raw):  # ASCII digits, as the SPANK plugin reads them
         for lvl in ladder:
             if lvl.value == int(raw):
                 return lvl
@@ -90,7 +94,7 @@ def parse_qos(name: str) -> tuple[str, str, str]:
     return name.lower(), "", ""
 
 
-def level_of_qos(qos: str, ladder: tuple[Level, ...] = DEFAULT_LADDER) -> Level | None:
+def level_of_qos(qos: str, ladder: tuple[Level, ...]) -> Level | None:
     """The level a QOS (base or override variant) carries; None for a QOS outside the ladder."""
     base = parse_qos(qos)[0]
     for lvl in ladder:
@@ -98,7 +102,3 @@ def level_of_qos(qos: str, ladder: tuple[Level, ...] = DEFAULT_LADDER) -> Level 
             return lvl
     return None
 
-
-def ladder_arg(ladder: tuple[Level, ...]) -> str:
-    """The ladder as `NAME:VALUE,...`, the form the SPANK plugin takes."""
-    return ",".join(f"{lvl.name}:{lvl.value}" for lvl in ladder)

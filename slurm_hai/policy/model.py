@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import os
 import re
-import signal as _signal
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
+from . import hostlist
 from .levels import AUTO, DEFAULT_LADDER, Level, variant_qos
-from .limits import MAX_GRACE, MAX_LEVEL_NAME, MAX_LEVELS
+from .limits import (MAX_GRACE, MAX_LEVEL_NAME, MAX_LEVEL_VALUE, MAX_LEVELS, MIN_GRACE, NOTICE_SIGNALS)
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -39,6 +39,7 @@ LEVEL_NAME = re.compile(r"^[A-Z][A-Z0-9_]*$")
 # POSIX user names allow, without the '.' that separates a QOS name's parts.
 OWNER_NAME = re.compile(r"^[a-z_][a-z0-9_-]*\$?$")
 GROUP_NAME = re.compile(r"^[A-Za-z0-9_-]+$")
+HOST_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]*$")
 
 
 class PolicyError(ValueError):
@@ -244,8 +245,16 @@ class _Parser:
                 raise self.error(table, key, f"unknown key (expected one of: {', '.join(keys)})")
 
     def table(self, table: str, key: str, value: Any) -> Mapping[str, Any]:
+        """A TOML table whose keys are distinct without regard to case: level names, user and
+        account names, QOS and partition names are one name to Slurm, or to a reader, in any case."""
         if not isinstance(value, dict):
             raise self.error(table, key, f"expected a table, got {value!r}")
+        seen: dict[str, str] = {}
+        inner = f"{table}.{key}" if table else key
+        for name in value:
+            if name.lower() in seen:
+                raise self.error(inner, name, f"the same name as {seen[name.lower()]!r} but for case; keep one")
+            seen[name.lower()] = name
         return value
 
     def integer(self, table: str, key: str, value: Any, low: int = 0, high: int | None = None) -> int:
@@ -254,16 +263,16 @@ class _Parser:
             raise self.error(table, key, f"expected {what}, got {value!r}")
         return value
 
-    def seconds(self, table: str, key: str, value: Any, high: int = 10 * 365 * 86400) -> int:
-        """A duration: integer seconds, or a string such as "90s", "30m", "2h"."""
+    def seconds(self, table: str, key: str, value: Any, low: int = 0, high: int = 10 * 365 * 86400) -> int:
+        """A duration from `low` to `high` seconds: integer seconds, or a string such as "90s", "30m", "2h"."""
         if isinstance(value, str) and DURATION.match(value):
             m = DURATION.match(value)
             value = int(m.group(1)) * UNIT[m.group(2)]
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise self.error(table, key, f"expected seconds (a non-negative integer) or a duration like \"30m\", "
                                          f"got {value!r}")
-        if value > high:
-            raise self.error(table, key, f"at most {high} seconds, got {value}")
+        if not low <= value <= high:
+            raise self.error(table, key, f"expected from {low} to {high} seconds, got {value}")
         return value
 
     def boolean(self, table: str, key: str, value: Any) -> bool:
@@ -292,10 +301,11 @@ class _Parser:
             default_level = "NORMAL"
         else:
             raise self.error("", "default_level", "required when the ladder has no NORMAL level")
-        grace = self.seconds("", "grace_seconds", data.get("grace_seconds", 5), high=86400)
+        grace = self.seconds("", "grace_seconds", data.get("grace_seconds", 5), low=MIN_GRACE, high=MAX_GRACE)
         max_grace = None
         if "max_grace_seconds" in data:
-            max_grace = self.seconds("", "max_grace_seconds", data["max_grace_seconds"], high=MAX_GRACE)
+            max_grace = self.seconds("", "max_grace_seconds", data["max_grace_seconds"], low=MIN_GRACE,
+                                     high=MAX_GRACE)
             if max_grace < grace:
                 raise self.error("", "max_grace_seconds", f"must be at least grace_seconds ({grace}), got {max_grace}")
         min_run = self.seconds("", "min_run_seconds", data.get("min_run_seconds", 0))
@@ -332,7 +342,7 @@ class _Parser:
                 raise self.error("levels", name, "a level name is upper-case letters, digits and '_'")
             if len(name) > MAX_LEVEL_NAME:
                 raise self.error("levels", name, f"a level name has at most {MAX_LEVEL_NAME} characters")
-            number = self.integer("levels", name, value, 0, 1000)
+            number = self.integer("levels", name, value, 0, MAX_LEVEL_VALUE)
             if number in seen:
                 raise self.error("levels", name, f"value {number} is already used by {seen[number]}")
             seen[number] = name
@@ -357,8 +367,9 @@ class _Parser:
 
     def signal_name(self, table: str, key: str, value: Any) -> str:
         text = self.string(table, key, value).upper().removeprefix("SIG")
-        if "SIG" + text not in _signal.Signals.__members__ or text in ("KILL", "STOP"):
-            raise self.error(table, key, f"expected a signal name such as USR2 or TERM, got {value!r}")
+        if text not in NOTICE_SIGNALS:
+            raise self.error(table, key, f"expected one of {', '.join(NOTICE_SIGNALS)} (a signal Slurm sends as a "
+                                         f"job's notice and a job can take as one), got {value!r}")
         return text
 
     def demotion(self, raw: Any, ladder: tuple[Level, ...]) -> Demotion | None:
@@ -384,6 +395,17 @@ class _Parser:
         if after == 0:
             raise self.error("demotion", "after_seconds", "must be at least 1 second (or set enabled = false)")
         return Demotion(source=source, target=target, after_seconds=after)
+
+    def hostlist(self, table: str, nodes: str) -> None:
+        """A Slurm hostlist ("gpu[001-064],n7") that Slurm can read, naming nodes it can name."""
+        try:
+            hosts = hostlist.expand(nodes)
+        except ValueError as e:
+            raise self.error(table, "nodes", f"{e}; write it as Slurm does, e.g. \"gpu[001-064],n7\"") from None
+        bad = next((h for h in hosts if not HOST_NAME.fullmatch(h)), None) if hosts else nodes
+        if bad is not None:
+            raise self.error(table, "nodes", f"{bad!r} is not a node name (letters, digits, '.', '_', '-'); "
+                                             f"write the list as Slurm does, e.g. \"gpu[001-064],n7\"")
 
     def elastic(self, raw: Any) -> int | None:
         """[elastic]: grow = true|false, grow_after = seconds (at least 1)."""
@@ -437,6 +459,9 @@ class _Parser:
             table = f"groups.{name}"
             if not GROUP_NAME.fullmatch(name):
                 raise self.error("groups", name, "a group (partition) name is letters, digits, '_' and '-'")
+            if name.upper() == "DEFAULT":
+                raise self.error("groups", name, "DEFAULT is not a partition to Slurm (PartitionName=DEFAULT sets "
+                                                 "the defaults of the others); choose another name")
             g = self.table("groups", name, body)
             self.known(table, g, GROUP_KEYS)
             if "nodes" not in g:
@@ -444,6 +469,8 @@ class _Parser:
             nodes = self.string(table, "nodes", g["nodes"])
             if any(c.isspace() for c in nodes):
                 raise self.error(table, "nodes", f"a hostlist has no spaces, got {nodes!r}")
+            if nodes.upper() != "ALL":
+                self.hostlist(table, nodes)
             tier = self.integer(table, "priority_tier", g.get("priority_tier", 1), 0, 65533)
             levels_raw = g.get("levels", [])
             if not isinstance(levels_raw, list):

@@ -43,6 +43,7 @@ from typing import Mapping, Sequence
 
 from .levels import AUTO, LEVEL_STRIDE, Level, level_base, level_of_qos, parse_qos
 from .model import NodeGroup, Policy
+from .placement import Refused, auto_at_submit, auto_levels, grace_of, group_of
 from .sizes import NodeRange, from_tag
 from .tags import (DEMOTED as DEMOTED_TAG, GRACE as GRACE_TAG, GROW as GROW_TAG, LEVEL as LEVEL_TAG,
                    NODES as NODES_TAG, YIELD as YIELD_TAG, parse as parse_tags, parse_at, with_tags)
@@ -126,10 +127,10 @@ class Snapshot:
     def grace(self, job: Job) -> int:
         """The job's grace: job_submit.lua's `hai-grace` stamp (what it asked, checked against
         max_grace_seconds at submission), else the policy's grace_seconds (a job of before)."""
-        value = self.tags[job.job_id].get(GRACE_TAG, "")
-        if value.isdigit() and 1 <= int(value) <= self.policy.grace_limit:
-            return int(value)
-        return self.policy.grace_seconds
+        try:
+            return grace_of(self.policy, self.tags[job.job_id].get(GRACE_TAG))
+        except Refused:  # stamped under another policy: not this one's to honour
+            return self.policy.grace_seconds
 
     def is_demoted(self, job: Job) -> bool:
         d = self.policy.demotion
@@ -138,11 +139,7 @@ class Snapshot:
                 and job.start_time > 0 and self.now - job.start_time >= d.after_seconds)
 
     def group_of(self, job: Job) -> NodeGroup | None:
-        for name in job.partition.split(","):
-            g = self.policy.group(name)
-            if g:
-                return g
-        return self.policy.default_group if not job.partition else None
+        return group_of(self.policy, job.partition)
 
 
 def is_held(job: Job) -> bool:
@@ -155,18 +152,15 @@ def auto_level(policy: Policy, user: str, account: str, nodes: int, used: Mappin
     """AUTO: the highest level where `user` still has quota for `nodes` more nodes.
 
     When no level has room now: the highest level whose quota can ever hold the job (it
-    waits there for its quota), else the lowest level.
+    waits there for its quota; what job_submit.lua chose, placement.auto_at_submit), else the
+    lowest level.
     """
-    candidates = [lvl for lvl in policy.levels_high_to_low if group is None or group.accepts(lvl.name)]
+    candidates = auto_levels(policy, group)
     for lvl in candidates:
         q = policy.quota_for(lvl.name, user, account)
         if q is None or used.get((user, lvl.name), 0) + nodes <= q:
             return lvl.name
-    for lvl in candidates:
-        q = policy.quota_for(lvl.name, user, account)
-        if q is None or nodes <= q:
-            return lvl.name
-    return (candidates or list(policy.levels_high_to_low))[-1].name
+    return auto_at_submit(policy, user, account, nodes, group) or (candidates or list(policy.levels_high_to_low))[-1].name
 
 
 # ------------------------------------------------------------------ decide

@@ -12,7 +12,8 @@ It also picks the run's size: an elastic job (`--nodes MIN:MAX:STEP`) that Slurm
 count its STEP does not allow runs on the largest allowed one, and gives the other nodes
 back at once (Slurm keeps the first ones).
 
-`python -m slurm_hai.runtime.batch --job-dir DIR [--nodes RANGE] --grace S --retries N [--gpus G] -- CMD...`
+`python -m slurm_hai.runtime.batch --job-dir DIR [--nodes RANGE] --grace S --retries N [--gpus G]
+[--notice-signal NAME] [--term-is-notice] -- CMD...` (the last two as runtime/launcher.py takes them).
 """
 
 from __future__ import annotations
@@ -27,7 +28,9 @@ import time
 from typing import MutableMapping
 
 from .contract import master_node, restart_count
+from .launcher import notice_signals
 from ..jobs.jobdir import JobDir, run_sizes
+from ..policy.limits import NOTICE_SIGNALS
 from ..policy.sizes import NodeRange
 from ..slurm import SlurmError, backend
 
@@ -45,9 +48,10 @@ def launcher_argv(args: argparse.Namespace, cmd: list[str]) -> list[str]:
     signals are ignored from the step's first instant (a disposition that exec keeps):
     one that came while Python starts would otherwise kill the launcher, and the job with
     it, for good. The launcher takes them over once its handlers are in place."""
-    notices = "USR2 TERM" if args.term_is_notice else "USR2"
-    argv = ["/bin/sh", "-c", f"trap '' {notices}; exec \"$@\"", "sh",
-            sys.executable, "-m", "slurm_hai.runtime.launcher", f"--job-dir={args.job_dir}", f"--grace={args.grace}"]
+    notices = sorted(sig.name.removeprefix("SIG") for sig in notice_signals(args.notice_signal, args.term_is_notice))
+    argv = ["/bin/sh", "-c", f"trap '' {' '.join(notices)}; exec \"$@\"", "sh",
+            sys.executable, "-m", "slurm_hai.runtime.launcher", f"--job-dir={args.job_dir}", f"--grace={args.grace}",
+            f"--notice-signal={args.notice_signal}"]
     if args.term_is_notice:
         argv.append("--term-is-notice")
     return [*argv, "--", *cmd]
@@ -99,6 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--grace", type=float, default=5.0)
     ap.add_argument("--retries", type=int, default=0)
     ap.add_argument("--gpus", type=int, default=0)
+    ap.add_argument("--notice-signal", choices=NOTICE_SIGNALS, default="USR2")  # USR2: scripts older than the option
     ap.add_argument("--term-is-notice", action="store_true")
     ap.add_argument("cmd", nargs=argparse.REMAINDER)
     args = ap.parse_args(argv)

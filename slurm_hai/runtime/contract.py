@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Mapping
 
 from ..policy.limits import MASTER_PORT_BASE, MASTER_PORT_SPAN
-from ..slurm.hostlist import expand
+from ..policy.hostlist import expand
 
 KEYS = ("MASTER_IP", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "NODE_RANK", "HAI_RESTART_COUNT")
 

@@ -3,15 +3,18 @@
 It sets the HAI environment contract, runs the user's command once on this node with its
 output appended to logs/rank-<R>.log, and turns Slurm's signals into the HAI protocol:
 
-  SIGUSR2   the suspend notice (preemption grace with preempt_send_user_signal, the time
-            limit approaching via --signal, or `hai suspend`). On the rank-0 node it sets the
-            flag that receive_suspend_command() reads; other nodes ignore it. If the job does
-            not go_suspend() within the grace time, rank 0 suspends it by force (requeue).
+  --notice-signal (the policy's notice_signal: USR1, USR2 (the default) or TERM)
+            the suspend notice (preemption grace with preempt_send_user_signal, the time
+            limit approaching via the job's --signal, the policy daemon, or `hai suspend`).
+            On the rank-0 node it sets the flag that receive_suspend_command() reads; other
+            nodes ignore it. If the job does not go_suspend() within the grace time, rank 0
+            suspends it by force (requeue).
   SIGTERM   the end: Slurm is killing the step (requeue, cancel). The command's process
             group, and any process below it in a session of its own (torchrun's workers),
-            gets SIGTERM, then SIGKILL. On clusters without preempt_send_user_signal
-            the first SIGTERM is the notice instead (--term-is-notice), as srun would
-            otherwise turn it into SIGKILL for every task.
+            gets SIGTERM, then SIGKILL. Where SIGTERM is a notice too (the notice signal is
+            TERM, or --term-is-notice on clusters without preempt_send_user_signal, where srun
+            would otherwise turn Slurm's preemption SIGTERM into SIGKILL for every task), the
+            first SIGTERM of a run not yet noticed or suspended is the notice, later ones the end.
 
 Signal handlers only record the signal; the main loop acts (no work in handlers).
 
@@ -20,7 +23,7 @@ MKL_NUM_THREADS, which torch reads): fixed by the job's first run and recorded i
 directory (`threads`), since a bitwise resume needs the same count in every run and a
 requeued job may land on nodes with other CPUs.
 
-`python -m slurm_hai.runtime.launcher --job-dir DIR --grace S [--term-is-notice] -- CMD...`
+`python -m slurm_hai.runtime.launcher --job-dir DIR --grace S [--notice-signal NAME] [--term-is-notice] -- CMD...`
 """
 
 from __future__ import annotations
@@ -41,9 +44,17 @@ from typing import Callable
 from .contract import node_contract
 from .multiprocessing import default_nprocs
 from ..jobs.jobdir import JobDir
+from ..policy.limits import NOTICE_SIGNALS
 
 TERM_TO_KILL_SECONDS = 3.0
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def notice_signals(name: str, term_is_notice: bool) -> frozenset[signal.Signals]:
+    """The signals that are a job's suspend notice: its notice signal (`name`, as the policy
+    and sbatch --signal spell it: USR1), and SIGTERM where Slurm's preemption sends that
+    instead (`term_is_notice`: no preempt_send_user_signal)."""
+    return frozenset({signal.Signals[f"SIG{name}"], *((signal.SIGTERM,) if term_is_notice else ())})
 
 
 def flag_path(job_id: str, run: int) -> Path:
@@ -129,12 +140,12 @@ class NodeRun:
     """One run of the user's command on one node, and the suspend protocol around it."""
 
     def __init__(self, cmd: list[str], env: dict[str, str], jobdir: JobDir, run: int, rank: int, grace: float,
-                 term_is_notice: bool, force_suspend: Callable[[], None], flag: Path | None,
+                 notices: frozenset[signal.Signals], force_suspend: Callable[[], None], flag: Path | None,
                  why_notice: Callable[[], dict] | None = None) -> None:
         self.cmd, self.env, self.jobdir, self.run, self.rank = cmd, env, jobdir, run, rank
         self.why_notice = why_notice  # the notice's cause (preempted, user, time_limit), for `hai status`
-        self.grace, self.term_is_notice, self.force_suspend, self.flag = grace, term_is_notice, force_suspend, flag
-        self.ignores_term = term_is_notice
+        self.grace, self.notices, self.force_suspend, self.flag = grace, notices, force_suspend, flag
+        self.term_is_notice = signal.SIGTERM in notices  # until the first SIGTERM: later ones end the step
         self.noticed_at: float | None = None
         self.forced = False
         self.ending_at: float | None = None
@@ -170,11 +181,10 @@ class NodeRun:
 
     def _ignore_notice_signals(self) -> None:
         """In the child, before exec: Slurm signals every process of the step, not only the
-        launcher, so the notice signal must not kill the user's processes (ignored
+        launcher, so the notice signals must not kill the user's processes (ignored
         dispositions survive exec and are inherited by the processes they spawn)."""
-        signal.signal(signal.SIGUSR2, signal.SIG_IGN)
-        if self.term_is_notice:
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+        for sig in self.notices:
+            signal.signal(sig, signal.SIG_IGN)
 
     def _suspend_requested_before_handlers(self) -> bool:
         """Whether `hai suspend` asked during this run before the launcher could hear it: the
@@ -204,8 +214,8 @@ class NodeRun:
         """Slurm is ending the step: stop the command's processes, TERM then KILL."""
         if self.ending_at is None and self.child is not None:
             self.ending_at = time.monotonic()
-            # With --term-is-notice the command ignores SIGTERM: only SIGKILL ends it.
-            self._signal_all(signal.SIGKILL if self.ignores_term else signal.SIGTERM)
+            # Where SIGTERM is a notice the command ignores it: only SIGKILL ends it.
+            self._signal_all(signal.SIGKILL if signal.SIGTERM in self.notices else signal.SIGTERM)
 
     def _signal_all(self, sig: int) -> None:
         """The command's process group and every process below it, in whatever session."""
@@ -215,7 +225,7 @@ class NodeRun:
                 kill(pid, sig)
 
     def handle(self, sig: int) -> None:
-        if sig == signal.SIGUSR2:
+        if sig in self.notices and sig != signal.SIGTERM:
             self.notice("signal")
         elif sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             if (self.term_is_notice and self.noticed_at is None and self.jobdir.suspended(self.run) is None
@@ -242,10 +252,10 @@ class NodeRun:
             self._signal_all(signal.SIGKILL)
 
     def wait(self) -> int:
-        for sig in (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        for sig in (*self.notices, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, lambda s, _f: self.pending.append(s))
         if self.flag is not None and self._suspend_requested_before_handlers():
-            self.pending.append(signal.SIGUSR2)
+            self.notice("signal")
         try:
             while True:
                 try:
@@ -282,8 +292,10 @@ def _why_notice(slurm, job_id: int, jobdir: JobDir, grace: float) -> dict:
     notice reaches every process of the step, an squeue started by it too (seen on 25.11
     and 22.05: squeue killed, nothing on stderr, cause 'unknown'). So the squeue starts with
     SIGTERM blocked (a blocked mask survives fork and exec; the launcher's own pending
-    SIGTERM arrives when it is unblocked again), and one more try for anything else."""
+    SIGTERM arrives when it is unblocked again), and one more try for anything else. The
+    node's policy gives the ladder that tells which waiting job preempted this one."""
     from ..jobs.status import notice_cause
+    from ..policy.model import PolicyError, find_policy
     from ..slurm import SlurmError
 
     was = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
@@ -296,19 +308,25 @@ def _why_notice(slurm, job_id: int, jobdir: JobDir, grace: float) -> dict:
     finally:
         signal.pthread_sigmask(signal.SIG_SETMASK, was)
     me = next((j for j in queue if j.job_id == job_id), None)
-    return notice_cause(me, queue, jobdir.events(), time.time(), grace + 30)
+    try:
+        ladder, error = find_policy().ladder, {}
+    except PolicyError as e:  # the cause is for people: told without the preemptor, and why
+        ladder, error = (), {"cause_error": str(e)}
+    return notice_cause(me, queue, ladder, jobdir.events(), time.time(), grace + 30) | error
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m slurm_hai.runtime.launcher")
     ap.add_argument("--job-dir", required=True)
     ap.add_argument("--grace", type=float, default=5.0)
+    ap.add_argument("--notice-signal", choices=NOTICE_SIGNALS, default="USR2")  # USR2: scripts older than the option
     ap.add_argument("--term-is-notice", action="store_true")
     ap.add_argument("cmd", nargs=argparse.REMAINDER)
     args = ap.parse_args(argv)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
     if not cmd:
         ap.error("no command given after --")
+    notices = notice_signals(args.notice_signal, args.term_is_notice)
     from ..slurm import backend
 
     slurm = backend()
@@ -328,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
         return could_not_start(jobdir, run, rank, f"no directory in node memory: {e}")
     if memory is not None:
         env["HAI_NODE_MEMORY"] = str(memory)
-    node = NodeRun(cmd, env, jobdir, run, rank, args.grace, args.term_is_notice,
+    node = NodeRun(cmd, env, jobdir, run, rank, args.grace, notices,
                    force_suspend=lambda: slurm.requeue_run(int(job_id)),
                    flag=flag,
                    why_notice=lambda: _why_notice(slurm, int(job_id), jobdir, args.grace))
@@ -342,9 +360,8 @@ def main(argv: list[str] | None = None) -> int:
     # The run is over. A notice now has nothing left to suspend, and must not kill the
     # launcher as it leaves: Python's teardown resets handled signals to SIG_DFL, which would
     # turn a finished run into exit 140 (seen on 26.05). Ignored ones stay ignored.
-    signal.signal(signal.SIGUSR2, signal.SIG_IGN)
-    if args.term_is_notice:
-        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    for sig in notices:
+        signal.signal(sig, signal.SIG_IGN)
     return rc
 
 

@@ -15,7 +15,7 @@ import time
 
 from ..jobs.jobdir import JobDir
 from .contract import master_port
-from .launcher import NodeRun, flag_path
+from .launcher import NodeRun, flag_path, notice_signals
 
 
 TAIL_LINES = 25
@@ -41,7 +41,7 @@ def simulate(cmd: list[str], suspend_after: float, restarts: int, grace: float, 
                    WORLD_SIZE="1", MASTER_IP="127.0.0.1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port({})),
                    HAI_RESTART_COUNT=str(run), SLURM_RESTART_COUNT=str(run), HAI_CONTRACT="local")
         env.pop("SLURM_JOB_ID", None)
-        node = NodeRun(cmd, env, jobdir, run, 0, grace, False, force_suspend=lambda: None,
+        node = NodeRun(cmd, env, jobdir, run, 0, grace, notice_signals("USR2", False), force_suspend=lambda: None,
                        flag=flag_path(sim_id, run))
         node.start()
         jobdir.event("start", run=run, host="local")
@@ -49,7 +49,7 @@ def simulate(cmd: list[str], suspend_after: float, restarts: int, grace: float, 
                                                            if run < restarts else ""), flush=True)
         started = time.monotonic()
         notice_due = run < restarts
-        for sig in (signal.SIGUSR2, signal.SIGTERM, signal.SIGINT):
+        for sig in (*node.notices, signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda s, _f: node.pending.append(s))
         while node.child.poll() is None:
             if notice_due and time.monotonic() - started >= suspend_after:

@@ -48,6 +48,8 @@ def _run(argv: Sequence[str], input: str | None = None, check: bool = True,
 
 
 GENERIC_FAILURES = ("Batch job submission failed: Unspecified error",)
+# What sacctmgr prints, exit status 0, when it made no change it was asked for
+SACCTMGR_REFUSALS = ("don't have access to their default qos", "Changes Discarded")
 # sacct/sacctmgr's last line when slurmdbd is down or unreachable
 DBD_DOWN = "Problem talking to the database"
 
@@ -232,9 +234,15 @@ class CliBackend:
         """Make one policy change (sacctmgr -i / scontrol create|update); a failure names the command."""
         argv = commands.change_argv(change)
         try:
-            _run(argv)
+            p = _run(argv)
         except SlurmError as e:
             raise SlurmError(f"{e} (while: {' '.join(argv)})") from None
+        # sacctmgr refuses some changes in words and still exits 0 (a default QOS that an
+        # association below could not use: "don't have access to their default qos")
+        refused = next((line.strip() for line in (p.stdout + p.stderr).splitlines()
+                        if any(sign in line for sign in SACCTMGR_REFUSALS)), None)
+        if refused:
+            raise SlurmError(f"sacctmgr: {refused} (while: {' '.join(argv)})")
 
     def partitions(self) -> list[dict[str, str]]:
         """`scontrol show partition -o`: one dict of KEY=VALUE per partition."""

@@ -65,6 +65,14 @@ class RecordingBackend:
         self._record("preempt_sends_user_signal")
         return True
 
+    def users(self):  # sacctmgr: accounting, not the queue
+        self._record("users")
+        return [{"User": common.current_user(), "DefaultAccount": "hai"}]
+
+    def associations(self):
+        self._record("associations")
+        return [{"Account": "hai", "User": common.current_user(), "Partition": "", "QOS": "normal"}]
+
     def __getattr__(self, name):
         """Any other call: recorded, and answered by hai-submit's fake cluster (its node group)."""
         answer = getattr(FakeSlurm(), name, None)

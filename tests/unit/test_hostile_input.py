@@ -16,7 +16,6 @@ import copy
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -29,13 +28,15 @@ from hypothesis import strategies as st
 from slurm_hai.cli import admin as admin_cli
 from slurm_hai.cli import submit as submit_cli
 from slurm_hai.jobs.request import JobRequest, RequestError, render_script, validate
-from slurm_hai.policy.levels import DEFAULT_LADDER, LevelError, ladder_arg, parse_level
 from slurm_hai.policy.limits import MAX_LEVEL_NAME, MAX_LEVELS
-from slurm_hai.policy.model import Policy, PolicyError, load_policy, parse_policy
-from slurm_hai.slurm import commands, hostlist
+from slurm_hai.policy import hostlist
+from slurm_hai.policy.model import Policy, PolicyError, default_policy, load_policy, parse_policy
+from slurm_hai.policy.placement import spank_arguments
+from slurm_hai.slurm import commands
 from slurm_hai.slurm.records import PYSLURM, PYSLURM_DB, JobInfo, RecordError, job_from_record, jobs_from_json
 from slurm_hai.slurm.version import SlurmVersion
 from test_frontdoor_submit import FakeSlurm
+from test_spank_policy import plugstack_args, python_priority, spank_plugin, start_plugin  # noqa: F401
 
 REPO = Path(__file__).resolve().parents[2]
 FIXTURES = REPO / "tests" / "fixtures" / "slurm"
@@ -275,12 +276,12 @@ def test_an_accepted_value_never_adds_a_line_to_the_sbatch_script(tmp_path_facto
     req = JobRequest(script=str(root / "t.py"), name=name or None, group=group or None, time=time or None, env=env,
                      priority=priority, job_root=str(root))
     try:
-        context = validate(req)
+        context = validate(req, default_policy())
     except RequestError as e:
         assert "\n" not in str(e).replace(repr(name), "").replace(repr(group), "").replace(repr(time), "")
         return
     script = render_script(context, term_is_notice=False)
-    want = render_script(validate(plain), term_is_notice=False)
+    want = render_script(validate(plain, default_policy()), term_is_notice=False)
     shape = lambda text: [line.split("=")[0].split(" ")[0] for line in text.splitlines()]  # noqa: E731
     if not group:
         want = "\n".join(ln for ln in want.splitlines() if not ln.startswith("#SBATCH --partition"))
@@ -293,128 +294,64 @@ def test_an_accepted_value_never_adds_a_line_to_the_sbatch_script(tmp_path_facto
                                          ("time", "\u0663"), ("name", "job\n#SBATCH --uid=0")])
 def test_a_value_that_would_end_its_line_early_is_refused(tmp_path, field, value):
     with pytest.raises(RequestError):
-        validate(JobRequest(script=str(tmp_path / "t.py"), job_root=str(tmp_path), **{field: value}))
+        validate(JobRequest(script=str(tmp_path / "t.py"), job_root=str(tmp_path), **{field: value}), default_policy())
 
 
 # ------------------------------------------------------------------ the SPANK plugin's option values
 
 
-@pytest.fixture(scope="module")
-def spank_parsers(tmp_path_factory) -> Path:
-    """The C plugin's own parsers (hai_spank.c, compiled as it is) behind a line protocol on
-    stdin: `L <hex levels arg>`, `P <hex levels arg> <hex --hai-priority>`, `G <hex --hai-grace>`."""
-    if shutil.which("cc") is None or not Path("/usr/include/slurm/spank.h").exists():
-        pytest.fail("the SPANK parsers need cc and Slurm's headers (make venv installs libslurm-dev)")
-    d = tmp_path_factory.mktemp("spank")
-    (d / "harness.c").write_text(SPANK_HARNESS)
-    exe = d / "parsers"
-    subprocess.run(["cc", "-O0", "-w", f"-I{REPO / 'spank'}", "-o", str(exe), str(d / "harness.c"),
-                    "-no-pie", "-Wl,-z,lazy", "-Wl,--unresolved-symbols=ignore-all"], check=True)  # Slurm's own
-    # functions are never called by these parsers: left unresolved, no libslurm needed
-    return exe
-
-
-SPANK_HARNESS = r"""
-#include "hai_spank.c"
-#include <stdio.h>
-static void unhex(const char *h, char *out) {
-    unsigned v; size_t i = 0;
-    for (; h[0] && h[1] && sscanf(h, "%2x", &v) == 1; h += 2) out[i++] = (char) v;
-    out[i] = 0;
-}
-int main(void) {
-    static char line[65536], a[32768], b[32768], ha[32768], hb[32768];
-    while (fgets(line, sizeof line, stdin)) {
-        char kind = line[0];
-        const char *name;
-        long g;
-        int n = 0, i;
-        ha[0] = hb[0] = 0;
-        sscanf(line + 2, "%32767s %32767s", ha, hb);
-        unhex(ha, a); unhex(hb, b);
-        if (kind == 'L' || kind == 'P') {
-            if (_parse_levels(a, hai.levels, &n)) { printf("refused\n"); fflush(stdout); continue; }
-            hai.nlevels = n;
-        }
-        if (kind == 'L') {
-            for (i = 0; i < n; i++) printf("%s%s:%ld", i ? "," : "", hai.levels[i].name, hai.levels[i].value);
-            printf("\n");
-        } else if (kind == 'P') {
-            name = _canonical_level(b);
-            printf("%s\n", name ? name : "refused");
-        } else {
-            hai.max_grace = HAI_DEFAULT_MAX_GRACE;
-            if (_parse_long(a, 1, hai.max_grace, &g)) printf("refused\n");
-            else printf("%ld\n", g);
-        }
-        fflush(stdout);
-    }
-    return 0;
-}
-"""
-
-
-def ask_c(exe: Path, lines: list[str]) -> list[str]:
-    out = subprocess.run([str(exe)], input="".join(f"{line}\n" for line in lines), text=True, capture_output=True,
-                         check=True).stdout
-    return out.splitlines()
-
-
-def hexed(text: str) -> str:
-    return text.encode().hex() or "-"
-
+# The plugin (spank/hai_spank.c, compiled as it is) behind the harness of test_spank_policy.py,
+# started with the arguments plugstack.conf.j2 renders from the policy.
 
 level_texts = (st.text(max_size=6) | st.sampled_from(["HIGH", "high", " HIGH", "HIGH ", "30", "+30", "030", "-1",
-                                                      "-0", "auto", "AUTO ", "٣٠", "²", "--30", "3_0", "0x1e"])
+                                                      "-0", "auto", "AUTO ", "\u0663\u0660", "\u00b2", "--30", "3_0",
+                                                      "0x1e"])
                | st.integers(-3, 60).map(str))
 
 
 @settings(max_examples=80, deadline=None, derandomize=True, database=None)
 @given(st.lists(level_texts, min_size=1, max_size=300))
-def test_the_plugin_takes_the_priorities_hai_submit_takes(spank_parsers, texts):
+def test_the_plugin_takes_the_priorities_hai_submit_takes(spank_plugin, texts):
+    policy = default_policy()
     texts = [t for t in texts if "\x00" not in t]
-    answers = ask_c(spank_parsers, [f"P {hexed(ladder_arg(DEFAULT_LADDER))} {hexed(t)}" for t in texts])
-    for text, c_answer in zip(texts, answers):
-        try:
-            level = parse_level(text)
-        except LevelError:
-            python_answer = "refused"
-        else:
-            python_answer = level if isinstance(level, str) else level.name
-        assert c_answer == python_answer, text
+    started = start_plugin(spank_plugin, plugstack_args(policy), [("priority", t) for t in texts])
+    for text, c_answer in zip(texts, started.answers):
+        python_answer = python_priority(policy, text)
+        assert c_answer[0] == python_answer[0], text
+        if c_answer[0] == "ok":
+            assert c_answer == python_answer, text
 
 
 @settings(max_examples=40, deadline=None, derandomize=True, database=None)
 @given(st.dictionaries(st.text(alphabet=st.sampled_from("ABCZ_019x"), min_size=1, max_size=MAX_LEVEL_NAME + 3),
                        st.integers(-2, 1002), min_size=1, max_size=MAX_LEVELS + 3))
-def test_every_ladder_a_policy_accepts_reaches_the_plugin_whole(spank_parsers, levels):
+def test_every_ladder_a_policy_accepts_reaches_the_plugin_whole(spank_plugin, levels):
     try:
         policy = parse_policy({"levels": levels, "default_level": next(iter(levels)), "demotion": False})
     except PolicyError:
         return
-    arg = ladder_arg(policy.ladder)
-    assert ask_c(spank_parsers, [f"L {hexed(arg)}"]) == [arg]
+    started = start_plugin(spank_plugin, plugstack_args(policy))
+    assert (started.rc, started.errors) == (0, [])
+    assert started.levels_arg == spank_arguments(policy)["levels_arg"]
+
+
+GRACE_POLICY = parse_policy({"max_grace_seconds": 300})
 
 
 @settings(max_examples=40, deadline=None, derandomize=True, database=None)
 @given(st.lists(st.text(alphabet=st.sampled_from("0123456789 +-_x"), max_size=5) | st.integers(-2, 400).map(str),
                 min_size=1, max_size=200))
-def test_the_plugins_grace_is_a_decimal_in_the_range_hai_submit_takes(spank_parsers, texts):
-    """--hai-grace is decimal digits (an optional '-'), nothing else; in range as hai-submit's
-    --grace (which reaches the job as its own number, never as this text)."""
-    answers = ask_c(spank_parsers, [f"G {hexed(t)}" for t in texts])
-    for text, c_answer in zip(texts, answers):
+def test_the_plugins_grace_is_a_decimal_in_the_range_hai_submit_takes(spank_plugin, texts):
+    """--hai-grace is decimal digits, nothing else; in range as hai-submit's --grace (which
+    reaches the job as its own number, never as this text)."""
+    started = start_plugin(spank_plugin, plugstack_args(GRACE_POLICY), [("grace", t) for t in texts])
+    for text, (kind, c_answer) in zip(texts, started.answers):
         try:
-            grace = str(validate(JobRequest(script="t.py", grace=int(text), job_root="/r"))["grace"]) \
-                if re.fullmatch(r"-?[0-9]+", text) else "refused"
+            grace = str(validate(JobRequest(script="t.py", grace=int(text), job_root="/r"), GRACE_POLICY)["grace"]) \
+                if re.fullmatch(r"[0-9]+", text) else "refused"
         except RequestError:
             grace = "refused"
-        assert c_answer == grace, text
-
-
-def test_the_plugins_tables_hold_what_a_policy_may_have():
-    defines = dict(re.findall(r"#define (HAI_\w+) (\d+)\n", (REPO / "spank" / "hai_spank.c").read_text()))
-    assert (int(defines["HAI_MAX_LEVELS"]), int(defines["HAI_NAME_LEN"]) - 1) == (MAX_LEVELS, MAX_LEVEL_NAME)
+        assert (c_answer if kind == "ok" else kind) == grace, text
 
 
 # ------------------------------------------------------------------ a request that can never run

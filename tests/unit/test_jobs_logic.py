@@ -10,10 +10,11 @@ import time
 import pytest
 
 from slurm_hai.runtime.contract import master_port, node_contract
-from slurm_hai.slurm.hostlist import expand
+from slurm_hai.policy.hostlist import expand
 from slurm_hai.jobs.jobdir import JobDir
 from slurm_hai.jobs.status import hai_state
-from slurm_hai.policy.levels import AUTO, LevelError, parse_level
+from slurm_hai.policy.levels import AUTO, DEFAULT_LADDER, LevelError, parse_level
+from slurm_hai.policy.model import default_policy
 from slurm_hai.slurm.records import JobInfo
 from slurm_hai.jobs.request import JobRequest, RequestError, render_script, validate
 
@@ -21,13 +22,13 @@ from slurm_hai.jobs.request import JobRequest, RequestError, render_script, vali
 @pytest.mark.parametrize("text,name", [("high", "HIGH"), ("30", "HIGH"), (" Low ", "LOW"), ("0", "LOW"),
                                        ("above_normal", "ABOVE_NORMAL")])
 def test_levels_parse_by_name_or_number(text, name):
-    assert parse_level(text).name == name
+    assert parse_level(text, DEFAULT_LADDER).name == name
 
 
 def test_auto_and_unknown_levels():
-    assert parse_level("auto") == AUTO and parse_level("-1") == AUTO
+    assert parse_level("auto", DEFAULT_LADDER) == AUTO and parse_level("-1", DEFAULT_LADDER) == AUTO
     with pytest.raises(LevelError, match="unknown priority level '31'"):
-        parse_level("31")
+        parse_level("31", DEFAULT_LADDER)
 
 
 @pytest.mark.parametrize("text,hosts", [
@@ -64,7 +65,7 @@ def _request(**kw) -> JobRequest:
 
 
 def test_render_quotes_every_shell_value():
-    ctx = validate(_request(args=["a b", "$(touch /tmp/pwned)", "x;y"], env=["MSG=it's $HOME"]))
+    ctx = validate(_request(args=["a b", "$(touch /tmp/pwned)", "x;y"], env=["MSG=it's $HOME"]), default_policy())
     text = render_script(ctx, term_is_notice=False)
     assert "'$(touch /tmp/pwned)'" in text and "'a b'" in text and "'x;y'" in text
     assert "export MSG='it'\"'\"'s $HOME'" in text
@@ -76,12 +77,12 @@ def test_render_quotes_every_shell_value():
 @pytest.mark.parametrize("kw,msg", [
     ({"name": "x; rm -rf ~"}, "job name"), ({"name": "$(id)"}, "job name"), ({"nodes": 0}, "--nodes"),
     ({"priority": "URGENT"}, "unknown priority"), ({"env": ["NOEQUALS"]}, "KEY=VALUE"),
-    ({"env": ["SLURM_JOB_ID=1"]}, "set by Slurm"), ({"time": "1h"}, "--time"), ({"grace": 301}, "--grace"),
+    ({"env": ["SLURM_JOB_ID=1"]}, "set by Slurm"), ({"time": "1h"}, "--time"), ({"grace": 6}, "grace '6' is not allowed"),
     ({"retries": -1}, "--retries"), ({"group": "a b"}, "--group"), ({"workdir": "/tmp/a b"}, "--workdir"),
 ])
 def test_bad_requests_are_refused(kw, msg):
     with pytest.raises(RequestError, match=msg.replace("$", r"\$")):
-        validate(_request(**kw))
+        validate(_request(**kw), default_policy())
 
 
 def _job(state: str, restarts: int = 0) -> JobInfo:

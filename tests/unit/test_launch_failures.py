@@ -30,7 +30,7 @@ def test_flag_directory_is_new_private_and_unguessable(tmp_path, monkeypatch):
 def test_a_command_that_cannot_start_is_told_in_events_log_and_final_reason(tmp_path):
     jd = JobDir(tmp_path / "7").create()
     run = launcher.NodeRun([str(tmp_path / "no-such-program")], dict(os.environ), jd, run=0, rank=0, grace=1,
-                           term_is_notice=False, force_suspend=lambda: None, flag=None)
+                           notices=launcher.notice_signals("USR2", False), force_suspend=lambda: None, flag=None)
     with pytest.raises(SystemExit) as e:
         run.start()
     assert e.value.code == 127
@@ -71,7 +71,8 @@ def test_the_step_ignores_the_notice_signals_until_the_launcher_hears_them():
     probe = "import signal; print(signal.getsignal(signal.SIGUSR2) == signal.SIG_IGN, " \
             "signal.getsignal(signal.SIGTERM) == signal.SIG_IGN)"
     for term, expect in ((False, "True False"), (True, "True True")):
-        argv = launcher_argv(argparse.Namespace(job_dir="/x", grace=5, term_is_notice=term), ["cmd"])
+        argv = launcher_argv(argparse.Namespace(job_dir="/x", grace=5, notice_signal="USR2", term_is_notice=term),
+                             ["cmd"])
         wrapper = argv[:argv.index(sys.executable)]  # the part before the launcher's interpreter
         out = subprocess.run([*wrapper, sys.executable, "-c", probe], capture_output=True, text=True, check=True)
         assert out.stdout.split() == expect.split(), (term, out)
@@ -86,8 +87,8 @@ def test_a_hai_suspend_that_came_before_the_launcher_listened_is_not_lost(tmp_pa
     time.sleep(0.01)
     jd.event("suspend_requested", by=0)  # its USR2 fell into the ignored start of the step
     flag = tmp_path / "flag"
-    run = launcher.NodeRun(["sleep", "0.3"], dict(os.environ), jd, run=1, rank=0, grace=30, term_is_notice=False,
-                           force_suspend=lambda: None, flag=flag)
+    run = launcher.NodeRun(["sleep", "0.3"], dict(os.environ), jd, run=1, rank=0, grace=30,
+                           notices=launcher.notice_signals("USR2", False), force_suspend=lambda: None, flag=flag)
     run.start()
     assert run.wait() == 0
     assert [e["source"] for e in jd.events() if e["event"] == "notice"] == ["signal"]
@@ -96,8 +97,9 @@ def test_a_hai_suspend_that_came_before_the_launcher_listened_is_not_lost(tmp_pa
     jd2.event("suspend_requested", by=0)
     time.sleep(0.01)
     jd2.event("start", run=1)
-    run2 = launcher.NodeRun(["true"], dict(os.environ), jd2, run=1, rank=0, grace=30, term_is_notice=False,
-                            force_suspend=lambda: None, flag=tmp_path / "flag2")
+    run2 = launcher.NodeRun(["true"], dict(os.environ), jd2, run=1, rank=0, grace=30,
+                            notices=launcher.notice_signals("USR2", False), force_suspend=lambda: None,
+                            flag=tmp_path / "flag2")
     run2.start()
     run2.wait()
     assert not [e for e in jd2.events() if e["event"] == "notice"]
@@ -141,7 +143,7 @@ def test_a_notice_as_the_launcher_leaves_does_not_turn_a_finished_run_into_a_fai
 
     jd = JobDir(tmp_path / "7").create()
     env = {**os.environ, "HAI_MASTER_IP": "127.0.0.1", "SLURM_JOB_ID": "7", "SLURM_NODEID": "1", "SLURM_NNODES": "2"}
-    args = argparse.Namespace(job_dir=str(jd.path), grace=30.0, term_is_notice=False)
+    args = argparse.Namespace(job_dir=str(jd.path), grace=30.0, notice_signal="USR2", term_is_notice=False)
     codes = []
     for _ in range(5):
         p = subprocess.Popen(launcher_argv(args, ["true"]), env=env)

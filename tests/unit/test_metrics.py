@@ -16,7 +16,7 @@ from click.testing import CliRunner
 from slurm_hai.cli.admin import main as admin
 from slurm_hai.controller.daemon import PolicyDaemon
 from slurm_hai.controller.metrics import DaemonMetrics
-from slurm_hai.policy.levels import DEFAULT_LADDER
+from slurm_hai.policy.levels import DEFAULT_LADDER, Level
 from slurm_hai.policy.model import load_policy
 from test_policy_daemon import LOCAL, NOW, FakeSlurm, job
 
@@ -64,6 +64,17 @@ def test_queue_gauges_count_nodes_held_by_level_and_user_and_pending_jobs_by_rea
     # a level that holds nothing any more has no series (not a stale number)
     assert m.registry.get_sample_value("hai_nodes_held", {"level": "LOW", "user": "hai-alice"}) is None
     assert m.registry.get_sample_value("hai_pending_jobs", {"level": "HIGH", "reason": "Resources"}) is None
+
+
+def test_a_sites_ladder_gives_the_series_and_the_level_labels(tmp_path):
+    site = (Level(30, "GOLD"), Level(10, "SILVER"), Level(0, "BRONZE"))
+    write_events(tmp_path, 1, *PREEMPTED)
+    m = DaemonMetrics(site, since=0)
+    levels = {s.labels["level"] for fam in m.registry.collect() if fam.name == "hai_restarts" for s in fam.samples}
+    assert levels == {"GOLD", "SILVER", "BRONZE"}
+    m.observe_cycle([hai_job(1, tmp_path, state="RUNNING", qos="silver.a.research", restart_count=1)], 0.1, 0)
+    assert value(m, "hai_suspensions_total", level="SILVER", cause="preempted") == 1
+    assert value(m, "hai_nodes_held", level="SILVER", user=ME) == 1
 
 
 def test_a_preemption_counts_once_with_its_latencies_from_the_job_events(tmp_path):

@@ -226,7 +226,11 @@ def test_qos_script_is_valid_shell_and_idempotent_on_adds(tmp_path):
     assert subprocess.run(["sh", "-n", str(path)]).returncode == 0
     assert "grep -qxF normal.u.hai-bob || sacctmgr -i add qos normal.u.hai-bob" in text
     assert "sacctmgr -i modify account where name=hai set" in text
-    assert "sacctmgr -i modify user where name=hai-bob set" in text
+    # a user with an override gets their variants in each account of the policy
+    assert "sacctmgr -i modify user where name=hai-bob account=hai set" in text
+    # sacctmgr fails a modify that matches nothing (an account without users yet): not the script's failure
+    access = [line for line in text.splitlines() if " modify account " in line or " modify user " in line]
+    assert len(access) == 3 and all(line.endswith(' || echo "  (no association to change)"') for line in access)
 
 
 LUA = shutil.which("lua5.3") or shutil.which("lua")

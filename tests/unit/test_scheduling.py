@@ -408,11 +408,11 @@ def test_the_launcher_names_the_earlier_job_it_gives_way_to():
     from slurm_hai.jobs.status import notice_cause, why_notice
 
     me = job(30, "RUNNING", user="hai-carol", start_time=NOW - 50, admin_comment=f"hai-level=NORMAL hai-yield=10@{NOW}")
-    cause = notice_cause(me, [me, job(10, nodes=3, reason="Resources")], [], NOW, 35)
+    cause = notice_cause(me, [me, job(10, nodes=3, reason="Resources")], POLICY.ladder, [], NOW, 35)
     assert cause == {"cause": "preempted", "by_job": 10, "by_level": "NORMAL", "earlier_in_line": True, "target_size": 0}
     assert why_notice(cause) == "for job 10, earlier in line at NORMAL"
     demoted = replace(me, admin_comment=f"hai-level=ABOVE_NORMAL hai-demoted=NORMAL hai-yield=10@{NOW}")
-    assert notice_cause(demoted, [demoted], [], NOW, 35)["demoted"] is True
+    assert notice_cause(demoted, [demoted], POLICY.ladder, [], NOW, 35)["demoted"] is True
 
 
 # ------------------------------------------------------------------ (f) AUTO

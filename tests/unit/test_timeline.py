@@ -55,7 +55,7 @@ PREEMPTED_EVENTS = {
 
 
 def test_a_requeued_job_is_one_interval_per_run_and_node_coloured_by_its_level():
-    tl = build(PREEMPTED, PREEMPTED_EVENTS, since=0, until=1000)
+    tl = build(PREEMPTED, PREEMPTED_EVENTS, since=0, until=1000, ladder=DEFAULT_LADDER)
     got = sorted((i.node, i.job_id, i.run, i.level, i.start, i.end, i.state) for i in tl.intervals)
     assert got == [("n1", 10, 0, "LOW", 100, 200, "REQUEUED"), ("n1", 11, 0, "HIGH", 203, 300, "COMPLETED"),
                    ("n2", 10, 0, "LOW", 100, 200, "REQUEUED"), ("n2", 11, 0, "HIGH", 203, 300, "COMPLETED"),
@@ -67,7 +67,7 @@ def test_a_requeued_job_is_one_interval_per_run_and_node_coloured_by_its_level()
 
 
 def test_a_suspend_is_marked_where_the_job_was_with_the_notice_cause_and_a_restart_where_it_ran_again():
-    tl = build(PREEMPTED, PREEMPTED_EVENTS, since=0, until=1000)
+    tl = build(PREEMPTED, PREEMPTED_EVENTS, since=0, until=1000, ladder=DEFAULT_LADDER)
     assert [(m.kind, m.job_id, m.t, m.nodes) for m in tl.marks] == [
         ("suspend", 10, 201, ("n1", "n2")), ("restart", 10, 261, ("n3", "n4"))]
     suspend, restart = tl.marks
@@ -81,18 +81,19 @@ def test_a_run_that_accounting_keeps_without_a_start_is_drawn_from_the_jobs_star
     records = [run_record(10, 0, 200, "n[1-2]", state="REQUEUED"), run_record(10, 260, 400, "n[3-4]")]
     events = {10: [ev("start", 199.4, run=0, nodes="n[1-2]"), ev("suspended", 200.6, run=0, how="go_suspend"),
                    ev("start", 261, run=1, nodes="n[3-4]")]}
-    tl = build(records, events, since=0, until=1000)
+    tl = build(records, events, since=0, until=1000, ladder=DEFAULT_LADDER)
     assert sorted((i.node, i.run, i.start, i.end) for i in tl.intervals if i.run == 0) == [
         ("n1", 0, 199.4, 200), ("n2", 0, 199.4, 200)]
     assert [(m.kind, m.nodes) for m in tl.marks] == [("suspend", ("n1", "n2")), ("restart", ("n3", "n4"))]
     # a record without a start and without a start event never ran: not drawn
-    assert not build([run_record(12, 0, 200, "n1", state="CANCELLED")], {}, since=0, until=1000).intervals
+    assert not build([run_record(12, 0, 200, "n1", state="CANCELLED")], {}, since=0, until=1000,
+                     ladder=DEFAULT_LADDER).intervals
 
 
 def test_a_forced_suspend_has_its_own_mark():
     events = {10: [ev("start", 101, run=0), ev("notice", 190, run=0, cause="user", by_uid=0),
                    ev("forced_suspend", 196, run=0, after=5.0), ev("suspended", 197, run=0, how="forced")]}
-    tl = build([run_record(10, 100, 196, "n1", state="REQUEUED")], events, since=0, until=1000)
+    tl = build([run_record(10, 100, 196, "n1", state="REQUEUED")], events, since=0, until=1000, ladder=DEFAULT_LADDER)
     (mark,) = tl.marks
     assert (mark.kind, mark.t, mark.nodes) == ("forced-suspend", 197, ("n1",))
     assert "forced off" in mark.text and "hai suspend" in mark.text
@@ -101,7 +102,7 @@ def test_a_forced_suspend_has_its_own_mark():
 def test_shrink_and_grow_events_are_marked_on_the_jobs_nodes_with_their_fields_in_the_hover_text():
     events = {20: [ev("start", 100, run=0), ev("shrink", 150, run=0, nodes="n1", released="n[2-3]"),
                    ev("grow", 250, run=0, nodes="n[1-3]"), ev("grow", 300, run=0)]}
-    tl = build([run_record(20, 100, 400, "n[1-3]", qos="normal")], events, since=0, until=1000)
+    tl = build([run_record(20, 100, 400, "n[1-3]", qos="normal")], events, since=0, until=1000, ladder=DEFAULT_LADDER)
     assert [(m.kind, m.t, m.nodes) for m in tl.marks] == [
         ("shrink", 150, ("n1", "n2", "n3")), ("grow", 250, ("n1", "n2", "n3")), ("grow", 300, ("n1", "n2", "n3"))]
     assert tl.marks[0].text.startswith("job 20 (NORMAL) run 0 shrank at ")
@@ -110,7 +111,7 @@ def test_shrink_and_grow_events_are_marked_on_the_jobs_nodes_with_their_fields_i
 
 
 def test_a_running_job_reaches_the_end_of_the_window():
-    tl = build([run_record(30, 100, 0, "n2", state="RUNNING")], {}, since=0, until=500)
+    tl = build([run_record(30, 100, 0, "n2", state="RUNNING")], {}, since=0, until=500, ladder=DEFAULT_LADDER)
     (iv,) = tl.intervals
     assert (iv.start, iv.end, iv.running) == (100, 500, True) and "to now" in iv.text
 
@@ -119,20 +120,31 @@ def test_only_what_falls_in_the_window_is_drawn():
     records = [run_record(40, 10, 50, "n1"), run_record(41, 80, 150, "n1"), run_record(42, 600, 700, "n1"),
                run_record(43, 90, 120, "None assigned"), run_record(44, 0, 0, "")]
     events = {41: [ev("start", 81, run=0), ev("shrink", 95, run=0), ev("grow", 140, run=0)]}
-    tl = build(records, events, since=100, until=500)
+    tl = build(records, events, since=100, until=500, ladder=DEFAULT_LADDER)
     assert tl.job_ids == [41]  # 40 ended before, 42 started after, 43 and 44 never held a node
     assert [(m.kind, m.t) for m in tl.marks] == [("grow", 140)]
 
 
 def test_rows_are_every_node_asked_for_in_natural_order():
-    tl = build([run_record(50, 100, 200, "n10")], {}, since=0, until=300, nodes=["n2", "n1", "n10", "n9"])
+    tl = build([run_record(50, 100, 200, "n10")], {}, since=0, until=300, ladder=DEFAULT_LADDER,
+               nodes=["n2", "n1", "n10", "n9"])
     assert tl.nodes == ("n1", "n2", "n9", "n10")
 
 
 def test_levels_come_from_the_qos_and_a_qos_outside_the_ladder_is_other():
     records = [run_record(60, 100, 200, "n1", qos="very_high"), run_record(61, 100, 200, "n2", qos="auto")]
-    levels = {i.job_id: i.level for i in build(records, {}, 0, 300).intervals}
+    levels = {i.job_id: i.level for i in build(records, {}, 0, 300, DEFAULT_LADDER).intervals}
     assert levels == {60: "VERY_HIGH", 61: OTHER_LEVEL}
+
+
+SITE_LADDER = (Level(30, "GOLD"), Level(10, "SILVER"), Level(0, "BRONZE"))
+
+
+def test_a_sites_ladder_names_and_colours_the_levels_and_hais_own_names_are_other():
+    records = [run_record(62, 100, 200, "n1", qos="gold.a.research"), run_record(63, 100, 200, "n2", qos="high")]
+    tl = build(records, {}, 0, 300, SITE_LADDER)
+    assert {i.job_id: i.level for i in tl.intervals} == {62: "GOLD", 63: OTHER_LEVEL}
+    assert [name for name, _ in tl.levels] == ["GOLD", "SILVER", "BRONZE", OTHER_LEVEL]
 
 
 def test_each_level_has_its_own_colour_highest_first_and_other_is_grey():
@@ -149,7 +161,7 @@ def embedded(html: str) -> dict:
 
 
 def test_the_page_is_self_contained_and_carries_the_model():
-    tl = build(PREEMPTED, PREEMPTED_EVENTS, since=0, until=1000, nodes=["n1", "n2", "n3", "n4"])
+    tl = build(PREEMPTED, PREEMPTED_EVENTS, since=0, until=1000, ladder=DEFAULT_LADDER, nodes=["n1", "n2", "n3", "n4"])
     html = page(tl, "HAI cluster timeline")
     assert embedded(html) == json.loads(json.dumps(tl.as_dict()))
     # nothing to fetch: no external script, style, image or font (the SVG namespace is a name, not a fetch)
@@ -159,7 +171,7 @@ def test_the_page_is_self_contained_and_carries_the_model():
 
 def test_a_job_name_cannot_break_out_of_the_page():
     evil = "</script><script>alert(1)</script>"
-    tl = build([run_record(70, 100, 200, "n1", name=evil)], {}, since=0, until=300)
+    tl = build([run_record(70, 100, 200, "n1", name=evil)], {}, since=0, until=300, ladder=DEFAULT_LADDER)
     html = page(tl, "t")
     assert evil not in html and html.count("<script") == 2
     assert embedded(html)["intervals"][0]["name"] == evil
@@ -300,7 +312,7 @@ def test_the_page_tells_times_as_the_cluster_does_wherever_it_is_opened(monkeypa
     monkeypatch.setenv("TZ", "Asia/Kolkata")  # UTC+05:30, no daylight saving
     time.tzset()
     try:
-        html = page(build(PREEMPTED, PREEMPTED_EVENTS, since=0, until=1000), "t")
+        html = page(build(PREEMPTED, PREEMPTED_EVENTS, since=0, until=1000, ladder=DEFAULT_LADDER), "t")
     finally:
         monkeypatch.undo()
         time.tzset()

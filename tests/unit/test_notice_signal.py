@@ -1,0 +1,184 @@
+"""The policy's notice_signal (USR1, USR2 or TERM) is the job's suspend notice end to end,
+without Slurm: the sbatch script asks Slurm for it (--signal) and hands it to the batch
+script, the step ignores it until the launcher listens, the rank-0 launcher takes it as the
+notice (the flag turns 1) and lives on, other nodes' launchers ignore it, and `hai suspend`
+sends it. Before, the job side knew only USR2: a USR1 or TERM notice killed the launcher
+(exit 138 or 143) and the job was recorded failed for good."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from slurm_hai.jobs import control
+from slurm_hai.jobs.jobdir import JobDir
+from slurm_hai.jobs.request import JobRequest, render_script, validate
+from slurm_hai.policy.limits import NOTICE_SIGNALS
+from slurm_hai.policy.model import parse_policy
+from slurm_hai.runtime.batch import launcher_argv
+from slurm_hai.runtime.launcher import NodeRun, notice_signals
+
+
+def rendered(sig: str, term_is_notice: bool = False) -> tuple[dict, str]:
+    request = JobRequest(script="train.py", job_root="/home/u/.hai/jobs")
+    context = validate(request, parse_policy({"notice_signal": sig}))
+    return context, render_script(context, term_is_notice=term_is_notice)
+
+
+def batch_options(script: str) -> list[str]:
+    """The options the sbatch script gives `python -m slurm_hai.runtime.batch`."""
+    argv = shlex.split(next(line for line in script.splitlines() if line.startswith("exec ")))
+    return argv[argv.index("slurm_hai.runtime.batch") + 1:argv.index("--")]
+
+
+@pytest.mark.parametrize("sig", NOTICE_SIGNALS)
+def test_the_sbatch_script_asks_slurm_for_the_policys_signal_and_hands_it_to_the_batch_script(sig):
+    context, script = rendered(sig)
+    assert f"#SBATCH --signal={sig}@{context['notice_seconds']}\n" in script
+    assert script.count("--signal=") == 1
+    assert f"--notice-signal={sig}" in batch_options(script) and "--term-is-notice" not in batch_options(script)
+    # without preempt_send_user_signal Slurm's preemption notice is SIGTERM, besides the policy's
+    assert {f"--notice-signal={sig}", "--term-is-notice"} <= set(batch_options(rendered(sig, True)[1]))
+    subprocess.run(["bash", "-n"], input=script, text=True, check=True)
+
+
+PROBE = ("import signal; print(' '.join(n for n in ('USR1', 'USR2', 'TERM') "
+         "if signal.getsignal(getattr(signal, 'SIG' + n)) == signal.SIG_IGN))")
+
+
+@pytest.mark.parametrize("sig", NOTICE_SIGNALS)
+@pytest.mark.parametrize("term_is_notice", [False, True])
+def test_the_step_ignores_exactly_the_notice_signals_and_tells_the_launcher_which(sig, term_is_notice):
+    argv = launcher_argv(argparse.Namespace(job_dir="/x", grace=5, notice_signal=sig, term_is_notice=term_is_notice),
+                         ["cmd"])
+    launcher = argv[argv.index(sys.executable):argv.index("--")]
+    assert launcher[:3] == [sys.executable, "-m", "slurm_hai.runtime.launcher"]
+    assert f"--notice-signal={sig}" in launcher and ("--term-is-notice" in launcher) == term_is_notice
+    wrapper = argv[:argv.index(sys.executable)]  # the part before the launcher's interpreter
+    out = subprocess.run([*wrapper, sys.executable, "-c", PROBE], capture_output=True, text=True, check=True)
+    assert set(out.stdout.split()) == {sig} | ({"TERM"} if term_is_notice else set()), out
+
+
+# ----------------------------------------------------------------------------- a real launcher
+
+CHILD = """
+import os, sys, time
+flag = os.environ.get("HAI_SUSPEND_FLAG")
+open(sys.argv[1] + ".tmp", "w").write(str(os.getpid()))
+os.rename(sys.argv[1] + ".tmp", sys.argv[1])  # started: its pid
+deadline = time.monotonic() + 60
+while time.monotonic() < deadline:
+    if open(flag).read() == "1" if flag else os.path.exists(sys.argv[2]):  # rank 0: the notice; else our word
+        sys.exit(0)
+    time.sleep(0.01)
+sys.exit(3)
+"""
+
+
+def signal_bits(pid: int, field: str) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(next(line.split()[1] for line in status.splitlines() if line.startswith(field + ":")), 16)
+
+
+def wait_for(what, why: str, timeout: float = 30) -> None:
+    deadline = time.monotonic() + timeout
+    while not what():
+        if time.monotonic() > deadline:
+            pytest.fail(f"timed out waiting for {why}")
+        time.sleep(0.005)
+
+
+def run_launcher(tmp_path: Path, sig: str, node_id: int) -> tuple[int, JobDir]:
+    """Start a launcher for node `node_id` of a 2-node job as Slurm's step would (no Slurm:
+    a fake squeue answers the notice's cause), send it and its command `sig` once it listens,
+    and let the command end (rank 0's on the flag; another's on our word once the signal is in).
+    Returns the launcher's exit code and the job directory."""
+    jobdir = JobDir(tmp_path / "7").create()
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "squeue").write_text('#!/bin/sh\necho \'{"jobs": []}\'\n')
+    (bin_dir / "squeue").chmod(0o755)
+    (tmp_path / "policy.toml").write_text(f'notice_signal = "{sig}"\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "HAI_"))}
+    env.update(PATH=f"{bin_dir}:{env.get('PATH', '/usr/bin:/bin')}", HAI_SLURM_BACKEND="cli",
+               HAI_POLICY=str(tmp_path / "policy.toml"), HAI_MASTER_IP="127.0.0.1", SLURM_JOB_ID="7",
+               SLURM_NODEID=str(node_id), SLURM_NNODES="2", OMP_NUM_THREADS="1")
+    started, done = tmp_path / "child.pid", tmp_path / "done"
+    p = subprocess.Popen([sys.executable, "-m", "slurm_hai.runtime.launcher", f"--job-dir={jobdir.path}", "--grace=30",
+                          f"--notice-signal={sig}", "--", sys.executable, "-c", CHILD, str(started), str(done)],
+                         env=env)
+    bit = 1 << (signal.Signals[f"SIG{sig}"] - 1)
+    try:
+        wait_for(lambda: p.poll() is not None or (started.exists() and signal_bits(p.pid, "SigCgt") & bit),
+                 f"the launcher to listen for SIG{sig}")
+        assert p.poll() is None, "the launcher ended before its command"
+        child = int(started.read_text())
+        assert signal_bits(child, "SigIgn") & bit  # the command ignores the notice: Slurm signals it too
+        for pid in (p.pid, child):
+            os.kill(pid, signal.Signals[f"SIG{sig}"])
+        wait_for(lambda: p.poll() is not None or not signal_bits(p.pid, "ShdPnd") & bit,  # delivered
+                 f"the launcher to take SIG{sig}")
+        done.touch()
+        rc = p.wait(60)
+    finally:
+        if p.poll() is None:
+            p.kill()
+            p.wait()
+        for record in (jobdir.path / "node-memory").glob("*"):  # the run's directory in /dev/shm
+            shutil.rmtree(record.read_text().strip(), ignore_errors=True)
+    return rc, jobdir
+
+
+@pytest.mark.parametrize("sig", NOTICE_SIGNALS)
+def test_the_rank_0_launcher_takes_the_policys_signal_as_the_notice_and_lives_on(tmp_path, sig):
+    rc, jobdir = run_launcher(tmp_path, sig, node_id=0)
+    assert rc == 0  # the command ended of the flag; before: 138 (USR1) or 143 (TERM), a failed job
+    [notice] = [e for e in jobdir.events() if e["event"] == "notice"]
+    assert notice["run"] == 0 and notice["source"] == ("sigterm" if sig == "TERM" else "signal")
+
+
+@pytest.mark.parametrize("sig", NOTICE_SIGNALS)
+def test_another_nodes_launcher_ignores_the_policys_signal(tmp_path, sig):
+    rc, jobdir = run_launcher(tmp_path, sig, node_id=1)
+    assert rc == 0 and not [e for e in jobdir.events() if e["event"] == "notice"]
+
+
+def test_where_term_is_the_notice_the_first_sigterm_is_the_notice_and_a_later_one_ends_the_run(tmp_path):
+    jobdir = JobDir(tmp_path / "7").create()
+    node = NodeRun([sys.executable, "-c", "import time; time.sleep(60)"], {**os.environ, "OMP_NUM_THREADS": "1"},
+                   jobdir, 0, 0, 30.0, notice_signals("TERM", False), force_suspend=lambda: None,
+                   flag=tmp_path / "flag")
+    node.start()
+    try:
+        assert signal_bits(node.child.pid, "SigIgn") & (1 << (signal.SIGTERM - 1))
+        node.handle(signal.SIGTERM)
+        assert (tmp_path / "flag").read_text() == "1" and node.ending_at is None
+        node.handle(signal.SIGTERM)
+        assert node.ending_at is not None  # the command ignores SIGTERM: it gets SIGKILL
+        assert node.child.wait(10) == -signal.SIGKILL
+    finally:
+        if node.child.poll() is None:
+            node.child.kill()
+            node.child.wait()
+
+
+@pytest.mark.parametrize("sig", NOTICE_SIGNALS)
+def test_hai_suspend_sends_the_policys_notice_signal(tmp_path, sig):
+    sent = []
+
+    class Slurm:
+        def cancel(self, job_id, signal=None):
+            sent.append((job_id, signal))
+
+    jobdir = JobDir(tmp_path / "7").create()
+    control.request_suspend(Slurm(), 7, jobdir, writable=True, notice_signal=sig)
+    assert sent == [(7, sig)] and [e["event"] for e in jobdir.events()] == ["suspend_requested"]
