@@ -24,6 +24,7 @@ applies. Nothing here knows a command line.
 
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Mapping
 
@@ -217,6 +218,7 @@ def plan_changes(policy: Policy, state: ClusterState) -> list[Change]:
         return row.get("Cluster", ""), row.get("Account", ""), row.get("User", "") == "", row.get("User", "")
 
     rows = sorted((r for r in state.assocs if in_scope(r)), key=order)
+    below: dict[tuple[str, str], list[tuple[dict[str, str], set[str]]]] = defaultdict(list)  # users, their QOS
     for row in rows:
         user, account = row.get("User", ""), row.get("Account", "")
         have = _set_of(row.get("QOS", ""))
@@ -225,23 +227,25 @@ def plan_changes(policy: Policy, state: ClusterState) -> list[Change]:
         want = site | {policy.qos_for(lvl.name, user, account) for lvl in policy.ladder}
         default = policy.qos_for(policy.default_level, user, account)
         default_now = row.get("DefaultQOS", "").lower()
+        key = (row.get("Cluster", ""), account)
+        if user:
+            below[key].append((_user_where(row), want))
         if want == have and default_now == default:
             continue
         if user:
-            entity = "user"
-            where = {"cluster": row.get("Cluster", ""), "account": account, "name": user}
-            if row.get("Partition"):
-                where["partition"] = row["Partition"]
-            who = f"user {user} in account {account}"
+            entity, where, who = "user", _user_where(row), f"user {user} in account {account}"
         else:
-            entity, where, who = "account", {"cluster": row.get("Cluster", ""), "name": account}, f"account {account}"
+            entity, where, who = "account", {"cluster": key[0], "name": account}, f"account {account}"
         added, removed = sorted(want - have), sorted(have - want)
         detail = " ".join([f"+{q}" for q in added] + [f"-{q}" for q in removed])
         if default_now != default:
             detail += f"{'; ' if detail else ''}default {default_now or '(none)'} -> {default}"
-        changes.append(Change("modify", entity, where=where, settings={"qos": ",".join(sorted(want)),
-                                                                       "defaultqos": default},
-                              why=f"QOS access of {who}: {detail}"))
+        # the default only when it changes: sacctmgr checks an account's default against every
+        # association below it whenever it is set, also to the value it has
+        settings = {"qos": ",".join(sorted(want)), **({"defaultqos": default} if default_now != default else {})}
+        change = Change("modify", entity, where=where, settings=settings, why=f"QOS access of {who}: {detail}")
+        lacking = [(w, qos) for w, qos in below[key] if default not in qos] if not user and default_now != default else []
+        changes.extend(_granted_for_a_moment(lacking, default, change))
 
     for name in sorted(state.qos):
         base, kind, owner = parse_qos(name)
@@ -252,6 +256,28 @@ def plan_changes(policy: Policy, state: ClusterState) -> list[Change]:
         for group in policy.groups:
             changes.extend(_partition_changes(policy, group, state))
     return changes
+
+
+def _user_where(row: dict[str, str]) -> dict[str, str]:
+    where = {"cluster": row.get("Cluster", ""), "account": row.get("Account", ""), "name": row.get("User", "")}
+    if row.get("Partition"):
+        where["partition"] = row["Partition"]
+    return where
+
+
+def _granted_for_a_moment(lacking: list[tuple[dict[str, str], set[str]]], default: str, change: Change) -> list[Change]:
+    """`change` of an account's default QOS to `default`, with the users below it that may not
+    use it (a user whose quota override replaces that level's QOS) granted it for the moment
+    of the change: sacctmgr refuses an account a default QOS that an association below it
+    cannot use ("don't have access to their default qos"), though that user's own default is
+    their variant. Their access is put back right after."""
+    if not lacking:
+        return [change]
+    def grant(where, qos: set[str], why: str) -> Change:
+        return Change("modify", "user", where=where, settings={"qos": ",".join(sorted(qos))}, why=why)
+    return ([grant(w, qos | {default}, f"{w['name']} may use {default} while {change.why}") for w, qos in lacking]
+            + [change]
+            + [grant(w, qos, f"{w['name']} back to their own QOS") for w, qos in lacking])
 
 
 def _partition_changes(policy: Policy, group, state: ClusterState) -> list[Change]:
@@ -337,6 +363,11 @@ def offline_access_changes(policy: Policy) -> list[Change]:
             changes.append(Change("modify", "user", where={"name": user, "account": account},
                                   settings=grant(user, account),
                                   why=f"user {user} in account {account} uses their quota override QOS"))
-        changes.append(Change("modify", "account", where={"name": account}, settings=grant("", account),
-                              why=f"account {account} uses the ladder"))
+        mine = grant("", account)
+        lacking = [({"name": user, "account": account}, set(grant(user, account)["qos"].split(",")))
+                   for user in sorted(policy.user_quota)]
+        changes.extend(_granted_for_a_moment([(w, q) for w, q in lacking if mine["defaultqos"] not in q],
+                                             mine["defaultqos"],
+                                             Change("modify", "account", where={"name": account}, settings=mine,
+                                                    why=f"account {account} uses the ladder")))
     return changes

@@ -134,7 +134,6 @@ def auto_at_submit(policy: Policy, user: str, account: str, nodes: int, group: N
 def place(policy: Policy, req: Request) -> Placement | None:
     """Where the job of `req` runs, or Refused with the words the user reads. None: the job
     asks for a QOS outside the ladder (the site's own), which the policy leaves to Slurm."""
-    grace = grace_of(policy, req.grace)
     text = req.priority
     if text is None and req.qos:
         if req.qos.lower() == "auto":
@@ -144,7 +143,8 @@ def place(policy: Policy, req: Request) -> Placement | None:
             if lvl is None:
                 return None
             text = lvl.name
-    wanted = request_level(policy, text)
+    wanted = request_level(policy, text)  # the level named first, then the grace, then where it fits
+    grace = grace_of(policy, req.grace)
     group = group_of(policy, req.partition)
     if wanted == AUTO:
         level = auto_at_submit(policy, req.user, req.account, req.nodes, group)

@@ -296,8 +296,6 @@ def test_job_submit_lua_decides_every_request_as_place_does(data):
 
 
 @needs_lua
-@pytest.mark.xfail(strict=True, reason="DISAGREEMENT: job_submit.lua's level_of_qos takes the name before the first "
-                                       "'.', levels.level_of_qos only <level>.u.<owner> and <level>.a.<owner>")
 def test_job_submit_lua_leaves_a_site_qos_that_looks_like_a_variant_alone():
     p = parse_policy({})
     for name in ("high.x.bob", "high.", "high.u.", "high.u"):
@@ -373,9 +371,6 @@ def wrong_twice(policy: Policy, req: Request) -> bool:
     return refused(lambda: request_level(policy, req.priority)) and refused(lambda: grace_of(policy, req.grace))
 
 
-@pytest.mark.xfail(strict=True, reason="DISAGREEMENT: hai-submit (cli parse_priority, then jobs.request.validate) "
-                                       "checks the level before the grace; placement.place and job_submit.lua "
-                                       "check the grace first")
 def test_a_request_wrong_twice_is_told_the_same_first():
     p = parse_policy({})
     with pytest.raises(RequestError) as told:
@@ -410,10 +405,9 @@ class Accounting:
         at = argv.index("set")
         where = dict(kv.split("=", 1) for kv in argv[5:at])
         sets = dict(kv.split("=", 1) for kv in argv[at + 1:])
-        assert set(sets) == {"qos", "defaultqos"}, argv
+        assert set(sets) in ({"qos", "defaultqos"}, {"qos"}), argv
         names = set(sets["qos"].split(","))
         assert names <= self.qos, f"{argv}: no such QOS {names - self.qos}"  # sacctmgr refuses an unknown QOS
-        assert sets["defaultqos"] in names, argv  # and a default QOS the association may not use
         column = {"name": "User" if entity == "user" else "Account", "account": "Account", "cluster": "Cluster",
                   "partition": "Partition"}
         matched = False
@@ -421,7 +415,16 @@ class Accounting:
             if (row["User"] != "") != (entity == "user"):
                 continue
             if all(row[column[k]] == v for k, v in where.items()):
-                row["QOS"], row["DefaultQOS"] = names, sets["defaultqos"]
+                default = sets.get("defaultqos", row["DefaultQOS"])
+                # sacctmgr refuses a default QOS the association may not use, and an account a
+                # default that a user below it may not use (seen on 22.05: "These associations
+                # don't have access to their default qos", exit status 0, nothing changed)
+                assert not default or default in names, argv
+                if entity == "account" and "defaultqos" in sets:
+                    for user in self.assocs:
+                        if user["User"] and (user["Cluster"], user["Account"]) == (row["Cluster"], row["Account"]):
+                            assert default in user["QOS"], (argv, user)
+                row["QOS"], row["DefaultQOS"] = names, default
                 matched = True
         return matched
 
@@ -553,7 +556,7 @@ def test_an_account_override_reaches_the_rendered_qos_ladder():
     lines = script.splitlines()
 
     def access(entity: str, where: str) -> set[str]:
-        [line] = [x for x in lines if x.startswith(f"sacctmgr -i modify {entity} where {where} set ")]
+        line = next(x for x in lines if x.startswith(f"sacctmgr -i modify {entity} where {where} set "))
         assert line.endswith(' || echo "  (no association to change)"')
         return set(re.search(r" qos=(\S+)", line).group(1).split(","))
 

@@ -230,7 +230,14 @@ def test_qos_script_is_valid_shell_and_idempotent_on_adds(tmp_path):
     assert "sacctmgr -i modify user where name=hai-bob account=hai set" in text
     # sacctmgr fails a modify that matches nothing (an account without users yet): not the script's failure
     access = [line for line in text.splitlines() if " modify account " in line or " modify user " in line]
-    assert len(access) == 3 and all(line.endswith(' || echo "  (no association to change)"') for line in access)
+    assert len(access) == 5 and all(line.endswith(' || echo "  (no association to change)"') for line in access)
+    # hai-bob's override replaces normal, the account's default: sacctmgr sets that default only
+    # while every user below the account may use it, so he may, for the moment of the change
+    assert [line.split(" set ")[0] for line in access] == [
+        "sacctmgr -i modify user where account=hai", "sacctmgr -i modify user where name=hai-bob account=hai",
+        "sacctmgr -i modify user where name=hai-bob account=hai", "sacctmgr -i modify account where name=hai",
+        "sacctmgr -i modify user where name=hai-bob account=hai"]
+    assert ",normal," in access[2] and ",normal," not in access[4]
 
 
 LUA = shutil.which("lua5.3") or shutil.which("lua")

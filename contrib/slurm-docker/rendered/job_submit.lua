@@ -5,8 +5,9 @@
 --    <level>.a.<account>), which carries that owner's node quota;
 --  * refuses a job larger than the owner's whole quota at its level with a clear message
 --    (the QOS's DenyOnLimit would refuse it too, with a vague one);
---  * AUTO (--hai-priority=AUTO or --qos=auto): the highest level whose quota can ever hold
---    the job; the policy daemon moves it down while that level's quota is in use;
+--  * AUTO (--hai-priority=AUTO or --qos=auto): the highest level of the job's node group whose
+--    quota can ever hold the job; the policy daemon moves it down while that level's quota is
+--    in use; a level its node group does not take is refused, in words;
 --  * refuses a job that asks for fewer GPUs per node than its node group's min_gpus (HAI:
 --    every job takes at least 8 GPUs, a whole node);
 --  * stamps the submit-time level into admin_comment ("hai-level=NAME"), which users cannot
@@ -22,12 +23,26 @@
 
 local NO_VAL = 4294967294
 local NO_VAL16 = 65534
+-- Every table below is computed by slurm_hai/policy/placement.py (lua_tables) from the
+-- policy: this script looks things up, it decides nothing the policy has not decided.
 local default_level = "NORMAL"
 local allow_auto = true
 local default_grace = 5
+local min_grace = 1
 local max_grace = 5
 local grace_tag = "hai-grace"
 local nodes_tag = "hai-nodes"
+local choices = "EXTREME_HIGH(50), VERY_HIGH(40), HIGH(30), ABOVE_NORMAL(20), NORMAL(10), UNDER_NORMAL(8), BELOW_NORMAL(5), LOW(0)"
+-- what a refused job is told (printf formats, the same words hai-submit says)
+local refusal = {
+  unknown_level = "unknown priority level '%s'; use one of %s or AUTO",
+  no_auto = "priority AUTO is not allowed on this cluster; use one of %s",
+  group_levels = "node group %s takes jobs at %s only; use one of those levels or AUTO",
+  no_level_fits = "%d nodes exceed your quota at every level of node group %s; ask for fewer nodes",
+  quota_zero = "your quota at %s is 0 nodes: that level is not open to you; use a lower level or AUTO",
+  over_quota = "%d nodes at %s exceed your quota of %d nodes at that level; ask for at most %d or use a lower level",
+  grace = "grace '%s' is not allowed on this cluster; ask for whole seconds from %d to %d (the policy's max_grace_seconds)",
+}
 
 -- highest level first
 local order = {
@@ -70,6 +85,13 @@ local quota = {
 local user_override = {
 }
 local account_override = {
+}
+-- node group (partition) -> the levels it takes, highest first (AUTO picks among them)
+local group_levels = {
+  ["normal"] = { "EXTREME_HIGH", "VERY_HIGH", "HIGH", "ABOVE_NORMAL", "NORMAL", "UNDER_NORMAL", "BELOW_NORMAL", "LOW" },
+}
+-- the node groups that take only some levels, as users read them
+local group_names = {
 }
 -- the 8-GPU rule: GPUs per node a job must ask for, by node group (partition); a partition
 -- the policy does not name takes the top-level value, a job that names none the default group's
@@ -123,9 +145,8 @@ local function job_grace(job_desc)
   if asked == nil then asked = comment_tag(job_desc.comment, grace_tag) end
   if asked == nil then return default_grace, nil end
   local n = string.match(asked, "^%d+$") and tonumber(asked)
-  if n == nil or n < 1 or n > max_grace then
-    return nil, string.format("grace '%s' is not allowed on this cluster; ask for whole seconds from 1 to %d " ..
-                              "(the policy's max_grace_seconds)", asked, max_grace)
+  if n == nil or n < min_grace or n > max_grace then
+    return nil, string.format(refusal.grace, asked, min_grace, max_grace)
   end
   return n, nil
 end
@@ -143,8 +164,10 @@ end
 
 local function level_of_qos(qos)
   if qos == nil then return nil end
-  local base = string.match(string.lower(qos), "^([^.]+)")
-  return qos_level[base]
+  -- a variant is <level>.u.<user> or <level>.a.<account> (levels.parse_qos); any other name is whole
+  local name = string.lower(qos)
+  local base = string.match(name, "^([^%.]*)%.[ua]%..+$")
+  return qos_level[base or name]
 end
 
 -- GPUs in a TRES request: "gres:gpu:8" (22.05), "gres/gpu:8" (23.02 and later), with a type
@@ -198,10 +221,14 @@ local function short_of_gpus(job_desc, gpus)
   return nil
 end
 
-local function choices()
-  local out = {}
-  for _, name in ipairs(order) do table.insert(out, name) end
-  return table.concat(out, ", ")
+-- the node group whose rules the job follows: the first of its partitions the policy names,
+-- the default group when it names none, nil when it names only partitions of the site's own
+local function group_of(partition)
+  if partition == nil or partition == "" then return default_group end
+  for name in string.gmatch(partition, "[^,]+") do
+    if group_levels[name] ~= nil then return name end
+  end
+  return nil
 end
 
 function slurm_job_submit(job_desc, part_list, submit_uid)
@@ -211,12 +238,6 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
   local short, need = short_of_gpus(job_desc, gpus)
   if short ~= nil then
     slurm.log_user("hai: node group %s takes jobs of at least %d GPUs per node (whole nodes); this job asks for %d per node: use --gpus-per-node=%d", short, need, gpus, need)
-    return slurm.ERROR
-  end
-
-  local grace, refusal = job_grace(job_desc)
-  if grace == nil then
-    slurm.log_user("hai: %s", refusal)
     return slurm.ERROR
   end
 
@@ -237,34 +258,51 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
   local account = job_desc.account
   if account == nil then account = job_desc.default_account end
 
+  -- in placement.place's order: the level named, the grace, then where the job fits
+  if wanted == "AUTO" and not allow_auto then
+    slurm.log_user("hai: " .. refusal.no_auto, choices)
+    return slurm.ERROR
+  elseif wanted ~= "AUTO" and levels[wanted] == nil then
+    slurm.log_user("hai: " .. refusal.unknown_level, wanted, choices)
+    return slurm.ERROR
+  end
+  local grace, grace_refused = job_grace(job_desc)
+  if grace == nil then
+    slurm.log_user("hai: %s", grace_refused)
+    return slurm.ERROR
+  end
+
+  local group = group_of(job_desc.partition)
   local level = wanted
   if wanted == "AUTO" then
-    if not allow_auto then
-      slurm.log_user("hai: priority AUTO is not allowed on this cluster; use one of %s", choices())
-      return slurm.ERROR
-    end
     level = nil
-    for _, name in ipairs(order) do
+    local candidates = order
+    if group ~= nil then candidates = group_levels[group] end
+    for _, name in ipairs(candidates) do
       local _, q = placement(user, account, name)
       if q == nil or q >= nodes then level = name; break end
     end
     if level == nil then
-      slurm.log_user("hai: %d nodes exceed your quota at every level; ask for fewer nodes", nodes)
+      slurm.log_user("hai: " .. refusal.no_level_fits, nodes, group or "-")
       return slurm.ERROR
     end
-  elseif levels[wanted] == nil then
-    slurm.log_user("hai: unknown priority level '%s'; use one of %s or AUTO", wanted, choices())
-    return slurm.ERROR
+  elseif group ~= nil and group_names[group] ~= nil then
+    local takes = false
+    for _, name in ipairs(group_levels[group]) do
+      if name == wanted then takes = true end
+    end
+    if not takes then
+      slurm.log_user("hai: " .. refusal.group_levels, group, group_names[group])
+      return slurm.ERROR
+    end
   end
 
   local qos, q = placement(user, account, level)
   if q ~= nil and nodes > q then
     if q == 0 then
-      slurm.log_user("hai: your quota at %s is 0 nodes: that level is not open to you; use a lower level or AUTO",
-                     level)
+      slurm.log_user("hai: " .. refusal.quota_zero, level)
     else
-      slurm.log_user("hai: %d nodes at %s exceed your quota of %d nodes at that level; ask for at most %d or use " ..
-                     "a lower level", nodes, level, q, q)
+      slurm.log_user("hai: " .. refusal.over_quota, nodes, level, q, q)
     end
     return slurm.ERROR
   end

@@ -53,8 +53,8 @@ sacctmgr -i modify qos where name=below_normal set Priority=6 Preempt=low GraceT
 # low: settings of the new QOS
 sacctmgr -i modify qos where name=low set Priority=1 GraceTime=5 PreemptMode=requeue Flags=DenyOnLimit
 
-# account hai uses the ladder
-sacctmgr -i modify account where name=hai set qos=above_normal,below_normal,extreme_high,high,low,normal,under_normal,very_high defaultqos=normal
-
 # users of account hai use the ladder
-sacctmgr -i modify user where account=hai set qos=above_normal,below_normal,extreme_high,high,low,normal,under_normal,very_high defaultqos=normal
+sacctmgr -i modify user where account=hai set qos=above_normal,below_normal,extreme_high,high,low,normal,under_normal,very_high defaultqos=normal || echo "  (no association to change)"
+
+# account hai uses the ladder
+sacctmgr -i modify account where name=hai set qos=above_normal,below_normal,extreme_high,high,low,normal,under_normal,very_high defaultqos=normal || echo "  (no association to change)"
