@@ -22,8 +22,9 @@ What it shows, in the order a job meets it:
    resumed run gives bit for bit the weights of an uninterrupted one (same world size):
    everything random is seeded and restored, and nothing depends on wall-clock time.
 
-Do NOT install a SIGUSR2/SIGTERM handler: the launcher turns Slurm's signals into the flag
-that receive_suspend_command() reads, and makes your processes ignore the notice signal.
+Do NOT install a handler for the notice signal (the policy's notice_signal: USR2, USR1 or
+TERM) or SIGTERM: the launcher turns Slurm's signals into the flag that
+receive_suspend_command() reads, and makes your processes ignore the notice signal.
 
 Uses only the public API: `slurm_hai` (the suspend protocol, spawn, init_process_group,
 get_rank, get_world_size) and `slurm_hai.checkpoint`.
