@@ -3,6 +3,7 @@
 #   make test   set up everything and run the whole test suite, cluster tests included
 #   SLURM_SOURCES=DIR make test   also the slurm_boundary cluster tests on every slurm-*.tar.gz in DIR
 #               (each built once and cached; tests/each_slurm.py)
+#   make dist   a wheel and an sdist in dist/, for a site: pip install dist/slurm_hai-*.whl
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
 VENV ?= .venv
@@ -13,7 +14,7 @@ BASE_PYTHON ?= /usr/bin/python3
 PYTEST_ARGS ?=
 SLURM_SOURCES ?=
 
-.PHONY: demo test test-tools setup venv cluster cluster-down bench clean
+.PHONY: demo test test-tools setup venv cluster cluster-down bench dist clean
 
 demo: setup
 	$(PY) examples/demo.py
@@ -61,6 +62,16 @@ bench: setup
 	$(PY) benchmarks/suspend_bench.py
 	$(PY) benchmarks/policy_bench.py
 	$(PY) benchmarks/cluster_bench.py
+
+# The wheel holds the templates, the SPANK plugin's sources (hai-admin spank install), the
+# systemd units, the Grafana dashboard and the slurm-docker contrib (hai-admin files).
+# Built in a small venv of its own (no torch): build and hatchling from PyPI.
+DIST_VENV := build/dist-venv
+dist:
+	@test -x $(DIST_VENV)/bin/python || $(BASE_PYTHON) -m venv $(DIST_VENV)
+	$(DIST_VENV)/bin/python -m pip install -q 'build>=1.0' 'hatchling>=1.18'
+	rm -rf dist
+	$(DIST_VENV)/bin/python -m build --no-isolation --outdir dist .
 
 clean:
 	rm -rf $(VENV) build dist *.egg-info

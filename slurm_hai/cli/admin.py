@@ -513,5 +513,157 @@ def timeline(policy_file: str | None, since: str, until: str | None, out: str, a
     write_timeline(tl, out, "HAI cluster timeline", as_json)
 
 
+# ------------------------------------------------------------------ what an admin installs by hand
+
+# The files that travel with the package for the admin (slurm_hai/share/ and
+# slurm_hai/templates/ link to the repository's spank/, contrib/ and templates/; a wheel holds
+# copies): name -> (place in the package, what it holds).
+SHARED = {
+    "spank": ("share/spank", "the SPANK plugin's sources: `hai-admin spank install` builds and installs it"),
+    "systemd": ("share/systemd", "hai-policyd.service (slurmctld hosts), slurm-hai-persist.service (every node)"),
+    "grafana": ("share/grafana", "slurm-hai.json: a Grafana dashboard of the daemon's metrics (--metrics-port)"),
+    "slurm-docker": ("share/slurm-docker", "slurm-hai on giovtorres/slurm-docker-cluster (its README.md)"),
+    "templates": ("templates", "the templates `hai-admin render` and `hai-submit` fill in (read-only)"),
+}
+# The Makefile's flags (spank/Makefile) less -Werror: a site's newer compiler may warn where
+# ours does not, and a warning is no reason to leave the plugin out.
+SPANK_CFLAGS = ("-O2", "-g", "-Wall", "-Wextra", "-Wshadow", "-Wformat=2", "-Wpointer-arith", "-fPIC", "-shared")
+SPANK_INCLUDE_DIRS = ("/usr/include", "/usr/local/include")  # where gcc finds slurm/spank.h unaided
+
+
+def shared_dir(name: str) -> Path:
+    """Where the installed package keeps one of SHARED's directories."""
+    from importlib.resources import files
+
+    path = Path(str(files("slurm_hai").joinpath(*SHARED[name][0].split("/"))))
+    if not path.is_dir():
+        raise click.ClickException(f"{path} is missing from this installation of slurm-hai: reinstall it")
+    return path
+
+
+@main.command()
+@click.argument("what", required=False, type=click.Choice(list(SHARED)))
+@one_line_errors
+def files(what: str | None) -> None:
+    """Say where the files an admin installs by hand are, in this installation.
+
+    \b
+    With WHAT, print only that directory, e.g.
+      cp "$(hai-admin files systemd)"/*.service /etc/systemd/system/
+    The unit files run /usr/local/bin/hai-admin: edit ExecStart if hai-admin is elsewhere.
+    """
+    if what:
+        click.echo(shared_dir(what))
+        return
+    for name, (_, about) in SHARED.items():
+        click.echo(f"{name:<13} {shared_dir(name)}\n{'':<14}{about}")
+
+
+def _slurm_headers(include: str | None) -> tuple[Path, str]:
+    """The include directory holding slurm/spank.h, and which Slurm its headers are of ("Slurm 22.05.8")."""
+    dirs = [Path(include)] if include else [Path(d) for d in SPANK_INCLUDE_DIRS]
+    found = next((d for d in dirs if (d / "slurm" / "spank.h").is_file()), None)
+    if found is None:
+        raise click.ClickException(
+            f"no slurm/spank.h under {' or '.join(map(str, dirs))}: install Slurm's development headers "
+            "(Debian/Ubuntu: libslurm-dev; RHEL/Rocky/SUSE: slurm-devel) of the Slurm the cluster runs, "
+            "or name their directory with --slurm-include DIR")
+    try:
+        text = (found / "slurm" / "slurm_version.h").read_text(errors="replace")
+    except OSError:
+        text = ""
+    m = re.search(r"#\s*define\s+SLURM_VERSION_NUMBER\s+(0x[0-9a-fA-F]+)", text)
+    if not m:
+        return found, "a Slurm of unknown version"
+    n = int(m.group(1), 16)
+    return found, f"Slurm {n >> 16 & 0xff}.{n >> 8 & 0xff:02d}.{n & 0xff}"
+
+
+def build_spank_plugin(out_dir: Path, include: str | None) -> tuple[Path, str]:
+    """Compile the shipped hai_spank.c against the site's Slurm headers into out_dir/hai_spank.so
+    (replaced whole); returns it and which Slurm the headers are of."""
+    import shlex
+    import shutil
+    import subprocess
+
+    cc, *cc_flags = shlex.split(os.environ.get("CC", "")) or ["gcc"]
+    if shutil.which(cc) is None:
+        raise click.ClickException(f"no C compiler {cc!r} on PATH: install gcc (Debian/Ubuntu: apt-get install gcc; "
+                                   "RHEL/Rocky: dnf install gcc), or name one in $CC")
+    headers, slurm = _slurm_headers(include)
+    source = shared_dir("spank") / "hai_spank.c"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    target = out_dir / "hai_spank.so"
+    tmp = out_dir / f".hai_spank.so.{os.getpid()}.tmp"
+    p = subprocess.run([cc, *cc_flags, f"-I{headers}", *SPANK_CFLAGS, "-o", str(tmp), str(source)],
+                       capture_output=True, text=True)
+    said = p.stderr.rstrip().splitlines()
+    if said:  # warnings, or the errors summed up below
+        more = f"\n({len(said) - 40} more lines)" if len(said) > 40 else ""
+        click.echo("\n".join(said[:40]) + more, err=True)
+    if p.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        first = next((ln for ln in p.stderr.splitlines() if "error" in ln), p.stderr.strip()[:300])
+        raise click.ClickException(f"{cc} could not build hai_spank.c against the headers of {slurm} in "
+                                   f"{headers} (exit {p.returncode}): {first.strip()}")
+    tmp.chmod(0o755)
+    os.replace(tmp, target)
+    return target, slurm
+
+
+def _slurm_include_option(fn: Callable) -> Callable:
+    return click.option("--slurm-include", metavar="DIR", default=None,
+                        help="The include directory of the Slurm the cluster runs, the one holding "
+                             "slurm/spank.h. [default: /usr/include, else /usr/local/include]")(fn)
+
+
+@main.group(context_settings=CONTEXT)
+def spank() -> None:
+    """Build and install the SPANK plugin (hai_spank.so: --hai-priority, --hai-grace and the
+    job's HAI environment) against this site's Slurm headers.
+
+    \b
+    Needs gcc and Slurm's development headers (Debian/Ubuntu: libslurm-dev; RHEL/Rocky: slurm-devel).
+    A SPANK plugin is built per Slurm release: build it again after a Slurm upgrade. Install it
+    on every node that runs slurmd and every host where users run sbatch, salloc or srun, then
+    the plugstack.conf that `hai-admin render` writes.
+    """
+
+
+@spank.command("build")
+@_slurm_include_option
+@click.option("--out", "-o", "out_dir", metavar="DIR", default=".", show_default=True,
+              type=click.Path(file_okay=False), help="Directory to write hai_spank.so into (created if missing).")
+@one_line_errors
+def spank_build(slurm_include: str | None, out_dir: str) -> None:
+    """Compile hai_spank.so into DIR (to copy to the nodes yourself)."""
+    so, slurm = build_spank_plugin(Path(out_dir), slurm_include)
+    click.echo(f"built {so} for {slurm}")
+
+
+@spank.command("install")
+@_slurm_include_option
+@click.option("--plugin-dir", metavar="DIR", default=str(Path(DEFAULT_SPANK_SO).parent), show_default=True,
+              type=click.Path(file_okay=False), help="Directory to install hai_spank.so into (e.g. /usr/lib64/slurm "
+              "with RPMs).")
+@one_line_errors
+def spank_install(slurm_include: str | None, plugin_dir: str) -> None:
+    """Compile hai_spank.so and install it into DIR on this host (replaced whole, mode 0755)."""
+    import shutil
+    import tempfile
+
+    target = Path(plugin_dir) / "hai_spank.so"
+    with tempfile.TemporaryDirectory(prefix="hai-spank-") as tmp:
+        so, slurm = build_spank_plugin(Path(tmp), slurm_include)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staged = target.with_name(f".hai_spank.so.{os.getpid()}.tmp")
+        shutil.copyfile(so, staged)
+        staged.chmod(0o755)
+        os.replace(staged, target)
+    click.echo(f"installed {target}, built for {slurm}")
+    if str(target) != DEFAULT_SPANK_SO:
+        click.echo(f"render plugstack.conf with: hai-admin render --spank-plugin {target}")
+
+
 if __name__ == "__main__":  # pragma: no cover
     main()
