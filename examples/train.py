@@ -1,7 +1,7 @@
 """A small but real resumable training job for slurm-hai: copy it and put your model in.
 
     hai-submit -n 2 -p LOW --gpus-per-node 8 examples/train.py -- --nprocs 2 --steps 300
-    hai run-local examples/train.py --suspend-after 5 --restarts 2      # no cluster needed
+    hai run-local examples/train.py --suspend-after 3 --restarts 2 -- --step-sleep 0.05   # no cluster needed
 
 What it shows, in the order a job meets it:
 

@@ -10,7 +10,7 @@ import click
 from .. import __version__
 from ..jobs.jobdir import default_root
 from ..jobs.request import JobRequest, RequestError
-from ..jobs.submit import prepare, submit
+from ..jobs.submit import dry_run_report, prepare, submit
 from ..policy.sizes import NodeRange
 from .common import Command, Refused, backend, emit_json, no_config_hint, one_line_errors, parse_priority
 
@@ -63,7 +63,8 @@ def _node_range(ctx, param, value: str) -> str:
                    "suspend notice.")
 @click.option("-f", "--follow", is_flag=True, help="After submitting, stream the logs of rank 0 until the job ends.")
 @click.option("--dry-run", is_flag=True, help="Print the rendered sbatch script; submit nothing.")
-@click.option("--json", "as_json", is_flag=True, help="Print the result as JSON.")
+@click.option("--json", "as_json", is_flag=True,
+              help="Print the result as JSON (with --dry-run: the checked request, its script and warnings).")
 @one_line_errors
 def main(script, args, name, nodes, priority, gpus_per_node, group, env, time_limit, grace, retries, workdir,
          python, torchrun, follow, dry_run, as_json):
@@ -110,7 +111,10 @@ def main(script, args, name, nodes, priority, gpus_per_node, group, env, time_li
         for warning in prepared.warnings:
             click.echo(warning, err=True)
         if dry_run:
-            click.echo(prepared.script, nl=False)
+            if as_json:
+                emit_json(dry_run_report(prepared))
+            else:
+                click.echo(prepared.script, nl=False)
             return
         job = submit(prepared, slurm, default_root())
     except RequestError as e:

@@ -511,7 +511,8 @@ main.add_command(ckpt)
 @click.argument("script")
 @click.argument("args", nargs=-1, type=click.UNPROCESSED)
 @click.option("--suspend-after", type=float, default=10, show_default=True,
-              help="Seconds into each run when the suspend notice arrives.")
+              help="Seconds from the run's first receive_suspend_command() call (its loop, not its imports) "
+                   "to the suspend notice.")
 @click.option("--restarts", type=int, default=1, show_default=True, help="How many times to suspend and restart.")
 @click.option("--grace", type=float, show_default="the policy's grace_seconds",
               help="Seconds before a forced suspend.")
@@ -520,7 +521,8 @@ main.add_command(ckpt)
 @one_line_errors
 def run_local(script, args, suspend_after, restarts, grace, python, job_dir):
     """Run SCRIPT here, without Slurm, as a one-node job that gets the suspend notice
-    after --suspend-after seconds and is restarted, to test resume logic locally.
+    --suspend-after seconds after it first calls receive_suspend_command() and is
+    restarted, to test resume logic locally.
     Arguments after `--` go to the script."""
     from ..policy.model import find_policy
     from ..runtime.simulate import simulate

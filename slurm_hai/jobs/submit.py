@@ -32,6 +32,11 @@ class Prepared:
     slurm_unreachable: str = ""
 
 
+# What a job asked for, as job.json records it and `hai-submit --dry-run --json` shows it.
+REQUEST_FIELDS = ("name", "nodes", "node_range", "gpus", "level", "partition", "time", "grace", "retries",
+                  "workdir", "command")
+
+
 @dataclass
 class Submitted:
     job_id: int
@@ -88,6 +93,15 @@ def prepare(req: JobRequest, slurm: Backend, policy: Policy, dry_run: bool = Fal
     return Prepared(context, render_script(context, term_is_notice=term_is_notice), token, warnings, unreachable)
 
 
+def dry_run_report(prepared: Prepared) -> dict:
+    """What `hai-submit --dry-run --json` prints: the request as job.json would record it,
+    the QOS it goes to Slurm with, the sbatch script, the warnings, and why Slurm could not
+    be asked about the node group (null when it could)."""
+    ctx = prepared.context
+    return {"dry_run": True, **{k: ctx[k] for k in REQUEST_FIELDS}, "qos": ctx["qos"], "script": prepared.script,
+            "warnings": prepared.warnings, "slurm_unreachable": prepared.slurm_unreachable or None}
+
+
 def submit(prepared: Prepared, slurm: Backend, root: Path) -> Submitted:
     """sbatch the prepared script, claim its job directory, record the request."""
     ctx = prepared.context
@@ -103,8 +117,7 @@ def submit(prepared: Prepared, slurm: Backend, root: Path) -> Submitted:
                                "each); `scontrol show partition` lists the groups") from None
         raise
     jobdir = JobDir.for_job(job_id, root).claim(prepared.token)
-    request = {k: ctx[k] for k in ("name", "nodes", "node_range", "gpus", "level", "partition", "time", "grace", "retries",
-                                   "workdir", "command")}
+    request = {k: ctx[k] for k in REQUEST_FIELDS}
     write_atomic(jobdir.path / "job.json", json.dumps({**request, "job_id": job_id, "user": getpass.getuser()}))
     jobdir.event("submit", level=ctx["level"], nodes=ctx["nodes"], node_range=ctx["node_range"])
     return Submitted(job_id, ctx["name"], ctx["level"], ctx["nodes"], ctx["node_range"], jobdir.path)

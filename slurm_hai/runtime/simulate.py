@@ -1,19 +1,24 @@
 """Local simulation of the suspend protocol (no Slurm): `hai run-local`.
 
 Runs the command as a one-node job (RANK 0, WORLD_SIZE 1) through the same NodeRun as the
-real launcher; after `suspend_after` seconds the notice arrives; go_suspend() (or the forced
-suspend after the grace) ends the run and the command starts again with the next restart
-count, `restarts` times. Then the last run goes on to its end.
+real launcher; `suspend_after` seconds after the command first calls receive_suspend_command()
+(its loop runs by then: its imports do not count) the notice arrives; go_suspend() (or the
+forced suspend after the grace) ends the run and the command starts again with the next
+restart count, `restarts` times. Then the last run goes on to its end. A command that never
+calls receive_suspend_command() gets no notice, and the output says so.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import tempfile
 import time
+from pathlib import Path
 
 from ..jobs.jobdir import JobDir
+from .client import polled_marker
 from .contract import master_port
 from .launcher import NodeRun, flag_path, notice_signals
 
@@ -45,14 +50,18 @@ def simulate(cmd: list[str], suspend_after: float, restarts: int, grace: float, 
                        flag=flag_path(sim_id, run))
         node.start()
         jobdir.event("start", run=run, host="local")
-        print(f"slurm-hai local run: run {run} started" + (f"; suspend notice in {suspend_after:g} s"
-                                                           if run < restarts else ""), flush=True)
-        started = time.monotonic()
         notice_due = run < restarts
+        print(f"slurm-hai local run: run {run} started" + (f"; suspend notice {suspend_after:g} s after its first "
+                                                           "receive_suspend_command()" if notice_due else ""),
+              flush=True)
+        polled = Path(polled_marker(str(node.flag)))
+        polling_since = None
         for sig in (*node.notices, signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda s, _f: node.pending.append(s))
         while node.child.poll() is None:
-            if notice_due and time.monotonic() - started >= suspend_after:
+            if notice_due and polling_since is None and polled.exists():
+                polling_since = time.monotonic()
+            if notice_due and polling_since is not None and time.monotonic() - polling_since >= suspend_after:
                 node.notice("simulated")
                 notice_due = False
                 print(f"slurm-hai local run: run {run}: suspend notice sent (grace {grace:g} s)", flush=True)
@@ -60,8 +69,13 @@ def simulate(cmd: list[str], suspend_after: float, restarts: int, grace: float, 
             if jobdir.suspended(run):
                 node.end()
             time.sleep(0.02)
-        if node.flag is not None:
-            node.flag.unlink(missing_ok=True)
+        node.flag.unlink(missing_ok=True)
+        polled.unlink(missing_ok=True)
+        with contextlib.suppress(OSError):
+            node.flag.parent.rmdir()
+        if notice_due and polling_since is None:
+            print(f"slurm-hai local run: run {run} never called receive_suspend_command(); no notice was sent",
+                  flush=True)
         how = jobdir.suspended(run)
         rc = node.child.returncode
         if how and run < restarts:

@@ -29,3 +29,4 @@ def test_the_readme_job_example_runs_and_resumes_after_a_suspend(tmp_path):
     suspended = re.search(r"suspending at step (\d+)", log)
     assert "run 0 starts at step 0" in log and suspended and "done at step 300" in log
     assert f"run 1 starts at step {suspended.group(1)}" in log  # resumed from the suspend's checkpoint
+    assert int(suspended.group(1)) > 0  # the notice came in the loop, not while torch was imported

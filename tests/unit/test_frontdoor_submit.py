@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shlex
 
 import pytest
@@ -166,3 +167,18 @@ def test_a_single_process_script_on_several_nodes_gets_a_warning(fake, tmp_path)
     assert r.exit_code == 0 and "looks single-process" in r.output and "each of 2 nodes" in r.output
     for argv in (["-n", "2", str(multi)], ["-n", "1", str(single)]):
         assert "single-process" not in CliRunner().invoke(submit_cli.main, ["--dry-run", *argv]).output
+
+
+def test_a_json_dry_run_prints_one_json_object(fake, tmp_path):
+    script = tmp_path / "one.py"
+    script.write_text("import torch\nprint(1)\n")
+    r = CliRunner().invoke(submit_cli.main, ["--dry-run", "--json", "-n", "1:2", "-p", "HIGH", "--grace", "3",
+                                             str(script), "--lr", "0.1"])
+    assert r.exit_code == 0, r.output
+    report = json.loads(r.stdout)  # the warnings go to stderr too, for whoever watches
+    assert report["dry_run"] is True and report["script"].startswith("#!")
+    assert "#SBATCH --qos=high" in report["script"]
+    assert (report["level"], report["qos"], report["nodes"], report["node_range"], report["grace"], report["gpus"]) == \
+        ("HIGH", "high", 1, "1:2", 3, 8)
+    assert report["command"][-3:] == [str(script), "--lr", "0.1"] and report["slurm_unreachable"] is None
+    assert any("looks single-process" in w for w in report["warnings"])

@@ -184,3 +184,32 @@ def test_local_simulation_restarts_and_keeps_whole_life_state(tmp_path):
     assert p.returncode == 0, p.stderr
     log = (jd / "logs" / "rank-0.log").read_text()
     assert "run 0 state 0" in log and "run 1 state 10" in log and "run 2 state 20" in log
+
+
+def test_local_simulation_counts_suspend_after_from_the_jobs_first_poll(tmp_path):
+    # a slow start (as importing torch) must not eat the seconds: the notice comes into the loop
+    script = tmp_path / "slow.py"
+    script.write_text(
+        "import time, slurm_hai.runtime.client as c\n"
+        "if c.restart_count(): raise SystemExit\n"
+        "time.sleep(1.0)\n"
+        "step = 0\n"
+        "while not c.receive_suspend_command():\n"
+        "    step += 1; time.sleep(0.01)\n"
+        "print('noticed at step', step, flush=True)\n"
+        "c.go_suspend()\n")
+    never = tmp_path / "never.py"
+    never.write_text("print('no protocol here')\n")
+    hai = os.path.join(os.path.dirname(sys.executable), "hai")
+    p = subprocess.Popen([hai, "run-local", str(script), "--suspend-after", "0.3", "--restarts", "1", "--job-dir",
+                          str(tmp_path / "slow")], text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    out = p.communicate(timeout=60)[0]
+    assert p.returncode == 0, out
+    noticed = [int(line.split()[-1]) for line in (tmp_path / "slow" / "logs" / "rank-0.log").read_text().splitlines()
+               if line.startswith("noticed at step")]
+    assert len(noticed) == 1 and noticed[0] >= 10, noticed  # 0.3 s of steps of 0.01 s, not step 0
+    shm = "/dev/shm" if os.path.isdir("/dev/shm") else os.environ.get("TMPDIR", "/tmp")
+    assert not [d for d in os.listdir(shm) if d.startswith(f"slurm-hai-local{p.pid}.")]  # flag directories gone
+    q = subprocess.run([hai, "run-local", str(never), "--suspend-after", "0.1", "--job-dir", str(tmp_path / "never")],
+                       text=True, capture_output=True, timeout=60)
+    assert q.returncode == 0 and "run 0 never called receive_suspend_command(); no notice was sent" in q.stdout
