@@ -3,6 +3,10 @@
 #   make test   set up everything and run the whole test suite, cluster tests included
 #   SLURM_SOURCES=DIR make test   also the slurm_boundary cluster tests on every slurm-*.tar.gz in DIR
 #               (each built once and cached; tests/each_slurm.py)
+#   make test-sites   the slurm_boundary cluster tests on the distributions' Slurm releases
+#               (SITE_SLURM_SOURCES, default ../shared/vendor-sites: 23.11.4 of Ubuntu 24.04,
+#               24.11.5 of Debian 13), each built once; outside CI's time budget
+#   make lint   ruff over the tree, mypy over slurm_hai/ (make test runs it first)
 #   make dist   a wheel and an sdist in dist/, for a site: pip install dist/slurm_hai-*.whl
 SHELL := /bin/bash
 .SHELLFLAGS := -eu -o pipefail -c
@@ -13,15 +17,16 @@ PY := $(VENV)/bin/python
 BASE_PYTHON ?= /usr/bin/python3
 PYTEST_ARGS ?=
 SLURM_SOURCES ?=
+SITE_SLURM_SOURCES ?= ../shared/vendor-sites
 
-.PHONY: demo test test-tools setup venv cluster cluster-down bench dist clean
+.PHONY: demo test test-sites lint test-tools setup venv cluster cluster-down bench dist clean
 
 demo: setup
 	$(PY) examples/demo.py
 
 # With SLURM_SOURCES, the other Slurm versions (and pyslurm) build in the background at idle
 # CPU priority while Debian's suite runs; each_slurm.py then waits for what is still building.
-test: setup test-tools
+test: setup test-tools lint
 ifneq ($(SLURM_SOURCES),)
 	$(PY) tests/each_slurm.py --build-in-background $(SLURM_SOURCES)
 endif
@@ -29,6 +34,13 @@ endif
 ifneq ($(SLURM_SOURCES),)
 	$(PY) tests/each_slurm.py $(SLURM_SOURCES) $(PYTEST_ARGS)
 endif
+
+test-sites: setup
+	$(PY) tests/each_slurm.py $(SITE_SLURM_SOURCES) $(PYTEST_ARGS)
+
+lint: venv
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mypy
 
 setup: venv cluster
 

@@ -506,7 +506,7 @@ def apply_variant(variant: dict, base_sched: str) -> subprocess.Popen | None:
     sched = variant.get("sched", base_sched)
     if sched != current_sched():
         set_sched(sched)
-    for key, value in variant.get("conf_keys", {}).items():
+    for key in variant.get("conf_keys", {}):
         set_conf(key, variant.get("conf", {}).get(key))
     return start_daemon(variant.get("daemon_interval", 2.0), variant.get("daemon_args", []), variant.get("daemon_env"))
 
@@ -783,7 +783,7 @@ def soak_job(seconds: float, step_s: float, period: float | None, hold: float, n
     drain([low] + [h[1] for h in highs])
     useful, computed = kept_samples(runs)
     phases, lost, own = [], [], []
-    for t_sub, high, hdir in highs if nodes == "4" else ():  # an elastic job runs on beside HIGH: no gap
+    for t_sub, _high, hdir in highs if nodes == "4" else ():  # an elastic job runs on beside HIGH: no gap
         r = next((e["run"] for e in events(ldir) if e.get("event") == "notice" and e["t"] >= t_sub), None)
         if r is None or r + 1 not in runs or not runs[r]["last"] or not runs[r + 1]["first"]:
             continue  # the deadline came first

@@ -220,6 +220,9 @@ def live(cluster: LiveCluster, request: pytest.FixtureRequest) -> LiveCluster:
 # records, config spellings, the SPANK and Lua plugins) and is marked `slurm_boundary`:
 # tests/each_slurm.py runs those on every other version (README, "Tests").
 ONE_VERSION = {
+    # a site's cluster from the wheel: the install steps and their removal (the Slurm
+    # boundary they cross, plan/apply and preemption, is every version's in test_site_policy.py)
+    "test_site_install.py::test_added_from_the_wheel_to_a_sites_cluster_preempts_resumes_bitwise_and_comes_out_leaving_it_as_it_was",
     "test_frontdoor.py::test_arguments_after_the_script_reach_it_unchanged",
     "test_frontdoor.py::test_submit_refuses_what_could_only_fail_later_as_the_jobs_user",
     "test_frontdoor.py::test_every_command_shown_in_the_readme_the_guide_and_the_help_works",

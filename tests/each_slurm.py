@@ -117,6 +117,14 @@ def build_in_background(tarballs: list[Path]) -> int:
     return 0
 
 
+def release_slot(release: str) -> int:
+    """A number of its own for each Slurm release series (two a year since 22.05: 23.11 -> 3,
+    25.11 -> 7), so that the clusters of every directory's run (`make test`'s and
+    `make test-sites`') have their own ports and job ids (hence job directories)."""
+    year, month = (int(x) for x in release.split(".")[:2])
+    return max(0, (year - 22) * 2 + (month > 6))
+
+
 def tarballs_in(directory: str) -> list[Path]:
     tarballs = sorted(Path(directory).glob("slurm-*.tar.gz"),
                       key=lambda t: [int(x) for x in release_of(t).split(".")])
@@ -143,10 +151,11 @@ def main(argv: list[str]) -> int:
     if background:
         return build_in_background(tarballs)
     results = []
-    for i, tarball in enumerate(tarballs):
+    for tarball in tarballs:
         release = release_of(tarball)
+        k = release_slot(release)
         env = {**os.environ, "HAI_CLUSTER_DIR": f"/var/lib/slurm-hai/localcluster-{release}",
-               "HAI_CLUSTER_PORT_BASE": str(17000 + 100 * i), "HAI_CLUSTER_FIRST_JOB_ID": str(100_000 * (i + 1)),
+               "HAI_CLUSTER_PORT_BASE": str(17000 + 100 * k), "HAI_CLUSTER_FIRST_JOB_ID": str(100_000 * (k + 1)),
                "HAI_SLURM_SOURCE": str(tarball.resolve())}
         env.pop("HAI_SLURM_PREFIX", None)
         t0 = time.monotonic()

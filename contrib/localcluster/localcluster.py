@@ -46,6 +46,10 @@ import slurm_build  # noqa: E402  (beside this file)
 # The local cluster's policy; `up` renders the configs from it and applies it with the same
 # code as `hai-admin apply`. A copy lands in $HAI_CLUSTER_DIR/etc/policy.toml for the daemon.
 POLICY_FILE = Path(__file__).resolve().with_name("policy.toml")
+# Site mode (`up --site`): the configuration a site has before slurm-hai is added to it.
+SITE_DIR = Path(__file__).resolve().with_name("site")
+SITE_ACCOUNT = "lab"
+SITE_USERS = ["hai-alice", "hai-bob"]
 
 PACKAGES = ["munge", "mariadb-server", "slurmdbd", "slurmctld", "slurmd", "slurm-client",
             "libslurm-dev", "slurm-wlm-basic-plugins", "lua5.3", "make", "gcc"]
@@ -80,6 +84,7 @@ class Cluster:
     memory_mb: int = 1000
     db_password: str = ""
     prefix: Path | None = None  # where Slurm is installed; None: Debian's packages (/usr)
+    site: bool = False  # site mode: the site's own configuration (site/), slurm-hai not installed
     version: SlurmVersion | None = None  # set by `up` once the binaries are known
 
     @property
@@ -121,6 +126,11 @@ class Cluster:
         return self.state / "etc" / "slurm.conf"
 
     @property
+    def site_file(self) -> Path:
+        """Present: this state directory is a cluster in site mode (`up --site`)."""
+        return self.state / "etc" / "site-mode"
+
+    @property
     def prefix_file(self) -> Path:
         """Names the Slurm this state directory was set up with (empty: Debian's)."""
         return self.state / "etc" / "slurm-prefix"
@@ -138,6 +148,7 @@ def cluster_from_env() -> Cluster:
     c.db_password = pw.read_text().strip() if pw.exists() else ""
     recorded = c.prefix_file.read_text().strip() if c.prefix_file.exists() else ""
     c.prefix = Path(recorded) if recorded else None
+    c.site = c.site_file.exists()
     return c
 
 
@@ -244,7 +255,7 @@ def start_node(c: Cluster, n: Node) -> None:
     agent = persist_agent(c, n)
     if fresh and running_pid(agent):
         stop(agent)
-    if HAI_ADMIN.exists():  # not before `make setup` has installed the project
+    if HAI_ADMIN.exists() and not c.site:  # not before `make setup` has installed the project
         start(agent, ["sh", "-c", 'echo $$ > "$1" && shift && exec "$@"', "sh", str(agent.pidfile), *enter,
                       str(HAI_ADMIN), "persist-agent", "--sweep-every", "5"], c, foreground=True)
 
@@ -454,24 +465,38 @@ def local_policy() -> Policy:
 
 
 def render_configs(c: Cluster) -> bool:
+    """The configs of the cluster; in site mode the site's own (SITE_DIR), which `up` writes
+    only once: from then on they are the admin's (slurm-hai's install and removal edit them)."""
     policy = local_policy()
     etc = c.state / "etc"
     slurm = pwd.getpwnam(c.slurm_user)
-    spank_so = build_spank(c)
-    ctx = {"cluster": c, **template_context(policy, c.version)}
+    spank_so = None if c.site else build_spank(c)
+    site_config = (SITE_DIR / "slurm.conf").read_text() if c.site else ""
+    ctx = {"cluster": c, **template_context(policy, c.version), "site_config": site_config}
+    write = write_once if c.site else write_if_changed
     changed = False
-    changed |= write_if_changed(etc / "slurm.conf", render("slurm/slurm.conf.j2", **ctx))
+    changed |= write(etc / "slurm.conf", render("slurm/slurm.conf.j2", **ctx))
     changed |= write_if_changed(etc / "gres.conf", render("slurm/gres.conf.j2", **ctx))
     # slurmctld reloads job_submit.lua by itself when the file changes
-    write_if_changed(etc / "job_submit.lua", render("slurm/job_submit.lua.j2", **ctx))
+    write(etc / "job_submit.lua", (SITE_DIR / "job_submit.lua").read_text() if c.site
+          else render("slurm/job_submit.lua.j2", **ctx))
     plug = render("slurm/plugstack.conf.j2", spank_so=spank_so, **ctx) if spank_so else ""
-    changed |= write_if_changed(etc / "plugstack.conf", plug)
+    changed |= write(etc / "plugstack.conf", plug)
     write_if_changed(etc / "slurmdbd.conf", render("slurm/slurmdbd.conf.j2", **ctx), 0o600, slurm)
-    write_if_changed(etc / "policy.toml", POLICY_FILE.read_text())
     path = f"export PATH={c.slurm_root}/bin:{c.slurm_root}/sbin:$PATH\n"
-    write_if_changed(etc / "env", f"export SLURM_CONF={c.slurm_conf}\nexport HAI_POLICY={etc / 'policy.toml'}\n{path}")
+    if c.site:
+        write_if_changed(etc / "env", f"export SLURM_CONF={c.slurm_conf}\n{path}")
+    else:
+        write_if_changed(etc / "policy.toml", POLICY_FILE.read_text())
+        write_if_changed(etc / "env", f"export SLURM_CONF={c.slurm_conf}\nexport HAI_POLICY={etc / 'policy.toml'}\n{path}")
     write_if_changed(c.prefix_file, f"{c.prefix or ''}\n")
     return changed
+
+
+def write_once(path: Path, text: str) -> bool:
+    if path.exists():
+        return False
+    return write_if_changed(path, text)
 
 
 def start_munge(c: Cluster) -> None:
@@ -547,15 +572,41 @@ def membership_changes(c: Cluster, assocs: list[dict[str, str]], users: list[dic
     return changes
 
 
+def site_changes(c: Cluster, qos: list[dict[str, str]], assocs: list[dict[str, str]]) -> list[Change]:
+    """What a site's accounting has before slurm-hai comes (site mode, first `up` only): QOS
+    `normal` and `high` of its own settings, an account `lab` with two of the test users."""
+    if any(a["Account"] == SITE_ACCOUNT for a in assocs if a["Cluster"] == c.name):
+        return []
+    changes = [Change("modify", "qos", where={"name": "normal"}, settings={"Priority": "10", "MaxWall": "2-00:00:00"},
+                      why="the site's normal QOS")]
+    if not any(q["Name"] == "high" for q in qos):
+        changes.append(Change("add", "qos", name="high", why="the site's high QOS"))
+    changes.append(Change("modify", "qos", where={"name": "high"},
+                          settings={"Priority": "100", "Preempt": "normal", "GraceTime": "60"}, why="the site's high QOS"))
+    changes.append(Change("add", "account", name=SITE_ACCOUNT, why="the site's account",
+                          settings={"cluster": c.name, "description": "the-lab", "organization": "site"}))
+    for user in SITE_USERS:
+        changes.append(Change("add", "user", name=user, settings={"account": SITE_ACCOUNT, "cluster": c.name},
+                              why=f"{user} in account {SITE_ACCOUNT}"))
+    changes.append(Change("modify", "account", where={"name": SITE_ACCOUNT}, settings={"qos": "normal,high"},
+                          why="the site's account may use its QOS"))
+    return changes
+
+
 def setup_accounting(c: Cluster) -> None:
     """Cluster, account and users (what only a test cluster needs), then the policy's QOS
-    ladder and QOS access through `slurm_hai.controller.apply.apply_policy`, as `hai-admin apply` does.
+    ladder and QOS access through `slurm_hai.controller.apply.apply_policy`, as `hai-admin apply` does
+    (the local cluster is slurm-hai's own: it adopts Slurm's `normal` QOS). In site mode the
+    site's QOS and account instead, and nothing of slurm-hai.
     Idempotent and quick on a cluster that is already set up (reads, no changes)."""
     backend = use_cluster(c)
     try:
         apply_changes(backend, membership_changes(c, backend.associations(), backend.users()))
+        if c.site:
+            apply_changes(backend, site_changes(c, backend.qos(), backend.associations()))
+            return
         # slurmctld may not run yet: partitions come from the rendered slurm.conf, not scontrol.
-        done = apply_policy(local_policy(), backend, partitions=False)
+        done = apply_policy(local_policy(), backend, partitions=False, adopt=["*"])
     except SlurmError as e:
         raise ClusterError(f"setting up accounting (the test users, then {POLICY_FILE}): {e}") from None
     if done:
@@ -568,12 +619,18 @@ def nodes_idle(c: Cluster) -> bool:
     return p.returncode == 0 and all(states.get(n) in ("idle", "alloc", "mix", "comp") for n in NODES)
 
 
-def up(source: str | None = None, prefix: str | None = None) -> None:
+def up(source: str | None = None, prefix: str | None = None, site: bool = False) -> None:
     t0 = time.monotonic()
     preflight()
     install_packages()
     c = cluster_from_env()
+    if site and not c.site and c.prefix_file.exists():
+        raise ClusterError(f"{c.state} is a cluster of slurm-hai's own; for site mode use another HAI_CLUSTER_DIR")
     choose_slurm(c, source, prefix)
+    if site:
+        c.site = True
+        c.site_file.parent.mkdir(parents=True, exist_ok=True)
+        c.site_file.touch()
     ensure_users(c)
     make_dirs(c)
     changed = render_configs(c)
@@ -606,7 +663,8 @@ def up(source: str | None = None, prefix: str | None = None) -> None:
     if down_nodes:
         run(["scontrol", "update", f"nodename={','.join(down_nodes)}", "state=resume"], c, check=False)
     wait_for("all nodes idle in sinfo", lambda: nodes_idle(c), 60, ds[-1])
-    print(f"local Slurm {c.version} cluster '{c.name}' is up ({len(NODES)} nodes x {c.gpus_per_node} GPUs) "
+    print(f"local Slurm {c.version} cluster '{c.name}'{' in site mode' if c.site else ''} is up "
+          f"({len(NODES)} nodes x {c.gpus_per_node} GPUs) "
           f"in {time.monotonic() - t0:.1f} s")
     print(f"use it with: source {c.state / 'etc' / 'env'}")
 
@@ -684,8 +742,10 @@ def status() -> int:
     return 0 if all_up else 1
 
 
-USAGE = """usage: up [--slurm-source TARBALL | --slurm-prefix DIR] | down | status | node-up NODE | node-lose NODE
+USAGE = """usage: up [--slurm-source TARBALL | --slurm-prefix DIR] [--site] | down | status | node-up NODE | node-lose NODE
   up                        boot (or check) the cluster on Debian's Slurm packages
+  up --site                 a cluster as a site has it before slurm-hai comes (site/: its own QOS,
+                            partitions, PreemptMode=CANCEL, job_submit.lua); a new HAI_CLUSTER_DIR
   up --slurm-source TARBALL build that Slurm once (cached by checksum), boot on it
   up --slurm-prefix DIR     boot on the Slurm installed in DIR
   node-lose NODE            kill every process on NODE: its memory (/dev/shm, /tmp) is lost
@@ -693,9 +753,11 @@ USAGE = """usage: up [--slurm-source TARBALL | --slurm-prefix DIR] | down | stat
   (HAI_SLURM_SOURCE / HAI_SLURM_PREFIX: the same; HAI_CLUSTER_DIR: the state directory)"""
 
 
-def up_options(args: list[str]) -> dict[str, str | None]:
-    opts = {"source": os.environ.get("HAI_SLURM_SOURCE") or None, "prefix": os.environ.get("HAI_SLURM_PREFIX") or None}
-    it = iter(args)
+def up_options(args: list[str]) -> dict[str, str | bool | None]:
+    opts: dict[str, str | bool | None] = {"source": os.environ.get("HAI_SLURM_SOURCE") or None,
+                                          "prefix": os.environ.get("HAI_SLURM_PREFIX") or None}
+    site = "--site" in args
+    it = iter(a for a in args if a != "--site")
     for arg in it:
         key, _, value = arg.partition("=")
         if key not in ("--slurm-source", "--slurm-prefix"):
@@ -704,7 +766,7 @@ def up_options(args: list[str]) -> dict[str, str | None]:
         if not value:
             raise ClusterError(f"{key} needs a value\n{USAGE}")
         opts = {"source": None, "prefix": None, key.removeprefix("--slurm-"): value}
-    return opts
+    return {**opts, "site": site}
 
 
 def main(argv: list[str]) -> int:

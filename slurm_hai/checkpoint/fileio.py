@@ -138,7 +138,11 @@ def write_hashed_file(path: Path, data: bytes | memoryview, *, known: FileEntry 
         os.fsync(fd)
     finally:
         os.close(fd)
-    checksum = known.checksum if known is not None else hasher.hexdigest()
+    if known is not None:
+        checksum = known.checksum
+    else:
+        assert hasher is not None  # made above, as nothing was known
+        checksum = hasher.hexdigest()
     return FileEntry(size=len(view), checksum=checksum)
 
 

@@ -98,7 +98,7 @@ def read_tensor_file(path: Path, entry: FileEntry, name: str) -> FlatState:
                 reader.read_bytes(data_start + slot.begin - reader.offset)  # padding, hashed too
             tensor = torch.empty(slot.shape, dtype=slot.dtype)
             if slot.end > slot.begin:
-                reader.read_into(memoryview(tensor.view(-1).view(torch.uint8).numpy()).cast("B"))
+                reader.read_into(memoryview(tensor.view(-1).view(torch.uint8).numpy()).cast("B"))  # type: ignore[arg-type]
             tensors[slot.name] = tensor
         reader.check()
     finally:

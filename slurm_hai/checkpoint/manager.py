@@ -200,7 +200,7 @@ class CheckpointManager:
         call it; call it after building the model when the job makes no save before its first
         suspend notice. Collective with world size > 1, like save(). wait: return once the
         memory is reserved (it takes 0.5 s per GiB here)."""
-        if self.parts is None or distributed_world() is None:
+        if self.parts is None or (world := distributed_world()) is None:
             return
         from .node_memory import spare_sizes
         from .serialize import flatten_state
@@ -222,7 +222,7 @@ class CheckpointManager:
         except Exception as exc:  # noqa: BLE001 - the save reports a state it cannot flatten
             log.debug("not reserving node memory: %r", exc)
             return
-        sizes = spare_sizes(tensors, distributed_world()[1], self._node_count > 1)
+        sizes = spare_sizes(tensors, world[1], self._node_count > 1)
         self._reserving = threading.Thread(target=reserve_spares, args=(self.parts, self.durable, sizes),
                                            kwargs={"stop": self._stop_reserving}, name="hai-reserve-node-memory",
                                            daemon=True)
@@ -247,7 +247,7 @@ class CheckpointManager:
         in_memory = self.parts is not None and self.parts.step_path(step).exists() and not handle.skipped
         handle.where = "node memory" if in_memory else str(self.durable.root)
         try:
-            handle.nbytes = (read_part(self.parts.step_path(step)).manifest if in_memory
+            handle.nbytes = (read_part(self.parts.step_path(step)).manifest if in_memory and self.parts is not None
                              else read_manifest(self.durable.step_path(step))).total_bytes
         except CheckpointError:
             pass  # only informative

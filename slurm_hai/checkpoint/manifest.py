@@ -183,7 +183,7 @@ def parse_manifest(raw: bytes) -> Manifest:
             created_by=dict(fields.get("created_by", {})),
         )
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise CheckpointError(f"missing or malformed field: {exc}")
+        raise CheckpointError(f"missing or malformed field: {exc}") from None
     if manifest.layout not in LAYOUTS:
         raise CheckpointError(f"unknown layout {manifest.layout!r}")
     for name in files:

@@ -385,6 +385,7 @@ def load_from_memory(parts: CheckpointStore, durable: CheckpointStore, step: int
     chosen = found[0]
     if chosen is None or len(set(found)) > 1 or (step is not None and chosen != step) or newest_elsewhere > chosen:
         return None
+    assert local is not None  # this rank's entry of `found` is `chosen`
     path = local[1]
     reads: list[tuple[torch.Tensor, str, Any]] = []
     try:

@@ -79,7 +79,7 @@ def _rank0_then_broadcast(compute: Callable[[], T], group: Any = None) -> T:
 
 def broadcast_from_rank0(compute: Callable[[], T] | None) -> T:
     """latest_step() helper: rank 0 decides, every rank gets the same answer."""
-    return _rank0_then_broadcast(compute or (lambda: None))  # type: ignore[arg-type,return-value]
+    return _rank0_then_broadcast(compute or (lambda: None))  # type: ignore[return-value]
 
 
 def _all_gather(value: T, group: Any = None) -> list[T]:

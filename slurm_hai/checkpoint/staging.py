@@ -80,7 +80,7 @@ def stage_files(files: list[tuple[str, FlatState]], buffer: HostBuffer) -> list[
                 target.copy_(source, non_blocking=source.is_cuda)
     if from_cuda:
         torch.cuda.synchronize()  # the copies must land before the caller touches its tensors
-    host_bytes = memoryview(host.numpy()).cast("B")
+    host_bytes = memoryview(host.numpy()).cast("B")  # type: ignore[arg-type]  # an ndarray is a buffer
     return [StagedFile(name, host_bytes[start : start + size]) for name, _, _, _, start, size in layouts]
 
 

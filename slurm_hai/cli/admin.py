@@ -194,10 +194,42 @@ def render(policy_file: str | None, out_dir: str, spank_plugin: str) -> None:
 
 
 def _plan(policy: Policy, partitions: bool):
+    """(changes, the cluster's state they were planned against)."""
     from ..controller.apply import plan_policy
     from ..slurm import backend
 
     return plan_policy(policy, backend(), partitions=partitions)
+
+
+def _record_option(fn: Callable) -> Callable:
+    return click.option("--record", "record_file", metavar="FILE", default=None,
+                        help="The install record (default: $HAI_INSTALL_RECORD, else hai-install.json "
+                             "beside slurm.conf).")(fn)
+
+
+def _remove_option(fn: Callable) -> Callable:
+    return click.option("--remove", is_flag=True,
+                        help="Take slurm-hai out again: undo what the install record says apply made.")(fn)
+
+
+def _site_warnings(changes, state, record_file: str | None) -> None:
+    """What of the site's would defeat slurm-hai or be changed by it, one line each on stderr."""
+    from ..controller.apply import load_record, record_path
+    from ..policy.install import config_warnings, conflict_warning, qos_conflicts
+    from ..slurm import backend
+
+    record = load_record(Path(record_file) if record_file else record_path())
+    for name in qos_conflicts(changes, state, record):
+        click.echo(conflict_warning(name, state), err=True)
+    for line in config_warnings(backend().config()):
+        click.echo(line, err=True)
+
+
+def _removal(record_file: str | None, apply_it: bool, report=None):
+    from ..controller.apply import remove_policy
+    from ..slurm import backend
+
+    return remove_policy(backend(), Path(record_file) if record_file else None, report=report, dry_run=not apply_it)
 
 
 QUOTA_DROPPED = re.compile(r"^(\S+): .*MaxTRESPU node=(\d+) -> \(none\)")
@@ -264,33 +296,43 @@ def _show(changes, as_json: bool) -> None:
 @_policy_option
 @click.option("--no-partitions", is_flag=True, help="Leave partitions alone (compare QOS and associations only).")
 @click.option("--json", "as_json", is_flag=True, help="Print the changes as JSON: [{argv, why}].")
+@_remove_option
+@_record_option
 @one_line_errors
-def plan(policy_file: str | None, no_partitions: bool, as_json: bool) -> None:
+def plan(policy_file: str | None, no_partitions: bool, as_json: bool, remove: bool, record_file: str | None) -> None:
     """Show exactly which sacctmgr/scontrol commands `apply` would run.
 
     Compares the policy with the live cluster: the QOS ladder (priority, Preempt, grace,
     per-user node quota, DenyOnLimit), the quota-override QOS, which QOS each association
     of the policy's accounts may use and its default QOS, and the partitions (PriorityTier,
-    AllowQos, Default, Nodes). Changes nothing. Exit status 0: nothing to change, 3: changes.
+    AllowQos, Default, Nodes). Warns, one line each, about what of the site's would defeat
+    slurm-hai (PreemptMode, PreemptType, JobRequeue) and about QOS of the site's that apply
+    would change only with --adopt. With --remove: the commands that take slurm-hai out.
+    Changes nothing. Exit status 0: nothing to change, 3: changes.
     """
-    policy, _ = _load(policy_file)
-    changes = _plan(policy, not no_partitions)
-    warning = quota_loss_warning(changes)
-    if warning:
-        click.echo(warning, err=True)
-    conf_dir = Path(os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf")).parent
-    for path in stale_rendered_files(policy, conf_dir):
-        click.echo(f"note: {path} differs from what this policy renders: run `hai-admin render` and install it "
-                   "(slurm.conf fragments then need `scontrol reconfigure`)", err=True)
+    if remove:
+        changes = _removal(record_file, apply_it=False)
+    else:
+        policy, _ = _load(policy_file)
+        changes, state = _plan(policy, not no_partitions)
+        warning = quota_loss_warning(changes)
+        if warning:
+            click.echo(warning, err=True)
+        _site_warnings(changes, state, record_file)
+        conf_dir = Path(os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf")).parent
+        for path in stale_rendered_files(policy, conf_dir):
+            click.echo(f"note: {path} differs from what this policy renders: run `hai-admin render` and install it "
+                       "(slurm.conf fragments then need `scontrol reconfigure`)", err=True)
     if not changes:
         if as_json:
             click.echo("[]")
         else:
-            click.echo("no change: the cluster matches the policy")
+            click.echo("no change: nothing of slurm-hai is left to take out" if remove
+                       else "no change: the cluster matches the policy")
         return
     _show(changes, as_json)
     if not as_json:
-        click.echo(f"{len(changes)} change(s); run `hai-admin apply` to make them")
+        click.echo(f"{len(changes)} change(s); run `hai-admin apply{' --remove' if remove else ''}` to make them")
     sys.exit(3)
 
 
@@ -298,26 +340,40 @@ def plan(policy_file: str | None, no_partitions: bool, as_json: bool) -> None:
 @_policy_option
 @click.option("--no-partitions", is_flag=True, help="Leave partitions alone (QOS and associations only).")
 @click.option("--quiet", "-q", is_flag=True, help="Print only a summary line.")
+@click.option("--adopt", metavar="QOS[,QOS...]", default="",
+              help="QOS of the site's that the ladder needs and may change (remove puts their settings back).")
+@_remove_option
+@_record_option
 @one_line_errors
-def apply(policy_file: str | None, no_partitions: bool, quiet: bool) -> None:
+def apply(policy_file: str | None, no_partitions: bool, quiet: bool, adopt: str, remove: bool,
+          record_file: str | None) -> None:
     """Make the changes that `plan` shows; running it again changes nothing.
 
-    Partition changes made with scontrol last until slurmctld restarts: install the
-    `render` output (partitions.conf) to keep them.
+    Keeps an install record of what it creates and of what of the site's it changes, as it
+    was: `apply --remove` undoes exactly that. It never deletes a QOS it did not create,
+    and changes a QOS of the site's only when --adopt names it. Partition changes made with
+    scontrol last until slurmctld restarts: install the `render` output (partitions.conf)
+    to keep them.
     """
     from ..controller.apply import apply_policy
     from ..slurm import backend
-
-    policy, path = _load(policy_file)
-    warning = quota_loss_warning(_plan(policy, not no_partitions))
-    if warning:
-        click.echo(warning, err=True)
 
     def report(change) -> None:
         if not quiet:
             click.echo(f"{_command(change)}    # {change.why}")
 
-    done = apply_policy(policy, backend(), partitions=not no_partitions, report=report)
+    if remove:
+        done = _removal(record_file, apply_it=True, report=report)
+        click.echo(f"{len(done)} change(s) applied: slurm-hai is taken out" if done
+                   else "no change: nothing of slurm-hai is left to take out")
+        return
+    policy, path = _load(policy_file)
+    warning = quota_loss_warning(_plan(policy, not no_partitions)[0])
+    if warning:
+        click.echo(warning, err=True)
+    done = apply_policy(policy, backend(), partitions=not no_partitions, report=report,
+                        record=Path(record_file) if record_file else None,
+                        adopt=[q.strip().lower() for q in adopt.split(",") if q.strip()])
     click.echo(f"{len(done)} change(s) applied from {path}" if done else "no change: the cluster matches the policy")
 
 
@@ -485,8 +541,8 @@ def explain(policy_file: str | None, job_ids: tuple[int, ...], as_json: bool) ->
     if as_json:
         emit_json([{"job_id": j.job_id, "user": j.user, "state": j.state, "why": why} for j, why in rows])
         return
-    for j, why in rows:
-        click.echo(f"{j.job_id:>8}  {j.user:<12} {why}")
+    for j, text in rows:
+        click.echo(f"{j.job_id:>8}  {j.user:<12} {text}")
 
 
 @main.command()

@@ -350,7 +350,7 @@ def split_runs(text: str) -> list[tuple[int, str]]:
 
 
 def _check_logs_readable(job_id: int, job: JobInfo | None) -> None:
-    if not may_read(job):
+    if job is not None and not may_read(job):  # None: may read
         raise click.ClickException(f"job {job_id} belongs to {job.user}; its logs are private to them")
 
 

@@ -61,7 +61,10 @@ class PolicyDaemon:
             raise ValueError("a policy or a policy file is needed")
         self.backend = backend
         self.policy_path = Path(policy_path) if policy_path else None
-        self.policy = policy if policy is not None else load_policy(self.policy_path)
+        if policy is None:
+            assert self.policy_path is not None  # checked above (an empty path is a caller's bug)
+            policy = load_policy(self.policy_path)
+        self.policy = policy
         self._mtime = self._policy_mtime()
         self.interval = interval
         self.dry_run = dry_run
@@ -92,6 +95,7 @@ class PolicyDaemon:
         if mtime is None or mtime == self._mtime:
             return
         self._mtime = mtime
+        assert self.policy_path is not None  # the mtime is its file's
         try:
             self.policy = load_policy(self.policy_path)
         except PolicyError as e:

@@ -36,7 +36,7 @@ import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable, Iterator, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
@@ -168,7 +168,7 @@ class DaemonMetrics:
         self.registry = registry or CollectorRegistry()
         self.since = time.time() if since is None else since
         self.events = EventFollower()
-        self._server = None
+        self._server: Any = None  # prometheus_client's WSGIServer once serve() ran
         r = self.registry
         self.suspensions = Counter("hai_suspensions", "Runs ended by a suspend (go_suspend or forced), "
                                    "by the cause of their notice", ["level", "cause"], registry=r)
@@ -228,7 +228,7 @@ class DaemonMetrics:
         kind, run, t = e.get("event"), _run(e), e["t"]
         new = t >= self.since
         if kind == "notice":
-            cause = e.get("cause") if e.get("cause") in CAUSES else "unknown"
+            cause = e["cause"] if e.get("cause") in CAUSES else "unknown"
             f.notices.setdefault(run, (t, cause))  # the first notice of a run is the one that counts
         elif kind == "go_suspend" and run in f.notices and new:
             self.checkpoint.labels(level).observe(max(0.0, t - f.notices[run][0]))

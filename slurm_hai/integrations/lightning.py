@@ -30,7 +30,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import lightning
 import numpy as np
@@ -148,8 +148,8 @@ class SuspendCallback(Callback):
             go_suspend()
 
     def _save(self, trainer: Trainer, step: int) -> Path:
-        staging = self.checkpoints.new_staging(step) if trainer.is_global_zero else None
-        staging = Path(trainer.strategy.broadcast(staging, src=0))
+        mine = self.checkpoints.new_staging(step) if trainer.is_global_zero else None
+        staging = Path(cast(Path, trainer.strategy.broadcast(mine, src=0)))  # rank 0's, on every rank
         trainer.save_checkpoint(staging / CHECKPOINT_FILE)  # every rank: it is collective
         if trainer.is_global_zero:
             self.checkpoints.commit(step, staging, world_size=trainer.world_size)

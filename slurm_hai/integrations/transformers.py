@@ -85,6 +85,7 @@ class SuspendCallback(TrainerCallback):
         return control
 
     def _checkpoint_dir(self, args: TrainingArguments, state: TrainerState) -> Path:
+        assert args.output_dir is not None  # the Trainer gives every run one
         return Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
 
     def on_step_end(self, args: TrainingArguments, state: TrainerState, control: TrainerControl, **kwargs):

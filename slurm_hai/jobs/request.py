@@ -15,7 +15,7 @@ import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Iterable
+from typing import Collection, Iterable, Mapping
 
 from ..policy.levels import AUTO
 from ..policy.limits import NOTICE_MARGIN
@@ -100,9 +100,9 @@ def validate(req: JobRequest, policy: Policy) -> dict:
         raise RequestError(str(e)) from None
     # AUTO goes to Slurm as the QOS "auto": job_submit.lua places the job, and the policy
     # daemon moves it to the highest level where its owner has quota, every cycle.
-    qos, level_name = ("auto", AUTO) if level == AUTO else (level.qos, level.name)
+    qos, level_name = ("auto", AUTO) if isinstance(level, str) else (level.qos, level.name)  # str: AUTO
     group = group_of(policy, req.group or "")
-    if level != AUTO and group is not None and not group.accepts(level.name):
+    if not isinstance(level, str) and group is not None and not group.accepts(level.name):
         raise RequestError(REFUSALS["group_levels"] % (group.name, ", ".join(group.levels)))
     if req.time is not None:
         time_minutes(req.time, "--time")
@@ -186,7 +186,7 @@ def fit_to_partition(group: str, partition: dict[str, str], want_nodes: NodeRang
                                "new run)")
 
 
-def fit_to_group(group: str, nodes: dict[str, tuple[int, set[str]]], want_nodes: NodeRange,
+def fit_to_group(group: str, nodes: Mapping[str, tuple[int, Collection[str]]], want_nodes: NodeRange,
                  gpus_per_node: int | None) -> int:
     """The --gpus-per-node to ask for on `group` (default: what every node of it has, 0
     without GPUs); RequestError for a request the group's nodes can never satisfy."""

@@ -81,6 +81,7 @@ def _why(job: Job, snap: Snapshot, lines: Explainer) -> str:
                     f"{_ago(now - y[1])} ago (forced off after {snap.grace(job)} s)")
         if snap.is_demoted(job):
             d = policy.demotion
+            assert d is not None  # is_demoted: the policy demotes
             return (f"running at {d.source} for {_ago(now - job.start_time)}: counts as {d.target} "
                     f"(demoted after {_ago(d.after_seconds)}), so a {d.source} job may take its nodes")
         return f"running at {name} on {_nodes(job.num_nodes)} for {_ago(now - job.start_time)}"
@@ -114,15 +115,14 @@ def _why(job: Job, snap: Snapshot, lines: Explainer) -> str:
     if reason in ("Dependency", "DependencyNeverSatisfied"):
         return "waiting for its dependency" if reason == "Dependency" else "its dependency can never be satisfied"
     if reason in WAITING_FOR_NODES and lvl is not None:
-        return f"{auto}waiting for {_nodes(job.num_nodes)} at {lvl.name} ({_position(job, snap, lines)})"
+        return f"{auto}waiting for {_nodes(job.num_nodes)} at {lvl.name} ({_position(job, lvl, snap, lines)})"
     return f"{auto}pending at {name}: {reason}"
 
 
-def _position(job: Job, snap: Snapshot, lines: Explainer) -> str:
+def _position(job: Job, mine: Level, snap: Snapshot, lines: Explainer) -> str:
     """Where `job` stands in line, and behind whom: the pending jobs (not held) of an
     overlapping group that Slurm starts before it, those of higher levels and the earlier
     ones of its own level; e.g. "position 2 in line, behind job 133 at HIGH"."""
-    mine = snap.level[job.job_id]
     me, top = (-mine.value, job.job_id), (-mine.value, 0)
 
     def before(entries: list, key: tuple[int, int]) -> int:

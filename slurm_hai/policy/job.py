@@ -10,19 +10,37 @@ from typing import Protocol
 
 
 class Job(Protocol):
-    job_id: int
-    user: str
-    account: str
-    state: str  # Slurm's base job state: PENDING, RUNNING, FAILED, ...
-    reason: str
-    qos: str
-    partition: str  # comma-separated when the job may run in several
-    num_nodes: int
-    restart_count: int
-    submit_time: int
-    start_time: int
-    eligible_time: int
-    end_time: int
-    preempt_time: int
-    priority: int
-    admin_comment: str
+    """Read-only members: a frozen dataclass (JobInfo) or any object with these attributes."""
+
+    @property
+    def job_id(self) -> int: ...
+    @property
+    def user(self) -> str: ...
+    @property
+    def account(self) -> str: ...
+    @property
+    def state(self) -> str: ...  # Slurm's base job state: PENDING, RUNNING, FAILED, ...
+    @property
+    def reason(self) -> str: ...
+    @property
+    def qos(self) -> str: ...
+    @property
+    def partition(self) -> str: ...  # comma-separated when the job may run in several
+    @property
+    def num_nodes(self) -> int: ...
+    @property
+    def restart_count(self) -> int: ...
+    @property
+    def submit_time(self) -> int: ...
+    @property
+    def start_time(self) -> int: ...
+    @property
+    def eligible_time(self) -> int: ...
+    @property
+    def end_time(self) -> int: ...
+    @property
+    def preempt_time(self) -> int: ...
+    @property
+    def priority(self) -> int: ...
+    @property
+    def admin_comment(self) -> str: ...

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Mapping
+from typing import TYPE_CHECKING, Mapping, TypedDict
 
 from . import tags
 from .levels import LEVEL_STRIDE, VARIANT_SEP, Level, parse_qos, variant_qos
@@ -63,13 +63,24 @@ class QosSpec:
         flags = ",".join(sorted(self.flags))
         return {
             "Priority": (str(self.priority), str(self.priority)),
-            "Preempt": (",".join(sorted(self.preempt)), ",".join(sorted(self.preempt)) or "''"),
+            # an empty Preempt= clears the list (sacctmgr refuses `''` as "an empty qos list")
+            "Preempt": (",".join(sorted(self.preempt)), ",".join(sorted(self.preempt))),
             "GraceTime": (_hms(self.grace_seconds), str(self.grace_seconds)),
             "PreemptMode": (self.preempt_mode, self.preempt_mode),
             "MaxTRESPU": (f"node={quota}" if quota is not None else "", f"node={quota if quota is not None else -1}"),
             "PreemptExemptTime": (_hms(exempt) if exempt else "", _hms(exempt) if exempt else "-1"),
             "Flags": (flags, flags or "-1"),
         }
+
+
+class _LevelFields(TypedDict):
+    """The QosSpec fields a level's QOS and its quota variants share."""
+
+    priority: int
+    preempt: tuple[str, ...]
+    grace_seconds: int
+    preempt_exempt_seconds: int
+    level: str
 
 
 def _hms(seconds: int) -> str:
@@ -90,8 +101,8 @@ def desired_qos(policy: Policy) -> list[QosSpec]:
     specs = []
     for lvl in policy.ladder:
         preempt = tuple(sorted(n for other in policy.lower_levels(lvl) for n in names(other)))
-        common = dict(priority=lvl.value + 1, preempt=preempt, grace_seconds=policy.grace_limit,
-                      preempt_exempt_seconds=policy.min_run_seconds, level=lvl.name)
+        common = _LevelFields(priority=lvl.value + 1, preempt=preempt, grace_seconds=policy.grace_limit,
+                              preempt_exempt_seconds=policy.min_run_seconds, level=lvl.name)
         specs.append(QosSpec(name=lvl.qos, max_nodes_per_user=policy.quota.get(lvl.name), **common))
         for kind, owner, nodes in variants[lvl.name]:
             specs.append(QosSpec(name=variant_qos(lvl, kind, owner), max_nodes_per_user=nodes,
@@ -156,7 +167,7 @@ class Change:
 
     op "add", "modify" or "delete" of an accounting entity ("cluster", "account", "user",
     "qos"; a user or account with `where` cluster/account/partition is an association), or
-    "create" or "update" of a "partition" (slurmctld). `name` is what add, create and
+    "create", "update" or "delete" of a "partition" (slurmctld). `name` is what add, create and
     update name; `where` selects what modify and delete change; `settings` are the fields
     to set, spelt and valued as Slurm takes them (its field names, `node=4`, `-1`: none).
     `slurm_hai.slurm` renders a Change to a command (`commands.change_argv`) and makes it
@@ -281,11 +292,12 @@ def _granted_for_a_moment(lacking: list[tuple[dict[str, str], set[str]]], defaul
 
 
 def _partition_changes(policy: Policy, group, state: ClusterState) -> list[Change]:
+    # whole nodes per job, as on HAI: a job never shares a node another job preempts it for
     want = {"PriorityTier": str(group.priority_tier), "AllowQos": group_allow_qos(policy, group),
-            "Default": "YES" if group.default else "NO"}
+            "Default": "YES" if group.default else "NO", "OverSubscribe": "EXCLUSIVE"}
     have = state.partitions.get(group.name) if state.partitions is not None else None
     if have is None:
-        settings = {"Nodes": group.nodes, **want, "OverSubscribe": "EXCLUSIVE", "MaxTime": "INFINITE", "State": "UP"}
+        settings = {"Nodes": group.nodes, **want, "MaxTime": "INFINITE", "State": "UP"}
         return [Change("create", "partition", name=group.name, settings=settings,
                        why=f"new node group {group.name} ({group.nodes})")]
     sets: dict[str, str] = {}

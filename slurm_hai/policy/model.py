@@ -265,8 +265,7 @@ class _Parser:
 
     def seconds(self, table: str, key: str, value: Any, low: int = 0, high: int = 10 * 365 * 86400) -> int:
         """A duration from `low` to `high` seconds: integer seconds, or a string such as "90s", "30m", "2h"."""
-        if isinstance(value, str) and DURATION.match(value):
-            m = DURATION.match(value)
+        if isinstance(value, str) and (m := DURATION.match(value)):
             value = int(m.group(1)) * UNIT[m.group(2)]
         if isinstance(value, bool) or not isinstance(value, int) or value < 0:
             raise self.error(table, key, f"expected seconds (a non-negative integer) or a duration like \"30m\", "

@@ -146,7 +146,7 @@ def place(policy: Policy, req: Request) -> Placement | None:
     wanted = request_level(policy, text)  # the level named first, then the grace, then where it fits
     grace = grace_of(policy, req.grace)
     group = group_of(policy, req.partition)
-    if wanted == AUTO:
+    if isinstance(wanted, str):  # AUTO
         level = auto_at_submit(policy, req.user, req.account, req.nodes, group)
         if level is None:
             raise Refused(REFUSALS["no_level_fits"] % (req.nodes, group.name if group else "-"))

@@ -217,7 +217,7 @@ def needs_idle_nodes(jobs: Sequence[Job], policy: Policy, now: float) -> bool:
             elif policy.fcfs_preempts(lvl.name) and now - j.start_time >= policy.min_run_seconds:
                 later[(j.partition, lvl.value)].append((j.job_id, j.user))
         elif j.state == "PENDING":
-            if d and tgt.value < lvl.value <= src.value:
+            if src is not None and tgt is not None and tgt.value < lvl.value <= src.value:
                 waiting_between = True
             if j.reason in WAITING_FOR_NODES and not is_held(j) and policy.fcfs_preempts(lvl.name):
                 for part in j.partition.split(","):
@@ -333,6 +333,7 @@ def _running(job: Job, snap: Snapshot, plan: _Plan, replay: bool = False) -> Non
     demoted = snap.is_demoted(job)
     if demoted and DEMOTED_TAG not in tags:
         d = policy.demotion
+        assert d is not None  # is_demoted: the policy demotes
         plan.update(job.job_id, "demote",
                     f"{d.source} -> {d.target} after {now - job.start_time:.0f} s running (limit {d.after_seconds} s)",
                     AdminComment=with_tags(job.admin_comment, {DEMOTED_TAG: d.target}))
@@ -443,7 +444,7 @@ def _yield(snap: Snapshot, plan: _Plan, idle_nodes: Mapping[str, int] | None, le
     for j in snap.jobs:
         if YIELD_TAG in snap.tags[j.job_id] and j.state in ("RUNNING", "PENDING", "COMPLETING"):
             busy.update(j.partition.split(","))
-    heads: dict[str, Job] = {}
+    heads: dict[str, tuple[Job, Level]] = {}  # partition -> first waiting job, its level
     for j in snap.jobs:
         if j.state != "PENDING" or is_held(j) or j.job_id in level_changes or YIELD_TAG in snap.tags[j.job_id]:
             continue
@@ -452,26 +453,27 @@ def _yield(snap: Snapshot, plan: _Plan, idle_nodes: Mapping[str, int] | None, le
             continue
         for part in j.partition.split(","):
             h = heads.get(part)
-            if h is None or (lvl.value, -j.job_id) > (snap.level[h.job_id].value, -h.job_id):
-                heads[part] = j
-    for part, head in sorted(heads.items()):
-        hl = snap.level[head.job_id]
-        for_demoted = d is not None and tgt.value < hl.value <= src.value
+            if h is None or (lvl.value, -j.job_id) > (h[1].value, -h[0].job_id):
+                heads[part] = (j, lvl)
+    for part, (head, hl) in sorted(heads.items()):
+        for_demoted = src is not None and tgt is not None and tgt.value < hl.value <= src.value
         in_line = policy.fcfs_preempts(hl.name)
         if part in busy or head.reason not in WAITING_FOR_NODES or not (for_demoted or in_line):
             continue
         q = policy.quota_for(hl.name, head.user, head.account)
         if q is not None and head.num_nodes + sum(
                 j.num_nodes for j in snap.jobs if j.state in ACTIVE and j.user == head.user
-                and snap.level[j.job_id] is not None and snap.level[j.job_id].value == hl.value) > q:
+                and (jl := snap.level[j.job_id]) is not None and jl.value == hl.value) > q:
             continue  # over its quota (Slurm's reason may lag): more nodes would not start it
         victims: list[tuple[int, Job, str]] = []  # (order, job, why)
         for j in candidates:
             lvl = snap.level[j.job_id]
+            assert lvl is not None  # candidates all have a level
             if j.partition != part:
                 continue
             if snap.is_demoted(j):
                 if for_demoted and lvl.value >= hl.value:
+                    assert tgt is not None  # for_demoted: the policy demotes
                     victims.append((0, j, f"demoted to {tgt.name} after {now - j.start_time:.0f} s; job "
                                           f"{head.job_id} ({hl.name}) needs its nodes"))
             elif in_line and lvl.value == hl.value and j.job_id > head.job_id and j.user != head.user:
@@ -481,8 +483,8 @@ def _yield(snap: Snapshot, plan: _Plan, idle_nodes: Mapping[str, int] | None, le
             continue
         # nodes Slurm can give the head job by itself: idle ones, and those of lower levels it preempts
         own = idle_nodes.get(part, 0) + sum(j.num_nodes for j in snap.jobs if j.state in ACTIVE and j.partition == part
-                                            and snap.level[j.job_id] is not None
-                                            and snap.level[j.job_id].value < hl.value)
+                                            and (jl := snap.level[j.job_id]) is not None
+                                            and jl.value < hl.value)
         need = head.num_nodes - own
         if need <= 0 or sum(j.num_nodes for _, j, _ in victims) < need:
             continue
@@ -521,7 +523,7 @@ def _grow(snap: Snapshot, plan: _Plan, steady_idle: Mapping[str, int]) -> None:
                 and (j.reason in WAITING_FOR_NODES or held_back_after_requeue(j, now))):
             for part in j.partition.split(","):
                 waiting[part] = max(waiting.get(part, lvl.value), lvl.value)
-    candidates: list[tuple[int, int, Job, NodeRange]] = []
+    candidates: list[tuple[int, int, Job, NodeRange, Level]] = []
     for j in snap.jobs:
         lvl, tags = snap.level[j.job_id], snap.tags[j.job_id]
         nodes = growable(j, tags)
@@ -531,11 +533,10 @@ def _grow(snap: Snapshot, plan: _Plan, steady_idle: Mapping[str, int]) -> None:
                 or steady_idle.get(j.partition, 0) <= 0
                 or waiting.get(j.partition, -1) >= lvl.value):
             continue
-        candidates.append((-lvl.value, j.job_id, j, nodes))
-    for _, _, j, nodes in sorted(candidates, key=lambda c: c[:2]):
+        candidates.append((-lvl.value, j.job_id, j, nodes, lvl))
+    for _, _, j, nodes, lvl in sorted(candidates, key=lambda c: c[:2]):
         if j.partition in busy:
             continue
-        lvl = snap.level[j.job_id]
         most = j.num_nodes + steady_idle[j.partition]
         q = policy.quota_for(lvl.name, j.user, j.account)
         if q is not None:
@@ -567,7 +568,7 @@ def _fcfs(snap: Snapshot, plan: _Plan, level_changes: set[int], cap: int) -> Non
         if lvl is not None:
             groups[(j.partition, lvl.name)].append(j)
     updates: list[tuple[int, int, int]] = []  # (priority, job id, old)
-    for (part, name), members in groups.items():
+    for (_part, name), members in groups.items():
         base = level_base(snap.policy.level(name))
         members.sort(key=lambda j: j.job_id)
         for j, p in zip(members, fcfs_priorities(members, base)):

@@ -22,11 +22,12 @@ import os
 import sys
 import time
 from collections.abc import Callable
+from typing import Literal
 
 __all__ = ["receive_suspend_command", "target_size", "go_suspend", "get_whole_life_state", "set_whole_life_state",
            "restart_count"]
 
-_flag: mmap.mmap | bool | None = None  # None: not opened yet; False: no flag on this node
+_flag: mmap.mmap | Literal[False] | None = None  # None: not opened yet; False: no flag on this node
 
 
 def polled_marker(flag: str) -> str:
@@ -34,7 +35,7 @@ def polled_marker(flag: str) -> str:
     return flag + ".polled"
 
 
-def _open_flag() -> mmap.mmap | bool:
+def _open_flag() -> mmap.mmap | Literal[False]:
     path = os.environ.get("HAI_SUSPEND_FLAG")
     if not path:
         return False
@@ -140,6 +141,7 @@ def go_suspend() -> None:
     while time.monotonic() < deadline:
         time.sleep(wait)
         if not done:
+            assert requeue is not None  # done is False only after a requeue that failed
             done = requeue()
             wait = min(wait * 2, 10.0)
     os._exit(0)

@@ -140,7 +140,7 @@ class NodeRun:
     """One run of the user's command on one node, and the suspend protocol around it."""
 
     def __init__(self, cmd: list[str], env: dict[str, str], jobdir: JobDir, run: int, rank: int, grace: float,
-                 notices: frozenset[signal.Signals], force_suspend: Callable[[], None], flag: Path | None,
+                 notices: frozenset[signal.Signals], force_suspend: Callable[[], object], flag: Path | None,
                  why_notice: Callable[[], dict] | None = None) -> None:
         self.cmd, self.env, self.jobdir, self.run, self.rank = cmd, env, jobdir, run, rank
         self.why_notice = why_notice  # the notice's cause (preempted, user, time_limit), for `hai status`
@@ -157,7 +157,7 @@ class NodeRun:
         try:
             threads = pinned_threads(self.jobdir)
         except (OSError, ValueError) as e:
-            raise SystemExit(could_not_start(self.jobdir, self.run, self.rank, f"no thread count for the job: {e}"))
+            raise SystemExit(could_not_start(self.jobdir, self.run, self.rank, f"no thread count for the job: {e}")) from None
         self.env.update(dict.fromkeys(THREAD_VARS, str(threads)))
         if self.flag is not None:
             fd = os.open(self.flag, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -175,7 +175,7 @@ class NodeRun:
                                           stderr=subprocess.STDOUT, start_new_session=True,
                                           preexec_fn=self._ignore_notice_signals)
         except OSError as e:
-            raise SystemExit(could_not_start(self.jobdir, self.run, self.rank, f"cannot start {self.cmd[0]!r}: {e}"))
+            raise SystemExit(could_not_start(self.jobdir, self.run, self.rank, f"cannot start {self.cmd[0]!r}: {e}")) from None
         finally:
             os.close(log)
 
@@ -219,6 +219,7 @@ class NodeRun:
 
     def _signal_all(self, sig: int) -> None:
         """The command's process group and every process below it, in whatever session."""
+        assert self.child is not None  # only once the run has started: end() checks, tick() follows end()
         self.ending |= descendants(self.child.pid)
         for kill, pid in ((os.killpg, self.child.pid), *((os.kill, p) for p in sorted(self.ending))):
             with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -256,6 +257,7 @@ class NodeRun:
             signal.signal(sig, lambda s, _f: self.pending.append(s))
         if self.flag is not None and self._suspend_requested_before_handlers():
             self.notice("signal")
+        assert self.child is not None  # start() came first (it exits if the command cannot start)
         try:
             while True:
                 try:

@@ -15,7 +15,7 @@ import sys
 import time
 from multiprocessing.connection import wait
 from pathlib import Path
-from typing import Callable
+from typing import Callable, cast
 
 STOP_GRACE_SECONDS = 5.0
 
@@ -64,7 +64,7 @@ def spawn(fn: Callable, args: tuple = (), nprocs: int | None = None, bind_numa: 
     failed = None
     while live and failed is None:
         for sentinel in wait(list(live)):
-            p = live.pop(sentinel)
+            p = live.pop(cast(int, sentinel))  # wait() gives back the sentinels it was given
             p.join()
             if p.exitcode != 0:
                 failed = p
@@ -77,9 +77,12 @@ def spawn(fn: Callable, args: tuple = (), nprocs: int | None = None, bind_numa: 
         for p in live.values():
             p.join(max(0.0, deadline - time.monotonic()))
             if p.is_alive():
+                assert p.pid is not None  # started above
                 os.kill(p.pid, signal.SIGKILL)
                 p.join()
-        code = failed.exitcode if failed.exitcode > 0 else 128 - failed.exitcode
-        print(f"slurm-hai spawn: local rank {procs.index(failed)} exited with {failed.exitcode}; "
+        exitcode = failed.exitcode
+        assert exitcode is not None  # joined above
+        code = exitcode if exitcode > 0 else 128 - exitcode
+        print(f"slurm-hai spawn: local rank {procs.index(failed)} exited with {exitcode}; "
               f"stopped the other {nprocs - 1}", file=sys.stderr, flush=True)
         sys.exit(code)

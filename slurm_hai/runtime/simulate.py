@@ -46,15 +46,17 @@ def simulate(cmd: list[str], suspend_after: float, restarts: int, grace: float, 
                    WORLD_SIZE="1", MASTER_IP="127.0.0.1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(master_port({})),
                    HAI_RESTART_COUNT=str(run), SLURM_RESTART_COUNT=str(run), HAI_CONTRACT="local")
         env.pop("SLURM_JOB_ID", None)
+        flag = flag_path(sim_id, run)
         node = NodeRun(cmd, env, jobdir, run, 0, grace, notice_signals("USR2", False), force_suspend=lambda: None,
-                       flag=flag_path(sim_id, run))
+                       flag=flag)
         node.start()
+        assert node.child is not None  # start() exits when the command cannot start
         jobdir.event("start", run=run, host="local")
         notice_due = run < restarts
         print(f"slurm-hai local run: run {run} started" + (f"; suspend notice {suspend_after:g} s after its first "
                                                            "receive_suspend_command()" if notice_due else ""),
               flush=True)
-        polled = Path(polled_marker(str(node.flag)))
+        polled = Path(polled_marker(str(flag)))
         polling_since = None
         for sig in (*node.notices, signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda s, _f: node.pending.append(s))
@@ -69,10 +71,10 @@ def simulate(cmd: list[str], suspend_after: float, restarts: int, grace: float, 
             if jobdir.suspended(run):
                 node.end()
             time.sleep(0.02)
-        node.flag.unlink(missing_ok=True)
+        flag.unlink(missing_ok=True)
         polled.unlink(missing_ok=True)
         with contextlib.suppress(OSError):
-            node.flag.parent.rmdir()
+            flag.parent.rmdir()
         if notice_due and polling_since is None:
             print(f"slurm-hai local run: run {run} never called receive_suspend_command(); no notice was sent",
                   flush=True)

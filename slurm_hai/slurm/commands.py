@@ -2,7 +2,7 @@
 commands' text is read back (pure: no process is started here; `cli.py` runs them).
 
 - A policy change (`slurm_hai.policy.ladder.Change`) -> `sacctmgr -i ...` (accounting:
-  add, modify, delete of a cluster, account, user or QOS) or `scontrol create|update ...`
+  add, modify, delete of a cluster, account, user or QOS) or `scontrol create|update|delete ...`
   (slurmctld: a partition). `hai-admin plan` prints exactly these argv, `apply` runs them.
 - The job step the batch script runs -> `srun ...` (one task per node).
 - `sacctmgr -n -P show ...` and `scontrol show node -o` text -> rows and NodeInfo.
@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 
 ACCOUNTING_OPS = ("add", "modify", "delete")  # sacctmgr, on slurmdbd
 ACCOUNTING_ENTITIES = ("cluster", "account", "user", "qos")
-CONTROLLER_OPS = ("create", "update")  # scontrol, on slurmctld (lasts until it restarts)
+CONTROLLER_OPS = ("create", "update", "delete")  # scontrol, on slurmctld (lasts until it restarts)
 CONTROLLER_KEYS = {"partition": "PartitionName"}  # entity -> the key that names it
 
 # What the typed reads ask sacctmgr for (the keys of their rows).
@@ -37,7 +37,7 @@ def change_argv(change: Change) -> list[str]:
     add:    sacctmgr -i add ENTITY NAME KEY=VALUE...
     modify: sacctmgr -i modify ENTITY where KEY=VALUE... set KEY=VALUE...
     delete: sacctmgr -i delete ENTITY where KEY=VALUE...
-    create/update: scontrol create|update PartitionName=NAME KEY=VALUE...
+    create/update/delete: scontrol create|update|delete PartitionName=NAME KEY=VALUE...
     """
     op, entity = change.op, change.entity
     if op in ACCOUNTING_OPS and entity in ACCOUNTING_ENTITIES:

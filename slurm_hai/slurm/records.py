@@ -19,7 +19,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 from ..policy import tags
 from .base import SlurmError
@@ -349,7 +349,7 @@ def job_from_record(rec: object, spec: Spec = JOB_INFO, where: str = "squeue --j
     if not isinstance(rec, dict):
         raise RecordError(f"{where}: a job record is {_kind(rec)}, expected an object")
     job = _job_label(rec.get("job_id", rec.get("id", "?")))
-    values = {}
+    values: dict[str, Any] = {}  # JobInfo's fields, each of the type its converter in `spec` gives
     for name, (path, convert, required) in spec.items():
         found, raw = _lookup(rec, path)
         if not found and required:

@@ -116,7 +116,7 @@ def test_200_jobs_from_4_users_keep_quotas_and_each_ends_exactly_once(live, tmp_
         grows = Counter(int(j) for j in re.findall(r"job (\d+): \w+ \[[\w+-]*grow", d_log.read_text()))
         suspended: dict[int, int] = {}
         on_two = 0
-        for token, user, level, job in jobs:
+        for token, user, _level, job in jobs:
             info = final[job]
             assert info["JobState"] == "COMPLETED", (token, info)
             lines = (d / token).read_text().splitlines()

@@ -13,7 +13,6 @@ from __future__ import annotations
 import json
 import re
 import textwrap
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 

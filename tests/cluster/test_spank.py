@@ -141,7 +141,7 @@ def test_srun_two_nodes_contract(live: LiveCluster) -> None:
     job_id = int(tasks[0]["SLURM_JOB_ID"])
     master_ip = node_ipv4(live, "n1")
     assert master_ip == "127.0.0.1"  # all local nodes have NodeAddr=127.0.0.1
-    for task, env in tasks.items():
+    for env in tasks.values():
         node_rank = int(env["SLURM_NODEID"])
         assert env["RANK"] == env["NODE_RANK"] == str(node_rank)
         assert env["WORLD_SIZE"] == "2"

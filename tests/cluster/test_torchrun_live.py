@@ -84,7 +84,7 @@ def test_torchrun_job_on_two_nodes_is_preempted_and_resumes_bit_for_bit(live, tm
         seen = {(int(m[5]), int(m[0])): m for m in RANK_LINE.findall(log)}
         # torchrun's meaning: global ranks over 2 nodes x 2 processes; node = the contract's node rank
         assert sorted(seen) == [(run, rank) for run in (0, 1) for rank in (2 * node, 2 * node + 1)], log
-        for (run, rank), m in seen.items():
+        for (_run, rank), m in seen.items():
             assert m[:5] == (str(rank), "4", str(rank % 2), "2", str(node))
             assert m[6] == threads and m[7] == "6"  # 0+1+2+3: the all_reduce spans both nodes
     # every process of node 0 saw the notice itself; node 1's learned it from the all_reduce

@@ -250,13 +250,14 @@ def test_admin_daemon_exits_4_when_another_leads(tmp_path):
 def test_plan_exit_status_says_whether_changes_are_due(monkeypatch):
     import json
 
-    from slurm_hai.policy.ladder import Change
+    from slurm_hai.policy.ladder import Change, ClusterState
 
-    monkeypatch.setattr("slurm_hai.cli.admin._plan", lambda policy, partitions: [])
+    monkeypatch.setattr("slurm_hai.cli.admin._site_warnings", lambda changes, state, record: None)
+    monkeypatch.setattr("slurm_hai.cli.admin._plan", lambda policy, partitions: ([], ClusterState()))
     r = CliRunner().invoke(admin, ["plan", "--policy", str(LOCAL)])
     assert r.exit_code == 0 and "no change" in r.output
     change = Change("modify", "qos", where={"name": "high"}, settings={"GraceTime": "5"}, why="high: GraceTime")
-    monkeypatch.setattr("slurm_hai.cli.admin._plan", lambda policy, partitions: [change])
+    monkeypatch.setattr("slurm_hai.cli.admin._plan", lambda policy, partitions: ([change], ClusterState()))
     r = CliRunner().invoke(admin, ["plan", "--policy", str(LOCAL)])
     assert r.exit_code == 3
     assert r.output.splitlines()[:2] == ["sacctmgr -i modify qos where name=high set GraceTime=5",

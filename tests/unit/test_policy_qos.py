@@ -126,7 +126,7 @@ def test_plan_changes_only_what_differs():
     assert [(c.op, c.entity, c.where, c.settings) for c in changes] == [
         ("modify", "qos", {"name": "high"}, {"GraceTime": "60"}),  # max_grace_seconds: Slurm's bound
         ("modify", "qos", {"name": "normal"}, {"MaxTRESPU": "node=4"}),
-        ("modify", "qos", {"name": "low"}, {"Preempt": "''"}),
+        ("modify", "qos", {"name": "low"}, {"Preempt": ""}),
     ]
     assert changes[0].why == "high: GraceTime 00:00:10 -> 00:01:00"
     assert changes[1].why == "normal: MaxTRESPU (none) -> node=4"
@@ -175,7 +175,7 @@ def test_partitions_are_compared_and_created():
     p = parse_policy({"groups": {"gpu": {"nodes": "n[1-4]", "priority_tier": 2, "levels": ["HIGH", "LOW"]},
                                  "cpu": {"nodes": "c1"}}})
     have = {"gpu": {"PartitionName": "gpu", "PriorityTier": "1", "AllowQos": "ALL", "Default": "YES",
-                    "Nodes": "n[1-4]"}}
+                    "Nodes": "n[1-4]", "OverSubscribe": "EXCLUSIVE"}}
     state = ClusterState(qos=shown(p), partitions=have, nodes={"n[1-4]": frozenset({"n1", "n2", "n3", "n4"}),
                                                                 "c1": frozenset({"c1"})})
     changes = plan_changes(p, state)
@@ -185,8 +185,12 @@ def test_partitions_are_compared_and_created():
     assert changes[1].settings == {"Nodes": "c1", "PriorityTier": "1", "AllowQos": "ALL", "Default": "NO",
                                    "OverSubscribe": "EXCLUSIVE", "MaxTime": "INFINITE", "State": "UP"}
     have["gpu"].update(PriorityTier="2", AllowQos="low,high")
-    have["cpu"] = {"PartitionName": "cpu", "PriorityTier": "1", "AllowQos": "ALL", "Default": "NO", "Nodes": "c1"}
+    have["cpu"] = {"PartitionName": "cpu", "PriorityTier": "1", "AllowQos": "ALL", "Default": "NO", "Nodes": "c1",
+                   "OverSubscribe": "EXCLUSIVE"}
     assert plan_changes(p, state) == []
+    have["cpu"]["OverSubscribe"] = "NO"  # a partition of the site's that shares nodes: whole nodes per job
+    assert plan_changes(p, state)[0].settings == {"OverSubscribe": "EXCLUSIVE"}
+    have["cpu"]["OverSubscribe"] = "EXCLUSIVE"
     have["gpu"]["Nodes"] = "n[1-2]"
     state.nodes["n[1-2]"] = frozenset({"n1", "n2"})
     assert plan_changes(p, state)[0].settings == {"Nodes": "n[1-4]"}

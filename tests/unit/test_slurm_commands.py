@@ -22,8 +22,8 @@ LOCAL = load_policy(REPO / "contrib" / "localcluster" / "policy.toml")
 @pytest.mark.parametrize("change,argv", [
     # the QOS ladder
     (Change("add", "qos", name="normal.u.hai-bob"), "sacctmgr -i add qos normal.u.hai-bob"),
-    (Change("modify", "qos", where={"name": "low"}, settings={"Preempt": "''", "MaxTRESPU": "node=-1", "Flags": "-1"}),
-     "sacctmgr -i modify qos where name=low set Preempt='' MaxTRESPU=node=-1 Flags=-1"),
+    (Change("modify", "qos", where={"name": "low"}, settings={"Preempt": "", "MaxTRESPU": "node=-1", "Flags": "-1"}),
+     "sacctmgr -i modify qos where name=low set Preempt= MaxTRESPU=node=-1 Flags=-1"),
     (Change("delete", "qos", where={"name": "high.u.bob"}), "sacctmgr -i delete qos where name=high.u.bob"),
     # QOS access of associations (hai-admin apply) and of whole accounts (hai-admin render)
     (Change("modify", "user", where={"cluster": "hai", "account": "hai", "name": "bob", "partition": "gpu"},

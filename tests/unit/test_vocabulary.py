@@ -103,7 +103,7 @@ def test_job_submit_lua_decodes_a_qos_as_policy_does(tmp_path):
     names = ["high", "HIGH", "normal.u.bob", "high.a.lab", "site_special", "auto"]
     results = run_lua(tmp_path, [{"user_name": "alice", "account": "hai", "min_nodes": 1, "tres_per_node": "gres:gpu:8",
                                   "qos": n} for n in names])
-    for name, (rc, qos, comment, said) in zip(names, results):
+    for name, (rc, qos, comment, _said) in zip(names, results):
         lvl = level_of_qos(name, POLICY.ladder)
         if name == "auto":
             assert comment == f"{tags.LEVEL}=AUTO {tags.GRACE}=5"
@@ -127,7 +127,7 @@ def test_job_submit_lua_gives_a_job_the_grace_it_asked_up_to_the_policy_maximum(
         ({"comment": f"{tags.GRACE}=-1"}, None),
     ]
     results = run_lua(tmp_path, [{**job, **how} for how, _ in asked], GRACE_POLICY)
-    for (how, want), (rc, qos, comment, said) in zip(asked, results):
+    for (how, want), (rc, _qos, comment, said) in zip(asked, results):
         if want is None:
             assert rc == "-1" and "from 1 to 60" in said and "max_grace_seconds" in said, how
         else:
@@ -205,7 +205,7 @@ def test_job_submit_lua_refuses_too_few_gpus_per_node_as_policy_says(tmp_path):
             groups = (partition or GPU_POLICY.default_group.name).split(",")
             wants.append(next((r for g in groups for r in [GPU_POLICY.min_gpus_refusal(g, gpus)] if r), None))
     results = run_lua(tmp_path, cases, GPU_POLICY)
-    for case, want, (rc, qos, comment, said) in zip(cases, wants, results):
+    for case, want, (rc, _qos, _comment, said) in zip(cases, wants, results):
         if want is None:
             assert rc == "0" and said == "", (case, said)
         else:

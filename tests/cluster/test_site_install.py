@@ -1,0 +1,245 @@
+"""slurm-hai added to a running cluster of a site's own, from the built wheel alone, and
+taken out again (docs/admin-guide.md, "Adding slurm-hai to a running cluster").
+
+A second local cluster boots in site mode (`contrib/localcluster/up --site`, its own state
+directory and ports): QOS `normal` and `high` of the site's own settings, an account `lab`,
+partitions `batch` (the default) and `debug`, PreemptMode=CANCEL and a job_submit.lua that
+charges a job with no account to `lab`. The wheel (`python -m build --wheel`) goes into a
+fresh virtualenv outside the checkout (torch and the other dependencies reach it through a
+.pth naming this environment's site-packages, whose own .pth files, the checkout's editable
+install among them, are not read), and every slurm-hai command below is that venv's.
+
+Proved (each an assertion that can fail):
+  * `hai-admin plan` warns, one line each, that PreemptMode=CANCEL cancels a preempted job
+    and that QOS high and normal are the site's; `apply` without --adopt refuses in one line
+    and changes nothing;
+  * installed as the guide says (render; hai-policy.conf included from slurm.conf; the SPANK
+    plugin built against this Slurm by `hai-admin spank install`; slurm-hai's job_submit.lua
+    called from the site's; `apply --adopt high,normal`; the policy daemon and a persist
+    agent on each node), a 4-node job from the wheel's hai-submit is charged to `lab` by the
+    site's job_submit.lua and runs at NORMAL; a HIGH job (plain sbatch through the SPANK
+    plugin) preempts it; it suspends with go_suspend, is requeued (never cancelled) and
+    ends with weights bitwise equal to an uninterrupted run;
+  * `apply --remove` and the guide's removal steps give back the QOS, associations,
+    partitions, slurm.conf and preemption mode exactly as they were before the install.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import LOCALCLUSTER, LiveCluster
+from test_site_policy import (STEPS, TRAIN, TRAIN_ARGS, accounting, events, final, last_step, named,  # noqa: F401
+                              reference, same_weights, user_file)
+from waiting import wait_for
+
+pytestmark = pytest.mark.cluster
+
+REPO = Path(__file__).resolve().parents[2]
+SITE_STATE = Path("/var/lib/slurm-hai/localcluster-site")
+ALICE = "hai-alice"
+POLICY = """\
+# HAI's ladder on the site's partition batch, for the users of the site's account lab
+accounts = ["lab"]
+min_gpus = 0
+
+[groups.batch]
+nodes = "n[1-4]"
+priority_tier = 3
+"""
+# The lines the guide adds to a site's job_submit.lua, before its last line (`return slurm.SUCCESS`).
+LUA_HOOK = """\
+-- slurm-hai: its rules after the site's own (docs/admin-guide.md)
+local site_job_submit, site_job_modify = slurm_job_submit, slurm_job_modify
+dofile("{path}")
+local hai_job_submit, hai_job_modify = slurm_job_submit, slurm_job_modify
+function slurm_job_submit(job_desc, part_list, submit_uid)
+   local rc = site_job_submit(job_desc, part_list, submit_uid)
+   if rc ~= slurm.SUCCESS then return rc end
+   return hai_job_submit(job_desc, part_list, submit_uid)
+end
+function slurm_job_modify(job_desc, job_rec, part_list, modify_uid)
+   local rc = site_job_modify(job_desc, job_rec, part_list, modify_uid)
+   if rc ~= slurm.SUCCESS then return rc end
+   return hai_job_modify(job_desc, job_rec, part_list, modify_uid)
+end
+"""
+
+
+def localcluster(command: str, env: dict[str, str]) -> None:
+    p = subprocess.run([sys.executable, str(LOCALCLUSTER), *command.split()], env=env, text=True,
+                       capture_output=True, timeout=600)
+    assert p.returncode == 0, f"localcluster {command}: {p.stdout[-3000:]}{p.stderr[-3000:]}"
+
+
+@pytest.fixture(scope="module")
+def site_cluster(cluster: LiveCluster):
+    """A cluster in site mode on the session's Slurm, booted fresh and removed after."""
+    env = {**os.environ, "HAI_CLUSTER_DIR": str(SITE_STATE), "HAI_CLUSTER_PORT_BASE": "16600",
+           "HAI_CLUSTER_FIRST_JOB_ID": "60000"}
+    prefix = (cluster.state / "etc" / "slurm-prefix").read_text().strip()
+    env.pop("HAI_SLURM_SOURCE", None)
+    env["HAI_SLURM_PREFIX"] = prefix
+    if SITE_STATE.exists():
+        localcluster("down", env)
+        shutil.rmtree(SITE_STATE)
+    localcluster("up --site", env)
+    try:
+        yield LiveCluster(SITE_STATE)
+    finally:
+        localcluster("down", env)
+        shutil.rmtree(SITE_STATE, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def wheel_venv(site_cluster: LiveCluster, tmp_path_factory) -> Path:
+    """The wheel, built from the checkout, in a fresh venv every test user can run."""
+    out = tmp_path_factory.mktemp("wheel")
+    p = subprocess.run([sys.executable, "-m", "build", "--no-isolation", "--wheel", "--outdir", str(out), str(REPO)],
+                       text=True, capture_output=True, timeout=300)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    (wheel,) = out.glob("slurm_hai-*.whl")
+    venv = SITE_STATE / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    p = subprocess.run([sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q",
+                        "--no-deps", "--no-index", str(wheel)], text=True, capture_output=True)
+    assert p.returncode == 0, p.stdout + p.stderr
+    (site_packages,) = (venv / "lib").glob("python3*/site-packages")
+    ours = next(Path(p) for p in sys.path if p.endswith("site-packages") and (Path(p) / "torch").is_dir())
+    (site_packages / "dependencies.pth").write_text(f"{ours}\n")
+    where = subprocess.run([str(venv / "bin" / "python"), "-c", "import slurm_hai, torch; print(slurm_hai.__file__)"],
+                           text=True, capture_output=True, cwd="/", env={"PATH": "/usr/bin:/bin"})
+    assert where.returncode == 0 and where.stdout.startswith(str(site_packages)), where.stdout + where.stderr
+    return venv
+
+
+def snapshot(c: LiveCluster) -> dict[str, str]:
+    """What an install may change and a removal must give back, as Slurm shows it."""
+    qos = ["sacctmgr", "-nP", "show", "qos", "format=Name,Priority,GraceTime,Preempt,PreemptMode,Flags,"
+           "UsageFactor,MaxTRESPU,MaxWall,PreemptExemptTime,Description"]
+    assoc = ["sacctmgr", "-nP", "show", "assoc", "format=Cluster,Account,User,Partition,Share,QOS,DefaultQOS,"
+             "GrpTRES,MaxJobs"]
+    config = c.run(["scontrol", "show", "config"]).stdout
+    return {"qos": c.run(qos).stdout, "associations": c.run(assoc).stdout,
+            "partitions": c.run(["scontrol", "show", "partition", "-o"]).stdout,
+            "slurm.conf": c.conf.read_text(),
+            "preemption": "\n".join(line for line in config.splitlines()
+                                    if line.split("=")[0].strip() in ("PreemptMode", "PreemptType", "JobRequeue"))}
+
+
+def test_added_from_the_wheel_to_a_sites_cluster_preempts_resumes_bitwise_and_comes_out_leaving_it_as_it_was(
+        site_cluster: LiveCluster, wheel_venv: Path, reference):
+    c = site_cluster
+    etc = c.state / "etc"
+    home = etc / "slurm-hai"  # where the admin keeps the policy and what render writes
+    home.mkdir(mode=0o755)
+    policy = home / "policy.toml"
+    policy.write_text(POLICY)
+    c.env = {**c.env, "HAI_POLICY": str(policy), "PATH": f"{wheel_venv / 'bin'}:{c.env['PATH']}"}
+    tool = {name: str(wheel_venv / "bin" / name) for name in ("hai-admin", "hai-submit", "hai")}
+    before = snapshot(c)
+    site_lua = (etc / "job_submit.lua").read_text()
+    assert "PreemptMode = CANCEL" in " ".join(before["preemption"].split()), before["preemption"]
+
+    # -- what would defeat slurm-hai, one line each; nothing of the site's changed unasked
+    out = c.run([tool["hai-admin"], "check", "--policy", str(policy)], cwd="/").stdout
+    assert out.startswith(f"{policy}: valid"), out
+    plan = c.run([tool["hai-admin"], "plan"], check=False, cwd="/")
+    assert plan.returncode == 3, plan.stdout + plan.stderr
+    warnings = [line for line in plan.stderr.splitlines() if line.startswith("warning: ")]
+    assert any("PreemptMode=CANCEL cancels a preempted job" in w for w in warnings), plan.stderr
+    assert [re.match(r"warning: QOS (\w+) is the site's", w).group(1) for w in warnings
+            if w.startswith("warning: QOS ")] == ["high", "normal"], plan.stderr
+    refused = c.run([tool["hai-admin"], "apply"], check=False, cwd="/")
+    assert refused.returncode == 1 and refused.stderr.count("\n") == 1, refused.stdout + refused.stderr
+    assert "QOS high, normal of the site would be changed" in refused.stderr and "--adopt high,normal" in refused.stderr
+    assert snapshot(c) == before
+
+    # -- the install, as docs/admin-guide.md says
+    include = f"Include {home / 'hai-policy.conf'}"
+    plugin_dir = c.state / "lib" / "slurm-hai"
+    prefix = (etc / "slurm-prefix").read_text().strip()  # empty: Debian's Slurm, headers in /usr/include
+    headers = ["--slurm-include", f"{prefix}/include"] if prefix else []
+    c.run([tool["hai-admin"], "spank", "install", "--plugin-dir", str(plugin_dir), *headers], cwd="/")
+    c.run([tool["hai-admin"], "render", "--out", str(home), "--spank-plugin", str(plugin_dir / "hai_spank.so")],
+          cwd="/")
+    with c.conf.open("a") as conf:
+        conf.write(f"{include}\n")
+    shutil.copy(home / "plugstack.conf", etc / "plugstack.conf")
+    shutil.copy(home / "job_submit.lua", etc / "hai_job_submit.lua")
+    head, last = site_lua.rstrip("\n").rsplit("\n", 1)
+    assert last == "return slurm.SUCCESS", site_lua
+    (etc / "job_submit.lua").write_text(f"{head}\n{LUA_HOOK.format(path=etc / 'hai_job_submit.lua')}{last}\n")
+    c.run(["scontrol", "reconfigure"])
+    wait_for(lambda: "PreemptMode = REQUEUE" in " ".join(snapshot(c)["preemption"].split()), 30,
+             "PreemptMode=REQUEUE in force")
+    applied = c.run([tool["hai-admin"], "apply", "--adopt", "high,normal"], cwd="/")
+    assert "change(s) applied" in applied.stdout, applied.stdout
+    again = c.run([tool["hai-admin"], "plan"], check=False, cwd="/")
+    assert again.returncode == 0 and not [w for w in again.stderr.splitlines() if w.startswith("warning: ")], \
+        again.stdout + again.stderr
+    daemon_log = home / "daemon.log"
+    daemons = [subprocess.Popen([tool["hai-admin"], "daemon", "--interval", "0.5", "--lock", str(home / "policyd.lock")],
+                                env=c.env, cwd="/", stdout=daemon_log.open("w"), stderr=subprocess.STDOUT)]
+    for node in ("n1", "n2", "n3", "n4"):
+        daemons.append(subprocess.Popen(["nsenter", f"--target={c.node_pid(node)}", "--mount", "--", tool["hai-admin"],
+                                         "persist-agent", "--sweep-every", "5"], env=c.env, cwd="/",
+                                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    try:
+        wait_for(lambda: "policy daemon started" in daemon_log.read_text(), 20, "the policy daemon to start")
+
+        # -- a preemption that resumes bitwise, every part of slurm-hai the wheel's
+        script = user_file(c, "site-install-train", TRAIN.read_text())
+        out = c.run([tool["hai-submit"], "--json", "-n", "4", str(script), "--", *TRAIN_ARGS], user=ALICE).stdout
+        submitted = json.loads(out)
+        job, job_dir = submitted["job_id"], Path(submitted["job_dir"])
+        info = c.wait_job(job, lambda j: j["JobState"] == "RUNNING", 90, "the NORMAL job to run")
+        # the site's job_submit.lua chose the account, slurm-hai's the level
+        assert (info["Account"], info["QOS"], info["Partition"]) == ("lab", "normal", "batch"), info
+        assert info["AdminComment"].split()[0] == "hai-level=NORMAL", info
+        wait_for(lambda: last_step(job_dir) >= 20, 120, "the NORMAL job to train", 0.2)
+        high = c.sbatch("-N1", "--hai-priority=high", "-o", "/dev/null", "--wrap", "sleep 600", user=ALICE)
+        try:
+            suspended = wait_for(lambda: named(job_dir, "suspended"), 60, "the NORMAL job to suspend")
+        except AssertionError as e:
+            log = (c.state / "log" / "slurmctld.log").read_text().splitlines()[-40:]
+            raise AssertionError(f"{e}\nHIGH job: {c.job(high)}\nNORMAL job: {c.job(job)}\nevents: {events(job_dir)}"
+                                 "\nslurmctld.log:\n" + "\n".join(log)) from None
+        assert [e["how"] for e in suspended] == ["go_suspend"], suspended
+        c.wait_job(high, lambda j: j["JobState"] == "RUNNING", 60, "the HIGH job to take a node")
+        c.wait_job(job, lambda j: j["Restarts"] == "1", 30, "the NORMAL job to be requeued")
+        c.run(["scancel", str(high)])
+        result = final(job_dir, 240)
+        assert result["state"] == "succeeded", result
+        assert same_weights(job_dir / "final-weights.safetensors", reference()), "resumed weights differ"
+        assert [e["run"] for e in events(job_dir) if e["event"] == "start"] == [0, 1]
+        states = accounting(c, job)
+        assert not [r for r in states if "." not in r[0] and r[1].startswith(("FAILED", "CANCELLED"))], states
+    finally:
+        for d in daemons:
+            d.terminate()
+            d.wait(15)
+    assert "Traceback" not in daemon_log.read_text(), daemon_log.read_text()
+
+    # -- the removal: apply --remove, then the guide's steps in the files, back in reverse
+    c.cancel_all()
+    removed = c.run([tool["hai-admin"], "apply", "--remove"], cwd="/")
+    assert "slurm-hai is taken out" in removed.stdout, removed.stdout
+    c.conf.write_text(before["slurm.conf"])
+    (etc / "job_submit.lua").write_text(site_lua)
+    (etc / "plugstack.conf").write_text("")
+    c.run(["scontrol", "reconfigure"])
+    wait_for(lambda: snapshot(c)["preemption"] == before["preemption"], 30, "PreemptMode=CANCEL again")
+    after = snapshot(c)
+    for key in before:
+        assert after[key] == before[key], f"{key} before the install:\n{before[key]}\nafter the removal:\n{after[key]}"
+    plan = c.run([tool["hai-admin"], "apply", "--remove"], cwd="/")
+    assert "nothing of slurm-hai is left to take out" in plan.stdout, plan.stdout
