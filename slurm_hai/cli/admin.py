@@ -216,12 +216,17 @@ def _site_warnings(changes, state, record_file: str | None) -> None:
     """What of the site's would defeat slurm-hai or be changed by it, one line each on stderr."""
     from ..controller.apply import load_record, record_path
     from ..policy.install import config_warnings, conflict_warning, qos_conflicts
-    from ..slurm import backend
+    from ..slurm import SlurmError, backend
 
     record = load_record(Path(record_file) if record_file else record_path())
     for name in qos_conflicts(changes, state, record):
         click.echo(conflict_warning(name, state), err=True)
-    for line in config_warnings(backend().config()):
+    try:
+        config = backend().config()
+    except SlurmError as e:  # slurmdbd answers, slurmctld not yet (plan --no-partitions before it starts)
+        click.echo(f"note: slurm.conf's preemption settings not checked: {' '.join(str(e).split())}", err=True)
+        return
+    for line in config_warnings(config):
         click.echo(line, err=True)
 
 
