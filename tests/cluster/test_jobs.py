@@ -236,7 +236,7 @@ def test_finished_job_is_not_rerun_even_if_requeued(live):
     (["-e", "1BAD=x"], "KEY=VALUE"),
     (["--nodes", "0"], "--nodes"),
     (["--time", "soon"], "--time"),
-    (["--grace", "0"], "--grace"),
+    (["--grace", "0"], "grace '0' is not allowed on this cluster; ask for whole seconds from 1 to "),
 ])
 def test_bad_submit_input_gets_one_line_error(live, args, needle, tmp_path):
     script = tmp_path / "t.py"

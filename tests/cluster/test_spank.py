@@ -120,9 +120,10 @@ def test_priority_lands_in_level_qos(live: LiveCluster, value: str, qos: str) ->
 @pytest.mark.parametrize("option,message", [
     ("--hai-priority=bogus", "hai: unknown priority level 'bogus'; use one of "),
     ("--hai-priority=7", "hai: unknown priority level '7'; use one of "),
-    ("--hai-grace=0", "hai: invalid --hai-grace '0'"),
-    ("--hai-grace=86401", "hai: invalid --hai-grace '86401'"),
-    ("--hai-grace=5s", "hai: invalid --hai-grace '5s'"),
+    # the policy's words for a grace out of its bounds (placement.REFUSALS), as hai-submit says them
+    ("--hai-grace=0", "hai: grace '0' is not allowed on this cluster; ask for whole seconds from 1 to "),
+    ("--hai-grace=86401", "hai: grace '86401' is not allowed on this cluster; ask for whole seconds from 1 to "),
+    ("--hai-grace=5s", "hai: grace '5s' is not allowed on this cluster; ask for whole seconds from 1 to "),
 ])
 def test_bad_value_refused_at_submission(live: LiveCluster, option: str, message: str) -> None:
     p = live.run(["sbatch", option, "-o", "/dev/null", "--wrap=true"], user=USER, check=False)
