@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from .ladder import Change, ClusterState
+from .ladder import Change, ClusterState, partition_setting
 from .levels import parse_qos
 
 RECORD_VERSION = 1
@@ -109,7 +109,7 @@ def recorded(record: InstallRecord, changes: list[Change], state: ClusterState) 
             have = (state.partitions or {}).get(c.name, {})
             before = record.partitions_before.setdefault(c.name, {})
             for k in c.settings:
-                before.setdefault(k, have.get(k, ""))
+                before.setdefault(k, partition_setting(have, k))
         elif c.op == "modify" and c.entity in ("user", "account"):
             key = _assoc_key({**c.where, "entity": c.entity})
             if key in assocs:
@@ -203,7 +203,7 @@ def removal_changes(record: InstallRecord, state: ClusterState) -> list[Change]:
         current = parts.get(name)
         if current is None:
             continue
-        sets = {k: v for k, v in before.items() if current.get(k, "") != v and v != ""}
+        sets = {k: v for k, v in before.items() if partition_setting(current, k) != v and v != ""}
         if sets:
             changes.append(Change("update", "partition", name=name, settings=sets,
                                   why=f"partition {name}: back to the site's settings"))

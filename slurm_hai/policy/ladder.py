@@ -291,6 +291,15 @@ def _granted_for_a_moment(lacking: list[tuple[dict[str, str], set[str]]], defaul
             + [grant(w, qos, f"{w['name']} back to their own QOS") for w, qos in lacking])
 
 
+def partition_setting(shown: Mapping[str, str], key: str) -> str:
+    """A partition's setting `key` as `scontrol update` takes it, from `scontrol show partition`.
+    Slurm 26.05 shows a whole-node partition as `Exclusive=NODE` (or TOPO) with
+    `OverSubscribe=NO`; earlier releases as `OverSubscribe=EXCLUSIVE`."""
+    if key == "OverSubscribe" and shown.get("Exclusive", "").upper() in ("NODE", "TOPO"):
+        return "EXCLUSIVE"
+    return shown.get(key, "")
+
+
 def _partition_changes(policy: Policy, group, state: ClusterState) -> list[Change]:
     # whole nodes per job, as on HAI: a job never shares a node another job preempts it for
     want = {"PriorityTier": str(group.priority_tier), "AllowQos": group_allow_qos(policy, group),
@@ -303,7 +312,7 @@ def _partition_changes(policy: Policy, group, state: ClusterState) -> list[Chang
     sets: dict[str, str] = {}
     diffs = []
     for key, value in want.items():
-        now = have.get(key, "")
+        now = partition_setting(have, key)
         same = _set_of(now) == _set_of(value) if key == "AllowQos" else now.upper() == value.upper()
         if not same:
             sets[key] = value

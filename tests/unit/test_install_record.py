@@ -270,3 +270,13 @@ def test_plan_warns_in_one_line_about_what_would_defeat_slurm_hai(config, said):
     assert len(warnings) == len(said)
     for line, pattern in zip(warnings, said):
         assert "\n" not in line and line.startswith("warning: ") and re.search(pattern, line), line
+
+
+def test_removal_gives_back_a_shared_partition_that_26_05_shows_as_exclusive_node():
+    state = site_cluster()
+    state.partitions["batch"].update(OverSubscribe="NO", Exclusive="NODE")  # 26.05: whole nodes, in its words
+    record = InstallRecord(partitions_before={"batch": {"OverSubscribe": "NO"}})
+    assert [(c.op, c.name, dict(c.settings)) for c in removal_changes(record, state)] == [
+        ("update", "batch", {"OverSubscribe": "NO"})]
+    state.partitions["batch"]["Exclusive"] = "NO"
+    assert removal_changes(record, state) == []

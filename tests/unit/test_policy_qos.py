@@ -190,7 +190,11 @@ def test_partitions_are_compared_and_created():
     assert plan_changes(p, state) == []
     have["cpu"]["OverSubscribe"] = "NO"  # a partition of the site's that shares nodes: whole nodes per job
     assert plan_changes(p, state)[0].settings == {"OverSubscribe": "EXCLUSIVE"}
-    have["cpu"]["OverSubscribe"] = "EXCLUSIVE"
+    have["cpu"]["Exclusive"] = "NODE"  # 26.05's words for a whole-node partition (OverSubscribe=NO beside)
+    assert plan_changes(p, state) == []
+    have["cpu"]["Exclusive"] = "NO"
+    assert plan_changes(p, state)[0].settings == {"OverSubscribe": "EXCLUSIVE"}
+    have["cpu"].update(OverSubscribe="EXCLUSIVE", Exclusive="")
     have["gpu"]["Nodes"] = "n[1-2]"
     state.nodes["n[1-2]"] = frozenset({"n1", "n2"})
     assert plan_changes(p, state)[0].settings == {"Nodes": "n[1-4]"}
