@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+from slurm_hai.slurm.version import SlurmVersion
 from waiting import wait_for
 
 if TYPE_CHECKING:  # the fixtures come from tests/conftest.py
@@ -123,10 +124,10 @@ def test_higher_level_preempts_lower_which_is_requeued_not_cancelled(rules):
     running(c, low, 40, "the LOW job to run again once the HIGH job is done")
     assert state(c, high) == "COMPLETED"
     assert c.job(low)["Restarts"] == "1"  # requeued once, by exactly one party
-    if c.release.startswith("22.05."):
-        # 22.05 ends a job that died of its notice FAILED: the daemon requeues it
+    if not SlurmVersion.parse(c.release).requeues_preempted_job_on_exit:
+        # before 24.05 (22.05, 23.11) Slurm ends a job that died of its notice FAILED: the daemon requeues it
         assert daemon_lines(log(), low, "requeue-failed"), log()
-    else:  # later Slurm requeues it itself (PreemptMode=REQUEUE), and the daemon leaves it be
+    else:  # 24.05 and later requeue it themselves (PreemptMode=REQUEUE), and the daemon leaves it be
         assert not daemon_lines(log(), low, "requeue-failed"), log()
 
 
