@@ -30,7 +30,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Mapping
 
-from .ladder import Change, ClusterState, partition_setting
+from .ladder import Change, ClusterState, name_set, partition_setting, user_where
 from .levels import parse_qos
 
 RECORD_VERSION = 1
@@ -146,11 +146,7 @@ def _seconds(hms: str) -> int:
 def _where_of(row: Mapping[str, str]) -> dict[str, str]:
     """An association row as the `where` of the change that sets it."""
     if row.get("User"):
-        where = {"entity": "user", "cluster": row.get("Cluster", ""), "account": row.get("Account", ""),
-                 "name": row["User"]}
-        if row.get("Partition"):
-            where["partition"] = row["Partition"]
-        return where
+        return {"entity": "user", **user_where(row)}
     return {"entity": "account", "cluster": row.get("Cluster", ""), "name": row.get("Account", "")}
 
 
@@ -181,8 +177,8 @@ def removal_changes(record: InstallRecord, state: ClusterState) -> list[Change]:
         row = next((r for r in state.assocs if _assoc_key(_where_of(r)) == key), None)
         if row is None:
             continue
-        have = _set_of(row.get("QOS", ""))
-        want = (have - ours) | (_set_of(before["qos"]) & have)
+        have = name_set(row.get("QOS", ""))
+        want = (have - ours) | (name_set(before["qos"]) & have)
         settings = {}
         if want != have:
             settings["qos"] = ",".join(sorted(want))
@@ -216,9 +212,6 @@ def removal_changes(record: InstallRecord, state: ClusterState) -> list[Change]:
         changes.append(Change("delete", "qos", where={"name": name}, why=f"QOS {name} was slurm-hai's"))
     return changes
 
-
-def _set_of(text: str) -> set[str]:
-    return {item.strip().lower() for item in text.split(",") if item.strip()}
 
 
 # ------------------------------------------------------------------ the site's slurm.conf

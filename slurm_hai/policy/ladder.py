@@ -146,7 +146,7 @@ def qos_changes(desired: list[QosSpec], current: dict[str, dict[str, str]]) -> l
 def _difference(key: str, now: str, want: str) -> str:
     """One field's change in words: `Preempt +high -low`, `GraceTime 00:00:10 -> 00:00:05`."""
     if key in ("Preempt", "Flags"):
-        added, removed = sorted(_set_of(want) - _set_of(now)), sorted(_set_of(now) - _set_of(want))
+        added, removed = sorted(name_set(want) - name_set(now)), sorted(name_set(now) - name_set(want))
         return f"{key} " + " ".join([f"+{x}" for x in added] + [f"-{x}" for x in removed])
     return f"{key} {now or '(none)'} -> {want or '(none)'}"
 
@@ -200,7 +200,8 @@ def group_allow_qos(policy: Policy, group) -> str:
     return ",".join(sorted(names))
 
 
-def _set_of(text: str) -> set[str]:
+def name_set(text: str) -> set[str]:
+    """A comma-separated list of Slurm names (Preempt, QOS, AllowQos) as a set, lower-cased."""
     return {item.strip().lower() for item in text.split(",") if item.strip()}
 
 
@@ -232,7 +233,7 @@ def plan_changes(policy: Policy, state: ClusterState) -> list[Change]:
     below: dict[tuple[str, str], list[tuple[dict[str, str], set[str]]]] = defaultdict(list)  # users, their QOS
     for row in rows:
         user, account = row.get("User", ""), row.get("Account", "")
-        have = _set_of(row.get("QOS", ""))
+        have = name_set(row.get("QOS", ""))
         # keep the site's own QOS; replace ours (bases and variants) by the ones this owner uses
         site = {q for q in have if parse_qos(q)[0] not in ladder_qos}
         want = site | {policy.qos_for(lvl.name, user, account) for lvl in policy.ladder}
@@ -240,11 +241,11 @@ def plan_changes(policy: Policy, state: ClusterState) -> list[Change]:
         default_now = row.get("DefaultQOS", "").lower()
         key = (row.get("Cluster", ""), account)
         if user:
-            below[key].append((_user_where(row), want))
+            below[key].append((user_where(row), want))
         if want == have and default_now == default:
             continue
         if user:
-            entity, where, who = "user", _user_where(row), f"user {user} in account {account}"
+            entity, where, who = "user", user_where(row), f"user {user} in account {account}"
         else:
             entity, where, who = "account", {"cluster": key[0], "name": account}, f"account {account}"
         added, removed = sorted(want - have), sorted(have - want)
@@ -269,7 +270,7 @@ def plan_changes(policy: Policy, state: ClusterState) -> list[Change]:
     return changes
 
 
-def _user_where(row: dict[str, str]) -> dict[str, str]:
+def user_where(row: Mapping[str, str]) -> dict[str, str]:
     where = {"cluster": row.get("Cluster", ""), "account": row.get("Account", ""), "name": row.get("User", "")}
     if row.get("Partition"):
         where["partition"] = row["Partition"]
@@ -313,7 +314,7 @@ def _partition_changes(policy: Policy, group, state: ClusterState) -> list[Chang
     diffs = []
     for key, value in want.items():
         now = partition_setting(have, key)
-        same = _set_of(now) == _set_of(value) if key == "AllowQos" else now.upper() == value.upper()
+        same = name_set(now) == name_set(value) if key == "AllowQos" else now.upper() == value.upper()
         if not same:
             sets[key] = value
             diffs.append(f"{key} {now or '(none)'} -> {value}")
