@@ -9,7 +9,6 @@ Rows (medians over --repeats):
     same file system (target >= 70%), and vs the same write with O_DIRECT;
   * load from the fast tier (tmpfs) vs the durable tier with a cold page cache;
   * torch.distributed.checkpoint save and async_save (single process) as the peer anchor;
-  * with CUDA: device-to-host staging vs a plain device-to-host copy into pinned memory;
   * --ranks N (default 4) gloo processes on this host, each holding its 1/N shard of every
     tensor (DTensors sharded on dim 0, as under FSDP): how long save(blocking=False) blocks vs one copy of the rank's
     tensors into preallocated buffers (target <= 1.5x) and vs save(blocking=True); the
@@ -195,16 +194,14 @@ class Bench:
 
     def save_rows(self, state: dict[str, torch.Tensor], label: str) -> None:
         nbytes = state_bytes(state)
-        staging = torch.empty(nbytes, dtype=torch.uint8, pin_memory=torch.cuda.is_available())
+        staging = torch.empty(nbytes, dtype=torch.uint8)
 
         def copy_once() -> None:
             offset = 0
             for tensor in state.values():
                 n = tensor.numel() * tensor.element_size()
-                staging[offset : offset + n].view(tensor.dtype).view(tensor.shape).copy_(tensor, non_blocking=True)  # noqa: F821 - deleted below, after its last call
+                staging[offset : offset + n].view(tensor.dtype).view(tensor.shape).copy_(tensor)  # noqa: F821 - deleted below, after its last call
                 offset += n
-            if torch.cuda.is_available():
-                torch.cuda.synchronize()
 
         copy_once()  # first touch of fresh pages is not part of a steady-state copy
         mgr = CheckpointManager(self.work / f"ours-{label}", keep_last=1)
@@ -260,9 +257,8 @@ class Bench:
                 gbps(nbytes, ours_persist), gbps(nbytes // 4096 * 4096, direct_s),
                 f"{direct_s / ours_persist * nbytes / (nbytes // 4096 * 4096):.0%}", "-"),
         ]
-        if label == "cpu":
-            self.load_rows(state, nbytes)
-            self.dcp_rows(state, nbytes, ours_block, ours_persist)
+        self.load_rows(state, nbytes)
+        self.dcp_rows(state, nbytes, ours_block, ours_persist)
 
     def load_rows(self, state: dict[str, torch.Tensor], nbytes: int) -> None:
         if self.fast is None:
@@ -370,8 +366,6 @@ def main() -> None:
             bench.save_rows(state, "cpu")
             nbytes = state_bytes(state)
             del state
-        if torch.cuda.is_available() and not args.ranks_only:
-            bench.save_rows(make_state(nbytes, "cuda"), "cuda")
         gc.collect()
         if args.ranks > 1:
             bench.multi_rank_rows(nbytes, args.ranks)

@@ -254,6 +254,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.cluster)
             if f"{Path(str(item.fspath)).name}::{item.name}" not in ONE_VERSION:
                 item.add_marker(pytest.mark.slurm_boundary)
+        elif "tests/gpu/" in str(item.fspath).replace(os.sep, "/"):
+            item.add_marker(pytest.mark.gpu)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:

@@ -1,13 +1,15 @@
 """Copy the state into reusable host buffers, then persist it in a background thread.
 
-The blocking part of an async save is one copy of every tensor into a preallocated
-(pinned when CUDA is present) host buffer; allocating fresh memory each time costs
-several times a plain copy, so the buffer is kept and only grows.
+The blocking part of an async save is one copy of every tensor into a preallocated host
+buffer (pinned when a tensor is on a GPU); allocating fresh memory each time costs several
+times a plain copy, so the buffer is kept and only grows.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import mmap
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -32,25 +34,63 @@ class StagedFile:
 
 
 class HostBuffer:
-    """A single page-aligned uint8 host buffer reused by every save (one save in flight)."""
+    """A single page-aligned uint8 host buffer reused by every save (one save in flight).
+
+    Its memory is an anonymous mapping of exactly the size asked for. For tensors on a GPU
+    it is pinned in place (cudaHostRegister), so device-to-host copies run at DMA speed:
+    torch's pinned allocator (pin_memory=True) rounds every block up to a power of two
+    (a 32.1 GiB save would pin 64 GiB) and keeps freed blocks cached, pinned."""
 
     def __init__(self) -> None:
         self._buffer: torch.Tensor | None = None
+        self._pinned_ptr: int | None = None  # registered with CUDA: unregistered on release
 
-    def reserve(self, nbytes: int) -> torch.Tensor:
-        if self._buffer is None or self._buffer.numel() < nbytes:
-            self._buffer = None  # let the old one go before allocating the bigger one
-            pinned = torch.cuda.is_available()  # pinned memory is page-aligned already
+    def reserve(self, nbytes: int, *, pinned: bool = False) -> torch.Tensor:
+        """At least nbytes of the buffer (pinned: registered with CUDA), grown when needed."""
+        if self._buffer is None or self._buffer.numel() < nbytes or (pinned and self._pinned_ptr is None):
+            size = max(nbytes, self._buffer.numel() if self._buffer is not None else 0, PAGE)
+            self.release()  # let the old one go before mapping the bigger one
             try:
-                raw = torch.empty(nbytes + (0 if pinned else PAGE), dtype=torch.uint8, pin_memory=pinned)
-            except RuntimeError as exc:
+                buffer = torch.frombuffer(mmap.mmap(-1, size), dtype=torch.uint8)
+            except (OSError, ValueError) as exc:
                 raise CheckpointError(
-                    f"cannot allocate a {nbytes / 2**30:.2f} GiB host staging buffer ({exc}); "
+                    f"cannot allocate a {size / 2**30:.2f} GiB host staging buffer ({exc}); "
                     "free host memory or save fewer/smaller tensors per process"
                 ) from exc
-            skip = -raw.data_ptr() % PAGE
-            self._buffer = raw[skip : skip + nbytes]
+            if pinned:
+                error = torch.cuda.cudart().cudaHostRegister(buffer.data_ptr(), size, 0)
+                if int(error) == 0:
+                    self._pinned_ptr = buffer.data_ptr()
+                else:  # still correct, only slower: copies from the GPU go through pageable memory
+                    log.warning("cannot pin a %.2f GiB host staging buffer (CUDA error %s); copying through "
+                                "pageable memory", size / 2**30, int(error))
+            self._buffer = buffer
         return self._buffer[:nbytes]
+
+    def release(self) -> None:
+        """Unpin and drop the buffer (its memory goes once no staged file refers to it)."""
+        if self._pinned_ptr is not None:
+            torch.cuda.cudart().cudaHostUnregister(self._pinned_ptr)
+            self._pinned_ptr = None
+        self._buffer = None
+
+    def __del__(self) -> None:
+        with contextlib.suppress(Exception):  # at interpreter exit CUDA may be gone already
+            self.release()
+
+
+def copy_to_host(copies: list[tuple[torch.Tensor, torch.Tensor]]) -> None:
+    """target.copy_(source) for each pair; returns once every copy has landed. Copies from a
+    GPU are queued on the source device's current stream, behind the work that computes
+    the tensors, and waited for on those streams alone (not the whole device)."""
+    streams: dict[torch.device, torch.cuda.Stream] = {}
+    with torch.no_grad():
+        for target, source in copies:
+            target.copy_(source, non_blocking=source.is_cuda)
+            if source.is_cuda:
+                streams.setdefault(source.device, torch.cuda.current_stream(source.device))
+    for stream in streams.values():
+        stream.synchronize()  # the copies must land before the caller touches its tensors
 
 
 def stage_files(files: list[tuple[str, FlatState]], buffer: HostBuffer) -> list[StagedFile]:
@@ -65,21 +105,16 @@ def stage_files(files: list[tuple[str, FlatState]], buffer: HostBuffer) -> list[
         size = len(header) + (slots[-1].end if slots else 0)
         layouts.append((name, flat, slots, header, start, size))
         total = start + size
-    host = buffer.reserve(total)
-    from_cuda = False
-    with torch.no_grad():
-        for _, flat, slots, header, start, _ in layouts:
-            host[start : start + len(header)].copy_(torch.frombuffer(bytearray(header), dtype=torch.uint8))
-            data_start = start + len(header)
-            for slot in slots:
-                if slot.end == slot.begin:
-                    continue
-                source = flat.tensors[slot.name].detach()
+    host = buffer.reserve(total, pinned=any(t.is_cuda for _, flat in files for t in flat.tensors.values()))
+    copies = []
+    for _, flat, slots, header, start, _ in layouts:
+        host[start : start + len(header)] = torch.frombuffer(bytearray(header), dtype=torch.uint8)
+        data_start = start + len(header)
+        for slot in slots:
+            if slot.end > slot.begin:
                 target = host[data_start + slot.begin : data_start + slot.end].view(slot.dtype).view(slot.shape)
-                from_cuda |= source.is_cuda
-                target.copy_(source, non_blocking=source.is_cuda)
-    if from_cuda:
-        torch.cuda.synchronize()  # the copies must land before the caller touches its tensors
+                copies.append((target, flat.tensors[slot.name].detach()))
+    copy_to_host(copies)
     host_bytes = memoryview(host.numpy()).cast("B")  # type: ignore[arg-type]  # an ndarray is a buffer
     return [StagedFile(name, host_bytes[start : start + size]) for name, _, _, _, start, size in layouts]
 
@@ -102,25 +137,20 @@ def stage_tensors(tensors: dict[str, torch.Tensor], buffer: HostBuffer) -> dict[
         nbytes = local.numel() * local.element_size()
         plan.append((name, tensor, local.detach(), start, nbytes))
         total = start + nbytes
-    host = buffer.reserve(total)
+    host = buffer.reserve(total, pinned=any(local.is_cuda for _, _, local, _, _ in plan))
+    targets = [host[start : start + nbytes].view(local.dtype).view(local.shape) if nbytes
+               else torch.empty(local.shape, dtype=local.dtype) for _, _, local, start, nbytes in plan]
+    copy_to_host([(target, local) for target, (_, _, local, _, nbytes) in zip(targets, plan, strict=True) if nbytes])
     staged: dict[str, torch.Tensor] = {}
-    from_cuda = False
-    with torch.no_grad():
-        for name, tensor, local, start, nbytes in plan:
-            if nbytes == 0:
-                target = torch.empty(local.shape, dtype=local.dtype)
-            else:
-                target = host[start : start + nbytes].view(local.dtype).view(local.shape)
-                from_cuda |= local.is_cuda
-                target.copy_(local, non_blocking=local.is_cuda)
-            if isinstance(tensor, DTensor):
-                target = DTensor.from_local(
-                    target, tensor.device_mesh, tensor.placements, run_check=False,
-                    shape=tensor.shape, stride=tensor.stride(),
-                )
-            staged[name] = target
-    if from_cuda:
-        torch.cuda.synchronize()  # the copies must land before the caller touches its tensors
+    for target, (name, tensor, _, _, _) in zip(targets, plan, strict=True):
+        if isinstance(tensor, DTensor):
+            # After the copies: from_local moves a host copy to a GPU mesh's device (an extra
+            # copy of the shard in GPU memory while the save runs; docs/benchmarks.md).
+            target = DTensor.from_local(
+                target, tensor.device_mesh, tensor.placements, run_check=False,
+                shape=tensor.shape, stride=tensor.stride(),
+            )
+        staged[name] = target
     return staged
 
 

@@ -25,12 +25,13 @@ class Suspended(Exception):
     """Stands for go_suspend(), which never returns."""
 
 
-def fit(tmp_path: Path, steps: int, callback: hai_pl.SuspendCallback | None, plugins=None, probe=None):
+def fit(tmp_path: Path, steps: int, callback: hai_pl.SuspendCallback | None, plugins=None, probe=None,
+        accelerator: str = "cpu"):
     lightning.seed_everything(0, verbose=False)
     x = torch.randn(48, 8, generator=torch.Generator().manual_seed(1))
     data = torch.utils.data.TensorDataset(x, x.sum(dim=1, keepdim=True))  # 6 batches per epoch
     model = tiny.TinyModel(step_sleep=0)
-    trainer = lightning.Trainer(max_steps=steps, accelerator="cpu", devices=1,
+    trainer = lightning.Trainer(max_steps=steps, accelerator=accelerator, devices=1,
                                 plugins=[hai_pl.HaiEnvironment()] if plugins is None else plugins,
                                 callbacks=[c for c in (callback, probe) if c], logger=False,
                                 enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
