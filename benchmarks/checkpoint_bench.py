@@ -8,6 +8,8 @@ Rows (medians over --repeats):
   * durable persist throughput vs a plain sequential write + fsync of the same bytes to the
     same file system (target >= 70%), and vs the same write with O_DIRECT;
   * load from the fast tier (tmpfs) vs the durable tier with a cold page cache;
+  * a single process's suspend_save() into node memory (tmpfs) reserved ahead
+    (reserve_node_memory) vs into fresh pages, each against the copy into preallocated buffers;
   * torch.distributed.checkpoint save and async_save (single process) as the peer anchor;
   * --ranks N (default 4) gloo processes on this host, each holding its 1/N shard of every
     tensor (DTensors sharded on dim 0, as under FSDP): how long save(blocking=False) blocks vs one copy of the rank's
@@ -258,6 +260,7 @@ class Bench:
                 f"{direct_s / ours_persist * nbytes / (nbytes // 4096 * 4096):.0%}", "-"),
         ]
         self.load_rows(state, nbytes)
+        self.suspend_rows(state, nbytes, copy_s)
         self.dcp_rows(state, nbytes, ours_block, ours_persist)
 
     def load_rows(self, state: dict[str, torch.Tensor], nbytes: int) -> None:
@@ -284,6 +287,39 @@ class Bench:
         fast_s, cold_s = statistics.median(fast), statistics.median(cold)
         self.rows.append(Row("load (verify + read) from fast tier (tmpfs) vs durable tier, cold cache",
                              gbps(nbytes, fast_s), gbps(nbytes, cold_s), f"{cold_s / fast_s:.1f}x faster", "-"))
+
+    def suspend_rows(self, state: dict[str, torch.Tensor], nbytes: int, copy_s: float) -> None:
+        """suspend_save() of one process into node memory, with this process standing in for
+        the node's persist agent (which never runs here): into fresh tmpfs pages, and into
+        the spare reserve_node_memory() wrote ahead. Interleaved; the host buffer is warm."""
+        if self.fast is None:
+            return
+        from slurm_hai.checkpoint import memory
+
+        spool = self.fast / "spool"
+        spool.mkdir(exist_ok=True)
+        os.environ["HAI_PERSIST_SPOOL"] = str(spool)
+        memory.write_agent_pidfile(spool)
+        mgr = CheckpointManager(self.work / "suspend", fast_dir=self.fast / "node")
+        fresh, reserved = [], []
+        for i in range(self.repeats + 1):  # the first round warms the host buffer up
+            shutil.rmtree(self.fast / "node" / "spares", ignore_errors=True)
+            for times, reserve in ((fresh, False), (reserved, True)):
+                if reserve:
+                    mgr.reserve_node_memory(state, wait=True)
+                elapsed = median_time(lambda: mgr.suspend_save(self.next_step(), state), 1)
+                if i:
+                    times.append(elapsed)
+                for part in (self.fast / "node" / "parts").glob("step-*"):
+                    shutil.rmtree(part)
+        del os.environ["HAI_PERSIST_SPOOL"]
+        fresh_s, reserved_s = statistics.median(fresh), statistics.median(reserved)
+        self.rows += [
+            Row("suspend_save() into node memory reserved ahead vs copy into preallocated buffers",
+                ms(reserved_s), ms(copy_s), f"{reserved_s / copy_s:.2f}x", "-"),
+            Row("suspend_save() into node memory reserved ahead vs into fresh tmpfs pages",
+                ms(reserved_s), ms(fresh_s), f"{fresh_s / reserved_s:.1f}x faster", "-"),
+        ]
 
     def dcp_rows(self, state: dict[str, torch.Tensor], nbytes: int, ours_block: float, ours_persist: float) -> None:
         import torch.distributed.checkpoint as dcp

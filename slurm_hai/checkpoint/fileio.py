@@ -105,18 +105,25 @@ def _write_direct(fd: int, part: memoryview, offset: int) -> bool:
     return False
 
 
-def write_hashed_file(path: Path, data: bytes | memoryview, *, known: FileEntry | None = None) -> FileEntry:
+def write_hashed_file(path: Path, data: bytes | memoryview, *, known: FileEntry | None = None,
+                      over_spare: bool = False) -> FileEntry:
     """Create path (0600, must not exist), write data, fsync; return size + checksum.
 
     The page-aligned bulk goes out with O_DIRECT where the file system allows it: on the
     VMs we measured, buffered writes + fsync vary 0.4-2.4 GB/s (page-cache allocation,
     writeback) while O_DIRECT holds ~4 GB/s, and it does not evict the job's page cache.
     The unaligned tail is written buffered. With known (the same bytes were already
-    hashed for another tier) hashing is skipped.
+    hashed for another tier) hashing is skipped. over_spare: path may already be a spare
+    of node memory (memory.py, moved there by the caller): its pages are written over and
+    the file is cut after the data, instead of new pages faulted in.
     """
     view = memoryview(data).cast("B")
     direct_len = _direct_io_prefix(view)
-    fd, direct = _open_new(path, direct=direct_len > 0)
+    if over_spare and path.exists():
+        fd, direct = os.open(path, os.O_RDWR | os.O_CLOEXEC | os.O_NOFOLLOW), False
+        os.ftruncate(fd, min(os.fstat(fd).st_size, len(view)))
+    else:
+        fd, direct = _open_new(path, direct=direct_len > 0)
     try:
         hasher = None if known is not None else new_hasher()
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-hash") as pool:

@@ -33,8 +33,8 @@ from .fileio import describe_os_error, write_hashed_file
 from .layout import STATE_FILE, ActiveStaging, checkpoint_versions, rank_file_name, read_single_checkpoint
 from .manifest import LAYOUT_DCP, LAYOUT_SINGLE, FileEntry, Manifest, parse_step_dir_name, read_manifest
 from .memory import (PartInfo, agent_alive, check_part_files, commit_part, file_request, forget_parts, mark_pending,
-                     newest_part, node_name, parts_store, pending_steps, read_part, reserve_spares,
-                     wait_for_pending)
+                     newest_part, node_name, parts_store, pending_steps, read_part, reserve_spares, spares_dir,
+                     take_spare, wait_for_pending)
 from .serialize import flatten_state, is_stateful
 from .staging import HostBuffer, SaveHandle, StagedFile, run_in_background, stage_files
 
@@ -171,8 +171,8 @@ class CheckpointManager:
         save/wait/load/close on every rank. handle.skipped is known once it is done."""
         step = checked_step(step)
         self.wait()  # at most one save in flight; raises the previous save's failure
+        self.reserve_node_memory(state)
         if (world := distributed_world()) is not None:
-            self.reserve_node_memory(state)
             if not blocking:
                 return self._save_sharded_async(step, state, rank=world[0])
             return self._save_sharded(step, state, rank=world[0])
@@ -200,16 +200,18 @@ class CheckpointManager:
         call it; call it after building the model when the job makes no save before its first
         suspend notice. Collective with world size > 1, like save(). wait: return once the
         memory is reserved (it takes 0.5 s per GiB here)."""
-        if self.parts is None or (world := distributed_world()) is None:
+        if self.parts is None:
             return
         from .node_memory import spare_sizes
         from .serialize import flatten_state
 
+        world = distributed_world() or (0, 1)
         if self._node_count is None:  # once: the only collective here
             import torch.distributed as dist
 
-            nodes: list[Any] = [None] * dist.get_world_size()
-            dist.all_gather_object(nodes, node_name(), group=self._checkpoint_group())
+            nodes: list[Any] = [node_name()] * world[1]
+            if world[1] > 1:
+                dist.all_gather_object(nodes, node_name(), group=self._checkpoint_group())
             self._node_count = len(set(nodes))
         if self._reserving is not None and self._reserving.is_alive():
             if wait:
@@ -222,7 +224,7 @@ class CheckpointManager:
         except Exception as exc:  # noqa: BLE001 - the save reports a state it cannot flatten
             log.debug("not reserving node memory: %r", exc)
             return
-        sizes = spare_sizes(tensors, world[1], self._node_count > 1)
+        sizes = spare_sizes(tensors, world[0], world[1], self._node_count > 1)
         self._reserving = threading.Thread(target=reserve_spares, args=(self.parts, self.durable, sizes),
                                            kwargs={"stop": self._stop_reserving}, name="hai-reserve-node-memory",
                                            daemon=True)
@@ -283,7 +285,8 @@ class CheckpointManager:
         staging = self.parts.new_staging(step)
         self._active_staging.add(staging)
         try:
-            entries = self._write_files(staging, staged, {})
+            take_spare(spares_dir(self.parts), "own-0", staging / STATE_FILE)  # pages reserved ahead, if any
+            entries = {f.name: write_hashed_file(staging / f.name, f.image, over_spare=True) for f in staged}
             part = PartInfo(step, secrets.token_hex(4), node_name(), 0, 1, str(self.durable.root), sorted(entries),
                             self._single_manifest(step, entries))
             file_request(commit_part(self.parts, staging, part), part)
@@ -510,6 +513,7 @@ class CheckpointManager:
             log.info("loaded checkpoint %s", path)
             if into is not None:
                 restore_into(into, state)
+                self.reserve_node_memory(into)
             return state
         if step is not None:
             dirs = ", ".join(str(s.root) for s in self.stores)

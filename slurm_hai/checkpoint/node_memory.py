@@ -53,17 +53,18 @@ def own_file(rank: int) -> str:
     return f"__{rank}_0.distcp"
 
 
-def spare_sizes(tensors: dict[str, torch.Tensor], world_size: int, several_nodes: bool) -> dict[str, int]:
+def spare_sizes(tensors: dict[str, torch.Tensor], rank: int, world_size: int, several_nodes: bool) -> dict[str, int]:
     """The spares (memory.py) this rank wants for a suspend save of these tensors: its own
     file (its DTensor shards, its share of the replicated tensors DCP spreads over the ranks,
-    headers) and, with several nodes, as much again for the previous node's peer copy."""
+    headers; a single process: the state file) and, with several nodes, as much again for
+    the previous node's peer copy."""
     from torch.distributed.tensor import DTensor
 
     nbytes = sum(t.to_local().nbytes if isinstance(t, DTensor) else t.nbytes // world_size for t in tensors.values())
     size = nbytes + 4096 * len(tensors) + (1 << 20)
-    sizes = {f"own-{dist.get_rank()}": size}
+    sizes = {f"own-{rank}": size}
     if several_nodes:
-        sizes[f"peer-{dist.get_rank()}"] = size
+        sizes[f"peer-{rank}"] = size
     return sizes
 
 

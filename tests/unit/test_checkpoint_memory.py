@@ -128,6 +128,25 @@ def test_without_an_agent_a_suspend_save_is_a_blocking_durable_save(one_node, ca
     assert not list((one_node / "n1" / "shm" / "parts").glob("step-*"))
 
 
+def test_a_single_process_suspend_writes_over_the_memory_reserved_for_it(one_node):
+    durable, fast = one_node / "durable", one_node / "n1" / "shm"
+    start_agent(one_node, "n1")
+    state = {"w": torch.randn(3, 1 << 18), "b": torch.arange(5)}
+    mgr = CheckpointManager(durable, fast_dir=fast)
+    mgr.reserve_node_memory(state, wait=True)
+    spare = fast / "spares" / "own-0"
+    assert spare.stat().st_size > state["w"].nbytes  # reserved ahead, with room for the header
+    inode = spare.stat().st_ino
+    assert mgr.suspend_save(4, state).where == "node memory"
+    part = fast / "parts" / step_dir_name(4)
+    written = part / "state.safetensors"
+    assert written.stat().st_ino == inode and not spare.exists()  # the spare's pages, written over
+    manifest = memory.read_part(part).manifest
+    assert written.stat().st_size == manifest.files["state.safetensors"].size  # cut after the data
+    loaded = CheckpointManager(durable, fast_dir=fast).load()
+    assert torch.equal(loaded["w"], state["w"]) and torch.equal(loaded["b"], state["b"])
+
+
 def suspended_after_one_durable_save(base: Path) -> tuple[Path, Path]:
     """Step 1 saved durably, step 2 suspended into n1's memory (its agent not run yet):
     (the durable directory, step 2's part)."""
