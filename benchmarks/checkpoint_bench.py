@@ -54,6 +54,16 @@ class Row:
     target: str
 
 
+def print_table(title: str, rows: list[Row]) -> None:
+    """The title, then the rows as a markdown table."""
+    print(f"\n{title}\n")
+    header = ["what", "ours", "baseline", "ratio", "target"]
+    print("| " + " | ".join(header) + " |")
+    print("|" + "|".join("---" for _ in header) + "|")
+    for row in rows:
+        print(f"| {row.what} | {row.ours} | {row.baseline} | {row.ratio} | {row.target} |")
+
+
 def make_state(nbytes: int, device: str) -> dict[str, torch.Tensor]:
     state = {}
     for i in range(max(1, nbytes // TENSOR_BYTES)):
@@ -374,14 +384,9 @@ class Bench:
         ]
 
     def print_table(self, nbytes: int) -> None:
-        print(f"\nslurm_hai.checkpoint benchmark, {time.strftime('%Y-%m-%d')}, {platform.node()}, "
-              f"{os.cpu_count()} CPUs, torch {torch.__version__}, {nbytes / 2**30:.2f} GiB state, "
-              f"median of {self.repeats}; durable dir {self.work}, fast dir {self.fast}\n")
-        header = ["what", "ours", "baseline", "ratio", "target"]
-        print("| " + " | ".join(header) + " |")
-        print("|" + "|".join("---" for _ in header) + "|")
-        for row in self.rows:
-            print(f"| {row.what} | {row.ours} | {row.baseline} | {row.ratio} | {row.target} |")
+        print_table(f"slurm_hai.checkpoint benchmark, {time.strftime('%Y-%m-%d')}, {platform.node()}, "
+                    f"{os.cpu_count()} CPUs, torch {torch.__version__}, {nbytes / 2**30:.2f} GiB state, "
+                    f"median of {self.repeats}; durable dir {self.work}, fast dir {self.fast}", self.rows)
 
 
 def main() -> None:

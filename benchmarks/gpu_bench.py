@@ -35,7 +35,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout too
 
-from checkpoint_bench import Row, drop_from_page_cache, gbps, ms  # noqa: E402
+from checkpoint_bench import Row, drop_from_page_cache, gbps, ms, print_table  # noqa: E402
 
 from slurm_hai.checkpoint import CheckpointManager, SaveHandle  # noqa: E402
 from slurm_hai.checkpoint import memory  # noqa: E402
@@ -240,14 +240,9 @@ class Bench:
             Path(self.json).write_text(json.dumps(self.figures, indent=1))
 
     def print_table(self) -> None:
-        print(f"\nslurm_hai.checkpoint on the GPU, {time.strftime('%Y-%m-%d')}, {self.figures['device']}, "
-              f"{os.cpu_count()} CPUs, torch {torch.__version__}, median of {self.repeats}; "
-              f"durable dir {self.disk}, node memory {self.fast}\n")
-        header = ["what", "ours", "baseline", "ratio", "target"]
-        print("| " + " | ".join(header) + " |")
-        print("|" + "|".join("---" for _ in header) + "|")
-        for row in self.rows:
-            print(f"| {row.what} | {row.ours} | {row.baseline} | {row.ratio} | {row.target} |")
+        print_table(f"slurm_hai.checkpoint on the GPU, {time.strftime('%Y-%m-%d')}, {self.figures['device']}, "
+                    f"{os.cpu_count()} CPUs, torch {torch.__version__}, median of {self.repeats}; "
+                    f"durable dir {self.disk}, node memory {self.fast}", self.rows)
 
 
 def main() -> None:
