@@ -245,6 +245,19 @@ ONE_VERSION = {
     "test_metrics_prometheus.py::test_a_preemption_shows_up_in_the_prometheus_series",
     "test_torchrun_live.py::test_torchrun_job_on_two_nodes_is_preempted_and_resumes_bit_for_bit",
     "test_timeline_browser.py::test_timeline_page_shows_a_preemption_in_a_real_browser",
+    # CI's 90-minute limit (a rehearsal of .ci/run took 89 min, 2026-11-26): the slowest tests
+    # whose Slurm side another slurm_boundary test crosses on every version.
+    # Three suspends and resumes: one preemption resumed bitwise is test_site_policy.py's and
+    # test_sigterm_notice.py's on every version; the other two repeat it.
+    "test_acceptance.py::test_three_suspends_final_weights_bitwise_equal_to_uninterrupted_run",
+    # Shrink and grow: a node-range job started, cut and preempted is test_elastic.py's and
+    # test_base.py's on every version; the resize cycle is the daemon's and the job's.
+    "test_elastic_resize.py::test_an_elastic_job_shrinks_beside_a_higher_job_grows_back_and_ends_as_an_uninterrupted_run",
+    # A node lost before the durable commit: the peer copy and the agents are ours; the
+    # suspend into node memory and the restart on the same nodes stay on every version.
+    "test_suspend_memory.py::test_a_node_lost_after_go_suspend_before_the_durable_commit_resumes_through_its_peer_copy",
+    # hai suspend/logs/stop: the requeues they cause are test_jobs.py's other tests on every version.
+    "test_jobs.py::test_hai_suspend_logs_and_stop_across_two_restarts",
 }
 
 
