@@ -11,6 +11,7 @@ import json
 import os
 import pwd
 import re
+import select
 import shlex
 import shutil
 import signal
@@ -147,6 +148,15 @@ def test_a_preempted_user_is_told_by_whom_and_when_in_status_and_in_logs_follow(
             "hai", "logs", "-f", str(low_job)]
     follow = subprocess.Popen(argv, env=live.env, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               cwd="/home/hai-alice")
+    # The HIGH job comes only once the follower has shown the log so far: it prints what
+    # happens from its start on, and the go_suspend() that comes a second after HIGH could
+    # otherwise be older than the follower (seen in a CI rehearsal).
+    shown = b""
+    deadline = time.monotonic() + 60
+    while b"low run 0" not in shown:
+        assert time.monotonic() < deadline and follow.poll() is None, f"hai logs -f showed only {shown!r}"
+        if select.select([follow.stdout], [], [], 1.0)[0]:
+            shown += os.read(follow.stdout.fileno(), 65536)
     bd = user_dir(live, "fd-preempt-high", "hai-bob")
     high = write(bd / "high.py", "import time; time.sleep(10)\n", "hai-bob")
     high_job = json.loads(live.run(["hai-submit", "--json", "-n", "1", "-p", "HIGH", "--time", "5", str(high)],
@@ -163,6 +173,7 @@ def test_a_preempted_user_is_told_by_whom_and_when_in_status_and_in_logs_follow(
     st = wait_state(live, low_job, lambda s: s["state"] == "finished-succeeded", 120, "LOW's rerun", user="hai-alice")
     assert st["restarts"] == 1 and st["suspends"] == 1
     out, err = follow.communicate(timeout=30)
+    out = shown.decode() + out
     assert follow.returncode == 0, err
     assert "low run 0" in out and "low run 1" in out and "---- slurm-hai" not in out  # markers on stderr
     assert f"suspend notice: preempted by job {high_job} (HIGH)" in err
