@@ -78,6 +78,23 @@ def state_bytes(state: dict[str, torch.Tensor]) -> int:
     return sum(t.numel() * t.element_size() for t in state.values())
 
 
+def remove_steps(root: Path) -> None:
+    """Remove the committed steps under root (the store itself stays)."""
+    for step_dir in root.glob("step-*"):
+        shutil.rmtree(step_dir)
+
+
+def stand_in_for_persist_agent(spool: Path) -> None:
+    """This process poses as the node's persist agent (its pid file in spool, which
+    $HAI_PERSIST_SPOOL names), so that suspend_save() writes into node memory; no agent
+    runs, so nothing is copied on."""
+    from slurm_hai.checkpoint import memory
+
+    spool.mkdir(exist_ok=True)
+    os.environ["HAI_PERSIST_SPOOL"] = str(spool)
+    memory.write_agent_pidfile(spool)
+
+
 def median_time(fn: Callable[[], None], repeats: int, before: Callable[[], None] | None = None) -> float:
     times = []
     for _ in range(repeats):
@@ -304,12 +321,7 @@ class Bench:
         the spare reserve_node_memory() wrote ahead. Interleaved; the host buffer is warm."""
         if self.fast is None:
             return
-        from slurm_hai.checkpoint import memory
-
-        spool = self.fast / "spool"
-        spool.mkdir(exist_ok=True)
-        os.environ["HAI_PERSIST_SPOOL"] = str(spool)
-        memory.write_agent_pidfile(spool)
+        stand_in_for_persist_agent(self.fast / "spool")
         mgr = CheckpointManager(self.work / "suspend", fast_dir=self.fast / "node")
         fresh, reserved = [], []
         for i in range(self.repeats + 1):  # the first round warms the host buffer up
@@ -320,8 +332,7 @@ class Bench:
                 elapsed = median_time(lambda: mgr.suspend_save(self.next_step(), state), 1)
                 if i:
                     times.append(elapsed)
-                for part in (self.fast / "node" / "parts").glob("step-*"):
-                    shutil.rmtree(part)
+                remove_steps(self.fast / "node" / "parts")
         del os.environ["HAI_PERSIST_SPOOL"]
         fresh_s, reserved_s = statistics.median(fresh), statistics.median(reserved)
         self.rows += [

@@ -35,10 +35,10 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # run from a checkout too
 
-from checkpoint_bench import Row, drop_from_page_cache, gbps, ms, print_table  # noqa: E402
+from checkpoint_bench import (Row, drop_from_page_cache, gbps, ms, print_table, remove_steps,  # noqa: E402
+                              stand_in_for_persist_agent, state_bytes)
 
 from slurm_hai.checkpoint import CheckpointManager, SaveHandle  # noqa: E402
-from slurm_hai.checkpoint import memory  # noqa: E402
 from slurm_hai.checkpoint.serialize import flatten_state  # noqa: E402
 
 TENSOR_BYTES = 256 << 20
@@ -56,10 +56,6 @@ def gpu_state(nbytes: int) -> dict[str, torch.Tensor]:
     return state
 
 
-def state_bytes(state: dict[str, torch.Tensor]) -> int:
-    return sum(t.numel() * t.element_size() for t in state.values())
-
-
 def timed(fn: Callable[[], object]) -> float:
     torch.cuda.synchronize()
     start = time.perf_counter()
@@ -67,20 +63,12 @@ def timed(fn: Callable[[], object]) -> float:
     return time.perf_counter() - start
 
 
-def remove_steps(root: Path) -> None:
-    for step_dir in root.glob("step-*"):
-        shutil.rmtree(step_dir)
-
-
 class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
         self.repeats = args.repeats
         self.disk = Path(tempfile.mkdtemp(prefix="hai-gpu-bench-", dir=args.dir))
         self.fast = Path(tempfile.mkdtemp(prefix="hai-gpu-bench-", dir=args.fast_dir or "/dev/shm"))
-        spool = self.fast / "spool"
-        spool.mkdir()
-        os.environ["HAI_PERSIST_SPOOL"] = str(spool)
-        memory.write_agent_pidfile(spool)  # this process stands in for the node's persist agent
+        stand_in_for_persist_agent(self.fast / "spool")
         self.rows: list[Row] = []
         self.json = args.json
         self.figures: dict[str, Any] = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
@@ -202,7 +190,7 @@ class Bench:
             train_step()
         mgr.save(self.next_step(), state, blocking=False)  # allocates the host buffer
         mgr.wait()
-        nbytes = sum(t.numel() * t.element_size() for t in flatten_state(state)[0].tensors.values())
+        nbytes = state_bytes(flatten_state(state)[0].tensors)
         quiet: list[float] = []
         busy: list[float] = []
         stalls: list[float] = []

@@ -286,7 +286,7 @@ class CheckpointManager:
         self._active_staging.add(staging)
         try:
             take_spare(spares_dir(self.parts), "own-0", staging / STATE_FILE)  # pages reserved ahead, if any
-            entries = {f.name: write_hashed_file(staging / f.name, f.image, over_spare=True) for f in staged}
+            entries = self._write_files(staging, staged, {}, over_spare=True)
             part = PartInfo(step, secrets.token_hex(4), node_name(), 0, 1, str(self.durable.root), sorted(entries),
                             self._single_manifest(step, entries))
             file_request(commit_part(self.parts, staging, part), part)
@@ -397,8 +397,10 @@ class CheckpointManager:
         return files
 
     @staticmethod
-    def _write_files(staging: Path, staged: list[StagedFile], known: dict[str, FileEntry]) -> dict[str, FileEntry]:
-        return {f.name: write_hashed_file(staging / f.name, f.image, known=known.get(f.name)) for f in staged}
+    def _write_files(staging: Path, staged: list[StagedFile], known: dict[str, FileEntry],
+                     over_spare: bool = False) -> dict[str, FileEntry]:
+        return {f.name: write_hashed_file(staging / f.name, f.image, known=known.get(f.name), over_spare=over_spare)
+                for f in staged}
 
     @staticmethod
     def _single_manifest(step: int, entries: dict[str, FileEntry]) -> Manifest:

@@ -47,24 +47,24 @@ class HostBuffer:
 
     def reserve(self, nbytes: int, *, pinned: bool = False) -> torch.Tensor:
         """At least nbytes of the buffer (pinned: registered with CUDA), grown when needed."""
-        if self._buffer is None or self._buffer.numel() < nbytes or (pinned and self._pinned_ptr is None):
-            size = max(nbytes, self._buffer.numel() if self._buffer is not None else 0, PAGE)
+        if self._buffer is None or self._buffer.numel() < nbytes:
+            size = max(nbytes, PAGE)
             self.release()  # let the old one go before mapping the bigger one
             try:
-                buffer = torch.frombuffer(mmap.mmap(-1, size), dtype=torch.uint8)
+                self._buffer = torch.frombuffer(mmap.mmap(-1, size), dtype=torch.uint8)
             except (OSError, ValueError) as exc:
                 raise CheckpointError(
                     f"cannot allocate a {size / 2**30:.2f} GiB host staging buffer ({exc}); "
                     "free host memory or save fewer/smaller tensors per process"
                 ) from exc
-            if pinned:
-                error = torch.cuda.cudart().cudaHostRegister(buffer.data_ptr(), size, 0)
-                if int(error) == 0:
-                    self._pinned_ptr = buffer.data_ptr()
-                else:  # still correct, only slower: copies from the GPU go through pageable memory
-                    log.warning("cannot pin a %.2f GiB host staging buffer (CUDA error %s); copying through "
-                                "pageable memory", size / 2**30, int(error))
-            self._buffer = buffer
+        if pinned and self._pinned_ptr is None:
+            size = self._buffer.numel()
+            error = torch.cuda.cudart().cudaHostRegister(self._buffer.data_ptr(), size, 0)
+            if int(error) == 0:
+                self._pinned_ptr = self._buffer.data_ptr()
+            else:  # still correct, only slower: copies from the GPU go through pageable memory
+                log.warning("cannot pin a %.2f GiB host staging buffer (CUDA error %s); copying through "
+                            "pageable memory", size / 2**30, int(error))
         return self._buffer[:nbytes]
 
     def release(self) -> None:
@@ -138,19 +138,23 @@ def stage_tensors(tensors: dict[str, torch.Tensor], buffer: HostBuffer) -> dict[
         plan.append((name, tensor, local.detach(), start, nbytes))
         total = start + nbytes
     host = buffer.reserve(total, pinned=any(local.is_cuda for _, _, local, _, _ in plan))
-    targets = [host[start : start + nbytes].view(local.dtype).view(local.shape) if nbytes
-               else torch.empty(local.shape, dtype=local.dtype) for _, _, local, start, nbytes in plan]
-    copy_to_host([(target, local) for target, (_, _, local, _, nbytes) in zip(targets, plan, strict=True) if nbytes])
     staged: dict[str, torch.Tensor] = {}
-    for target, (name, tensor, _, _, _) in zip(targets, plan, strict=True):
+    copies = []
+    for name, _, local, start, nbytes in plan:
+        if nbytes:
+            staged[name] = host[start : start + nbytes].view(local.dtype).view(local.shape)
+            copies.append((staged[name], local))
+        else:
+            staged[name] = torch.empty(local.shape, dtype=local.dtype)
+    copy_to_host(copies)
+    for name, tensor, _, _, _ in plan:
         if isinstance(tensor, DTensor):
             # After the copies: from_local moves a host copy to a GPU mesh's device (an extra
             # copy of the shard in GPU memory while the save runs; docs/benchmarks.md).
-            target = DTensor.from_local(
-                target, tensor.device_mesh, tensor.placements, run_check=False,
+            staged[name] = DTensor.from_local(
+                staged[name], tensor.device_mesh, tensor.placements, run_check=False,
                 shape=tensor.shape, stride=tensor.stride(),
             )
-        staged[name] = target
     return staged
 
 
