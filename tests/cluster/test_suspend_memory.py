@@ -21,10 +21,14 @@ from slurm_hai.checkpoint.manifest import step_dir_name
 
 pytestmark = pytest.mark.cluster
 
+# No periodic save: a suspend at a step a periodic save already committed durably is skipped
+# (nothing to write) and goes to no node memory, which these tests are about (1 in 20 before).
+NO_PERIODIC_SAVE = ["--save-every", str(10**9)]
+
 
 def test_a_suspend_goes_to_each_node_memory_the_restart_loads_it_there_and_the_agents_commit_it(
         live, daemon, reference):  # noqa: F811 - fixtures
-    args = ["--nprocs", "1", "--steps", str(STEPS), "--step-sleep", "0.03", "--ballast-mb", "16"]
+    args = ["--nprocs", "1", "--steps", str(STEPS), "--step-sleep", "0.03", "--ballast-mb", "16", *NO_PERIODIC_SAVE]
     job, job_dir = submit(live, TRAIN, "-n", "4", "-p", "LOW", user=ALICE, args=args)
     wait_for("the job to train", lambda: last_step(job_dir) >= 20, 120, 0.2)
     live.run(["hai", "suspend", str(job)], user=ALICE)
@@ -82,7 +86,7 @@ def test_a_node_lost_after_go_suspend_before_the_durable_commit_resumes_through_
     runs again, it persists n3's share and n2's from the peer copy, and the checkpoint is
     committed without n2. The restart (n2 back, its memory empty) waits for that commit and
     resumes from the suspend step, bitwise."""
-    args = ["--nprocs", "1", "--steps", str(STEPS), "--step-sleep", "0.03"]
+    args = ["--nprocs", "1", "--steps", str(STEPS), "--step-sleep", "0.03", *NO_PERIODIC_SAVE]
     job, job_dir = submit(live, TRAIN, "-n", "4", "-p", "LOW", user=ALICE, args=args)
     wait_for("the job to train", lambda: last_step(job_dir) >= 20, 120, 0.2)
     agents = {node: int((live.state / "run" / f"persist-{node}.pid").read_text().split()[0]) for node in ("n2", "n3")}
@@ -124,7 +128,7 @@ def test_the_agents_remove_the_node_memory_of_a_job_that_is_over_and_keep_a_runn
     """A job cancelled after a suspend left its memory on its nodes (the launcher removes it
     only when the job ends with exit 0): the nodes' agents remove it once Slurm says the job
     ended, and leave the memory of a job still running alone."""
-    args = ["--nprocs", "1", "--steps", "100000", "--step-sleep", "0.05"]
+    args = ["--nprocs", "1", "--steps", "100000", "--step-sleep", "0.05", *NO_PERIODIC_SAVE]
     over, over_dir = submit(live, TRAIN, "-n", "2", "-p", "LOW", user=ALICE, args=args)
     running, running_dir = submit(live, TRAIN, "-n", "2", "-p", "LOW", user=BOB, args=args)
     for job_dir in (over_dir, running_dir):
