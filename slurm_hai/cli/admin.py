@@ -406,7 +406,7 @@ def daemon(policy_file: str | None, once: bool, interval: float, lock_file: str 
     """Run the policy loop: what Slurm cannot do alone.
 
     \b
-    Every cycle it reads the queue (squeue --json) and:
+    Every cycle it reads the queue (one squeue) and:
       - requeues a preempted job still running after its grace time (Slurm looks every 30 s);
       - requeues a preempted job that died of its suspend notice (Slurm 22.05 ends it FAILED);
       - marks an ABOVE_NORMAL job demoted to NORMAL after its time, and preempts demoted jobs

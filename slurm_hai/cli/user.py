@@ -27,7 +27,7 @@ TERMINAL = ("finished-succeeded", "finished-failed", "finished-stopped")
 STATES = ("waiting", "running", "suspended", "finished", *TERMINAL)
 FOLLOW_TICK = 0.5  # how often `hai logs -f` reads the job's own files
 # At most this often `hai logs -f` asks Slurm about its job (that job alone), and only while the
-# log is quiet: on Slurm 22.05 a one-job `squeue --json` costs a whole-queue read (docs/benchmarks.md).
+# log is quiet.
 FOLLOW_SLURM_EVERY = 5.0
 MARKER_SETTLE = 1.0  # marker lines wait this long, so events written late still print in order
 

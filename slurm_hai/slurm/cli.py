@@ -1,5 +1,5 @@
-"""The default backend: Slurm's own commands (sbatch, squeue --json, scontrol, scancel,
-sacct, sacctmgr, sinfo, srun). Works on 22.05 and later; every call is an argv list, never a
+"""The default backend: Slurm's own commands (sbatch, squeue, scontrol, scancel, sacct
+--json, sacctmgr, sinfo, srun). Works on 22.05 and later; every call is an argv list, never a
 shell line. How a typed operation is spelt as a command is in `commands.py`.
 """
 
@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import secrets
 import subprocess
 import tempfile
 import time
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from . import commands
 from .base import NodeInfo, SlurmError
-from .records import JobInfo, RecordError, jobs_from_json
+from .records import JobInfo, RecordError, jobs_from_json, jobs_from_text
 from .version import SlurmVersion
 
 if TYPE_CHECKING:
@@ -27,9 +28,9 @@ TIMEOUT = float(os.environ.get("HAI_SLURM_TIMEOUT", "60"))
 
 
 def _run(argv: Sequence[str], input: str | None = None, check: bool = True,
-         cwd: str | None = None) -> subprocess.CompletedProcess:
+         cwd: str | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
     try:
-        p = subprocess.run(list(argv), input=input, text=True, capture_output=True, timeout=TIMEOUT, cwd=cwd)
+        p = subprocess.run(list(argv), input=input, text=True, capture_output=True, timeout=TIMEOUT, cwd=cwd, env=env)
     except FileNotFoundError:
         raise SlurmError(f"{argv[0]} not found: install the Slurm client commands (slurm-client) "
                          "or put them on PATH") from None
@@ -77,11 +78,11 @@ def _json(text: str, command: str) -> object:
                           f"{' '.join(text.split())[:80] or '(nothing)'}") from None
 
 
-def _readable(doc: object, command: str, wanted: Sequence[int] = ()) -> list[JobInfo]:
-    """The jobs of a Slurm JSON document. A record that cannot be read is logged and left
-    out, so one odd job never hides the others; when it is a job that was asked for by id,
-    its one-line RecordError is raised instead."""
-    jobs, problems = jobs_from_json(doc, command)
+def _readable(found: tuple[list[JobInfo], list[RecordError]], wanted: Sequence[int] = ()) -> list[JobInfo]:
+    """The jobs a record reader found. A record that cannot be read is logged and left out,
+    so one odd job never hides the others; when it is a job that was asked for by id, its
+    one-line RecordError is raised instead."""
+    jobs, problems = found
     for problem in problems:
         if wanted:
             raise problem
@@ -98,20 +99,17 @@ class CliBackend:
         return int(out.split(";")[0])
 
     def jobs(self, job_ids: Sequence[int] = (), user: str | None = None) -> list[JobInfo]:
-        # --states=all: from 23.02 `squeue --json` honours squeue's default state filter and
-        # leaves out jobs that ended (22.05 printed them): the daemon and `hai status` need them.
-        argv = ["squeue", "--json", "--states=all"]
-        if job_ids:
-            argv.append("--jobs=" + ",".join(str(j) for j in job_ids))
-        if user:
-            argv.append(f"--user={user}")
-        p = _run(argv, check=False)
+        """The jobs slurmctld has, in every state (or the ones asked for, or a user's): the
+        fields slurm-hai reads, as text (records.QUEUE_FORMAT), not `squeue --json`, which
+        costs slurmctld and squeue 10-20x more at 10,000 jobs (docs/benchmarks.md)."""
+        sep = f"~{secrets.token_hex(8)}~"
+        p = _run(commands.queue_argv(sep, job_ids, user), check=False, env=commands.queue_env(os.environ))
         if p.returncode != 0:
             if "Invalid job id" in p.stderr:
                 return []
             raise SlurmError("squeue: " + (" ".join(p.stderr.split()) or (
                 f"killed by signal {-p.returncode}" if p.returncode < 0 else f"exit {p.returncode}")))
-        return _readable(_json(p.stdout, "squeue --json"), "squeue --json", job_ids)
+        return _readable(jobs_from_text(p.stdout, sep), job_ids)
 
     def job(self, job_id: int) -> JobInfo | None:
         found = [j for j in self.jobs([job_id]) if j.job_id == job_id]
@@ -120,7 +118,8 @@ class CliBackend:
     def accounting(self, job_id: int) -> JobInfo | None:
         """The job as slurmdbd recorded it (`sacct --json`): also once slurmctld forgot it."""
         out = _run(["sacct", "--json", "-j", str(job_id)]).stdout
-        found = [j for j in _readable(_json(out, "sacct --json"), "sacct --json", [job_id]) if j.job_id == job_id]
+        found = [j for j in _readable(jobs_from_json(_json(out, "sacct --json"), "sacct --json"), [job_id])
+                 if j.job_id == job_id]
         return found[-1] if found else None
 
     def accounting_since(self, since: float, user: str | None = None) -> list[JobInfo]:
@@ -131,7 +130,7 @@ class CliBackend:
         start = time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(since))
         argv = ["sacct", "--json", "--duplicates", "--allocations", f"--starttime={start}", "--endtime=now",
                 f"--user={user}" if user else "--allusers"]
-        jobs = _readable(_json(_run(argv).stdout, "sacct --json"), "sacct --json")
+        jobs = _readable(jobs_from_json(_json(_run(argv).stdout, "sacct --json"), "sacct --json"))
         # 22.05's `sacct --json` ignores --user (seen: every user's jobs, also for a non-root caller)
         return [j for j in jobs if user is None or j.user == user]
 

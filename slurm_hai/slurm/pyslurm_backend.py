@@ -28,12 +28,10 @@ Kept on the Slurm commands (inherited from the CLI backend), mostly because pysl
   worth a second GRES parser) and `run_step()` (a job step is srun's process, not an RPC);
 - `update_job()` of any other field, or with an empty value: pyslurm cannot clear a
   string (an empty value means "unchanged" to it);
-- the record of a job pyslurm cannot give exactly (`records.pyslurm_exact`): a state
-  with a flag (pyslurm gives Slurm's one-word state, `COMPLETING`, `CONFIGURING`,
-  `REQUEUED`: the base state is lost), a reason that is a description (pyslurm gives it in
-  place of the reason's name), an exit code of 1..127, or 0 for a FAILED job (pyslurm
-  reports `exit 143` as 15 and `exit 128` as 0). Those few jobs are read again with one
-  squeue, so both backends give the same JobInfo.
+- the record of a job pyslurm cannot give exactly (`records.pyslurm_exact`): a reason
+  that is a description (pyslurm gives it in place of the reason's name), an exit code of
+  1..127, or 0 for a FAILED job (pyslurm reports `exit 143` as 15 and `exit 128` as 0).
+  Those few jobs are read again with one squeue, so both backends give the same JobInfo.
 
 pyslurm's errors (pyslurm.RPCError and others) become a one-line SlurmError.
 """
@@ -149,7 +147,7 @@ class PyslurmBackend(CliBackend):
         return [job for job in loaded.values() if not wanted or job.id in wanted]
 
     def jobs(self, job_ids: Sequence[int] = (), user: str | None = None) -> list[JobInfo]:
-        """Every job slurmctld has (as `squeue --json --states=all`), or the ones asked for.
+        """Every job slurmctld has (as `squeue --states=all`), or the ones asked for.
         A record that cannot be read is logged and left out, unless it was asked for."""
         where = f"{self.where} Jobs.load()"
         out: list[JobInfo] = []
@@ -168,7 +166,7 @@ class PyslurmBackend(CliBackend):
             out.append(info)
             if not pyslurm_exact(info):
                 inexact.append(info.job_id)
-        if inexact:  # flagged states, described reasons, doubtful exit codes: squeue knows
+        if inexact:  # described reasons, doubtful exit codes: squeue knows
             ask = inexact if len(inexact) <= SQUEUE_BY_ID_UP_TO else ()  # else one squeue of all
             again = {j.job_id: j for j in CliBackend.jobs(self, ask) if j.job_id in set(inexact)}
             out = [again.get(j.job_id, j) if j.job_id in inexact else j for j in out]

@@ -42,7 +42,10 @@ class JobInfo:
     job_id: int
     name: str
     user: str
-    state: str  # Slurm's base job state: PENDING, RUNNING, COMPLETED, FAILED, CANCELLED, ...
+    # Slurm's job state in one word, as squeue prints it: a flag that hides the base state
+    # (COMPLETING, CONFIGURING, REQUEUED, ...), else the base state (PENDING, RUNNING, COMPLETED,
+    # ...). sacct's records (accounting) hold the base state.
+    state: str
     reason: str
     qos: str
     partition: str
@@ -206,6 +209,123 @@ ACCOUNTING: Spec = {  # sacct --json
 # also for a job `sacct -o exitcode` shows as 3:0: that exit code is unknown, not 0.
 ACCOUNTING_V38: Spec = {**ACCOUNTING, "exit_code": (("exit_code",), lambda value: None, False)}
 
+# ------------------------------------------------------------------ squeue --Format text
+# What slurm-hai reads of the queue: `squeue --noheader --Format=NAME:0SEP,...` (commands.
+# queue_argv), each field unpadded (width 0) and followed by SEP, a token made at random for
+# each call, so no job name or comment can forge a field, and newlines in them do no harm.
+# squeue prints the fields with Slurm's own text: a job state as ONE word (job_state_string:
+# a flag that hides the base state, COMPLETING, CONFIGURING, REQUEUED, ..., else the base
+# state), a reason's name, times as SLURM_TIME_FORMAT says (%s: epoch seconds) or N/A, NONE
+# (no end: no time limit), Unknown; a NULL string as "(null)", the exit status as the raw
+# wait(2) status (22.05) or CODE:SIGNAL (23.02 and later), nothing when it is unset.
+
+_NULL = "(null)"
+
+
+def _text_count(value: str) -> int:
+    if not (value.isascii() and value.isdigit()):
+        raise _Shape(f"{value[:40]!r}, expected a number")
+    if len(value) > 18 and int(value) >= 2**63:  # what no Slurm field (time_t, uint32, int64) holds
+        raise _Shape(f"a number of {len(value)} digits, out of range")
+    return int(value)
+
+
+def _text_time(value: str) -> int:
+    """Epoch seconds; the words Slurm prints for no time (N/A, NONE, Unknown, NOT_SET,
+    UNLIMITED) are 0, as slurm-hai reads 0 as "none"."""
+    if value in ("N/A", "NONE", "Unknown", "NOT_SET", "UNLIMITED", ""):
+        return 0
+    try:
+        return _text_count(value)
+    except _Shape:
+        raise _Shape(f"{value[:40]!r}, expected epoch seconds (SLURM_TIME_FORMAT=%s)") from None
+
+
+def _text_string(value: str) -> str:
+    return "" if value == _NULL else value
+
+
+def _text_host(value: str) -> str:
+    return "" if value in (_NULL, "n/a") else value
+
+
+def _text_state(value: str) -> str:
+    if value and value.isupper() and value.replace("_", "").isalpha():
+        return value
+    raise _Shape(f"{value[:40]!r}, expected a job state")
+
+
+def _text_exit(value: str) -> int | None:
+    if value == "":
+        return None
+    code, colon, signal = value.partition(":")
+    if colon and code.isascii() and code.isdigit() and signal.isascii() and signal.isdigit() and len(value) < 12:
+        return 128 + int(signal) if int(signal) else int(code)
+    if not colon and value.isascii() and value.isdigit() and len(value) < 12:
+        return _wait_status(int(value))
+    raise _Shape(f"{value[:40]!r}, expected an exit code")
+
+
+# JobInfo field -> (squeue --Format field, converter), in the order asked for.
+QUEUE_FORMAT: tuple[tuple[str, str, Callable[[str], Any]], ...] = (
+    ("job_id", "JobId", _text_count),
+    ("name", "Name", _text_string),
+    ("user", "UserName", _text_string),
+    ("state", "State", _text_state),
+    ("reason", "Reason", _text_string),
+    ("qos", "QOS", _text_string),
+    ("partition", "Partition", _text_string),
+    ("num_nodes", "NumNodes", _text_count),
+    ("node_list", "NodeList", _text_string),
+    ("restart_count", "RestartCnt", _text_count),
+    ("submit_time", "SubmitTime", _text_time),
+    ("start_time", "StartTime", _text_time),
+    ("eligible_time", "EligibleTime", _text_time),
+    ("priority", "PriorityLong", _text_count),
+    ("exit_code", "exit_code", _text_exit),
+    ("batch_host", "BatchHost", _text_host),
+    ("comment", "Comment", _text_string),
+    ("admin_comment", "admin_comment", _text_string),
+    ("account", "Account", _text_string),
+    ("preempt_time", "PreemptTime", _text_time),
+    ("end_time", "EndTime", _text_time),
+)
+
+
+def jobs_from_text(text: str, sep: str, where: str = "squeue") -> tuple[list[JobInfo], list[RecordError]]:
+    """Every readable job of squeue's text in the QUEUE_FORMAT fields, each followed by `sep`,
+    and one RecordError per record that could not be read. RecordError when the text is not
+    in that format at all (another squeue, or an error message on stdout)."""
+    width = len(QUEUE_FORMAT)
+    fields = text.split(sep)
+    rest = fields.pop()  # what follows the last field: the last record's newline
+    if rest.strip() or len(fields) % width:
+        raise RecordError(f"{where} printed something that is not the queue it was asked for: "
+                          f"{' '.join(text.split())[:80] or '(nothing)'}")
+    jobs, problems = [], []
+    for start in range(0, len(fields), width):
+        record = fields[start:start + width]
+        if start:
+            if not record[0].startswith("\n"):
+                raise RecordError(f"{where}: job record {start // width + 1} does not start a line")
+            record[0] = record[0][1:]
+        values: dict[str, Any] = {}
+        try:
+            for (name, slurm_name, convert), raw in zip(QUEUE_FORMAT, record):
+                try:
+                    values[name] = convert(raw)
+                except _Shape as e:
+                    raise RecordError(f"{where}: job {_job_label(values.get('job_id', record[0][:40]))} field "
+                                      f"{slurm_name} is {e}; this Slurm version is not supported by this "
+                                      "slurm-hai") from None
+        except RecordError as e:
+            problems.append(e)
+            continue
+        values["reason"] = values["reason"] or "None"
+        jobs.append(JobInfo(**values))
+    return jobs, problems
+
+
 # ------------------------------------------------------------------ pyslurm (25.11)
 # pyslurm hands over Python values instead of JSON: None for unset numbers and text, the
 # string "UNLIMITED" for infinite ones, a job state as ONE word (Slurm's job_state_string:
@@ -222,8 +342,8 @@ def _pyslurm_number(value: object) -> int:
 
 
 def _pyslurm_state(value: object) -> str:
-    """pyslurm's one-word job state: a base state, or a flag that hides the base state
-    (see `pyslurm_exact`)."""
+    """pyslurm's one-word job state: a base state, or a flag that hides the base state,
+    as squeue prints it (see QUEUE_FORMAT)."""
     if isinstance(value, str) and value and value.split()[0] == value:
         return value
     raise _Shape(f"{_kind(value)}, expected a job state")
@@ -291,15 +411,14 @@ _REASON_NAME = re.compile(r"[A-Za-z0-9_]+")
 
 
 def pyslurm_exact(job: JobInfo) -> bool:
-    """Whether a JobInfo read through pyslurm is what squeue says. pyslurm hides the base
-    state of a job with a state flag (COMPLETING, CONFIGURING, REQUEUED, ...), gives the
-    state description in place of the reason's name (`ReqNodeNotAvail, UnavailableNodes:n1`)
-    and reports an exit code of 128 or more that is not a signal as code - 128 (`exit 143`
-    reads 15, `exit 128` reads 0: a signal reads 128+N here, so 1..127 and a FAILED job's 0
-    are in doubt); such jobs have to be read again from squeue."""
+    """Whether a JobInfo read through pyslurm is what squeue says. pyslurm gives the state
+    description in place of the reason's name (`ReqNodeNotAvail, UnavailableNodes:n1`) and
+    reports an exit code of 128 or more that is not a signal as code - 128 (`exit 143` reads
+    15, `exit 128` reads 0: a signal reads 128+N here, so 1..127 and a FAILED job's 0 are in
+    doubt); such jobs have to be read again from squeue. Its one-word state is squeue's."""
     doubtful_exit = job.exit_code is not None and (0 < job.exit_code < 128
                                                    or job.exit_code == 0 and job.state == "FAILED")
-    return job.state in BASE_STATES and bool(_REASON_NAME.fullmatch(job.reason)) and not doubtful_exit
+    return bool(_REASON_NAME.fullmatch(job.reason)) and not doubtful_exit
 
 
 def node_is_idle(state: object) -> bool:

@@ -35,6 +35,7 @@ from slurm_hai.policy.placement import spank_arguments
 from slurm_hai.slurm import commands
 from slurm_hai.slurm.records import PYSLURM, PYSLURM_DB, JobInfo, RecordError, job_from_record, jobs_from_json
 from slurm_hai.slurm.version import SlurmVersion
+from squeue_text import recorded_releases, recorded_rows, render
 from test_frontdoor_submit import FakeSlurm
 from test_spank_policy import plugstack_args, python_priority, spank_plugin, start_plugin  # noqa: F401
 
@@ -425,13 +426,13 @@ def test_a_usage_error_is_one_line_with_where_to_look(tool, argv, needle):
 # ------------------------------------------------------------------ a hostile queue, end to end
 
 
-def hai_over(monkeypatch, tmp_path: Path, squeue_text: str, argv: list[str]):
-    """`hai argv` with the commands backend reading `squeue_text` from squeue."""
+def hai_over(monkeypatch, tmp_path: Path, rows: list[dict[str, str]], argv: list[str]):
+    """`hai argv` with the commands backend reading a queue of `rows` from squeue."""
     from slurm_hai.cli import common, user
     from slurm_hai.slurm import cli as slurm_cli
 
-    def run(argv, input=None, check=True):
-        return subprocess.CompletedProcess(argv, 0, squeue_text if argv[0] == "squeue" else "", "")
+    def run(argv, input=None, check=True, cwd=None, env=None):
+        return subprocess.CompletedProcess(argv, 0, render(argv, rows) if argv[0] == "squeue" else "", "")
 
     monkeypatch.setattr(slurm_cli, "_run", run)
     monkeypatch.setattr(common, "slurm_backend", slurm_cli.CliBackend)
@@ -440,31 +441,30 @@ def hai_over(monkeypatch, tmp_path: Path, squeue_text: str, argv: list[str]):
     return CliRunner().invoke(user.main, argv)
 
 
-@pytest.mark.parametrize("doc_of", [d for d in DOCS if d[1] == "squeue --json"], ids=lambda d: d[0])
-@pytest.mark.parametrize("value", [1e19, 2**63, 2**64 - 2, 2**64 - 1])
-def test_a_time_beyond_any_clock_is_a_record_left_out_not_a_traceback(monkeypatch, tmp_path, doc_of, value):
-    """A time_t holds less than 2**63; Slurm's NO_VAL64/INFINITE64 read as unset (0)."""
-    _, _, doc = doc_of
-    jobs = [{**job, "submit_time": value, "start_time": value} for job in doc["jobs"]]
-    r = hai_over(monkeypatch, tmp_path, json.dumps({**doc, "jobs": jobs}), ["list", "--all", "--json"])
+@pytest.mark.parametrize("release", recorded_releases())
+@pytest.mark.parametrize("value", ["10000000000000000000", str(2**63), str(2**64 - 2), str(2**64 - 1), "1e19", "-1"])
+def test_a_time_beyond_any_clock_is_a_record_left_out_not_a_traceback(monkeypatch, tmp_path, release, value):
+    """A time_t holds less than 2**63, and squeue prints it in digits (SLURM_TIME_FORMAT=%s)."""
+    rows = [{**row, "SubmitTime": value, "StartTime": value} for row in recorded_rows(release)]
+    r = hai_over(monkeypatch, tmp_path, rows, ["list", "--all", "--json"])
     assert r.exit_code == 0, r.output
-    shown = json.loads(r.output[r.output.index("["):])
-    assert len(shown) == (len(jobs) if value >= 2**64 - 2 else 0)
+    assert json.loads(r.output[r.output.index("["):]) == []
 
 
 @FAST
-@given(st.sampled_from([d for d in DOCS if d[1] == "squeue --json"]), st.data(),
+@given(st.sampled_from(recorded_releases()), st.data(),
        st.sampled_from([["list", "--all"], ["list", "--all", "--json"], ["status"], ["quota"]]))
-def test_hai_over_a_queue_with_any_value_in_any_field_prints_or_says_one_line(monkeypatch, tmp_path_factory, doc_of,
+def test_hai_over_a_queue_with_any_value_in_any_field_prints_or_says_one_line(monkeypatch, tmp_path_factory, release,
                                                                               data, argv):
-    """`squeue --json` as the commands backend reads it, one field of one job replaced by any
-    JSON value (Infinity, a huge number, a list, text with newlines): `hai` prints what it
-    can read, and a job it cannot read is left out, never a traceback."""
-    _, _, doc = doc_of
-    job = data.draw(st.integers(0, len(doc["jobs"]) - 1))
-    where = data.draw(st.sampled_from(paths(doc["jobs"][job])))
-    text = json.dumps(replaced(doc, ("jobs", job, *where), data.draw(json_values)))
-    r = hai_over(monkeypatch, tmp_path_factory.mktemp("home"), text, argv)
-    assert not isinstance(r.exception, Exception) or isinstance(r.exception, SystemExit), (where, r.exception)
+    """squeue's text as the commands backend reads it, one field of one job replaced by any
+    text (newlines, digits beyond any clock, a state no Slurm has, the other separators):
+    `hai` prints what it can read, and a job it cannot read is left out, never a traceback."""
+    rows = recorded_rows(release)
+    row = data.draw(st.integers(0, len(rows) - 1))
+    field = data.draw(st.sampled_from(sorted(rows[row])))
+    rows[row][field] = data.draw(st.text(max_size=24) | st.sampled_from(["", "\n", "N/A", "99999999999999999999",
+                                                                         "1:2:3", "(null)", "RUNNING REQUEUED"]))
+    r = hai_over(monkeypatch, tmp_path_factory.mktemp("home"), rows, argv)
+    assert not isinstance(r.exception, Exception) or isinstance(r.exception, SystemExit), (field, r.exception)
     if r.exit_code:
         assert len(r.output.strip().splitlines()) == 1 and r.output.startswith("Error: "), r.output

@@ -279,17 +279,16 @@ def test_a_record_it_cannot_read_is_logged_and_the_cycle_goes_on(tmp_path, monke
     import json
 
     from slurm_hai.slurm.cli import CliBackend
+    from squeue_text import fake_squeue, recorded_rows
 
-    fixtures = REPO / "tests" / "fixtures" / "slurm" / "26.05.3"
-    doc = json.loads((fixtures / "squeue.json").read_text())
-    ids = json.loads((fixtures / "expected.json").read_text())["jobs"]
-    held = next(j for j in doc["jobs"] if j["job_id"] == ids["held"])
-    held["state_reason"] = "JobHoldMaxRequeue"  # the daemon releases such a job
-    broken = next(j for j in doc["jobs"] if j["job_id"] == ids["running"])
-    broken["node_count"] = {"unexpected": True}
-    (tmp_path / "squeue.json").write_text(json.dumps(doc))
-    for name, body in {"squeue": f"cat {tmp_path / 'squeue.json'}",
-                       "scontrol": f"echo \"$@\" >> {tmp_path / 'calls'}",
+    rows = recorded_rows("26.05.3")
+    ids = json.loads((REPO / "tests" / "fixtures" / "slurm" / "26.05.3" / "expected.json").read_text())["jobs"]
+    held = next(r for r in rows if r["JobId"] == str(ids["held"]))
+    held["Reason"] = "JobHoldMaxRequeue"  # the daemon releases such a job
+    broken = next(r for r in rows if r["JobId"] == str(ids["running"]))
+    broken["NumNodes"] = "two"
+    fake_squeue(tmp_path, rows)
+    for name, body in {"scontrol": f"echo \"$@\" >> {tmp_path / 'calls'}",
                        "sinfo": "echo 'gpu idle 0'"}.items():
         (tmp_path / name).write_text(f"#!/bin/sh\n{body}\n")
         (tmp_path / name).chmod(0o755)
@@ -297,20 +296,21 @@ def test_a_record_it_cannot_read_is_logged_and_the_cycle_goes_on(tmp_path, monke
     d = PolicyDaemon(CliBackend(), policy=load_policy(LOCAL), clock=lambda: NOW)
     with caplog.at_level(logging.INFO):
         result = d.cycle()
-    assert result.jobs == len(doc["jobs"]) - 1
+    assert result.jobs == len(rows) - 1
     assert f"release {ids['held']}" in (tmp_path / "calls").read_text()
     (warning,) = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
-    assert f"Slurm 26.05.3 squeue --json: job {ids['running']} field node_count" in warning
+    assert f"squeue: job {ids['running']} field NumNodes is 'two', expected a number" in warning
 
 
-def test_output_that_is_not_json_is_a_slurm_error(tmp_path, monkeypatch):
+def test_output_that_is_not_the_queue_asked_for_is_a_slurm_error(tmp_path, monkeypatch):
     from slurm_hai.slurm.cli import CliBackend
 
     (tmp_path / "squeue").write_text("#!/bin/sh\necho 'slurm_load_jobs error: Socket timed out'\n")
     (tmp_path / "squeue").chmod(0o755)
     monkeypatch.setenv("PATH", str(tmp_path))
     d = PolicyDaemon(CliBackend(), policy=load_policy(LOCAL), clock=lambda: NOW)
-    with pytest.raises(SlurmError, match="squeue --json printed something that is not JSON: slurm_load_jobs"):
+    with pytest.raises(SlurmError, match="squeue printed something that is not the queue it was asked for: "
+                                         "slurm_load_jobs"):
         d.cycle()
 
 

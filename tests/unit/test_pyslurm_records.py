@@ -39,9 +39,9 @@ def test_pyslurm_exit_codes_and_signals():
 
 
 @pytest.mark.parametrize("state,reason,exact", [
-    ("PENDING", "Priority", True), ("COMPLETING", "None", False), ("CONFIGURING", "None", False),
-    ("REQUEUED", "None", False), ("PENDING", "ReqNodeNotAvail, UnavailableNodes:n1", False)])
-def test_flagged_states_and_described_reasons_are_not_exact(state, reason, exact):
+    ("PENDING", "Priority", True), ("COMPLETING", "None", True), ("CONFIGURING", "None", True),
+    ("REQUEUED", "None", True), ("PENDING", "ReqNodeNotAvail, UnavailableNodes:n1", False)])
+def test_described_reasons_are_not_exact_one_word_states_are(state, reason, exact):
     assert pyslurm_exact(job_from_record({**RUNNING, "state": state, "state_reason": reason}, PYSLURM)) is exact
 
 

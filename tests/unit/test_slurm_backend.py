@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
-import json
+import os
 
 import pytest
+from squeue_text import fake_squeue
 
 from slurm_hai.slurm import SlurmError, backend
 from slurm_hai.slurm import cli as cli_backend
+from slurm_hai.slurm import commands
 from slurm_hai.slurm import pyslurm_backend
 from slurm_hai.slurm.records import jobs_from_json
 
@@ -53,12 +55,32 @@ def test_failed_command_message_is_one_line(tmp_path, monkeypatch):
     assert "\n" not in str(e.value) and "Invalid job id specified" in str(e.value)
 
 
-def test_squeue_output_is_parsed(tmp_path, monkeypatch):
-    fake = tmp_path / "squeue"
-    fake.write_text(f"#!/bin/sh\necho '{json.dumps(SQUEUE)}'\n")
-    fake.chmod(0o755)
-    monkeypatch.setenv("PATH", str(tmp_path))
-    assert [j.job_id for j in cli_backend.CliBackend().jobs(user="alice")] == [7]
+def test_squeue_text_is_read_in_the_fields_and_with_the_separator_asked_for(tmp_path, monkeypatch):
+    row = {"JobId": "7", "Name": "a~b,c\nd", "UserName": "alice", "State": "PENDING", "Reason": "BeginTime",
+           "QOS": "high", "Partition": "gpu", "NumNodes": "2", "RestartCnt": "3", "SubmitTime": "100",
+           "StartTime": "N/A", "EligibleTime": "110", "PriorityLong": "31000000", "exit_code": "15:0",
+           "BatchHost": "n/a", "Comment": "hai-dir=/home/alice/.hai/jobs", "admin_comment": "hai-level=HIGH",
+           "Account": "hai", "PreemptTime": "N/A", "EndTime": "NONE"}
+    fake_squeue(tmp_path, [row, {**row, "JobId": "8", "UserName": "bob", "exit_code": "0:9"}])
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    monkeypatch.setenv("SQUEUE_USERS", "carol")  # a user's own squeue default: not slurm-hai's
+    (job, other) = cli_backend.CliBackend().jobs()
+    assert (job.job_id, job.name, job.user, job.state, job.restart_count, job.num_nodes) == (
+        7, "a~b,c\nd", "alice", "PENDING", 3, 2)
+    assert (job.submit_time, job.start_time, job.eligible_time, job.end_time, job.batch_host) == (100, 0, 110, 0, "")
+    assert job.tags == {"hai-dir": "/home/alice/.hai/jobs", "hai-level": "HIGH"}
+    assert (job.exit_code, other.exit_code) == (15, 128 + 9)  # 23.02+: CODE:SIGNAL
+
+
+def test_squeue_asks_for_epoch_times_and_drops_the_users_squeue_defaults(monkeypatch):
+    monkeypatch.setenv("SQUEUE_PARTITION", "debug")
+    env = commands.queue_env(os.environ)
+    assert env["SLURM_TIME_FORMAT"] == "%s" and not [k for k in env if k.startswith("SQUEUE_")]
+    argv = commands.queue_argv("~x~", [3, 4], "alice")
+    assert argv[-2:] == ["--jobs=3,4", "--user=alice"] and "--states=all" in argv
+    for bad in ("", "a,b", "%j", "a\nb"):
+        with pytest.raises(ValueError):
+            commands.queue_argv(bad)
 
 
 def test_sbatch_refusal_reads_as_one_clean_line(tmp_path, monkeypatch):

@@ -4,11 +4,12 @@ recorded by tests/fixtures/slurm/record.py), and against shapes it must refuse i
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
-from slurm_hai.slurm.records import RecordError, jobs_from_json
+from slurm_hai.slurm.records import RecordError, jobs_from_json, jobs_from_text
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "slurm"
 RELEASES = sorted(p.name for p in FIXTURES.iterdir() if (p / "expected.json").exists())
@@ -25,6 +26,10 @@ def recorded(release: str) -> tuple[dict[str, int], dict[str, dict]]:
             jobs, problems = jobs_from_json(json.loads((d / name).read_text()), command)
             assert problems == []
             parsed[name] = {j.job_id: j for j in jobs}
+    if (d / "squeue.txt").exists():
+        jobs, problems = jobs_from_text((d / "squeue.txt").read_text(), expected["squeue_text_sep"])
+        assert problems == []
+        parsed["squeue.txt"] = {j.job_id: j for j in jobs}
     return expected["jobs"], parsed
 
 
@@ -54,6 +59,22 @@ def test_every_shape_says_what_slurm_saw(release):
             assert running.priority > 0 and running.batch_host, name
             # slurmdbd learns the comments of a running job only at its end
             assert running.tags["hai-chain"] == "7" and running.tags["hai-dir"] == "/tmp/rec", name
+
+
+@pytest.mark.parametrize("release", [r for r in RELEASES if (FIXTURES / r / "squeue.txt").exists()])
+def test_the_queue_as_text_is_the_queue_as_json(release):
+    """What the backend reads (squeue's text) against squeue --json of the same moment: the
+    same jobs, field for field, but for the end of a job without a time limit (text: NONE,
+    read as 0; JSON: a year on) and the text's one-word state (here a base state)."""
+    ids, parsed = recorded(release)
+    text, as_json = parsed["squeue.txt"], parsed["squeue.json"]
+    assert set(text) == set(ids.values()) <= set(as_json)
+    assert (text[ids["odd"]].name, text[ids["odd"]].comment) == ("a b,c|d\"e'f%g", "x y,z\nsecond line")
+    for job_id, job in text.items():
+        other = as_json[job_id]
+        if job.end_time == 0 and other.end_time > other.start_time + 300 * 86400:
+            other = replace(other, end_time=0)
+        assert job == other, release
 
 
 @pytest.mark.parametrize("release", RELEASES)
