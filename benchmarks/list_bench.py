@@ -41,20 +41,22 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from policy_bench import BENCH_NAME, fill_queue  # noqa: E402
+from policy_bench import BENCH_NAME, fill_queue, job_info_rpcs  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
 HAI = "import sys; from slurm_hai.cli.user import main; sys.argv[0] = 'hai'; main()"
-JOB_INFO_RPC = re.compile(r"(REQUEST_JOB_INFO|REQUEST_JOB_INFO_SINGLE|REQUEST_JOB_USER_INFO)\s+\(\s*\d+\)\s+count:(\d+)")
+
+
+# GNU time: the peak resident memory of the command (the largest of its processes, squeue's too)
+PEAK = ["/usr/bin/time", "-f", "peak-kib %M"]
+
+
+def peak_kib(stderr: str) -> int:
+    return int(stderr.rsplit("peak-kib ", 1)[1].split()[0])
 
 
 def slurm(*argv: str) -> str:
     return subprocess.run(argv, capture_output=True, text=True, check=True).stdout
-
-
-def job_info_rpcs() -> int:
-    """How many job-info RPCs slurmctld has answered (sdiag's counts by message type)."""
-    return sum(int(m.group(2)) for m in JOB_INFO_RPC.finditer(slurm("sdiag")))
 
 
 class Hai:
@@ -67,17 +69,17 @@ class Hai:
         shim.chmod(0o755)
         self.env = {**os.environ, "PATH": f"{shim_dir}:{os.environ['PATH']}", "HAI_SLURM_BACKEND": "cli"}
 
-    def run(self, tree: Path, argv: list[str]) -> tuple[float, int]:
-        """(seconds, squeue calls) of one `hai ARGV` run from `tree`."""
+    def run(self, tree: Path, argv: list[str]) -> tuple[float, int, int]:
+        """(seconds, squeue calls, peak KiB of its processes) of one `hai ARGV` run from `tree`."""
         self.log.write_text("")
         t0 = time.perf_counter()
         # -P and a neutral cwd: `python -c` would put the cwd first on sys.path, ahead of PYTHONPATH
-        p = subprocess.run([sys.executable, "-P", "-c", HAI, *argv], env={**self.env, "PYTHONPATH": str(tree)},
+        p = subprocess.run([*PEAK, sys.executable, "-P", "-c", HAI, *argv], env={**self.env, "PYTHONPATH": str(tree)},
                            cwd=self.log.parent, capture_output=True, text=True)
         seconds = time.perf_counter() - t0
         if p.returncode != 0:
             raise SystemExit(f"list_bench: `hai {' '.join(argv)}` from {tree} failed: {p.stderr.strip()}")
-        return seconds, len(self.log.read_text().splitlines())
+        return seconds, len(self.log.read_text().splitlines()), peak_kib(p.stderr)
 
 
 def newest_ended_job_dir() -> int | None:
@@ -121,11 +123,15 @@ def main() -> int:
     waiting, cancelled = mine[0], mine[-1]
     slurm("scancel", str(cancelled))
     in_ctld = len(slurm("squeue", "-h", "--states=all", "-o", "%i").split())
-    rows = [("hai list", ["list"]), ("hai status JOB, waiting (the policy says why)", ["status", str(waiting)]),
-            ("hai status JOB, cancelled (no final.json)", ["status", str(cancelled)])]
+    whole, yours, one = "squeue (the whole queue)", f"squeue --user={me}", f"scontrol show job -o {waiting}"
+    # each `hai` command, and the Slurm command that does the same for Slurm's own user
+    rows = [("hai list", ["list"], yours), ("hai list --all", ["list", "--all"], whole),
+            ("hai status JOB, waiting (the policy says why)", ["status", str(waiting)], one),
+            ("hai status JOB, cancelled (no final.json)", ["status", str(cancelled)], one)]
     ended = newest_ended_job_dir()
     if ended is not None:
-        rows.append(("hai status JOB, ended (final.json)", ["status", str(ended)]))
+        rows += [("hai status JOB, ended (final.json)", ["status", str(ended)], one),
+                 ("hai logs JOB, ended", ["logs", str(ended)], one)]
 
     release = slurm("scontrol", "--version").split()[-1]
     print(f"{in_ctld} jobs in slurmctld ({len(mine)} of {me}), Slurm {release}, Python {platform.python_version()}, "
@@ -136,40 +142,45 @@ def main() -> int:
         times: dict[tuple[str, str], list[float]] = {}
         calls: dict[tuple[str, str], int] = {}
         rpcs: dict[tuple[str, str], int] = {}
-        for name, argv in rows:  # one counting run each (not timed): squeue processes, slurmctld's RPCs
+        peak: dict[tuple[str, str], int] = {}
+        for name, argv, _ in rows:  # one counting run each (not timed): squeue processes, slurmctld's RPCs
             for side, tree in trees.items():
-                n0 = job_info_rpcs()
-                _, calls[name, side] = hai.run(tree, argv)
-                rpcs[name, side] = job_info_rpcs() - n0
+                n0 = job_info_rpcs()[0]
+                _, calls[name, side], peak[name, side] = hai.run(tree, argv)
+                rpcs[name, side] = job_info_rpcs()[0] - n0
         for r in range(args.repeats):
-            for name, argv in rows:
+            for name, argv, _ in rows:
                 for side in (("before", "after") if r % 2 == 0 else ("after", "before")):
-                    seconds, _ = hai.run(trees[side], argv)
+                    seconds, _, _ = hai.run(trees[side], argv)
                     times.setdefault((name, side), []).append(seconds)
-        reads = {what: min(timed(argv) for _ in range(3)) for what, argv in (
-            ("the whole queue (squeue --json --states=all)", ["squeue", "--json", "--states=all"]),
-            (f"one job (the same with --jobs={waiting})", ["squeue", "--json", "--states=all", f"--jobs={waiting}"]),
-            ("one job, not JSON (scontrol show job -o)", ["scontrol", "show", "job", "-o", str(waiting)]))}
+        reads = {what: statistics.median_low(timed(argv) for _ in range(args.repeats)) for what, argv in (
+            (whole, ["squeue"]), (yours, ["squeue", f"--user={me}"]),
+            ("squeue --json --states=all (the whole queue)", ["squeue", "--json", "--states=all"]),
+            (one, ["scontrol", "show", "job", "-o", str(waiting)]))}
     print()
-    print("| command | before | after | after/before | squeue calls | job-info RPCs (sdiag) |")
-    print("|---|---:|---:|---:|---:|---:|")
-    for name, _ in rows:
+    print("| command | before | after | after/before | after vs Slurm's | peak memory before -> after "
+          "| squeue calls | job-info RPCs (sdiag) |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for name, _, own in rows:
         b, a = (statistics.median(times[name, s]) for s in ("before", "after"))
-        print(f"| `{name}` | {b:.2f} s | {a:.2f} s | {a / b:.2f}x | {calls[name, 'before']} -> "
-              f"{calls[name, 'after']} | {rpcs[name, 'before']} -> {rpcs[name, 'after']} |")
-    print("\nOne read of Slurm, best of 3:")
-    for what, (seconds, size) in reads.items():
-        print(f"  {what}: {seconds:.3f} s, {size / 1e6:.1f} MB")
+        print(f"| `{name}` | {b:.2f} s | {a:.2f} s | {a / b:.2f}x | {a / reads[own][0]:.1f}x `{own}` | "
+              f"{peak[name, 'before'] / 1024:.0f} -> {peak[name, 'after'] / 1024:.0f} MiB | "
+              f"{calls[name, 'before']} -> {calls[name, 'after']} | {rpcs[name, 'before']} -> {rpcs[name, 'after']} |")
+    print("\nSlurm's own commands in the same run (median of the repeats):\n")
+    print("| Slurm command | time | peak memory |")
+    print("|---|---:|---:|")
+    for what, (seconds, kib) in reads.items():
+        print(f"| `{what}` | {seconds:.3f} s | {kib / 1024:.0f} MiB |")
     if args.cleanup:
         subprocess.run(["scancel", f"--name={BENCH_NAME}"], check=False)
     return 0
 
 
 def timed(argv: list[str]) -> tuple[float, int]:
-    """(seconds, bytes printed) of one Slurm command."""
+    """(seconds, peak KiB) of one Slurm command."""
     t0 = time.perf_counter()
-    out = subprocess.run(argv, capture_output=True, check=True).stdout
-    return time.perf_counter() - t0, len(out)
+    p = subprocess.run([*PEAK, *argv], capture_output=True, text=True, check=True)
+    return time.perf_counter() - t0, peak_kib(p.stderr)
 
 
 if __name__ == "__main__":

@@ -22,9 +22,9 @@ It fills the queue up to each size with held batch jobs (priority 0, so nothing 
 over every level's QOS with `hai-level=` admin comments, submitted through pyslurm (about
 2 ms a job; where pyslurm is not installed, `sbatch --hold`, a process each: `fill_queue`,
 which benchmarks/list_bench.py uses too). A cycle is `PolicyDaemon(backend, policy,
-dry_run=True).cycle()`: the backend's `jobs()` (squeue --json --states=all, or
-pyslurm.Jobs.load), `decide`, and the actions logged, not done; `jobs()` and `decide` are
-also timed on their own. `--cleanup` cancels what it submitted at the end.
+dry_run=True).cycle()`: the backend's `jobs()` (squeue's text of the fields slurm-hai reads,
+or pyslurm.Jobs.load), `decide`, and the actions logged, not done; `jobs()` and `decide` are
+also timed on their own, and slurmctld's time in job-info RPCs per cycle (sdiag) beside them. `--cleanup` cancels what it submitted at the end.
 
 Slurm's default MaxJobCount is 10000 (slurmctld refuses more jobs): for the measured table
 in docs/benchmarks.md, MaxJobCount was raised by hand in the bench cluster's own rendered
@@ -39,6 +39,7 @@ import copy
 import json
 import platform
 import random
+import re
 import statistics
 import sys
 import time
@@ -205,22 +206,40 @@ def _fill_with_sbatch(n: int, policy, account: str, user: str | None) -> int:
     return max(0, n - len(mine))
 
 
-def time_live(backend, policy, repeats: int) -> tuple[float, float, float, int, int]:
+JOB_INFO_RPC = re.compile(r"(REQUEST_JOB_INFO|REQUEST_JOB_INFO_SINGLE|REQUEST_JOB_USER_INFO)\s+\(\s*\d+\)\s+"
+                          r"count:(\d+)\s+ave_time:\d+\s+total_time:(\d+)")
+
+
+def job_info_rpcs() -> tuple[int, float]:
+    """How many job-info RPCs slurmctld has answered, and the seconds it spent on them (sdiag)."""
+    import subprocess
+
+    out = subprocess.run(["sdiag"], capture_output=True, text=True, check=True).stdout
+    found = [(int(m.group(2)), int(m.group(3))) for m in JOB_INFO_RPC.finditer(out)]
+    return sum(c for c, _ in found), sum(t for _, t in found) / 1e6
+
+
+def time_live(backend, policy, repeats: int) -> tuple[float, float, float, int, int, float]:
+    """Medians of jobs(), decide and a whole dry-run cycle; the job count, the action count,
+    and slurmctld's seconds of job-info RPCs per cycle (sdiag, over the cycles alone)."""
     from slurm_hai.controller.daemon import PolicyDaemon
 
     daemon = PolicyDaemon(backend, policy=policy, dry_run=True)
-    read, dec, cyc = [], [], []
+    read, dec, cyc, rpc_seconds = [], [], [], 0.0
     for _ in range(repeats):
         t0 = time.perf_counter()
         jobs = backend.jobs()
         t1 = time.perf_counter()
         actions = decide(jobs, policy, time.time(), idle_nodes=backend.idle_nodes)
         t2 = time.perf_counter()
+        before = job_info_rpcs()[1]
         result = daemon.cycle()
+        rpc_seconds += job_info_rpcs()[1] - before
         read.append(t1 - t0)
         dec.append(t2 - t1)
         cyc.append(result.seconds)
-    return statistics.median(read), statistics.median(dec), statistics.median(cyc), len(jobs), len(actions)
+    return (statistics.median(read), statistics.median(dec), statistics.median(cyc), len(jobs), len(actions),
+            rpc_seconds / repeats)
 
 
 def live(args, policy) -> int:
@@ -246,7 +265,8 @@ def live(args, policy) -> int:
     release = CliBackend().version()
     print(f"policy daemon cycle on a live Slurm {release} cluster (MaxJobCount {limit}), median of "
           f"{args.repeats}; Python {platform.python_version()}, {os.cpu_count()} CPUs")
-    header = f"{'jobs':>7}  {'backend':>8}  {'jobs()':>8}  {'decide':>8}  {'cycle':>8}  {'vs cli':>7}  {'actions':>7}"
+    header = (f"{'jobs':>7}  {'backend':>8}  {'jobs()':>8}  {'decide':>8}  {'cycle':>8}  {'vs cli':>7}  {'actions':>7}"
+              f"  {'ctld RPC/cycle':>14}")
     print(header)
     print("-" * len(header))
     for n in args.jobs:
@@ -259,10 +279,10 @@ def live(args, policy) -> int:
             print(f"  ({added} jobs submitted in {time.perf_counter() - t0:.0f} s)", flush=True)
         base = None
         for name, cls in backends.items():
-            read, dec, cyc, count, actions = time_live(cls(), policy, args.repeats)
+            read, dec, cyc, count, actions, rpc = time_live(cls(), policy, args.repeats)
             base = base or cyc
             print(f"{count:>7}  {name:>8}  {read * 1e3:>6.0f}ms  {dec * 1e3:>6.0f}ms  {cyc * 1e3:>6.0f}ms  "
-                  f"{cyc / base:>6.2f}x  {actions:>7}", flush=True)
+                  f"{cyc / base:>6.2f}x  {actions:>7}  {rpc * 1e3:>12.0f}ms", flush=True)
     if args.cleanup:
         import subprocess
 

@@ -497,8 +497,9 @@ def persist_agent(spool: str | None, once: bool, sweep_every: float) -> None:
 
 
 def _jobs_over(job_ids: list[int]) -> set[int]:
-    """Those of the jobs that Slurm says ended, or no longer knows (asked one by one: squeue
-    fails a whole query for one id it no longer knows)."""
+    """Those of the jobs that Slurm says ended, or no longer knows. Asked one by one: squeue
+    of one job id is one small RPC (slurm_load_job); of several, squeue loads the whole
+    queue and picks them out. A node holds the memory of one job or a few."""
     from ..slurm import backend
     from ..slurm.records import ENDED_STATES
 

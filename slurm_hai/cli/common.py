@@ -7,6 +7,7 @@ import functools
 import json
 import os
 import sys
+from pathlib import Path
 from typing import Callable, Iterable, Sequence
 
 import click
@@ -164,10 +165,11 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
     return "\n".join(lines)
 
 
-def job_dir_of(job_id: int, job: JobInfo | None) -> JobDir:
-    """The job's state directory: from the job's comment (hai-dir=ROOT), else our own root."""
+def job_dir_of(job_id: int, job: JobInfo | None, own_root: Path | None = None) -> JobDir:
+    """The job's state directory: from the job's comment (hai-dir=ROOT), else our own root
+    (`own_root`: default_root(), found once by a caller with many jobs)."""
     root = job.tags.get("hai-dir") if job else None
-    return JobDir.for_job(job_id, root or default_root())
+    return JobDir.for_job(job_id, root or own_root or default_root())
 
 
 def lookup(job_id: int, queue: Sequence[JobInfo] | None = None) -> tuple[JobInfo | None, JobDir]:
@@ -191,9 +193,14 @@ def lookup(job_id: int, queue: Sequence[JobInfo] | None = None) -> tuple[JobInfo
 
 
 def current_user() -> str:
+    return _user_name(os.getuid())
+
+
+@functools.lru_cache(maxsize=8)
+def _user_name(uid: int) -> str:  # asked once per job by `hai list`: NSS may be a network call
     import pwd
 
-    return pwd.getpwuid(os.getuid()).pw_name
+    return pwd.getpwuid(uid).pw_name
 
 
 def check_owner(job: JobInfo | None, action: str) -> None:

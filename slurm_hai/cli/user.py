@@ -17,6 +17,7 @@ from ..jobs.jobdir import JobDir, default_root
 from ..jobs.status import HaiStatus, back_estimate, clock, marker
 from ..jobs.status import status as hai_status
 from ..policy.explain import Explainer
+from ..policy.rules import is_held
 from ..slurm.records import JobInfo
 from .ckpt import ckpt
 from .common import (Group, Refused, backend, check_owner, current_user, did_you_mean, emit_json, job_dir_of,
@@ -61,21 +62,23 @@ def may_read(job: JobInfo | None) -> bool:
     return job is None or os.getuid() == 0 or job.user == current_user()
 
 
-LIVE = ("PENDING", "RUNNING")  # the states the policy explains, from the whole queue
+LIVE = ("PENDING", "RUNNING")  # the states the policy explains
 
 
-def job_status(job_id: int, job: JobInfo | None, jobdir: JobDir, queue: Sequence[JobInfo] | None = None,
+def job_status(job_id: int, job: JobInfo | None, jobdir: JobDir | None, queue: Sequence[JobInfo] | None = None,
                why: Explainer | None = None) -> HaiStatus:
     """The HAI status of one job, from what the command has read already (asks Slurm nothing).
     With `queue` (every job Slurm knows) a suspended job is told when it may run again; with
     `why` (the policy's Explainer over that queue) a waiting or running job is explained;
-    without them the reason is Slurm's."""
-    readable = may_read(job)
+    without them the reason is Slurm's. jobdir None: a job whose files this user may not read."""
+    readable = jobdir is not None and may_read(job)
     events, final, request, owner_uid = [], None, {}, None
-    if readable:
+    if jobdir is not None and readable:
         try:
+            owner_uid = jobdir.path.stat().st_uid
             events, final, request = jobdir.events(), jobdir.final(), jobdir.request()
-            owner_uid = jobdir.path.stat().st_uid if jobdir.path.exists() else None
+        except FileNotFoundError:  # no directory (a job not from hai-submit): nothing to read
+            pass
         except PermissionError:  # e.g. root's HAI_HOME seen by root over a root-squashed share
             readable = False
     runs = sum(1 for e in events if e.get("event") == "suspended")
@@ -101,15 +104,20 @@ def _has_ended(job_id: int) -> bool:
 
 
 def _status_of(job_id: int) -> tuple[HaiStatus, JobInfo | None, JobDir]:
-    """`hai status JOB` from one squeue call: the whole queue, which holds the job's record and
-    which the policy needs to say why the job waits or when it runs again; only the job's own
-    record when its directory says it has ended (then nothing is left to explain)."""
+    """`hai status JOB`: the job's own record first (squeue of one job: one small RPC); the
+    whole queue only for a waiting job, as the policy needs the others to say why it waits
+    (its place in line, its user's nodes in use) or when it runs again. A running job is
+    explained from its own record; one whose directory says it has ended, not at all."""
     from ..policy.model import find_policy
 
-    queue = None if _has_ended(job_id) else backend().jobs()
-    job, jobdir = lookup(job_id, queue)
-    why = Explainer(queue, find_policy()) if queue is not None and job is not None and job.state in LIVE else None
-    return job_status(job_id, job, jobdir, queue, why), job, jobdir
+    job, jobdir = lookup(job_id)
+    if job is None or job.state not in LIVE or _has_ended(job_id):
+        return job_status(job_id, job, jobdir), job, jobdir
+    queue = [job]
+    if job.state == "PENDING":
+        queue = backend().jobs()
+        job = next((j for j in queue if j.job_id == job_id), job)
+    return job_status(job_id, job, jobdir, queue, Explainer(queue, find_policy())), job, jobdir
 
 
 def _when(t: int) -> str:
@@ -179,10 +187,13 @@ def _own_ended_jobs(known: set[int]) -> list[tuple[int, JobDir]]:
 def _list(all_users: bool, as_json: bool, since: float | None = None, state: str | None = None) -> None:
     from ..policy.model import find_policy
 
-    queue = backend().jobs()  # one squeue call for the whole listing
-    why = Explainer(queue, find_policy())  # one policy read, one snapshot of the queue
     me = current_user()
-    rows = [job_status(j.job_id, j, job_dir_of(j.job_id, j), queue, why)
+    queue = backend().jobs(user=None if all_users else me)  # yours alone: one small RPC
+    if not all_users and any(j.state == "PENDING" and (not is_held(j) or j.restart_count) for j in queue):
+        queue = backend().jobs()  # a waiting job's place in line, and who holds its nodes: the whole queue
+    why = Explainer(queue, find_policy())  # one policy read, one snapshot of the queue
+    root = default_root()
+    rows = [job_status(j.job_id, j, job_dir_of(j.job_id, j, root) if may_read(j) else None, queue, why)
             for j in sorted(queue, key=lambda j: j.job_id) if all_users or j.user == me]
     if since is not None or state is not None:  # ended jobs too, from your own job directories
         rows += [job_status(jid, None, d, queue, why) for jid, d in _own_ended_jobs({j.job_id for j in queue})]

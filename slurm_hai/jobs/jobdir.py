@@ -53,11 +53,11 @@ def write_atomic(path: Path, text: str) -> None:
 
 class JobDir:
     def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
+        self.path = path if isinstance(path, Path) else Path(path)
 
     @classmethod
     def for_job(cls, job_id: int | str, root: str | Path | None = None) -> "JobDir":
-        return cls((Path(root) if root else default_root()) / str(job_id))
+        return cls((root if isinstance(root, Path) else Path(root) if root else default_root()) / str(job_id))
 
     def create(self) -> "JobDir":
         old = os.umask(0o077)

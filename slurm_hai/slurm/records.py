@@ -16,9 +16,10 @@ reports it, so one odd job never hides the others (the daemon logs it and goes o
 
 from __future__ import annotations
 
+import functools
 import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Callable
 
 from ..policy import tags
@@ -64,7 +65,7 @@ class JobInfo:
     preempt_time: int = 0  # when Slurm (last) chose this job for preemption; 0 if never
     end_time: int = 0  # for a finished job, when it ended (for a running one, its time limit)
 
-    @property
+    @functools.cached_property  # read-only: parsed once per record (hai list reads it often)
     def tags(self) -> dict[str, str]:
         """slurm-hai's tags from the comment and the admin comment (policy/tags.py)."""
         return tags.parse(self.comment, self.admin_comment)
@@ -266,13 +267,24 @@ def _text_exit(value: str) -> int | None:
     raise _Shape(f"{value[:40]!r}, expected an exit code")
 
 
-# JobInfo field -> (squeue --Format field, converter), in the order asked for.
+def _record_start(value: str) -> int:
+    """The job id, the first field of a record: it starts a line."""
+    if not value.startswith("\n"):
+        raise _Shape(f"{value[:40]!r}, expected a job id at the start of a line")
+    return _text_count(value[1:])
+
+
+def _text_reason(value: str) -> str:
+    return value or "None"
+
+
+# JobInfo field -> (squeue --Format field, converter), in the order asked for: JobInfo's own.
 QUEUE_FORMAT: tuple[tuple[str, str, Callable[[str], Any]], ...] = (
-    ("job_id", "JobId", _text_count),
+    ("job_id", "JobId", _record_start),
     ("name", "Name", _text_string),
     ("user", "UserName", _text_string),
     ("state", "State", _text_state),
-    ("reason", "Reason", _text_string),
+    ("reason", "Reason", _text_reason),
     ("qos", "QOS", _text_string),
     ("partition", "Partition", _text_string),
     ("num_nodes", "NumNodes", _text_count),
@@ -297,33 +309,34 @@ def jobs_from_text(text: str, sep: str, where: str = "squeue") -> tuple[list[Job
     and one RecordError per record that could not be read. RecordError when the text is not
     in that format at all (another squeue, or an error message on stdout)."""
     width = len(QUEUE_FORMAT)
-    fields = text.split(sep)
-    rest = fields.pop()  # what follows the last field: the last record's newline
-    if rest.strip() or len(fields) % width:
+    cells = ("\n" + text).split(sep)  # each record's first field starts its line
+    rest = cells.pop()  # what follows the last field: the last record's newline
+    if rest.strip() or len(cells) % width:
         raise RecordError(f"{where} printed something that is not the queue it was asked for: "
                           f"{' '.join(text.split())[:80] or '(nothing)'}")
     jobs, problems = [], []
-    for start in range(0, len(fields), width):
-        record = fields[start:start + width]
-        if start:
-            if not record[0].startswith("\n"):
-                raise RecordError(f"{where}: job record {start // width + 1} does not start a line")
-            record[0] = record[0][1:]
-        values: dict[str, Any] = {}
+    for record in zip(*[iter(cells)] * width):  # JobInfo's fields are QUEUE_FORMAT's, in its order
         try:
-            for (name, slurm_name, convert), raw in zip(QUEUE_FORMAT, record):
-                try:
-                    values[name] = convert(raw)
-                except _Shape as e:
-                    raise RecordError(f"{where}: job {_job_label(values.get('job_id', record[0][:40]))} field "
-                                      f"{slurm_name} is {e}; this Slurm version is not supported by this "
-                                      "slurm-hai") from None
-        except RecordError as e:
-            problems.append(e)
-            continue
-        values["reason"] = values["reason"] or "None"
-        jobs.append(JobInfo(**values))
+            jobs.append(JobInfo(*[convert(raw) for convert, raw in zip(_TEXT_CONVERTERS, record)]))
+        except _Shape:
+            problems.append(_text_problem(record, where))
     return jobs, problems
+
+
+_TEXT_CONVERTERS = [convert for _, _, convert in QUEUE_FORMAT]
+assert [f.name for f in fields(JobInfo)] == [name for name, _, _ in QUEUE_FORMAT]
+
+
+def _text_problem(record: tuple[str, ...], where: str) -> RecordError:
+    """The one line that says which field of a record could not be read."""
+    job = record[0].strip()[:40] or "?"
+    for (_, slurm_name, _), convert, raw in zip(QUEUE_FORMAT, _TEXT_CONVERTERS, record):
+        try:
+            convert(raw)
+        except _Shape as e:
+            return RecordError(f"{where}: job {job} field {slurm_name} is {e}; this Slurm version is not "
+                               "supported by this slurm-hai")
+    return RecordError(f"{where}: job {job} could not be read")
 
 
 # ------------------------------------------------------------------ pyslurm (25.11)

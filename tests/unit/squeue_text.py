@@ -28,10 +28,11 @@ def asked(argv: Sequence[str]) -> tuple[list[str], str]:
 
 
 def render(argv: Sequence[str], rows: Sequence[dict[str, str]]) -> str:
-    """What squeue prints for `argv` (--Format, --jobs) when the queue holds `rows`."""
+    """What squeue prints for `argv` (--Format, --jobs, --user) when the queue holds `rows`."""
     fields, sep = asked(argv)
     wanted = [a.split("=", 1)[1].split(",") for a in argv if a.startswith("--jobs=")]
-    rows = [r for r in rows if not wanted or r["JobId"] in wanted[0]]
+    users = [a.split("=", 1)[1] for a in argv if a.startswith("--user=")]
+    rows = [r for r in rows if (not wanted or r["JobId"] in wanted[0]) and (not users or r["UserName"] in users)]
     return "".join("".join(row.get(f, "") + sep for f in fields) + "\n" for row in rows)
 
 
@@ -53,7 +54,8 @@ def recorded_releases() -> list[str]:
 
 
 def fake_squeue(bin_dir: Path, rows: Sequence[dict[str, str]]) -> Path:
-    """An executable `squeue` in bin_dir that prints `rows` in the format it is asked for."""
+    """An executable `squeue` in bin_dir that prints `rows` in the format it is asked for, and
+    writes each argv it was given as a line of JSON to bin_dir/squeue-calls."""
     data = bin_dir / "squeue-rows.json"
     data.write_text(json.dumps(list(rows)))
     script = bin_dir / "squeue"
@@ -63,4 +65,7 @@ def fake_squeue(bin_dir: Path, rows: Sequence[dict[str, str]]) -> Path:
 
 
 if __name__ == "__main__":
-    sys.stdout.write(render(sys.argv[2:], json.loads(Path(sys.argv[1]).read_text())))
+    rows_file, argv = Path(sys.argv[1]), ["squeue", *sys.argv[2:]]
+    with open(rows_file.parent / "squeue-calls", "a") as calls:
+        calls.write(json.dumps(argv) + "\n")
+    sys.stdout.write(render(argv, json.loads(rows_file.read_text())))

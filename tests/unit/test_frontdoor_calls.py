@@ -1,4 +1,5 @@
-"""Every `hai` and `hai-submit` command reads the queue once and the policy once at most;
+"""Every `hai` and `hai-submit` command reads the whole queue once and the policy once at most
+(`hai status` of a running or ended job reads that job alone: one small RPC);
 `hai logs -f` asks Slurm about its own job only, and not while the job is printing.
 
 A fake Backend records every call; the click commands run through CliRunner on a small
@@ -39,6 +40,9 @@ class RecordingBackend:
 
     def reads(self) -> list[tuple]:
         return [c for c in self.calls if c[1] in QUEUE_READS]
+
+    def whole_queue_reads(self) -> list[tuple]:
+        return [c for c in self.calls if c[1:] == ("jobs", (), None)]
 
     def jobs(self, job_ids=(), user=None):
         self._record("jobs", tuple(job_ids), user)
@@ -146,7 +150,8 @@ def test_every_hai_command_reads_the_queue_and_the_policy_once_at_most(world, ar
     slurm, policy_reads, _ = world
     r = CliRunner().invoke(user.main, argv)
     assert r.exception is None or isinstance(r.exception, SystemExit), r.output
-    assert len(slurm.reads()) <= 1, f"hai {' '.join(argv)} read the queue {len(slurm.reads())} times: {slurm.calls}"
+    assert len(slurm.whole_queue_reads()) <= 1 and len(slurm.reads()) <= 2, (
+        f"hai {' '.join(argv)} read the queue {len(slurm.reads())} times: {slurm.calls}")
     assert len(policy_reads) <= 1, f"hai {' '.join(argv)} read the policy {len(policy_reads)} times"
 
 
@@ -158,14 +163,23 @@ def test_every_submit_reads_the_queue_and_the_policy_once_at_most(world, argv):
     assert len(slurm.reads()) <= 1 and len(policy_reads) <= 1, slurm.calls
 
 
-def test_status_of_a_live_job_is_one_read_of_the_queue_and_one_of_the_policy(world):
+def test_status_of_a_waiting_job_is_one_read_of_the_queue_and_one_of_the_policy(world):
     slurm, policy_reads, _ = world
     r = CliRunner().invoke(user.main, ["status", "23", "--json"])
     assert r.exit_code == 0, r.output
     st = json.loads(r.output)
     # the policy explained it from the queue, and the queue told when job 24 ends
     assert st["state"] == "suspended" and "position" in st["reason"] and "job 24 ends" in st["reason"]
-    assert [c[1:] for c in slurm.reads()] == [("jobs", (), None)] and policy_reads == [POLICY]
+    assert [c[1:] for c in slurm.reads()] == [("job", 23), ("jobs", (), None)] and policy_reads == [POLICY]
+
+
+def test_status_of_a_running_job_reads_that_job_alone(world):
+    slurm, policy_reads, _ = world
+    r = CliRunner().invoke(user.main, ["status", "21", "--json"])
+    assert r.exit_code == 0, r.output
+    st = json.loads(r.output)
+    assert st["state"] == "running" and st["reason"].startswith("running at LOW on 1 node for"), st
+    assert [c[1:] for c in slurm.reads()] == [("job", 21)] and policy_reads == [POLICY]
 
 
 def test_status_of_an_ended_job_asks_slurm_about_that_job_alone(world):
@@ -180,7 +194,7 @@ def test_status_of_a_job_slurmctld_forgot_comes_from_accounting_only_then(world)
     slurm.history[31] = slurm_job(31, common.current_user(), "FAILED")
     r = CliRunner().invoke(user.main, ["status", "31", "--json"])
     assert r.exit_code == 0 and json.loads(r.output)["state"].startswith("finished"), r.output
-    assert [c[1] for c in slurm.reads()] == ["jobs", "accounting"]  # sacct only for what squeue forgot
+    assert [c[1] for c in slurm.reads()] == ["job", "accounting"]  # sacct only for what squeue forgot
     r = CliRunner().invoke(user.main, ["status", "32"])
     assert r.exit_code == 1 and "no job 32" in r.output
 
@@ -191,6 +205,18 @@ def test_list_reads_the_whole_queue_once_however_many_jobs(world):
     assert r.exit_code == 0, r.output
     assert {row["job_id"] for row in json.loads(r.output)} == {21, 22, 23, 24, 25, 26, 27}
     assert [c[1:] for c in slurm.reads()] == [("jobs", (), None)] and policy_reads == [POLICY]
+
+
+def test_list_of_your_jobs_reads_the_whole_queue_only_for_one_that_waits_in_line(world):
+    slurm, _, _ = world
+    me = common.current_user()
+    r = CliRunner().invoke(user.main, ["list", "--json"])  # 22 waits for nodes: its place in line
+    assert r.exit_code == 0 and [c[1:] for c in slurm.reads()] == [("jobs", (), me), ("jobs", (), None)], r.output
+    slurm.queue = [j for j in slurm.queue if j.user != me or j.state != "PENDING"]
+    slurm.calls.clear()
+    r = CliRunner().invoke(user.main, ["list", "--json"])
+    assert r.exit_code == 0 and {row["job_id"] for row in json.loads(r.output)} == {21, 25}, r.output
+    assert [c[1:] for c in slurm.reads()] == [("jobs", (), me)]
 
 
 def test_suspend_of_a_job_that_does_not_run_says_its_state_from_one_read(world):
