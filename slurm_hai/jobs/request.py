@@ -23,7 +23,6 @@ from ..policy.model import Policy
 from ..policy.placement import REFUSALS, Refused, grace_of, group_of, request_level
 from ..policy.sizes import NodeRange
 from ..policy.tags import DIR as DIR_TAG, GRACE as GRACE_TAG, NODES as NODES_TAG
-from ..render import render
 
 # Each is matched whole (fullmatch: a trailing newline is not "the end"), in ASCII.
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -265,4 +264,6 @@ def check_files(req: JobRequest) -> None:
 
 
 def render_script(context: dict, term_is_notice: bool) -> str:
+    from ..render import render  # jinja2: only hai-submit renders; the other commands start without it
+
     return render("job/sbatch.sh.j2", term_is_notice=term_is_notice, **context)

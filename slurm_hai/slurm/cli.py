@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+from dataclasses import replace
 import os
 import secrets
 import subprocess
@@ -16,7 +17,7 @@ from typing import TYPE_CHECKING, Sequence
 
 from . import commands
 from .base import NodeInfo, SlurmError
-from .records import JobInfo, RecordError, jobs_from_json, jobs_from_text
+from .records import JobInfo, RecordError, jobs_from_json, jobs_from_text, reason_name
 from .version import SlurmVersion
 
 if TYPE_CHECKING:
@@ -109,7 +110,25 @@ class CliBackend:
                 return []
             raise SlurmError("squeue: " + (" ".join(p.stderr.split()) or (
                 f"killed by signal {-p.returncode}" if p.returncode < 0 else f"exit {p.returncode}")))
-        return _readable(jobs_from_text(p.stdout, sep), job_ids)
+        return self._named(_readable(jobs_from_text(p.stdout, sep), job_ids))
+
+    def _named(self, jobs: list[JobInfo]) -> list[JobInfo]:
+        """The jobs with their reasons' names. squeue prints a job's state description in
+        place of its reason's name when the job has one; a description that starts with the
+        name ("ReqNodeNotAvail, UnavailableNodes:n1") gives it, and the few jobs whose
+        description names none ("launch failure limit exceeded requeued held", a job
+        held by the requeue limit) are read again, as JSON, which has both (on 22.05, whose
+        squeue --json ignores --jobs, that is the whole queue)."""
+        named = {j.job_id: name for j in jobs if (name := reason_name(j.reason)) != j.reason}
+        unnamed = [job_id for job_id, name in named.items() if name is None]
+        exact: dict[int, JobInfo] = {}
+        if unnamed:
+            p = _run(["squeue", "--json", "--states=all", "--jobs=" + ",".join(map(str, unnamed))], check=False)
+            if p.returncode == 0:  # else (one job, and it just left the queue): as squeue's text said
+                exact = {j.job_id: j for j in _readable(jobs_from_json(_json(p.stdout, "squeue --json")))
+                         if j.job_id in set(unnamed)}
+        return [exact.get(j.job_id) or (replace(j, reason=named[j.job_id] or j.reason) if j.job_id in named else j)
+                for j in jobs]
 
     def job(self, job_id: int) -> JobInfo | None:
         found = [j for j in self.jobs([job_id]) if j.job_id == job_id]

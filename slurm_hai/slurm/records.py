@@ -216,7 +216,8 @@ ACCOUNTING_V38: Spec = {**ACCOUNTING, "exit_code": (("exit_code",), lambda value
 # each call, so no job name or comment can forge a field, and newlines in them do no harm.
 # squeue prints the fields with Slurm's own text: a job state as ONE word (job_state_string:
 # a flag that hides the base state, COMPLETING, CONFIGURING, REQUEUED, ..., else the base
-# state), a reason's name, times as SLURM_TIME_FORMAT says (%s: epoch seconds) or N/A, NONE
+# state), a reason's name or, when the job has one, its state description in place of the
+# name (the backend reads such a job again as JSON: `reason_name`), times as SLURM_TIME_FORMAT says (%s: epoch seconds) or N/A, NONE
 # (no end: no time limit), Unknown; a NULL string as "(null)", the exit status as the raw
 # wait(2) status (22.05) or CODE:SIGNAL (23.02 and later), nothing when it is unset.
 
@@ -420,7 +421,20 @@ def attributes(spec: Spec) -> tuple[str, ...]:
     return tuple(sorted(names))
 
 
-_REASON_NAME = re.compile(r"[A-Za-z0-9_]+")
+# Every reason name Slurm has (job_state_reason.c: 218 in 25.11) is one capitalised word;
+# a state description (squeue's Reason and pyslurm print it in place of the name when the
+# job has one) is not: "launch failure limit exceeded requeued held", "ReqNodeNotAvail,
+# UnavailableNodes:n1".
+_REASON_NAME = re.compile(r"[A-Z][A-Za-z0-9]*")
+
+
+def reason_name(reason: str) -> str | None:
+    """The reason's name when `reason` is one, or a description that starts with one
+    ("ReqNodeNotAvail, UnavailableNodes:n1"); None for a description that names none."""
+    if _REASON_NAME.fullmatch(reason):
+        return reason
+    head = re.match(r"([A-Z][A-Za-z0-9]*)[,:]", reason)
+    return head.group(1) if head else None
 
 
 def pyslurm_exact(job: JobInfo) -> bool:
@@ -431,7 +445,7 @@ def pyslurm_exact(job: JobInfo) -> bool:
     doubt); such jobs have to be read again from squeue. Its one-word state is squeue's."""
     doubtful_exit = job.exit_code is not None and (0 < job.exit_code < 128
                                                    or job.exit_code == 0 and job.state == "FAILED")
-    return bool(_REASON_NAME.fullmatch(job.reason)) and not doubtful_exit
+    return job.reason == reason_name(job.reason) and not doubtful_exit
 
 
 def node_is_idle(state: object) -> bool:

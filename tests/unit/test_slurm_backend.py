@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 
 import pytest
@@ -107,3 +108,26 @@ def test_sacct_without_slurmdbd_reads_as_one_line_that_names_it(tmp_path, monkey
         cli_backend.CliBackend().accounting(5)
     assert str(e.value) == ("sacct: Slurm's accounting (slurmdbd) does not answer (Connection refused); running and "
                             "waiting jobs are not affected: try again once it is back")
+
+
+def test_a_state_description_in_place_of_the_reason_gives_way_to_the_reasons_name(tmp_path, monkeypatch):
+    """squeue prints a job's state description where its reason's name goes: one that starts
+    with the name gives it; for one that names none (a job the requeue limit held, on 25.11)
+    the job is read again as JSON, that job alone."""
+    row = {"JobId": "7", "UserName": "alice", "State": "REQUEUE_HOLD", "NumNodes": "1", "RestartCnt": "5",
+           "PriorityLong": "0", "Reason": "launch failure limit exceeded requeued held"}
+    fake_squeue(tmp_path, [row, {**row, "JobId": "8", "State": "PENDING", "RestartCnt": "0",
+                                 "Reason": "ReqNodeNotAvail, UnavailableNodes:n1"}])
+    real = tmp_path / "squeue-text"
+    (tmp_path / "squeue").rename(real)
+    as_json = {"jobs": [{**SQUEUE["jobs"][0], "job_id": 7, "job_state": ["PENDING", "REQUEUE_HOLD"],
+                         "state_reason": "JobHoldMaxRequeue", "restart_cnt": 5, "priority": 0}]}
+    (tmp_path / "squeue.json").write_text(json.dumps(as_json))
+    (tmp_path / "squeue").write_text(f'#!/bin/sh\ncase "$*" in *--json*) echo "$*" >> {tmp_path}/json-calls; '
+                                     f'cat {tmp_path}/squeue.json;; *) exec {real} "$@";; esac\n')
+    (tmp_path / "squeue").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:/usr/bin:/bin")
+    held, unavailable = cli_backend.CliBackend().jobs()
+    assert (held.state, held.reason, held.restart_count) == ("PENDING", "JobHoldMaxRequeue", 5)
+    assert (unavailable.state, unavailable.reason) == ("PENDING", "ReqNodeNotAvail")
+    assert (tmp_path / "json-calls").read_text().split() == ["--json", "--states=all", "--jobs=7"]
