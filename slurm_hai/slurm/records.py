@@ -19,6 +19,7 @@ from __future__ import annotations
 import functools
 import math
 import re
+import time
 from dataclasses import dataclass, fields
 from typing import Any, Callable
 
@@ -373,6 +374,16 @@ def _pyslurm_exit(rec: object) -> int | None:
     return None if code is None else _number(code)
 
 
+def _pyslurm_end(rec: object) -> int:
+    """A job's end, 0 for one without a time limit that has not ended: squeue prints NONE
+    (Slurm keeps a time a year on)."""
+    if not isinstance(rec, dict):
+        raise _Shape(f"{_kind(rec)}, expected a record")
+    end, limit = _pyslurm_number(rec.get("end_time")), rec.get("time_limit")
+    unlimited = limit is None or isinstance(limit, str) and limit.upper() == "UNLIMITED"
+    return 0 if unlimited and end > time.time() else end
+
+
 def _pyslurm_allocated_nodes(rec: object) -> int:
     """pyslurm.db.Job.num_nodes is the requested count for a job that never started; sacct's
     allocation_nodes is 0 then."""
@@ -402,7 +413,7 @@ PYSLURM: Spec = {  # pyslurm.Job attributes (pyslurm 25.11); () is the whole rec
     "admin_comment": (("admin_comment",), _text, False),
     "account": (("account",), _text, False),
     "preempt_time": (("preempt_time",), _pyslurm_number, False),
-    "end_time": (("end_time",), _pyslurm_number, False),
+    "end_time": ((), _pyslurm_end, False),
 }
 
 PYSLURM_DB: Spec = {  # pyslurm.db.Job attributes (pyslurm 25.11): what sacct --json reads
@@ -410,15 +421,24 @@ PYSLURM_DB: Spec = {  # pyslurm.db.Job attributes (pyslurm 25.11): what sacct --
     "state": (("state",), _state, True),
     "num_nodes": ((), _pyslurm_allocated_nodes, False),
     "node_list": (("nodelist",), _text, False),
+    "end_time": (("end_time",), _pyslurm_number, False),
 }
 
 
 def attributes(spec: Spec) -> tuple[str, ...]:
     """The attributes a backend reads from a pyslurm object to make a record for `spec`."""
     names = {path[0] for path, _, _ in spec.values() if path}
-    if any(not path for path, _, _ in spec.values()):  # whole-record converters read these
-        names |= {"exit_code", "exit_code_signal", "num_nodes", "start_time"}
+    for path, convert, _ in spec.values():
+        if not path:  # a whole-record converter
+            names |= _WHOLE_RECORD_READS[convert]
     return tuple(sorted(names))
+
+
+_WHOLE_RECORD_READS: dict[Callable, set[str]] = {
+    _pyslurm_exit: {"exit_code", "exit_code_signal"},
+    _pyslurm_allocated_nodes: {"num_nodes", "start_time"},
+    _pyslurm_end: {"end_time", "time_limit"},
+}
 
 
 # Every reason name Slurm has (job_state_reason.c: 218 in 25.11) is one capitalised word;
