@@ -119,16 +119,21 @@ class CliBackend:
         description names none ("launch failure limit exceeded requeued held", a job
         held by the requeue limit) are read again, as JSON, which has both (on 22.05, whose
         squeue --json ignores --jobs, that is the whole queue)."""
-        named = {j.job_id: name for j in jobs if (name := reason_name(j.reason)) != j.reason}
-        unnamed = [job_id for job_id, name in named.items() if name is None]
-        exact: dict[int, JobInfo] = {}
+        fixed: dict[int, JobInfo] = {}
+        unnamed: set[int] = set()
+        for j in jobs:
+            name = reason_name(j.reason)
+            if name is None:
+                unnamed.add(j.job_id)
+            elif name != j.reason:
+                fixed[j.job_id] = replace(j, reason=name)
         if unnamed:
-            p = _run(["squeue", "--json", "--states=all", "--jobs=" + ",".join(map(str, unnamed))], check=False)
+            p = _run(["squeue", "--json", "--states=all", "--jobs=" + ",".join(map(str, sorted(unnamed)))],
+                     check=False)
             if p.returncode == 0:  # else (one job, and it just left the queue): as squeue's text said
-                exact = {j.job_id: j for j in _readable(jobs_from_json(_json(p.stdout, "squeue --json")))
-                         if j.job_id in set(unnamed)}
-        return [exact.get(j.job_id) or (replace(j, reason=named[j.job_id] or j.reason) if j.job_id in named else j)
-                for j in jobs]
+                fixed |= {j.job_id: j for j in _readable(jobs_from_json(_json(p.stdout, "squeue --json")))
+                          if j.job_id in unnamed}
+        return [fixed.get(j.job_id, j) for j in jobs]
 
     def job(self, job_id: int) -> JobInfo | None:
         found = [j for j in self.jobs([job_id]) if j.job_id == job_id]

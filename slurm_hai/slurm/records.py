@@ -218,9 +218,10 @@ ACCOUNTING_V38: Spec = {**ACCOUNTING, "exit_code": (("exit_code",), lambda value
 # squeue prints the fields with Slurm's own text: a job state as ONE word (job_state_string:
 # a flag that hides the base state, COMPLETING, CONFIGURING, REQUEUED, ..., else the base
 # state), a reason's name or, when the job has one, its state description in place of the
-# name (the backend reads such a job again as JSON: `reason_name`), times as SLURM_TIME_FORMAT says (%s: epoch seconds) or N/A, NONE
-# (no end: no time limit), Unknown; a NULL string as "(null)", the exit status as the raw
-# wait(2) status (22.05) or CODE:SIGNAL (23.02 and later), nothing when it is unset.
+# name (`reason_name`; the backend reads a job whose description names none again as JSON),
+# times as SLURM_TIME_FORMAT says (%s: epoch seconds) or N/A, NONE (no end: no time limit),
+# Unknown; a NULL string as "(null)", the exit status as the raw wait(2) status (22.05) or
+# CODE:SIGNAL (23.02 and later), nothing when it is unset.
 
 _NULL = "(null)"
 
@@ -446,6 +447,7 @@ _WHOLE_RECORD_READS: dict[Callable, set[str]] = {
 # job has one) is not: "launch failure limit exceeded requeued held", "ReqNodeNotAvail,
 # UnavailableNodes:n1".
 _REASON_NAME = re.compile(r"[A-Z][A-Za-z0-9]*")
+_NAMED_DESCRIPTION = re.compile(rf"({_REASON_NAME.pattern})[,:]")
 
 
 def reason_name(reason: str) -> str | None:
@@ -453,7 +455,7 @@ def reason_name(reason: str) -> str | None:
     ("ReqNodeNotAvail, UnavailableNodes:n1"); None for a description that names none."""
     if _REASON_NAME.fullmatch(reason):
         return reason
-    head = re.match(r"([A-Z][A-Za-z0-9]*)[,:]", reason)
+    head = _NAMED_DESCRIPTION.match(reason)
     return head.group(1) if head else None
 
 
