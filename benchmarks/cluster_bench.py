@@ -517,22 +517,17 @@ def parse_lever(text: str) -> dict:
         return {"sched": value}
     if key == "daemon-interval":
         return {"daemon_interval": float(value)}
-    if key == "daemon-wake":  # the baseline is the daemon that only polls (the code before issue 19)
-        return {}
     if key == "conf":  # conf=Epilog=/bin/true: one slurm.conf line, absent in the baseline
         k, _, v = value.partition("=")
         return {"conf": {k: v}, "conf_keys": {k: None}}
-    if key == "before-19":  # the settings and daemon before issue 19: defer_batch, no start-now wake, no epilog
-        return {"sched": "+defer_batch", "daemon_env": {"HAI_POLICYD_NO_EARLY_WAKE": "1"},
-                "conf": {"Epilog": None}, "conf_keys": {"Epilog": None}}
-    raise SystemExit(f"unknown lever {text!r} (sched=..., daemon-interval=S, daemon-wake, before-19)")
+    if key == "before-19":  # the Slurm settings before issue 19: defer_batch, no epilog
+        return {"sched": "+defer_batch", "conf": {"Epilog": None}, "conf_keys": {"Epilog": None}}
+    raise SystemExit(f"unknown lever {text!r} (sched=..., daemon-interval=S, conf=KEY=VALUE, before-19)")
 
 
 def latency_main(args) -> None:
     base_sched = current_sched()
     variants = [("baseline", {})]
-    if args.lever == "daemon-wake":
-        variants = [("baseline (daemon polls every 2 s)", {"daemon_env": {"HAI_POLICYD_NO_EARLY_WAKE": "1"}})]
     if args.lever:
         lever = parse_lever(args.lever)
         if lever.get("sched", "").startswith("+"):
@@ -959,9 +954,8 @@ def main() -> None:
                          "with phases")
     ap.add_argument("--lever", help="with --latency: also run every repeat with this lever, alternating with "
                                     "the baseline: sched=PARAMS (sched=+KEY=V adds to the current), daemon-interval=S, "
-                                    "daemon-wake (baseline: the daemon without its start-now wake), conf=KEY=VALUE (one slurm.conf "
-                                    "line), before-19 (defer_batch, no epilog and "
-                                    "no wake, as before issue 19)")
+                                    "conf=KEY=VALUE (one slurm.conf line), before-19 (defer_batch and no epilog, "
+                                    "the settings before issue 19)")
     ap.add_argument("--sched-cost", type=int, metavar="N",
                     help="what a SchedulerParameters lever costs slurmctld with N held jobs (sdiag), against the "
                          "baseline; --lever sched=... (default: the baseline without defer)")

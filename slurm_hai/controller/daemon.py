@@ -24,7 +24,7 @@ import filelock
 
 from ..policy.elastic import IdleHistory
 from ..policy.model import Policy, PolicyError, load_policy
-from ..policy.rules import Action, decide, needs_idle_nodes, start_now_due
+from ..policy.rules import Action, decide, needs_idle_nodes
 from ..slurm import Backend, SlurmError
 
 if TYPE_CHECKING:  # the metrics need prometheus_client, an extra: imported only when asked for
@@ -38,6 +38,11 @@ MAX_BACKOFF = 60.0
 RETRY_AFTER = 30.0
 # A cycle longer than this is logged as a warning (squeue waits while slurmctld restarts).
 SLOW_CYCLE = 10.0
+# The daemon cycles this often while a cycle costs at most MAX_DUTY of the time between two,
+# and never less often than its interval: a small queue is looked at 4x a second (a requeued
+# job waits for the daemon to see it; issue 32), a big one no more than the interval allows.
+FAST_INTERVAL = 0.25
+MAX_DUTY = 0.1
 
 
 class LockBusy(Exception):
@@ -50,13 +55,12 @@ class CycleResult:
     actions: list[Action]
     failed: int
     seconds: float
-    wake_at: float | None = None  # a start-now falls due before the next interval (clock time)
 
 
 class PolicyDaemon:
     def __init__(self, backend: Backend, policy: Policy | None = None, policy_path: str | Path | None = None,
                  interval: float = 2.0, dry_run: bool = False, clock: Callable[[], float] = time.time,
-                 wake_for_start_now: bool | None = None, metrics: DaemonMetrics | None = None) -> None:
+                 metrics: DaemonMetrics | None = None) -> None:
         if policy is None and policy_path is None:
             raise ValueError("a policy or a policy file is needed")
         self.backend = backend
@@ -73,12 +77,6 @@ class PolicyDaemon:
         # The first cycle replays what a killed predecessor may have left half done
         # (policy.rules.decide: the notice of a yield in flight).
         self._replay = True
-        # Wake when a requeued job's start-now falls due rather than at the next interval
-        # (issue 19: restart latency). HAI_POLICYD_NO_EARLY_WAKE=1 turns it off, for the
-        # benchmark's baseline (benchmarks/cluster_bench.py --lever daemon-wake).
-        if wake_for_start_now is None:
-            wake_for_start_now = not os.environ.get("HAI_POLICYD_NO_EARLY_WAKE")
-        self.wake_for_start_now = wake_for_start_now
         self.metrics = metrics
         self.idle_history = IdleHistory()  # which nodes stayed idle how long (elastic jobs grow into them)
 
@@ -137,8 +135,7 @@ class PolicyDaemon:
             else:
                 log.info("%s", action.describe())
         self._failed = {k: t for k, t in self._failed.items() if t > now}
-        wake_at = start_now_due(jobs, now) if self.wake_for_start_now else None
-        result = CycleResult(len(jobs), actions, failed, time.monotonic() - t0, wake_at)
+        result = CycleResult(len(jobs), actions, failed, time.monotonic() - t0)
         if self.metrics is not None:  # after the actions, so they never wait for it
             self.metrics.observe_cycle(jobs, result.seconds, failed)
         return result
@@ -187,12 +184,13 @@ class PolicyDaemon:
                     "cycle: %d jobs, %d actions, %d failed, %.1f s%s", result.jobs, len(result.actions),
                     result.failed, result.seconds,
                     " (slow: slurmctld busy or restarting?)" if result.seconds > SLOW_CYCLE else "")
-            wait = self.interval
-            if result.wake_at is not None:  # a start-now falls due sooner: be there (+50 ms)
-                wait = min(wait, max(0.05, result.wake_at + 0.05 - self.clock()))
-            if once or stop.wait(wait):
+            if once or stop.wait(self.pause(result.seconds)):
                 break
         return 0
+
+    def pause(self, cycle_seconds: float) -> float:
+        """Seconds until the next cycle (FAST_INTERVAL, MAX_DUTY), at most the interval."""
+        return min(self.interval, max(FAST_INTERVAL, cycle_seconds * (1 - MAX_DUTY) / MAX_DUTY))
 
 
 def shared_lock_path(backend: Backend, stop: threading.Event) -> Path:

@@ -54,7 +54,6 @@ WAITING_FOR_NODES = ("Resources", "Priority", "None")
 QUOTA_REASONS = ("QOSMaxNodePerUserLimit", "QOSMaxTRESPerUserLimit", "QOSMaxGRESPerUser", "QOSMaxCpuPerUserLimit")
 # A requeued job whose eligible time is this close to its (reset) submit time is held back by
 # Slurm's requeue delay (cred_expire, 120 s by default), not by a --begin of its owner.
-REQUEUE_SETTLE_SECONDS = 2
 REQUEUE_DELAY_MAX = 300
 # The daemon's forced requeue is the backstop of the job's own launcher, which forces the
 # suspend (and records it as one) `grace` seconds after the notice reached it. Slurm's
@@ -391,12 +390,10 @@ def _pending(job: Job, snap: Snapshot, plan: _Plan, level_changes: set[int]) -> 
         plan.update(jid, "restore-level", f"requeued: back at its submit-time level {submit} (was {lvl.name})",
                     QOS=policy.qos_for(submit, job.user, job.account))
         level_changes.add(jid)
-    # Not within REQUEUE_SETTLE_SECONDS of the requeue (Slurm resets submit_time to it): a
-    # relaunch in the same second as the requeue is killed by slurmctld with "Job credential
-    # revoked" and the job ends FAILED for good (seen on 22.05). The next cycle starts it.
-    if held_back_after_requeue(job, now) and now - job.submit_time >= REQUEUE_SETTLE_SECONDS:
+    if held_back_after_requeue(job, now) and job.eligible_time > start_now_at(job):
         plan.update(jid, "start-now", f"requeued {now - job.submit_time:.0f} s ago, Slurm holds it back until "
-                    f"+{job.eligible_time - now:.0f} s: eligible now", StartTime="now")
+                    f"+{job.eligible_time - now:.0f} s: eligible from the second after its requeue",
+                    StartTime=f"uts{start_now_at(job)}")
 
 
 def held_back_after_requeue(job: Job, now: float) -> bool:
@@ -406,13 +403,16 @@ def held_back_after_requeue(job: Job, now: float) -> bool:
             and 0 <= job.eligible_time - job.submit_time <= REQUEUE_DELAY_MAX)
 
 
-def start_now_due(jobs: Sequence[Job], now: float) -> float | None:
-    """When the next start-now falls due: the earliest moment a requeued job that Slurm holds
-    back becomes REQUEUE_SETTLE_SECONDS old. The daemon wakes then instead of at its next
-    interval (a restart otherwise waits up to one interval more; docs/benchmarks.md)."""
-    due = [job.submit_time + REQUEUE_SETTLE_SECONDS for job in jobs
-           if held_back_after_requeue(job, now) and now - job.submit_time < REQUEUE_SETTLE_SECONDS]
-    return min(due) if due else None
+def start_now_at(job: Job) -> int:
+    """When a requeued job may start again: the second after its requeue, by slurmctld's clock.
+    slurmd refuses a launch credential stamped in the second of the job's revocation or before
+    (whole seconds: `cred->ctime <= j->revoked`, src/slurmd/slurmd/cred_context.c), and the job
+    then ends FAILED for good ("Job credential revoked", seen on 22.05). slurmctld stamps the
+    revocation when it requeues the job, and the job's new submit time after it
+    (batch_requeue_fini). Given as that moment (`StartTime=uts...`), not as "now", it is
+    slurmctld's clock that decides, whatever the daemon's clock says; slurmctld's scheduler
+    wakes on whole seconds, so the job starts at that very second (docs/benchmarks.md)."""
+    return int(job.submit_time) + 1
 
 
 def _is_level(policy: Policy, name: str) -> bool:

@@ -131,8 +131,8 @@ class GrowModel(SlurmModel):
     def update_job(self, job_id, **fields):
         self._act("update", job_id, tuple(sorted(fields)))
         j = replace(self.q[job_id], admin_comment=fields.get("AdminComment", self.q[job_id].admin_comment))
-        if fields.get("StartTime") == "now":
-            j = replace(j, reason="None", eligible_time=int(self.now))
+        if "StartTime" in fields:  # uts<second>: slurmctld takes no moment before its own now
+            j = replace(j, eligible_time=max(int(fields["StartTime"].removeprefix("uts")), int(self.now)))
         self.q[job_id] = j
 
     def requeue(self, job_id):
@@ -142,7 +142,7 @@ class GrowModel(SlurmModel):
     def schedule(self, now: float) -> None:
         self.now = now
         j = self.q[1]
-        if j.state == "PENDING" and j.reason != "BeginTime":
+        if j.state == "PENDING" and (j.reason != "BeginTime" or j.eligible_time <= now):
             self.q[1] = replace(j, state="RUNNING", reason="None", num_nodes=4, start_time=int(now))
 
 

@@ -314,24 +314,25 @@ def test_output_that_is_not_the_queue_asked_for_is_a_slurm_error(tmp_path, monke
         d.cycle()
 
 
-# ------------------------------------------------------------------ the start-now wake (issue 19)
+# ------------------------------------------------------------------ the start-now (issues 19, 32)
 
 
-def test_daemon_wakes_when_a_start_now_falls_due():
-    held = job(1, reason="BeginTime", restart_count=1, submit_time=NOW - 1, eligible_time=NOW + 5)
-    d = PolicyDaemon(FakeSlurm([held]), policy=load_policy(LOCAL), clock=lambda: NOW, wake_for_start_now=True)
-    result = d.cycle()
-    assert not result.actions  # 1 s after the requeue: not yet (the credential hazard)
-    assert result.wake_at == NOW + 1  # REQUEUE_SETTLE_SECONDS after the requeue, not the next interval
-    later = PolicyDaemon(FakeSlurm([held]), policy=load_policy(LOCAL), clock=lambda: NOW + 1.05,
-                         wake_for_start_now=True).cycle()
-    assert [a.rule for a in later.actions] == ["start-now"] and later.wake_at is None
+def test_a_requeue_of_this_second_is_given_the_next_second_at_once_and_only_once():
+    held = job(1, reason="BeginTime", restart_count=1, submit_time=NOW, eligible_time=NOW + 6)
+    slurm = FakeSlurm([held])
+    PolicyDaemon(slurm, policy=load_policy(LOCAL), clock=lambda: NOW + 0.1).cycle()
+    assert slurm.calls == [("update", 1, {"StartTime": f"uts{NOW + 1}"})]  # slurmctld's second, not "now"
+    slurm.queue = [replace(held, eligible_time=NOW + 1)]  # what Slurm shows once it took it
+    PolicyDaemon(slurm, policy=load_policy(LOCAL), clock=lambda: NOW + 0.3).cycle()
+    user_begin = job(2, reason="BeginTime", restart_count=1, submit_time=NOW, eligible_time=NOW + 3600)
+    slurm.queue = [user_begin]  # its owner's --begin: not Slurm's requeue delay
+    PolicyDaemon(slurm, policy=load_policy(LOCAL), clock=lambda: NOW + 0.3).cycle()
+    assert len(slurm.calls) == 1
 
 
-def test_daemon_without_the_wake_only_polls(monkeypatch):
-    held = job(1, reason="BeginTime", restart_count=1, submit_time=NOW - 1, eligible_time=NOW + 5)
-    monkeypatch.setenv("HAI_POLICYD_NO_EARLY_WAKE", "1")
-    assert PolicyDaemon(FakeSlurm([held]), policy=load_policy(LOCAL), clock=lambda: NOW).cycle().wake_at is None
-    user_begin = job(2, reason="BeginTime", restart_count=1, submit_time=NOW - 1, eligible_time=NOW + 3600)
-    assert PolicyDaemon(FakeSlurm([user_begin]), policy=load_policy(LOCAL), clock=lambda: NOW,
-                        wake_for_start_now=True).cycle().wake_at is None
+def test_the_daemon_looks_often_at_a_small_queue_and_at_its_interval_at_a_big_one():
+    d = PolicyDaemon(FakeSlurm(), policy=load_policy(LOCAL), interval=2.0)
+    assert d.pause(0.005) == 0.25  # 4x a second: a requeued job is given its start soon
+    assert d.pause(0.1) == pytest.approx(0.9)  # cycles take at most a tenth of the time
+    assert d.pause(0.62) == 2.0  # 10,000 jobs: never less often than the interval
+    assert PolicyDaemon(FakeSlurm(), policy=load_policy(LOCAL), interval=0.1).pause(0.005) == 0.1

@@ -1,0 +1,243 @@
+"""A burst of submissions (issue 32, item 4): --jobs `hai-submit` from --users users at once,
+against the same burst of plain `sbatch`, in one run, on the live local cluster.
+
+    source $HAI_CLUSTER_DIR/etc/env
+    .venv/bin/python benchmarks/burst_bench.py [--jobs 1000] [--users 10] [--rounds 2]
+
+Each of --users users (hai-burst01, ... : the bench adds them to the system and to the
+policy's first account, and removes them at the end) submits its share of --jobs one after
+another, all users at the same time, each command a new process run as that user (`runuser`),
+as users at a login node would. The plain-sbatch burst asks Slurm for the same jobs (the
+level's QOS, the same node counts) with `sbatch` of the same kind of script. Both bursts go
+through the cluster's job_submit.lua, and the policy daemon (`hai-admin daemon`, as deployed)
+runs throughout. One in 20 submissions names a level that does not exist: both must refuse it.
+
+Measured per burst: every command's wall time (p50, p90, p99, max), whether each ended in one
+line (accepted: the job id; refused: one error line, non-zero exit, no traceback), and the
+quotas: every --sample s the queue is read (squeue text) and the nodes each user runs at each
+level are held against the policy's quota for that user and level. The rounds alternate which
+burst goes first; each burst's jobs are cancelled before the next one starts.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pwd
+import signal
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from collections import defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+BIN = Path(sys.executable).parent
+sys.path.insert(0, str(REPO))
+
+from slurm_hai.policy.levels import level_of_qos  # noqa: E402
+from slurm_hai.policy.model import Policy, load_policy  # noqa: E402
+from slurm_hai.slurm.cli import CliBackend  # noqa: E402
+
+LEVELS = ("LOW", "NORMAL", "ABOVE_NORMAL", "HIGH")  # what the burst asks for, in turn
+REFUSED_EVERY = 20
+JOB = "#!/bin/bash\nexec sleep 600\n"
+
+
+@dataclass
+class Result:
+    user: str
+    seconds: float
+    rc: int
+    out: str
+    err: str
+    meant_to_fail: bool
+
+    def one_line(self) -> bool:
+        text = (self.out if self.rc == 0 else self.err).strip()
+        other = (self.err if self.rc == 0 else self.out).strip()
+        return len(text.splitlines()) == 1 and not other and "Traceback" not in text
+
+    def right(self) -> bool:
+        return (self.rc != 0) == self.meant_to_fail and self.one_line()
+
+
+def run(argv: list[str], check: bool = True, **kw) -> subprocess.CompletedProcess:
+    p = subprocess.run(argv, text=True, capture_output=True, **kw)
+    if check and p.returncode != 0:
+        sys.exit(f"burst_bench: {' '.join(argv)} failed: {(p.stderr or p.stdout).strip()}")
+    return p
+
+
+def cluster_name() -> str:
+    out = run(["scontrol", "show", "config"]).stdout
+    return next(line.split("=", 1)[1].strip() for line in out.splitlines() if line.startswith("ClusterName"))
+
+
+def add_users(users: list[str], account: str, home_root: Path) -> None:
+    for user in users:
+        try:
+            pwd.getpwnam(user)
+        except KeyError:
+            run(["useradd", "--create-home", "--base-dir", str(home_root), "--shell", "/bin/bash", user])
+    run(["sacctmgr", "-i", "add", "user", f"name={','.join(users)}", f"account={account}",
+         f"cluster={cluster_name()}"], check=False)  # already there: fine
+
+
+def remove_users(users: list[str]) -> None:
+    run(["sacctmgr", "-i", "delete", "user", f"name={','.join(users)}"], check=False)
+    for user in users:
+        run(["userdel", "--remove", user], check=False)
+
+
+def cancel_all(users: list[str]) -> None:
+    for user in users:
+        run(["scancel", "--user", user], check=False)
+    deadline = time.monotonic() + 300
+    while run(["squeue", "--noheader", "--user", ",".join(users), "--format=%i"]).stdout.strip():
+        if time.monotonic() > deadline:
+            sys.exit("burst_bench: the burst's jobs did not leave the queue in 300 s")
+        time.sleep(0.5)
+
+
+def plan(n: int) -> list[tuple[str, int, bool]]:
+    """(level, nodes, meant to be refused) of each of a user's submissions."""
+    return [("NOSUCH" if k % REFUSED_EVERY == REFUSED_EVERY - 1 else LEVELS[k % len(LEVELS)], 1 + k % 2,
+             k % REFUSED_EVERY == REFUSED_EVERY - 1) for k in range(n)]
+
+
+def argv_for(kind: str, user: str, level: str, nodes: int, policy: Policy, script: Path) -> list[str]:
+    home = pwd.getpwnam(user).pw_dir
+    run_as = ["runuser", "-u", user, "--", "env", f"HOME={home}", f"USER={user}"]
+    if kind == "hai-submit":
+        return [*run_as, str(BIN / "hai-submit"), "-n", str(nodes), "-p", level, "--name", "burst", str(script)]
+    qos = policy.qos_for(level, user) if level in {lvl.name for lvl in policy.ladder} else level.lower()
+    return [*run_as, "sbatch", "--parsable", "-N", str(nodes), f"--qos={qos}", "--job-name=burst",
+            f"--output={home}/burst-%j.out", str(script)]
+
+
+def submit_all(kind: str, users: list[str], per_user: int, policy: Policy, script: Path) -> list[Result]:
+    def one_user(user: str) -> list[Result]:
+        results = []
+        for level, nodes, refused in plan(per_user):
+            t0 = time.perf_counter()
+            p = run(argv_for(kind, user, level, nodes, policy, script), check=False, cwd="/")
+            results.append(Result(user, time.perf_counter() - t0, p.returncode, p.stdout, p.stderr, refused))
+        return results
+
+    with ThreadPoolExecutor(len(users)) as pool:
+        return [r for rs in pool.map(one_user, users) for r in rs]
+
+
+class QuotaWatch(threading.Thread):
+    """Reads the queue every `every` s and holds each user's running nodes per level against
+    the policy's quota for that user and level."""
+
+    def __init__(self, policy: Policy, users: set[str], every: float):
+        super().__init__(daemon=True)
+        self.policy, self.users, self.every = policy, users, every
+        self.samples = 0
+        self.violations: list[str] = []
+        self.most_running = 0
+        self.stop = threading.Event()
+
+    def run(self) -> None:
+        backend = CliBackend()
+        while not self.stop.is_set():
+            used: dict[tuple[str, str], int] = defaultdict(int)
+            jobs = [j for j in backend.jobs() if j.user in self.users and j.state == "RUNNING"]
+            for j in jobs:
+                lvl = level_of_qos(j.qos, self.policy.ladder)
+                used[(j.user, lvl.name if lvl else j.qos)] += j.num_nodes
+            for (user, level), nodes in used.items():
+                quota = self.policy.quota_for(level, user)
+                if quota is not None and nodes > quota:
+                    self.violations.append(f"{user} ran {nodes} node(s) at {level} (quota {quota})")
+            self.samples += 1
+            self.most_running = max(self.most_running, len(jobs))
+            self.stop.wait(self.every)
+
+
+def burst(kind: str, users: list[str], per_user: int, policy: Policy, script: Path, every: float) -> dict:
+    watch = QuotaWatch(policy, set(users), every)
+    watch.start()
+    t0 = time.monotonic()
+    results = submit_all(kind, users, per_user, policy, script)
+    wall = time.monotonic() - t0
+    time.sleep(3 * every)  # the daemon's answer to the last submissions
+    watch.stop.set()
+    watch.join()
+    cancel_all(users)
+    return {"results": results, "wall": wall, "watch": watch}
+
+
+def pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, int(q * len(xs)))]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--jobs", type=int, default=1000, help="submissions per burst, in all")
+    ap.add_argument("--users", type=int, default=10)
+    ap.add_argument("--rounds", type=int, default=2, help="bursts of each kind, alternating")
+    ap.add_argument("--sample", type=float, default=0.5, help="seconds between quota samples")
+    ap.add_argument("--keep-users", action="store_true", help="leave the bench's users in place")
+    args = ap.parse_args()
+    state = Path(os.environ.get("HAI_CLUSTER_DIR", "/var/lib/slurm-hai/localcluster"))
+    policy = load_policy(state / "etc" / "policy.toml")
+    users = [f"hai-burst{i + 1:02d}" for i in range(args.users)]
+    work = state / "shared" / f"burst-bench-{os.getpid()}"
+    work.mkdir(mode=0o755, parents=True)
+    script = work / "burst-job.sh"
+    script.write_text(JOB)
+    script.chmod(0o755)
+    add_users(users, policy.accounts[0], state / "shared" / "burst-homes")
+    daemon_log = open(work / "daemon.log", "w")
+    daemon = subprocess.Popen([str(BIN / "hai-admin"), "daemon", "--policy", str(state / "etc" / "policy.toml"),
+                               "--interval", "2", "--lock", str(work / "policyd.lock")],
+                              stdout=daemon_log, stderr=subprocess.STDOUT)
+    runs: dict[str, list[dict]] = {"sbatch": [], "hai-submit": []}
+    try:
+        for r in range(args.rounds):
+            for kind in (("sbatch", "hai-submit") if r % 2 == 0 else ("hai-submit", "sbatch")):
+                one = burst(kind, users, args.jobs // args.users, policy, script, args.sample)
+                lat = [x.seconds for x in one["results"]]
+                print(f"round {r + 1} {kind}: {len(lat)} in {one['wall']:.1f} s, p50 {pct(lat, .5):.3f} s, "
+                      f"p99 {pct(lat, .99):.3f} s, {one['watch'].samples} quota samples", flush=True)
+                runs[kind].append(one)
+    finally:
+        daemon.send_signal(signal.SIGTERM)
+        daemon.wait(30)
+        cancel_all(users)
+        if not args.keep_users:
+            remove_users(users)
+    print(f"\n{args.jobs} submissions per burst from {args.users} users at once, {args.rounds} bursts each; "
+          f"{os.cpu_count()} cores")
+    print("| command | p50 | p90 | p99 | max | burst wall time | one line, right answer | quota samples | "
+          "over quota | most jobs running |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    p99 = {}
+    for kind, bursts in runs.items():
+        results = [x for b in bursts for x in b["results"]]
+        lat = [x.seconds for x in results]
+        p99[kind] = pct(lat, .99)
+        right = sum(x.right() for x in results)
+        samples = sum(b["watch"].samples for b in bursts)
+        over = [v for b in bursts for v in b["watch"].violations]
+        print(f"| `{kind}` | {pct(lat, .5):.3f} s | {pct(lat, .9):.3f} s | {p99[kind]:.3f} s | {max(lat):.3f} s "
+              f"| {statistics.median(b['wall'] for b in bursts):.1f} s | {right}/{len(results)} | {samples} "
+              f"| {len(over)} | {max(b['watch'].most_running for b in bursts)} |")
+        for x in [x for x in results if not x.right()][:3]:
+            print(f"  {kind} as {x.user}: exit {x.rc}: {(x.out + x.err).strip()[:300]!r}")
+        for v in over[:3]:
+            print(f"  over quota: {v}")
+    print(f"\np99 of hai-submit / p99 of sbatch: {p99['hai-submit'] / p99['sbatch']:.2f}x (goal: within 2x)")
+
+
+if __name__ == "__main__":
+    main()
