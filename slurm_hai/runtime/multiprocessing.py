@@ -1,9 +1,16 @@
-"""One process per GPU on this node, HAI style: `spawn(fn, args=(), nprocs=N, bind_numa=False)`.
+"""One process per GPU on this node, HAI style: `spawn(fn, args=(), nprocs=N, bind_numa=False,
+start_method="spawn")`.
 
 Each process runs fn(local_rank, *args) with LOCAL_RANK, LOCAL_WORLD_SIZE and the global
 rank HAI_GLOBAL_RANK = RANK * nprocs + local_rank (RANK is the node rank of the HAI
 contract) and HAI_GLOBAL_WORLD_SIZE = WORLD_SIZE * nprocs in its environment. If one
 process fails, the others are stopped (SIGTERM, then SIGKILL) and spawn exits with its code.
+
+start_method "spawn" (the default, as torch.multiprocessing.spawn) starts each process as a
+fresh interpreter, which imports torch again at every start of the job. "fork" makes each a
+copy of this process, imports included (4 ranks on 2 cores: 2.1 s against 6.8 s,
+benchmarks/spawn_bench.py), and is safe only while this process has run no parallel torch
+operation and not touched CUDA: forked processes then hang in OpenMP (seen) or fail in CUDA.
 """
 
 from __future__ import annotations
@@ -52,10 +59,20 @@ def default_nprocs() -> int:
     return 1
 
 
-def spawn(fn: Callable, args: tuple = (), nprocs: int | None = None, bind_numa: bool = False) -> None:
+START_METHODS = ("spawn", "fork")
+
+
+def spawn(fn: Callable, args: tuple = (), nprocs: int | None = None, bind_numa: bool = False,
+          start_method: str = "spawn") -> None:
     """Run fn(local_rank, *args) in `nprocs` processes; return when all succeeded."""
+    if start_method not in START_METHODS:
+        raise ValueError(f"spawn: start_method {start_method!r}: use one of {', '.join(START_METHODS)}")
+    torch = sys.modules.get("torch")
+    if start_method == "fork" and torch is not None and torch.cuda.is_initialized():
+        raise RuntimeError("spawn: this process has used CUDA, so forked processes cannot: "
+                           "use start_method='spawn', or call spawn before anything touches CUDA")
     nprocs = nprocs or default_nprocs()
-    ctx = mp.get_context("spawn")
+    ctx = mp.get_context(start_method)
     procs = [ctx.Process(target=_entry, args=(fn, i, nprocs, tuple(args), bind_numa), name=f"hai-rank{i}")
              for i in range(nprocs)]
     for p in procs:
