@@ -386,7 +386,7 @@ def apply(policy_file: str | None, no_partitions: bool, quiet: bool, adopt: str,
 @_policy_option
 @click.option("--once", is_flag=True, help="Run one cycle and exit (for cron or a test).")
 @click.option("--interval", "-i", type=click.FloatRange(min=0.1), default=2.0, show_default=True, metavar="S",
-              help="Most seconds between cycles: the daemon cycles every 0.25 s while a cycle takes under "
+              help="Most seconds between cycles: the daemon cycles every 0.5 s while a cycle takes under "
                    "a tenth of the time between two, and at least this often.")
 @click.option("--lock", "lock_file", metavar="FILE", default=None,
               help="Lock file that makes one daemon the leader. [default: hai-policyd.lock in Slurm's "

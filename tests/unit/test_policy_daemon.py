@@ -332,7 +332,7 @@ def test_a_requeue_of_this_second_is_given_the_next_second_at_once_and_only_once
 
 def test_the_daemon_looks_often_at_a_small_queue_and_at_its_interval_at_a_big_one():
     d = PolicyDaemon(FakeSlurm(), policy=load_policy(LOCAL), interval=2.0)
-    assert d.pause(0.005) == 0.25  # 4x a second: a requeued job is given its start soon
+    assert d.pause(0.005) == 0.5  # twice a second: a requeued job is given its start soon
     assert d.pause(0.1) == pytest.approx(0.9)  # cycles take at most a tenth of the time
     assert d.pause(0.62) == 2.0  # 10,000 jobs: never less often than the interval
     assert PolicyDaemon(FakeSlurm(), policy=load_policy(LOCAL), interval=0.1).pause(0.005) == 0.1
