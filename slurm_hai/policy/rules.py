@@ -55,6 +55,8 @@ QUOTA_REASONS = ("QOSMaxNodePerUserLimit", "QOSMaxTRESPerUserLimit", "QOSMaxGRES
 # A requeued job whose eligible time is this close to its (reset) submit time is held back by
 # Slurm's requeue delay (cred_expire, 120 s by default), not by a --begin of its owner.
 REQUEUE_DELAY_MAX = 300
+# A requeued job still waiting this long after the start the daemon gave it was overlooked.
+OVERLOOKED_AFTER = 0.5
 # The daemon's forced requeue is the backstop of the job's own launcher, which forces the
 # suspend (and records it as one) `grace` seconds after the notice reached it. Slurm's
 # preempt time is in whole seconds and the notice takes a moment to arrive, so without this
@@ -394,6 +396,9 @@ def _pending(job: Job, snap: Snapshot, plan: _Plan, level_changes: set[int]) -> 
         plan.update(jid, "start-now", f"requeued {now - job.submit_time:.0f} s ago, Slurm holds it back until "
                     f"+{job.eligible_time - now:.0f} s: eligible from the second after its requeue",
                     StartTime=f"uts{start_now_at(job)}")
+    elif overlooked_after_requeue(job, now):
+        plan.update(jid, "start-now", f"eligible {now - job.eligible_time:.1f} s ago, not yet looked at by Slurm's "
+                    "scheduler: an update asks for its next pass", StartTime=f"uts{start_now_at(job)}")
 
 
 def held_back_after_requeue(job: Job, now: float) -> bool:
@@ -401,6 +406,15 @@ def held_back_after_requeue(job: Job, now: float) -> bool:
     eligible time within REQUEUE_DELAY_MAX of the requeue), not for a --begin of its owner."""
     return (job.restart_count > 0 and job.reason == "BeginTime" and job.eligible_time > now
             and 0 <= job.eligible_time - job.submit_time <= REQUEUE_DELAY_MAX)
+
+
+def overlooked_after_requeue(job: Job, now: float) -> bool:
+    """A requeued job whose start-now took effect (eligible from start_now_at) but that no
+    scheduling pass has looked at since (still reason BeginTime, OVERLOOKED_AFTER seconds on):
+    seen on 25.11, where the pass that the update queued can come before that second and the
+    next one only with backfill, seconds later. Any update queues a pass."""
+    return (job.restart_count > 0 and job.reason == "BeginTime" and job.eligible_time == start_now_at(job)
+            and now >= job.eligible_time + OVERLOOKED_AFTER)
 
 
 def start_now_at(job: Job) -> int:
