@@ -56,7 +56,7 @@ QUOTA_REASONS = ("QOSMaxNodePerUserLimit", "QOSMaxTRESPerUserLimit", "QOSMaxGRES
 # Slurm's requeue delay (cred_expire, 120 s by default), not by a --begin of its owner.
 REQUEUE_DELAY_MAX = 300
 # A requeued job still waiting this long after the start the daemon gave it was overlooked.
-OVERLOOKED_AFTER = 0.5
+OVERLOOKED_AFTER = 0.2
 # The daemon's forced requeue is the backstop of the job's own launcher, which forces the
 # suspend (and records it as one) `grace` seconds after the notice reached it. Slurm's
 # preempt time is in whole seconds and the notice takes a moment to arrive, so without this

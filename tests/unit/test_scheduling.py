@@ -532,8 +532,8 @@ def test_a_requeue_of_this_very_second_is_not_started_early():
 def test_a_requeued_job_that_slurms_scheduler_overlooked_gets_a_pass():
     # 25.11: the pass the start-now queued came before its second, the next only with backfill
     given = job(1, restart_count=1, reason="BeginTime", submit_time=NOW, eligible_time=NOW + 1)
-    assert decide([given], POLICY, NOW + 1.4) == []  # the pass of that second may still come
-    (a,) = decide([given], POLICY, NOW + 1.5)
+    assert decide([given], POLICY, NOW + 1.1) == []  # the pass of that second may still come
+    (a,) = decide([given], POLICY, NOW + 1.2)
     assert (a.rule, a.field_dict()) == ("start-now", {"StartTime": f"uts{NOW + 1}"})
     assert decide([replace(given, reason="Priority")], POLICY, NOW + 3) == []  # looked at: waits its turn
     assert decide([replace(given, eligible_time=NOW + 7)], POLICY, NOW + 8) == []  # Slurm's own hold ran out
