@@ -72,7 +72,7 @@ def spawn(fn: Callable, args: tuple = (), nprocs: int | None = None, bind_numa: 
         raise RuntimeError("spawn: this process has used CUDA, so forked processes cannot: "
                            "use start_method='spawn', or call spawn before anything touches CUDA")
     nprocs = nprocs or default_nprocs()
-    ctx = mp.get_context(start_method)
+    ctx = mp.get_context("fork") if start_method == "fork" else mp.get_context("spawn")
     procs = [ctx.Process(target=_entry, args=(fn, i, nprocs, tuple(args), bind_numa), name=f"hai-rank{i}")
              for i in range(nprocs)]
     for p in procs:
