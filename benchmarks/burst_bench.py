@@ -190,6 +190,8 @@ def main() -> None:
     args = ap.parse_args()
     state = Path(os.environ.get("HAI_CLUSTER_DIR", "/var/lib/slurm-hai/localcluster"))
     policy = load_policy(state / "etc" / "policy.toml")
+    if not policy.accounts:
+        sys.exit("burst_bench: the policy names no account (`accounts`) to add the bench's users to")
     users = [f"hai-burst{i + 1:02d}" for i in range(args.users)]
     work = state / "shared" / f"burst-bench-{os.getpid()}"
     work.mkdir(mode=0o755, parents=True)
