@@ -21,7 +21,9 @@ PROBE = """
     from pathlib import Path
 
     out = Path(sys.argv[1])
-    (out / f"rank.{os.environ['RANK']}").write_text(os.environ["WORLD_SIZE"])
+    rank = os.environ["RANK"]
+    (out / f".rank.{rank}").write_text(os.environ["WORLD_SIZE"])
+    (out / f".rank.{rank}").rename(out / f"rank.{rank}")  # the test never reads a half-written file
     end = time.monotonic() + 90
     while not (out / "go").exists() and time.monotonic() < end:  # the test looks at the running job
         time.sleep(0.2)
