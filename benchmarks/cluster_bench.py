@@ -243,11 +243,11 @@ def restart_latency_stock() -> float:
 # ------------------------------------------------------------------ the daemon
 
 
-def start_daemon(interval: float = 0.5, extra: list[str] | None = None, env: dict | None = None) -> subprocess.Popen:
+def start_daemon(interval: float = 0.5) -> subprocess.Popen:
     log = open(WORK / "daemon.log", "a")
     started = read_text(WORK / "daemon.log").count("policy daemon started")
     proc = subprocess.Popen([str(BIN / "hai-admin"), "daemon", "--policy", str(STATE / "etc" / "policy.toml"),
-                             "--interval", str(interval), "--lock", str(WORK / "policyd.lock"), *(extra or [])], env={**ENV, **(env or {})}, stdout=log,
+                             "--interval", str(interval), "--lock", str(WORK / "policyd.lock")], env=ENV, stdout=log,
                             stderr=subprocess.STDOUT, cwd=WORK)
     wait_for("the policy daemon", lambda: read_text(WORK / "daemon.log").count("policy daemon started") > started, 20, 0.1)
     return proc
@@ -508,7 +508,7 @@ def apply_variant(variant: dict, base_sched: str) -> subprocess.Popen | None:
         set_sched(sched)
     for key in variant.get("conf_keys", {}):
         set_conf(key, variant.get("conf", {}).get(key))
-    return start_daemon(variant.get("daemon_interval", 2.0), variant.get("daemon_args", []), variant.get("daemon_env"))
+    return start_daemon(variant.get("daemon_interval", 2.0))
 
 
 def parse_lever(text: str) -> dict:
