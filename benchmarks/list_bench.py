@@ -5,8 +5,9 @@
     .venv/bin/python benchmarks/list_bench.py --before /work/bench-before --jobs 10000 --repeats 5
 
 Each command runs as a user runs it: a new `hai` process with PYTHONPATH at the tree under
-test (--before; --after is this checkout), so each time includes Python's start and the
-imports, the Slurm commands as the backend (HAI_SLURM_BACKEND=cli). The two trees take turns
+test (--before; --after is this checkout), started as the tree's pyproject.toml declares the
+`hai` script, its bytecode compiled first as pip does at install, so each time includes
+Python's start and the imports, the Slurm commands as the backend (HAI_SLURM_BACKEND=cli). The two trees take turns
 (which one goes first alternates), and each figure is the median of --repeats. A shim first
 on PATH counts the squeue processes of each command, and slurmctld's own count of job-info
 RPCs (`sdiag`) is read around one more run of each.
@@ -44,7 +45,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from policy_bench import BENCH_NAME, fill_queue, job_info_rpcs  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-HAI = "import sys; from slurm_hai.cli.user import main; sys.argv[0] = 'hai'; main()"
+
+
+def hai_entry(tree: Path) -> str:
+    """Python that runs `hai` as the tree's pyproject.toml declares it (its console script)."""
+    import tomllib
+
+    module, func = tomllib.loads((tree / "pyproject.toml").read_text())["project"]["scripts"]["hai"].split(":")
+    return f"import sys; from {module} import {func}; sys.argv[0] = 'hai'; {func}()"
 
 
 # GNU time: the peak resident memory of the command (the largest of its processes, squeue's too)
@@ -67,14 +75,17 @@ class Hai:
         shim = shim_dir / "squeue"
         shim.write_text(f'#!/bin/sh\necho "$*" >> {self.log}\nexec {shutil.which("squeue")} "$@"\n')
         shim.chmod(0o755)
-        self.env = {**os.environ, "PATH": f"{shim_dir}:{os.environ['PATH']}", "HAI_SLURM_BACKEND": "cli"}
+        # as installed: bytecode compiled (pip compiles it at install), none written while timed
+        self.env = {**{k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"},
+                    "PATH": f"{shim_dir}:{os.environ['PATH']}", "HAI_SLURM_BACKEND": "cli"}
 
     def run(self, tree: Path, argv: list[str]) -> tuple[float, int, int]:
         """(seconds, squeue calls, peak KiB of its processes) of one `hai ARGV` run from `tree`."""
         self.log.write_text("")
         t0 = time.perf_counter()
         # -P and a neutral cwd: `python -c` would put the cwd first on sys.path, ahead of PYTHONPATH
-        p = subprocess.run([*PEAK, sys.executable, "-P", "-c", HAI, *argv], env={**self.env, "PYTHONPATH": str(tree)},
+        p = subprocess.run([*PEAK, sys.executable, "-P", "-c", hai_entry(tree), *argv],
+                           env={**self.env, "PYTHONPATH": str(tree)},
                            cwd=self.log.parent, capture_output=True, text=True)
         seconds = time.perf_counter() - t0
         if p.returncode != 0:
@@ -139,6 +150,9 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as shim_dir:
         hai = Hai(Path(shim_dir))
         trees = {"before": args.before.resolve(), "after": args.after.resolve()}
+        for tree in trees.values():  # as pip installs a package: its bytecode compiled
+            subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree / "slurm_hai")], check=True,
+                           stdout=subprocess.DEVNULL)
         times: dict[tuple[str, str], list[float]] = {}
         calls: dict[tuple[str, str], int] = {}
         rpcs: dict[tuple[str, str], int] = {}

@@ -14,9 +14,10 @@ import click
 
 from ..jobs.jobdir import JobDir, default_root
 from ..jobs.request import did_you_mean
-from ..slurm import SlurmError
+from ..slurm import SlurmError, config_missing
 from ..slurm import backend as slurm_backend
 from ..slurm.records import JobInfo
+from .hai import current_user
 
 
 def timeline_options(fn: Callable) -> Callable:
@@ -136,8 +137,7 @@ NO_CONFIG_SIGNS = ("Could not establish a configuration source", "fetch_config: 
 def backend():
     """The Slurm backend, after a quick look for a Slurm configuration: a SLURM_CONF that
     names no file would make every Slurm command retry for 60 s before failing."""
-    conf = os.environ.get("SLURM_CONF")
-    if conf and not os.path.isfile(conf):
+    if config_missing():
         raise click.ClickException(no_config_hint("Could not establish a configuration source"))
     return slurm_backend()
 
@@ -190,17 +190,6 @@ def lookup(job_id: int, queue: Sequence[JobInfo] | None = None) -> tuple[JobInfo
                                        f"see `hai list`{unread}")
         jobdir = job_dir_of(job_id, job)
     return job, jobdir
-
-
-def current_user() -> str:
-    return _user_name(os.getuid())
-
-
-@functools.lru_cache(maxsize=8)
-def _user_name(uid: int) -> str:  # asked once per job by `hai list`: NSS may be a network call
-    import pwd
-
-    return pwd.getpwuid(uid).pw_name
 
 
 def check_owner(job: JobInfo | None, action: str) -> None:

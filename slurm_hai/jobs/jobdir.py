@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import time
 from pathlib import Path
 from typing import Iterable
@@ -81,7 +80,7 @@ class JobDir:
         stale = owner != token if owner is not None else self.path.is_dir() and any(
             (self.path / name).exists() for name in ("job.json", "final.json", "events.jsonl"))
         if stale:
-            aside = self.path.with_name(f".stale-{self.path.name}-{int(time.time())}-{secrets.token_hex(3)}")
+            aside = self.path.with_name(f".stale-{self.path.name}-{int(time.time())}-{os.urandom(3).hex()}")
             try:
                 os.rename(self.path, aside)
             except FileNotFoundError:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import getpass
 import json
-import secrets
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -86,7 +86,7 @@ def prepare(req: JobRequest, slurm: Backend, policy: Policy, dry_run: bool = Fal
     warnings = [w for w in (single_process_warning(req),) if w]
     # Ties this submission to its job directory, so a directory left by an older job with
     # the same id is never taken for this job's (JobDir.claim).
-    token = secrets.token_hex(8)
+    token = os.urandom(8).hex()
     context["env"] = [*context["env"], ("HAI_SUBMIT_TOKEN", token)]
     # Without send_user_signal, Slurm's preemption notice is SIGTERM.
     term_is_notice = False if dry_run else not slurm.preempt_sends_user_signal()

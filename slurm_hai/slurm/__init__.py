@@ -3,16 +3,30 @@
 `backend()` returns the Slurm CLI backend (works on 22.05+), or the pyslurm backend when
 HAI_SLURM_BACKEND=pyslurm is asked for, or when pyslurm is importable and built for the
 running Slurm (pyslurm only exists for 25.11; see docs/design.md).
+
+Importing the package loads nothing else: `Backend`, `JobInfo` and `SlurmError` are loaded
+when first named, so `hai` can start its first queue read (squeue.py) before the rest.
 """
 
 from __future__ import annotations
 
+import importlib
 import os
+from typing import TYPE_CHECKING
 
-from .base import Backend, SlurmError
-from .records import JobInfo
+if TYPE_CHECKING:
+    from .base import Backend, SlurmError
+    from .records import JobInfo
 
-__all__ = ["Backend", "JobInfo", "SlurmError", "backend"]
+__all__ = ["Backend", "JobInfo", "SlurmError", "backend", "config_missing", "reads_with_commands"]
+
+_LAZY = {"Backend": "base", "SlurmError": "base", "JobInfo": "records"}
+
+
+def __getattr__(name: str) -> object:
+    if name in _LAZY:
+        return getattr(importlib.import_module(f".{_LAZY[name]}", __name__), name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def backend() -> Backend:
@@ -23,8 +37,27 @@ def backend() -> Backend:
         if pyslurm_backend.usable():
             return pyslurm_backend.PyslurmBackend()
         if choice == "pyslurm":
+            from .base import SlurmError
+
             raise SlurmError(f"HAI_SLURM_BACKEND=pyslurm but {pyslurm_backend.why_not()}; "
                              "unset it to use the Slurm commands")
     from .cli import CliBackend
 
     return CliBackend()
+
+
+def reads_with_commands() -> bool:
+    """Whether backend() reads the queue with squeue, as far as can be told without loading
+    either backend: asked for (HAI_SLURM_BACKEND=cli), or chosen as no pyslurm is installed."""
+    choice = os.environ.get("HAI_SLURM_BACKEND", "auto")
+    if choice == "auto":
+        import importlib.util
+
+        return importlib.util.find_spec("pyslurm") is None
+    return choice == "cli"
+
+
+def config_missing() -> bool:
+    """SLURM_CONF names no file: every Slurm command would retry for 60 s before failing."""
+    conf = os.environ.get("SLURM_CONF")
+    return conf is not None and conf != "" and not os.path.isfile(conf)

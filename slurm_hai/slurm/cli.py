@@ -6,16 +6,13 @@ shell line. How a typed operation is spelt as a command is in `commands.py`.
 from __future__ import annotations
 
 import json
-import logging
 from dataclasses import replace
 import os
-import secrets
 import subprocess
-import tempfile
 import time
 from typing import TYPE_CHECKING, Sequence
 
-from . import commands
+from . import commands, squeue
 from .base import NodeInfo, SlurmError
 from .records import JobInfo, RecordError, jobs_from_json, jobs_from_text, reason_name
 from .version import SlurmVersion
@@ -23,23 +20,42 @@ from .version import SlurmVersion
 if TYPE_CHECKING:
     from ..policy.ladder import Change
 
-log = logging.getLogger("slurm_hai.slurm")
-
 TIMEOUT = float(os.environ.get("HAI_SLURM_TIMEOUT", "60"))
 
 
 def _run(argv: Sequence[str], input: str | None = None, check: bool = True,
          cwd: str | None = None, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return _finish(_start(argv, cwd, env, stdin=input is not None), argv, input, check)
+
+
+def _start(argv: Sequence[str], cwd: str | None = None, env: dict[str, str] | None = None,
+           stdin: bool = False) -> subprocess.Popen:
+    """The command, started, its output to be read by _finish (stdin: it will be given input)."""
     try:
-        p = subprocess.run(list(argv), input=input, text=True, capture_output=True, timeout=TIMEOUT, cwd=cwd, env=env)
-    except FileNotFoundError:
-        raise SlurmError(f"{argv[0]} not found: install the Slurm client commands (slurm-client) "
-                         "or put them on PATH") from None
+        return subprocess.Popen(list(argv), text=True, stdin=subprocess.PIPE if stdin else None,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, cwd=cwd, env=env)
+    except OSError as e:
+        raise _not_run(argv[0], e) from None
+
+
+def _not_run(command: str, e: OSError) -> SlurmError:
+    if isinstance(e, FileNotFoundError):
+        return SlurmError(f"{command} not found: install the Slurm client commands (slurm-client) "
+                          "or put them on PATH")
+    return SlurmError(f"{command} could not be run: {e.strerror}")  # e.g. E2BIG: too long an argument list
+
+
+def _finish(proc: subprocess.Popen, argv: Sequence[str], input: str | None = None,
+            check: bool = True) -> subprocess.CompletedProcess:
+    """The command's output once it has ended; SlurmError, one line, when it failed (`check`)."""
+    try:
+        out, err = proc.communicate(input, timeout=TIMEOUT)
     except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
         raise SlurmError(f"{argv[0]} did not answer within {TIMEOUT:.0f} s: is slurmctld up? "
                          "(scontrol ping)") from None
-    except OSError as e:  # e.g. E2BIG: an argument list too long for one command
-        raise SlurmError(f"{argv[0]} could not be run: {e.strerror}") from None
+    p = subprocess.CompletedProcess(list(argv), proc.returncode, out, err)
     if check and p.returncode != 0:
         if DBD_DOWN in p.stderr:  # three lines of connection errors say one thing
             why = (p.stderr.split(DBD_DOWN)[1].strip(": \n").splitlines() or ["no answer"])[0]
@@ -87,7 +103,9 @@ def _readable(found: tuple[list[JobInfo], list[RecordError]], wanted: Sequence[i
     for problem in problems:
         if wanted:
             raise problem
-        log.warning("left out of the queue: %s", problem)
+        import logging  # loaded only when there is something to say
+
+        logging.getLogger("slurm_hai.slurm").warning("left out of the queue: %s", problem)
     return jobs
 
 
@@ -103,14 +121,17 @@ class CliBackend:
         """The jobs slurmctld has, in every state (or the ones asked for, or a user's): the
         fields slurm-hai reads, as text (records.QUEUE_FORMAT), not `squeue --json`, which
         costs slurmctld and squeue 10-20x more at 10,000 jobs (docs/benchmarks.md)."""
-        sep = f"~{secrets.token_hex(8)}~"
-        p = _run(commands.queue_argv(sep, job_ids, user), check=False, env=commands.queue_env(os.environ))
+        try:
+            read = squeue.take(job_ids, user) or squeue.start(job_ids, user)
+        except OSError as e:
+            raise _not_run("squeue", e) from None
+        p = _finish(read.proc, read.argv, check=False)
         if p.returncode != 0:
             if "Invalid job id" in p.stderr:
                 return []
             raise SlurmError("squeue: " + (" ".join(p.stderr.split()) or (
                 f"killed by signal {-p.returncode}" if p.returncode < 0 else f"exit {p.returncode}")))
-        return self._named(_readable(jobs_from_text(p.stdout, sep), job_ids))
+        return self._named(_readable(jobs_from_text(p.stdout, read.sep), job_ids))
 
     def _named(self, jobs: list[JobInfo]) -> list[JobInfo]:
         """The jobs with their reasons' names. squeue prints a job's state description in
@@ -205,6 +226,8 @@ class CliBackend:
     def shrink_allocation(self, job_id: int, nodes: int) -> None:
         """Slurm keeps the first `nodes` nodes and frees the others at once. scontrol writes
         slurm_job_<id>_resize.{sh,csh} where it runs: in a directory of its own, removed."""
+        import tempfile
+
         with tempfile.TemporaryDirectory(prefix="hai-resize-") as scratch:
             _run(["scontrol", "update", f"JobId={job_id}", f"NumNodes={nodes}"], cwd=scratch)
 

@@ -5,8 +5,7 @@ commands' text is read back (pure: no process is started here; `cli.py` runs the
   add, modify, delete of a cluster, account, user or QOS) or `scontrol create|update|delete ...`
   (slurmctld: a partition). `hai-admin plan` prints exactly these argv, `apply` runs them.
 - The job step the batch script runs -> `srun ...` (one task per node).
-- The queue -> `squeue --noheader --Format=...` of the fields records.QUEUE_FORMAT reads, in
-  the environment `queue_env` gives (epoch times, none of the user's SQUEUE_* defaults).
+- The queue: `squeue.py`.
 - `sacctmgr -n -P show ...` and `scontrol show node -o` text -> rows and NodeInfo.
 """
 
@@ -16,7 +15,6 @@ import re
 from typing import TYPE_CHECKING, Mapping, Sequence
 
 from .base import NodeInfo
-from .records import QUEUE_FORMAT
 
 if TYPE_CHECKING:
     from ..policy.ladder import Change
@@ -76,27 +74,6 @@ def _pairs(fields: Mapping[str, str]) -> list[str]:
 def _blank(text: str) -> bool:
     """Whitespace would split one value into two arguments of the command."""
     return any(ch.isspace() for ch in text)
-
-
-def queue_argv(sep: str, job_ids: Sequence[int] = (), user: str | None = None) -> list[str]:
-    """squeue of the jobs slurmctld has (every state: the ones that ended a moment ago too),
-    or of the ones asked for, each field of QUEUE_FORMAT unpadded and followed by `sep`
-    (a token without a comma: squeue splits --Format at commas)."""
-    if not sep or "," in sep or "%" in sep or not sep.isprintable():
-        raise ValueError(f"not a field separator for squeue --Format: {sep!r}")
-    argv = ["squeue", "--noheader", "--states=all", "--Format=" + ",".join(f"{field}:0{sep}" for _, field, _ in QUEUE_FORMAT)]
-    if job_ids:
-        argv.append("--jobs=" + ",".join(str(j) for j in job_ids))
-    if user:
-        argv.append(f"--user={user}")
-    return argv
-
-
-def queue_env(env: Mapping[str, str]) -> dict[str, str]:
-    """The environment for queue_argv's squeue: times as epoch seconds, and without the
-    SQUEUE_* variables a user may set for their own squeue (a default partition, user or
-    state filter would hide jobs from slurm-hai; a format or sort is not asked for)."""
-    return {**{k: v for k, v in env.items() if not k.startswith("SQUEUE_")}, "SLURM_TIME_FORMAT": "%s"}
 
 
 def show_argv(entity: str, fields: Sequence[str]) -> list[str]:

@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 from ..policy import tags
 from .base import SlurmError
+from . import squeue
 
 # Slurm's base job states (everything else in a v0.0.39+ state list is a flag).
 BASE_STATES = ("PENDING", "RUNNING", "SUSPENDED", "COMPLETED", "CANCELLED", "FAILED", "TIMEOUT",
@@ -281,30 +282,18 @@ def _text_reason(value: str) -> str:
     return value or "None"
 
 
+# How each field of squeue.FIELDS is read back, by JobInfo field
+_TEXT_READERS: dict[str, Callable[[str], Any]] = {
+    "job_id": _record_start, "name": _text_string, "user": _text_string, "state": _text_state,
+    "reason": _text_reason, "qos": _text_string, "partition": _text_string, "num_nodes": _text_count,
+    "node_list": _text_string, "restart_count": _text_count, "submit_time": _text_time, "start_time": _text_time,
+    "eligible_time": _text_time, "priority": _text_count, "exit_code": _text_exit, "batch_host": _text_host,
+    "comment": _text_string, "admin_comment": _text_string, "account": _text_string,
+    "preempt_time": _text_time, "end_time": _text_time,
+}
 # JobInfo field -> (squeue --Format field, converter), in the order asked for: JobInfo's own.
-QUEUE_FORMAT: tuple[tuple[str, str, Callable[[str], Any]], ...] = (
-    ("job_id", "JobId", _record_start),
-    ("name", "Name", _text_string),
-    ("user", "UserName", _text_string),
-    ("state", "State", _text_state),
-    ("reason", "Reason", _text_reason),
-    ("qos", "QOS", _text_string),
-    ("partition", "Partition", _text_string),
-    ("num_nodes", "NumNodes", _text_count),
-    ("node_list", "NodeList", _text_string),
-    ("restart_count", "RestartCnt", _text_count),
-    ("submit_time", "SubmitTime", _text_time),
-    ("start_time", "StartTime", _text_time),
-    ("eligible_time", "EligibleTime", _text_time),
-    ("priority", "PriorityLong", _text_count),
-    ("exit_code", "exit_code", _text_exit),
-    ("batch_host", "BatchHost", _text_host),
-    ("comment", "Comment", _text_string),
-    ("admin_comment", "admin_comment", _text_string),
-    ("account", "Account", _text_string),
-    ("preempt_time", "PreemptTime", _text_time),
-    ("end_time", "EndTime", _text_time),
-)
+QUEUE_FORMAT: tuple[tuple[str, str, Callable[[str], Any]], ...] = tuple(
+    (name, field, _TEXT_READERS[name]) for name, field in squeue.FIELDS)
 
 
 def jobs_from_text(text: str, sep: str, where: str = "squeue") -> tuple[list[JobInfo], list[RecordError]]:

@@ -1,7 +1,7 @@
 """squeue's text as the commands backend asks for it, for tests without a cluster.
 
 The backend asks `squeue --Format=Field:0SEP,...` with a separator made at random per call
-(slurm_hai.slurm.commands.queue_argv): a fake squeue answers in the fields and with the
+(slurm_hai.slurm.squeue.queue_argv): a fake squeue answers in the fields and with the
 separator of the argv it was given. Rows are dicts of squeue field name -> the text squeue
 prints; the recorded ones (tests/fixtures/slurm/<release>/squeue.txt) are what a live Slurm
 printed.

@@ -386,7 +386,7 @@ def test_a_request_within_the_groups_limits_is_taken(fake, monkeypatch):
 
 # ------------------------------------------------------------------ output cut short, usage errors
 
-FRONT_ENDS = {"hai": "slurm_hai.cli.user", "hai-submit": "slurm_hai.cli.submit", "hai-admin": "slurm_hai.cli.admin"}
+FRONT_ENDS = {"hai": "slurm_hai.cli.hai", "hai-submit": "slurm_hai.cli.submit", "hai-admin": "slurm_hai.cli.admin"}
 
 
 def run_into_a_closed_pipe(tool: str, *argv: str) -> subprocess.CompletedProcess:
@@ -430,11 +430,23 @@ def hai_over(monkeypatch, tmp_path: Path, rows: list[dict[str, str]], argv: list
     """`hai argv` with the commands backend reading a queue of `rows` from squeue."""
     from slurm_hai.cli import common, user
     from slurm_hai.slurm import cli as slurm_cli
+    from slurm_hai.slurm import squeue
 
-    def run(argv, input=None, check=True, cwd=None, env=None):
-        return subprocess.CompletedProcess(argv, 0, render(argv, rows) if argv[0] == "squeue" else "", "")
+    class Ended:  # the Slurm command, run: what it printed
+        returncode = 0
 
-    monkeypatch.setattr(slurm_cli, "_run", run)
+        def __init__(self, argv):
+            self.out = render(argv, rows) if argv[0] == "squeue" else ""
+
+        def communicate(self, input=None, timeout=None):
+            return self.out, ""
+
+    def start(job_ids=(), user=None):
+        argv = squeue.queue_argv("~t~", job_ids, user)
+        return squeue.Read("~t~", argv, Ended(argv))
+
+    monkeypatch.setattr(slurm_cli, "_start", lambda argv, cwd=None, env=None, stdin=False: Ended(argv))
+    monkeypatch.setattr(squeue, "start", start)
     monkeypatch.setattr(common, "slurm_backend", slurm_cli.CliBackend)
     monkeypatch.setenv("HAI_HOME", str(tmp_path))
     monkeypatch.setenv("HAI_POLICY", str(LOCAL_POLICY))

@@ -6,6 +6,7 @@ every argv. `squeue --json` costs squeue and slurmctld 10-20x the text at 10,000
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -66,3 +67,36 @@ def test_the_daemon_cycle_and_the_agents_read_the_queue_as_text(squeue_calls):
     assert sorted(a for c in asked for a in c if a.startswith("--jobs=")) == sorted(
         f"--jobs={j}" for j in (IDS["running"], IDS["completed"], 10**7))
     assert not [c for c in asked if "--json" in c]
+
+
+@pytest.mark.parametrize("argv", [["list"], ["list", "--all"], ["list", "--json"],
+                                  ["status", str(IDS["held"])], ["status", str(IDS["running"]), "--json"],
+                                  ["logs", str(IDS["running"])]], ids=" ".join)
+def test_hai_reads_ahead_the_queue_its_command_asks_first_and_nothing_twice(squeue_calls, monkeypatch, argv):
+    """`hai` starts the squeue its command makes first before loading the command; the
+    backend takes that read instead of starting its own: the same squeue calls, the same
+    output as a run without the read ahead."""
+    from slurm_hai.cli import hai
+    from slurm_hai.slurm import squeue
+
+    plain = CliRunner().invoke(user.main, argv)
+    plain_calls = squeue_calls()
+    first = hai.first_read(argv)
+    assert first is not None
+    squeue.start_ahead(*first)
+    (started,) = squeue._ahead.values()
+    ahead = CliRunner().invoke(user.main, argv)
+    assert not squeue._ahead, "the read started ahead was not taken"
+    assert started.proc.returncode is not None
+    def unsalted(calls):  # each read has its own random field separator
+        return [[re.sub(r"~[0-9a-f]{16}~", "~SEP~", a) for a in c] for c in calls]
+    assert unsalted(squeue_calls()[len(plain_calls):]) == unsalted(plain_calls), "a read made twice, or another"
+    assert (ahead.exit_code, ahead.output) == (plain.exit_code, plain.output)
+
+
+@pytest.mark.parametrize("argv", [["list", "--since", "1h"], ["status"], ["status", "x"], ["list", "--all", "-h"],
+                                  ["quota"], ["logs", "-f", "3"], []], ids=lambda a: " ".join(a) or "(none)")
+def test_hai_reads_nothing_ahead_for_a_command_whose_first_read_it_cannot_tell(argv):
+    from slurm_hai.cli import hai
+
+    assert hai.first_read(argv) is None

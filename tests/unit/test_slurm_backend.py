@@ -10,7 +10,7 @@ from squeue_text import fake_squeue
 
 from slurm_hai.slurm import SlurmError, backend
 from slurm_hai.slurm import cli as cli_backend
-from slurm_hai.slurm import commands
+from slurm_hai.slurm import squeue
 from slurm_hai.slurm import pyslurm_backend
 from slurm_hai.slurm.records import jobs_from_json
 
@@ -75,13 +75,13 @@ def test_squeue_text_is_read_in_the_fields_and_with_the_separator_asked_for(tmp_
 
 def test_squeue_asks_for_epoch_times_and_drops_the_users_squeue_defaults(monkeypatch):
     monkeypatch.setenv("SQUEUE_PARTITION", "debug")
-    env = commands.queue_env(os.environ)
+    env = squeue.queue_env(os.environ)
     assert env["SLURM_TIME_FORMAT"] == "%s" and not [k for k in env if k.startswith("SQUEUE_")]
-    argv = commands.queue_argv("~x~", [3, 4], "alice")
+    argv = squeue.queue_argv("~x~", [3, 4], "alice")
     assert argv[-2:] == ["--jobs=3,4", "--user=alice"] and "--states=all" in argv
     for bad in ("", "a,b", "%j", "a\nb"):
         with pytest.raises(ValueError):
-            commands.queue_argv(bad)
+            squeue.queue_argv(bad)
 
 
 def test_sbatch_refusal_reads_as_one_clean_line(tmp_path, monkeypatch):
