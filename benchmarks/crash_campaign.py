@@ -4,8 +4,8 @@
 
 Three kinds of fault, in every save path (PATHS: a blocking save, async saves, two tiers,
 a blocking "suspend" save while an async one is in flight, 2-rank sharded saves, blocking
-and async; for kills also "persist-agent": suspend_save() into node memory and the persist
-agent's copy and durable commit, in one process that is killed anywhere in either):
+and async; for kills and power loss also "persist-agent": suspend_save() into node memory
+and the persist agent's copy and durable commit, in one process):
 
 * kill: the writer (every rank of a sharded job) is SIGKILLed at a random moment of a
   loop of saves (`--kills N`, spread evenly over the paths);
@@ -14,13 +14,15 @@ agent's copy and durable commit, in one process that is killed anywhere in eithe
   and DCP's fsyncs and renames), one call per trial; the save must fail with one line
   saying why (or commit), the next save must work;
 * power loss: the file operations of a few saves are recorded (create, write, fsync,
-  mkdir, rename, unlink, rmdir, fsync of a directory) and every crash state the model
+  mkdir, rename, unlink, rmdir, fsync of a directory), from before the manager creates
+  the checkpoint directory and its parent for the first save, and every crash state the model
   below allows is built in a scratch directory and loaded, in the manner of ALICE
   (Pillai et al., OSDI 2014). The model (see docs/reliability.md): after a crash at any
   point of the sequence, a file holds the data of its last fsync plus, of the later
   writes, nothing, all, half, or all of the size but zeros; a directory holds the entry
   operations (create, mkdir, rename, unlink, rmdir) of its last fsync plus ANY subset of
-  the later ones (applied in order). That is POSIX's promise and no more: weaker than
+  the later ones (applied in order; a rename between two directories once both are
+  fsynced). That is POSIX's promise and no more: weaker than
   ext4 (data=ordered persists metadata in order and never exposes unwritten blocks).
 
 After each fault a fresh process loads the newest checkpoint: it must verify, hold exactly
@@ -46,6 +48,7 @@ import random
 import shutil
 import signal
 import socket
+import stat
 import sys
 import tempfile
 import threading
@@ -66,7 +69,7 @@ from slurm_hai.checkpoint.manifest import step_dir_name  # noqa: E402
 
 FORK = multiprocessing.get_context("fork")  # torch is already imported: a fork starts in ms
 PATHS = ("sync", "async", "fast+durable", "suspend", "sharded", "sharded-async", "persist-agent")
-KILL_ONLY = ("persist-agent",)  # its commit is the store's; injection and power loss run on the others
+NOT_INJECTED = ("persist-agent",)  # its writes and renames are the store's, injected on the other paths
 SHARDED_WORLD = 2
 KEEP_LAST = 2
 
@@ -123,15 +126,18 @@ def run_saves(mgr: CheckpointManager, path: str, steps: Iterator[int], report: C
         report("C", done)
 
 
-def run_suspends(root: Path, steps: Iterator[int], report: Callable[[str, int], None]) -> None:
-    """The persist-agent path: suspend_save() each step into node memory (root/node), then
-    do what the node's agent does with the request (agent.handle, in this process). ('C',
-    step) once the durable commit is done. Requests a killed run left are finished first, as
-    a restarted agent does."""
+def run_suspends(root: Path, steps: Iterator[int], report: Callable[[str, int], None],
+                 memory: Path | None = None) -> None:
+    """The persist-agent path: suspend_save() each step into node memory (memory/node,
+    memory defaulting to root), then do what the node's agent does with the request
+    (agent.handle, in this process; its spool is memory/spool). ('C', step) once the
+    durable commit is done. Requests a killed run left are finished first, as a restarted
+    agent does."""
     from slurm_hai.checkpoint.agent import handle, prepare_spool
     from slurm_hai.checkpoint.memory import write_agent_pidfile
 
-    spool = root / "spool"
+    memory = memory or root
+    spool = memory / "spool"
     os.environ["HAI_PERSIST_SPOOL"] = str(spool)
     prepare_spool(spool)
     write_agent_pidfile(spool)  # this process stands in for the node's agent
@@ -144,7 +150,7 @@ def run_suspends(root: Path, steps: Iterator[int], report: Callable[[str, int], 
                 raise SystemExit(f"the agent failed on {request.name}")
 
     agent()
-    mgr = CheckpointManager(root / "durable", keep_last=KEEP_LAST, fast_dir=root / "node")
+    mgr = CheckpointManager(root / "durable", keep_last=KEEP_LAST, fast_dir=memory / "node")
     for step in steps:
         report("S", step)
         mgr.suspend_save(step, state_for(step))
@@ -152,8 +158,10 @@ def run_suspends(root: Path, steps: Iterator[int], report: Callable[[str, int], 
         report("C", step)
 
 
-def manager_for(root: Path, path: str) -> CheckpointManager:
-    fast = root / "fast" if path == "fast+durable" else None
+def manager_for(root: Path, path: str, memory: Path | None = None) -> CheckpointManager:
+    """The durable tier in root/durable; the fast one (fast+durable) in memory/fast, memory
+    defaulting to root."""
+    fast = (memory or root) / "fast" if path == "fast+durable" else None
     return CheckpointManager(root / "durable", keep_last=KEEP_LAST, fast_dir=fast)
 
 
@@ -490,13 +498,15 @@ def injection_campaign(paths: tuple[str, ...], workdir: Path, rng: random.Random
 # --- fault 3: power loss, every crash state of the recorded file operations -----------------
 
 class OpRecorder:
-    """Records, in this process, the file operations on paths under `root` in the order
-    they happen: ('creat'|'mkdir', parent ino, name, ino), ('write', ino, offset, bytes),
-    ('fsync', ino), ('fsyncdir', ino), ('rename', src parent, src name, dst parent,
+    """Records, in this process, the file operations on `root` and on paths under it in
+    the order they happen: ('creat'|'mkdir', parent ino, name, ino), ('write', ino, offset,
+    bytes), ('fsync', ino), ('fsyncdir', ino), ('rename', src parent, src name, dst parent,
     dst name, ino), ('unlink'|'rmdir', parent, name, ino), ('mark', 'S'|'C', step), each
-    with a monotonic timestamp (to merge the ranks of a sharded save). Files written
-    through Python file objects (DCP's shards and .metadata) are seen at their first
-    fsync (created there), and what was written to them since is recorded as one write
+    with a monotonic timestamp (to merge the ranks of a sharded save). `root` is the
+    nearest existing ancestor of the checkpoint directory, so the mkdirs of a first save
+    are recorded too. Files written through Python file objects (DCP's shards and
+    .metadata, the pending marker of a suspend save) are seen at their first fsync or
+    rename (created there), and what was written to them since is recorded as one write
     before the next operation on the directory (or the end)."""
 
     def __init__(self, root: Path) -> None:
@@ -613,7 +623,14 @@ class OpRecorder:
                 if not self._mine(full_src):
                     return real[name](src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
                 with self._lock:
-                    ino = os.lstat(full_src).st_ino
+                    st = os.lstat(full_src)
+                    ino = st.st_ino
+                    if stat.S_ISREG(st.st_mode) and ino not in self.sizes:  # a file object's, never fsynced
+                        fd = real["open"](full_src, os.O_RDONLY | os.O_CLOEXEC)
+                        try:
+                            self._catch_up(fd, full_src)
+                        finally:
+                            real["close"](fd)
                     src_parent, dst_parent = self._parent(full_src), self._parent(full_dst)
                     self._add(("rename", *src_parent, *dst_parent, ino))
                     real[name](src, dst, src_dir_fd=src_dir_fd, dst_dir_fd=dst_dir_fd)
@@ -639,6 +656,8 @@ class OpRecorder:
                     ino, parent = os.lstat(full).st_ino, self._parent(full)
                     real[name](path, dir_fd=dir_fd)
                     self._add((kind, *parent, ino))
+                    self.sizes.pop(ino, None)  # the inode number is free: a new file may get it
+                    self.lazy.pop(ino, None)
             return remove
 
         os.open, os.write, os.fsync, os.close = open_, write, fsync, close
@@ -652,26 +671,36 @@ class OpRecorder:
             self._add(("mark", "end", 0))  # records what file objects wrote since the last operation
 
 
-def _recorded_writer(root: str, path: str, steps: list[int], rank: int, port: int, out: str,
+FIRST_SAVE_CREATES = ("job", "durable")  # under the recorded directory: the checkpoint directory and its parent
+
+
+def _recorded_writer(root: str, path: str, steps: list[int], rank: int, port: int, out: str, memory: str,
                      break_protocol: str | None) -> None:
-    """Run saves of `steps` under the recorder; pickle (root ino, ops) to out."""
+    """Run saves of `steps` under the recorder, from the start: root exists, the
+    checkpoint directory root/job/durable and its parent do not (the manager creates
+    them). The memory tiers (fast tier, node memory, the agent's spool) are in `memory`,
+    outside root: a power loss empties them. Pickle (root ino, ops) to out."""
     _quiet()
     if path.startswith("sharded"):
         init_gloo(rank, SHARDED_WORLD, port)
-    durable = Path(root) / "durable"
-    durable.mkdir(parents=True, exist_ok=True)
-    mgr = manager_for(Path(root), path)  # creates the directories before recording starts
-    recorder = OpRecorder(durable)
+    recorder = OpRecorder(Path(root))
     recorder.install()
     if break_protocol is not None:
         break_protocol_for_selftest(break_protocol)
+    report = recorder.mark if rank == 0 else (lambda kind, step: None)
+    job = Path(root, FIRST_SAVE_CREATES[0])
+    mgr = None
     try:
-        run_saves(mgr, path, iter(steps), recorder.mark if rank == 0 else (lambda kind, step: None))
+        if path == "persist-agent":
+            run_suspends(job, iter(steps), report, memory=Path(memory))
+        else:
+            mgr = manager_for(job, path, memory=Path(memory))
+            run_saves(mgr, path, iter(steps), report)
     finally:
         recorder.uninstall()
     with open(out, "wb") as fh:
         pickle.dump((recorder.root_ino, recorder.ops), fh)
-    if path.startswith("sharded"):
+    if mgr is not None and path.startswith("sharded"):
         mgr.close()
         import torch.distributed as dist
 
@@ -685,6 +714,8 @@ def break_protocol_for_selftest(how: str) -> None:
 
     if how == "no-dir-fsync":
         commit.fsync_dir = lambda path: None
+    elif how == "no-parent-fsync":  # the checkpoint directory made as before the fix
+        commit.make_dirs = lambda path, mode: path.mkdir(mode=mode, parents=True, exist_ok=True)
     elif how == "no-file-fsync":
         recorded_fsync = os.fsync
 
@@ -698,13 +729,18 @@ def break_protocol_for_selftest(how: str) -> None:
 
 
 def record_saves(workdir: Path, path: str, steps: list[int], break_protocol: str | None = None) -> tuple[int, list[tuple], Path]:
-    """Record the file operations of saving `steps` on `path`: (root ino, ops in order, the
-    real directory afterwards). The ranks of a sharded save are merged by time."""
-    root = workdir / f"record-{path.replace('+', '-')}"
+    """Record the file operations of saving `steps` on `path`, starting in a directory
+    that holds nothing yet: (root ino, ops in order, the real directory afterwards). The
+    ranks of a sharded save are merged by time."""
+    name = path.replace('+', '-')
+    root = workdir / f"record-{name}"
+    root.mkdir()
     world = SHARDED_WORLD if path.startswith("sharded") else 1
     port = free_port() if world > 1 else 0
-    outs = [workdir / f"ops-{path.replace('+', '-')}-{rank}.pickle" for rank in range(world)]
-    ranks = [FORK.Process(target=_recorded_writer, args=(str(root), path, steps, rank, port, str(outs[rank]), break_protocol))
+    outs = [workdir / f"ops-{name}-{rank}.pickle" for rank in range(world)]
+    memory = workdir / f"memory-{name}"
+    ranks = [FORK.Process(target=_recorded_writer,
+                          args=(str(root), path, steps, rank, port, str(outs[rank]), str(memory), break_protocol))
              for rank in range(world)]
     for process in ranks:
         process.start()
@@ -717,7 +753,7 @@ def record_saves(workdir: Path, path: str, steps: list[int], break_protocol: str
         root_ino, ops = pickle.loads(out.read_bytes())
         merged += ops
     merged.sort(key=lambda item: item[0])
-    return root_ino, [op for _, op in merged], root / "durable"
+    return root_ino, [op for _, op in merged], root
 
 
 ENTRY_OPS = ("creat", "mkdir", "rename", "unlink", "rmdir")
@@ -731,6 +767,7 @@ class Replay:
     ops: list[tuple]
     root: int
     kinds: dict[int, str]  # id -> "file" | "dir"
+    checkpoint_dir: tuple[str, ...] = FIRST_SAVE_CREATES  # its path from the root
     most_unsynced: int = 0  # the most un-fsynced directory operations at one crash point
 
     @classmethod
@@ -768,8 +805,9 @@ class Replay:
 
     def crash_states(self, crash_at: int) -> Iterator[tuple[tuple, dict[str, bytes | None]]]:
         """Every state the model allows after a crash once ops[:crash_at] were issued, as
-        the loader sees it: (a key, the tree of relative path -> bytes, None for a
-        directory). Only the step-* directories are kept: the loader reads nothing else
+        the loader sees it: (a key, the tree of path relative to the checkpoint directory
+        -> bytes, None for a directory; empty when the checkpoint directory itself is not
+        there). Only the step-* directories are kept: the loader reads nothing else
         (staging and .deleting dirs it only removes), so states that differ elsewhere
         are one state for it. Equal keys mean equal trees."""
         prefix = self.ops[:crash_at]
@@ -809,7 +847,7 @@ class Replay:
                             for rel, _ in visible}
 
     def final_tree(self) -> dict[str, bytes | None]:
-        """The whole tree with every operation persisted."""
+        """The whole tree under the root with every operation persisted."""
         visible = self._visible([(i, op) for i, op in enumerate(self.ops) if op[0] in ENTRY_OPS], only_steps=False)
         writes: dict[int, list[tuple[int, int, bytes]]] = defaultdict(list)
         for index, op in enumerate(self.ops):
@@ -841,7 +879,8 @@ class Replay:
 
     def _visible(self, applied: list[tuple[int, tuple]], only_steps: bool = True) -> list[tuple[str, int]]:
         """(relative path, id) of everything reachable once `applied` entry operations
-        persisted, in order; with only_steps, under the root's step-* directories only."""
+        persisted, in order: under the root, or with only_steps, under the checkpoint
+        directory's step-* directories only (relative to it; none if it is not reachable)."""
         entries: dict[int, dict[str, int]] = defaultdict(dict)
         for _, op in applied:
             kind = op[0]
@@ -853,13 +892,18 @@ class Replay:
                 entries[op[3]][op[4]] = op[5]
             elif entries[op[1]].get(op[2]) == op[3]:  # unlink, rmdir
                 del entries[op[1]][op[2]]
+        start = self.root
+        for name in self.checkpoint_dir if only_steps else ():
+            if (found := entries[start].get(name)) is None or self.kinds[found] != "dir":
+                return []
+            start = found
         visible: list[tuple[str, int]] = []
-        seen = {self.root}
-        stack = [(self.root, "")]
+        seen = {start}
+        stack = [(start, "")]
         while stack:
             directory, prefix = stack.pop()
             for name, ident in sorted(entries[directory].items()):
-                if only_steps and directory == self.root and (not name.startswith("step-") or self.kinds[ident] != "dir"):
+                if only_steps and directory == start and (not name.startswith("step-") or self.kinds[ident] != "dir"):
                     continue
                 rel = f"{prefix}{name}"
                 if self.kinds[ident] == "dir":
@@ -986,11 +1030,11 @@ def main(argv: list[str] | None = None) -> int:
         tallies: list[Tally] = []
         if "kill" not in skip and args.kills:
             tallies += kill_campaign(args.kills, paths, workdir, rng)
-        others = tuple(p for p in paths if p not in KILL_ONLY)
         if "inject" not in skip:
-            tallies += injection_campaign(others, workdir, rng, args.inject_sample)
+            injected = tuple(p for p in paths if p not in NOT_INJECTED)
+            tallies += injection_campaign(injected, workdir, rng, args.inject_sample)
         if "power" not in skip:
-            power, bad_visible = power_loss_campaign(others, workdir, list(range(1, args.power_loss_steps + 1)))
+            power, bad_visible = power_loss_campaign(paths, workdir, list(range(1, args.power_loss_steps + 1)))
             tallies += power
     print(f"crash campaign: seed {args.seed}, {time.monotonic() - started:.0f} s, torch {torch.__version__}, "
           f"{os.cpu_count()} cores")

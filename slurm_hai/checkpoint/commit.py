@@ -2,8 +2,10 @@
 
 A save writes into ``DIR/.staging-<step>-<host>-<pid>-<start>-<rand>/``, fsyncs every file,
 writes and fsyncs ``manifest.json`` last, fsyncs the staging directory, then (holding
-``DIR/.lock``) renames it to ``DIR/step-<step>`` and fsyncs ``DIR``. A reader only looks
-at ``step-*`` directories, so it never sees a partial checkpoint, whenever a crash hits.
+``DIR/.lock``) renames it to ``DIR/step-<step>`` and fsyncs ``DIR``. ``DIR`` and any parent
+that a job's first save creates are made durable in their parents (fsynced) when created,
+so a power loss cannot take a committed step with them. A reader only looks at ``step-*``
+directories, so it never sees a partial checkpoint, whenever a crash hits.
 Deletion is the reverse: rename aside to ``.deleting-*`` first, then remove.
 """
 
@@ -25,7 +27,7 @@ from pathlib import Path
 from filelock import FileLock, Timeout
 
 from .errors import CheckpointError
-from .fileio import describe_os_error, fsync_dir
+from .fileio import describe_os_error, fsync_dir, make_dirs
 from .manifest import (
     DELETING_PREFIX,
     LOCK_NAME,
@@ -109,7 +111,7 @@ class CheckpointStore:
         self.host = socket.gethostname()
         self._start_ticks = process_start_ticks(os.getpid())
         try:
-            self.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+            make_dirs(self.root, mode=0o700)
         except OSError as exc:
             raise describe_os_error(exc, f"creating checkpoint directory {self.root}") from exc
         refuse_foreign_directory(self.root)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import logging
 import os
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
@@ -18,6 +19,8 @@ import numpy as np
 
 from .errors import CheckpointError, CorruptCheckpointError, Problem
 from .manifest import FileEntry, new_hasher
+
+log = logging.getLogger(__name__)
 
 IO_CHUNK = 64 << 20  # big sequential writes; small enough to pipeline hashing
 DIRECT_ALIGN = 4096  # O_DIRECT wants block-aligned memory, offsets and lengths
@@ -45,6 +48,28 @@ def fsync_dir(path: str | os.PathLike[str]) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def make_dirs(path: Path, mode: int = 0o777) -> None:
+    """path.mkdir(mode, parents=True, exist_ok=True) whose new directories survive a power
+    loss: each one it creates (a job's first save creates its checkpoint directory, maybe
+    its parents too) is a new entry in its parent, durable only once the parent is fsynced.
+    Without that, a power loss after the first commit could take the whole directory."""
+    if path.is_dir():
+        return
+    make_dirs(path.parent)  # missing parents get the default mode, as with mkdir -p
+    try:
+        path.mkdir(mode=mode)
+    except FileExistsError:
+        if not path.is_dir():
+            raise
+        # another process (a rank of the same job) made it this instant: it may not have
+        # fsynced the parent yet, so do it here as well
+    try:
+        fsync_dir(path.parent)
+    except PermissionError:  # a parent one may write into but not read (mode 1733) cannot be opened
+        log.warning("cannot fsync %s (not readable): a power loss may take %s, and the checkpoints in it, "
+                    "until the system writes it back", path.parent, path)
 
 
 def fsync_file(path: str | os.PathLike[str]) -> None:

@@ -420,7 +420,10 @@ def _copy_share(part_dir: Path, part: PartInfo, staging: Path) -> None:
             _copy_checked(part_dir / name, mine / name, entry, name)
             (staging / name).parent.mkdir(mode=0o700, parents=True, exist_ok=True)
             os.rename(mine / name, staging / name)
-        for sub in [p for p in staging.rglob("*") if p.is_dir()] + [staging]:
+        # A rename between two directories is durable once both are fsynced (POSIX does not
+        # say which one holds it): without mine's, a power loss could leave a file out of
+        # the staging dir, and so out of the step that commits it.
+        for sub in [p for top in (mine, staging) for p in top.rglob("*") if p.is_dir()] + [mine, staging]:
             fsync_dir(sub)
     finally:
         shutil.rmtree(mine, ignore_errors=True)

@@ -66,6 +66,24 @@ def test_directories_are_0700_and_files_0600(tmp_path):
     assert (root / QUARANTINE_DIR).is_dir()
 
 
+def test_a_checkpoint_directory_in_a_parent_that_cannot_be_read_is_used_with_a_warning(tmp_path, monkeypatch, caplog):
+    # Its entry cannot be fsynced there (mode 1733: write, no read); the power-loss campaign
+    # covers the readable case, where every new level is fsynced into its parent.
+    real_fsync_dir = fileio.fsync_dir
+
+    def refuse_the_parent(path):
+        if Path(path) == tmp_path / "runs":
+            raise PermissionError(errno.EACCES, "Permission denied")
+        real_fsync_dir(path)
+
+    monkeypatch.setattr(fileio, "fsync_dir", refuse_the_parent)
+    with caplog.at_level(logging.WARNING, logger="slurm_hai.checkpoint"):
+        mgr = CheckpointManager(tmp_path / "runs" / "ckpt")
+    assert any(f"cannot fsync {tmp_path / 'runs'} (not readable)" in r.getMessage() for r in caplog.records)
+    mgr.save(1, state_for(1))
+    assert CheckpointManager(tmp_path / "runs" / "ckpt").latest_step() == 1
+
+
 @pytest.mark.parametrize("damage", ["flip", "truncate", "drop_manifest", "edit_manifest"])
 def test_a_damaged_newest_checkpoint_is_quarantined_and_the_previous_one_loads(tmp_path, caplog, damage):
     mgr = CheckpointManager(tmp_path, keep_last=5)

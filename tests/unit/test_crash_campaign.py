@@ -1,6 +1,7 @@
 """A short run of benchmarks/crash_campaign.py (the full one is in docs/reliability.md):
-power-loss crash states of the blocking and the sharded save, enumerated; the same
-enumeration catching a protocol with one fsync removed; SIGKILLs of the suspend and the
+power-loss crash states of a job's first saves (its checkpoint directory created by the
+first), blocking, sharded and through the persist agent, enumerated; the same enumeration
+catching a protocol with one fsync removed; SIGKILLs of the suspend and the
 async sharded paths; ENOSPC and EIO at every write, fsync and rename of a save; and a
 real full file system (a small tmpfs)."""
 
@@ -31,17 +32,21 @@ from benchmarks.crash_campaign import (  # noqa: E402
 from slurm_hai.checkpoint import CheckpointError, CheckpointManager  # noqa: E402
 
 
-def test_every_power_loss_crash_state_of_blocking_and_sharded_saves_loads_the_last_commit(tmp_path):
-    tallies, bad_visible = power_loss_campaign(("sync", "sharded"), tmp_path, [1, 2, 3])
+def test_every_power_loss_crash_state_of_a_job_s_first_saves_loads_the_last_commit(tmp_path):
+    # Recorded from before the manager exists: the first save's checkpoint directory and its
+    # parent are new (lost to a power loss, before a fix, with the step committed in them).
+    paths = ("sync", "sharded", "persist-agent")
+    tallies, bad_visible = power_loss_campaign(paths, tmp_path, [1, 2, 3])
     for tally in tallies:
         assert tally.tried > 100, tally  # crash points x directory subsets x data cuts
         assert tally.consistent == tally.tried, tally.notes
     # No crash state shows a committed-looking step dir that does not verify: the files
-    # are durable before the rename (DCP's .metadata included: it was not, before a fix).
-    assert bad_visible == {"sync": 0, "sharded": 0}
+    # are durable before the rename (DCP's .metadata included, and the files the persist
+    # agent renames into its staging dir: neither was, before a fix).
+    assert bad_visible == dict.fromkeys(paths, 0)
 
 
-@pytest.mark.parametrize("broken", ["no-dir-fsync", "no-file-fsync"])
+@pytest.mark.parametrize("broken", ["no-dir-fsync", "no-file-fsync", "no-parent-fsync"])
 def test_the_enumeration_finds_a_commit_protocol_without_its_fsyncs(tmp_path, broken):
     (tally,), bad_visible = power_loss_campaign(("sync",), tmp_path, [1, 2], break_protocol=broken)
     assert tally.lost > 0, tally  # a step reported committed is gone after some power loss
