@@ -24,7 +24,7 @@ import filelock
 
 from ..policy.elastic import IdleHistory
 from ..policy.model import Policy, PolicyError, load_policy
-from ..policy.rules import Action, decide, needs_idle_nodes
+from ..policy.rules import Action, decide, needs_idle_nodes, restart_look_at
 from ..slurm import Backend, SlurmError
 
 if TYPE_CHECKING:  # the metrics need prometheus_client, an extra: imported only when asked for
@@ -56,6 +56,7 @@ class CycleResult:
     actions: list[Action]
     failed: int
     seconds: float
+    look_at: float | None = None  # when a requeued job's start will need a look (rules.restart_look_at)
 
 
 class PolicyDaemon:
@@ -136,7 +137,7 @@ class PolicyDaemon:
             else:
                 log.info("%s", action.describe())
         self._failed = {k: t for k, t in self._failed.items() if t > now}
-        result = CycleResult(len(jobs), actions, failed, time.monotonic() - t0)
+        result = CycleResult(len(jobs), actions, failed, time.monotonic() - t0, restart_look_at(jobs, now))
         if self.metrics is not None:  # after the actions, so they never wait for it
             self.metrics.observe_cycle(jobs, result.seconds, failed)
         return result
@@ -185,13 +186,15 @@ class PolicyDaemon:
                     "cycle: %d jobs, %d actions, %d failed, %.1f s%s", result.jobs, len(result.actions),
                     result.failed, result.seconds,
                     " (slow: slurmctld busy or restarting?)" if result.seconds > SLOW_CYCLE else "")
-            if once or stop.wait(self.pause(result.seconds)):
+            if once or stop.wait(self.pause(result.seconds, result.look_at)):
                 break
         return 0
 
-    def pause(self, cycle_seconds: float) -> float:
-        """Seconds until the next cycle (FAST_INTERVAL, MAX_DUTY), at most the interval."""
-        return min(self.interval, max(FAST_INTERVAL, cycle_seconds * (1 - MAX_DUTY) / MAX_DUTY))
+    def pause(self, cycle_seconds: float, look_at: float | None = None) -> float:
+        """Seconds until the next cycle (FAST_INTERVAL, MAX_DUTY), at most the interval; no
+        later than `look_at` (the daemon's clock), when a requeued job's start needs a look."""
+        pause = min(self.interval, max(FAST_INTERVAL, cycle_seconds * (1 - MAX_DUTY) / MAX_DUTY))
+        return pause if look_at is None else max(0.0, min(pause, look_at - self.clock()))
 
 
 def shared_lock_path(backend: Backend, stop: threading.Event) -> Path:

@@ -417,6 +417,17 @@ def overlooked_after_requeue(job: Job, now: float) -> bool:
             and now >= job.eligible_time + OVERLOOKED_AFTER)
 
 
+def restart_look_at(jobs: Sequence[Job], now: float) -> float | None:
+    """When to look at the queue again for a requeued job given its start: OVERLOOKED_AFTER
+    past its start second, the moment overlooked_after_requeue would tell that no scheduling
+    pass took it (then one update asks for a pass). None when no such job waits for a start
+    still to come; the daemon's own pace does the rest."""
+    due = [start_now_at(j) + OVERLOOKED_AFTER for j in jobs
+           if j.state == "PENDING" and (held_back_after_requeue(j, now) or (
+               j.restart_count > 0 and j.reason == "BeginTime" and j.eligible_time == start_now_at(j)))]
+    return min((t for t in due if t > now), default=None)
+
+
 def start_now_at(job: Job) -> int:
     """When a requeued job may start again: the second after its requeue, by slurmctld's clock.
     slurmd refuses a launch credential stamped in the second of the job's revocation or before

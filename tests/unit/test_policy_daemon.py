@@ -14,6 +14,7 @@ from click.testing import CliRunner
 from slurm_hai.cli.admin import main as admin
 from slurm_hai.controller.daemon import LockBusy, PolicyDaemon, leader_lock
 from slurm_hai.policy.model import load_policy
+from slurm_hai.policy.rules import OVERLOOKED_AFTER
 from slurm_hai.slurm import SlurmError
 from slurm_hai.slurm.records import JobInfo
 
@@ -336,3 +337,23 @@ def test_the_daemon_looks_often_at_a_small_queue_and_at_its_interval_at_a_big_on
     assert d.pause(0.1) == pytest.approx(0.9)  # cycles take at most a tenth of the time
     assert d.pause(0.62) == 2.0  # 10,000 jobs: never less often than the interval
     assert PolicyDaemon(FakeSlurm(), policy=load_policy(LOCAL), interval=0.1).pause(0.005) == 0.1
+
+
+def test_the_daemon_looks_again_just_after_a_requeued_jobs_start_second():
+    """Given its start, a requeued job may be overlooked by Slurm's scheduler (25.11, 26.05):
+    the daemon's next look is OVERLOOKED_AFTER past that second, not its whole pace later."""
+    held = job(1, reason="BeginTime", restart_count=1, submit_time=NOW, eligible_time=NOW + 6)
+    slurm = FakeSlurm([held])
+    d = PolicyDaemon(slurm, policy=load_policy(LOCAL), clock=lambda: NOW + 0.1)
+    result = d.cycle()
+    assert result.look_at == NOW + 1 + OVERLOOKED_AFTER
+    assert d.pause(0.62, result.look_at) == pytest.approx(0.9 + OVERLOOKED_AFTER)  # sooner than a big queue's pace
+    assert d.pause(0.005, result.look_at) == 0.5  # never later than its own
+    slurm.queue = [replace(held, eligible_time=NOW + 1)]  # Slurm took the start: still due
+    d.clock = lambda: NOW + 0.6
+    assert d.cycle().look_at == NOW + 1 + OVERLOOKED_AFTER
+    d.clock = lambda: NOW + 1 + OVERLOOKED_AFTER  # the look: the job still waits, updated again
+    assert d.cycle().look_at is None and slurm.calls[-1] == ("update", 1, {"StartTime": f"uts{NOW + 1}"})
+    assert d.pause(0.005, None) == 0.5  # and then the daemon's own pace
+    slurm.queue = [job(2, reason="BeginTime", restart_count=1, submit_time=NOW, eligible_time=NOW + 3600)]
+    assert d.cycle().look_at is None  # its owner's --begin: nothing to look at
