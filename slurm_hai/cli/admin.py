@@ -332,8 +332,7 @@ def plan(policy_file: str | None, no_partitions: bool, as_json: bool, remove: bo
         if as_json:
             click.echo("[]")
         else:
-            click.echo("no change: nothing of slurm-hai is left to take out" if remove
-                       else "no change: the cluster matches the policy")
+            click.echo(_nothing_to_remove(record_file) if remove else "no change: the cluster matches the policy")
         return
     _show(changes, as_json)
     if not as_json:
@@ -361,30 +360,53 @@ def apply(policy_file: str | None, no_partitions: bool, quiet: bool, adopt: str,
     to keep them.
     """
     from ..controller.apply import apply_policy
-    from ..slurm import backend
+    from ..slurm import SlurmError, backend
 
-    def report(change) -> None:
+    made = []
+
+    def report(change) -> None:  # each change once it is made
+        made.append(change)
         if not quiet:
             click.echo(f"{_command(change)}    # {change.why}")
 
-    if remove:
-        done = _removal(record_file, apply_it=True, report=report)
-        click.echo(f"{len(done)} change(s) applied: slurm-hai is taken out" if done
-                   else "no change: nothing of slurm-hai is left to take out")
-        return
-    policy, path = _load(policy_file)
-    warning = quota_loss_warning(_plan(policy, not no_partitions)[0])
-    if warning:
-        click.echo(warning, err=True)
-    done = apply_policy(policy, backend(), partitions=not no_partitions, report=report,
-                        record=Path(record_file) if record_file else None,
-                        adopt=[q.strip().lower() for q in adopt.split(",") if q.strip()])
+    try:
+        if remove:
+            done = _removal(record_file, apply_it=True, report=report)
+            click.echo(f"{len(done)} change(s) applied: slurm-hai is taken out" if done
+                       else _nothing_to_remove(record_file))
+            return
+        policy, path = _load(policy_file)
+        warning = quota_loss_warning(_plan(policy, not no_partitions)[0])
+        if warning:
+            click.echo(warning, err=True)
+        done = apply_policy(policy, backend(), partitions=not no_partitions, report=report,
+                            record=Path(record_file) if record_file else None,
+                            adopt=[q.strip().lower() for q in adopt.split(",") if q.strip()])
+    except SlurmError as e:
+        if not made:
+            raise
+        raise click.ClickException(f"{' '.join(str(e).split())}; {len(made)} change(s) were made before it"
+                                   f"{'' if quiet else ' (above)'}: `hai-admin plan{' --remove' if remove else ''}` "
+                                   "shows what is left") from None
     click.echo(f"{len(done)} change(s) applied from {path}" if done else "no change: the cluster matches the policy")
+
+
+def _nothing_to_remove(record_file: str | None) -> str:
+    """What `plan --remove` and `apply --remove` say when they find nothing to take out: the
+    install record names nothing left, or there is no record at all (nothing known)."""
+    from ..controller.apply import record_path
+
+    path = Path(record_file) if record_file else record_path()
+    if not path.exists():
+        return (f"no change: there is no install record at {path}, so nothing of slurm-hai is known to take out "
+                "(--record FILE names another)")
+    return "no change: nothing of slurm-hai is left to take out"
 
 
 @main.command()
 @_policy_option
-@click.option("--once", is_flag=True, help="Run one cycle and exit (for cron or a test).")
+@click.option("--once", is_flag=True, help="Run one cycle and exit (for cron or a test): exit 1 if Slurm did not "
+              "answer or an action failed.")
 @click.option("--interval", "-i", type=click.FloatRange(min=0.1), default=2.0, show_default=True, metavar="S",
               help="Most seconds between cycles: the daemon cycles every 0.5 s while a cycle takes under "
                    "a tenth of the time between two, and at least this often.")

@@ -480,12 +480,13 @@ def logs(job, follow, rank, restart, as_json):
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @one_line_errors
 def stop(job, as_json):
-    """Stop JOB for good: it is cancelled and never restarted."""
+    """Stop JOB for good: it is cancelled and never restarted. A job that has ended
+    (or ends on its own before Slurm cancels it) is left as it ended: exit 1."""
     from ..jobs import control
 
     info, jobdir = lookup(job)
     check_owner(info, "stop")
-    control.stop(backend(), job, jobdir, writable=jobdir.path.is_dir() and may_read(info))
+    control.stop(backend(), job, info, jobdir, writable=jobdir.path.is_dir() and may_read(info))
     if as_json:
         emit_json({"job_id": job, "state": "finished-stopped"})
     else:
@@ -498,17 +499,16 @@ def stop(job, as_json):
 @one_line_errors
 def suspend(job, as_json):
     """Suspend JOB gracefully: rank 0 gets the suspend notice, the job commits, calls
-    go_suspend() (or is suspended by force after its grace time) and is requeued."""
+    go_suspend() (or is suspended by force after its grace time) and is requeued.
+    Only a running job gets the notice; any other: exit 1."""
     from ..jobs import control
     from ..policy.model import find_policy
 
     info, jobdir = lookup(job)
     check_owner(info, "suspend")
-    if info is None or info.state != "RUNNING":
-        st = job_status(job, info, jobdir)
-        raise click.ClickException(f"job {job} is {st.state}, not running; only a running job can be suspended")
-    control.request_suspend(backend(), job, jobdir, writable=jobdir.path.is_dir() and may_read(info),
-                            notice_signal=find_policy().notice_signal)
+    writable = jobdir.path.is_dir() and may_read(info)
+    control.check_running(job, info, jobdir, writable)
+    control.request_suspend(backend(), job, jobdir, writable, notice_signal=find_policy().notice_signal)
     if as_json:
         emit_json({"job_id": job, "notice_sent": True})
     else:

@@ -83,11 +83,12 @@ def plan_policy(policy: Policy, backend: Backend, partitions: bool = True) -> tu
 
 
 def apply_changes(backend: Backend, changes: list[Change], report: Callable[[Change], None] | None = None) -> None:
-    """Make the changes in order; the first failure stops (later ones may depend on it)."""
+    """Make the changes in order, `report` each once it is made; the first failure stops
+    (later ones may depend on it), and what was reported is what was made."""
     for change in changes:
+        backend.apply(change)
         if report:
             report(change)
-        backend.apply(change)
 
 
 def apply_policy(policy: Policy, backend: Backend, partitions: bool = True,

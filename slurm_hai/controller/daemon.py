@@ -160,7 +160,8 @@ class PolicyDaemon:
     # ------------------------------------------------------------ the loop
 
     def run(self, once: bool = False, stop: threading.Event | None = None) -> int:
-        """Cycle until `stop` is set (or once). Returns 0, or 1 if a single cycle failed."""
+        """Cycle until `stop` is set (or once). Returns 0, or 1 if a single cycle failed or
+        one of its actions did."""
         stop = stop or threading.Event()
         backoff = self.interval
         log.info("policy daemon started: policy %s, interval %.1f s%s", self.policy_path or self.policy.source,
@@ -186,7 +187,9 @@ class PolicyDaemon:
                     "cycle: %d jobs, %d actions, %d failed, %.1f s%s", result.jobs, len(result.actions),
                     result.failed, result.seconds,
                     " (slow: slurmctld busy or restarting?)" if result.seconds > SLOW_CYCLE else "")
-            if once or stop.wait(self.pause(result.seconds, result.look_at)):
+            if once:
+                return 1 if result.failed else 0
+            if stop.wait(self.pause(result.seconds, result.look_at)):
                 break
         return 0
 
