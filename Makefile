@@ -6,6 +6,7 @@
 #   make test-sites   the slurm_boundary cluster tests on the distributions' Slurm releases
 #               (SITE_SLURM_SOURCES, default ../shared/vendor-sites: 23.11.4 of Ubuntu 24.04,
 #               24.11.5 of Debian 13), each built once; outside CI's time budget
+#   make test-netns   the network fault tests alone (make test runs them), on the netns layout
 #   make lint   ruff over the tree, mypy over slurm_hai/ (make test runs it first)
 #   make dist   a wheel and an sdist in dist/, for a site: pip install dist/slurm_hai-*.whl
 SHELL := /bin/bash
@@ -19,7 +20,7 @@ PYTEST_ARGS ?=
 SLURM_SOURCES ?=
 SITE_SLURM_SOURCES ?= ../shared/vendor-sites
 
-.PHONY: demo test test-sites lint test-tools setup venv cluster cluster-down bench dist clean
+.PHONY: demo test test-netns test-sites lint test-tools setup venv cluster cluster-down bench dist clean
 
 demo: setup
 	$(PY) examples/demo.py
@@ -31,9 +32,19 @@ ifneq ($(SLURM_SOURCES),)
 	$(PY) tests/each_slurm.py --build-in-background $(SLURM_SOURCES)
 endif
 	$(PY) -m pytest $(PYTEST_ARGS)
+	$(MAKE) test-netns
 ifneq ($(SLURM_SOURCES),)
 	$(PY) tests/each_slurm.py $(SLURM_SOURCES) $(PYTEST_ARGS)
 endif
+
+# The network faults (tests marked netns) on the local cluster's netns layout: every node and
+# slurmctld in a network namespace of its own (contrib/localcluster/README.md), in a state
+# directory, ports and job ids of its own; brought down after, namespaces and bridge included.
+NETNS_CLUSTER := HAI_CLUSTER_NETNS=1 HAI_CLUSTER_DIR=/var/lib/slurm-hai/netns-22.05 HAI_CLUSTER_PORT_BASE=17800 \
+	HAI_CLUSTER_FIRST_JOB_ID=5000000
+test-netns: setup
+	rc=0; $(NETNS_CLUSTER) $(PY) -m pytest -m netns tests/cluster $(PYTEST_ARGS) || rc=$$?; \
+	$(NETNS_CLUSTER) contrib/localcluster/down; exit $$rc
 
 test-sites: setup
 	$(PY) tests/each_slurm.py $(SITE_SLURM_SOURCES) $(PYTEST_ARGS)

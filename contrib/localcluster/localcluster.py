@@ -14,6 +14,14 @@ HAI_SLURM_SOURCE / HAI_SLURM_PREFIX give the same choice through the environment
 directory belongs to one Slurm: `up` without a choice keeps it, `up` with another one
 refuses and says so.
 
+Two network layouts, chosen when a state directory is first set up and kept by it:
+- the default: every daemon on this host's loopback (NodeAddr=127.0.0.1, a port per slurmd);
+- `up --netns` (or HAI_CLUSTER_NETNS=1): slurmctld and each node in a network namespace of
+  its own (ip netns), with its own address on a private subnet, its own host name (a UTS
+  namespace) and a veth on a bridge that the cluster creates; the host holds the bridge's
+  first address, so Slurm's commands and slurmdbd (which stays on the host with MariaDB) are
+  reached there. No route leaves the subnet.
+
 Used through the `up`, `down` and `status` scripts beside this file.
 """
 
@@ -59,6 +67,11 @@ NODES = ["n1", "n2", "n3", "n4"]
 GPUS_PER_NODE = 8
 
 
+# The namespaced layout (`up --netns`): one network namespace for slurmctld, one per node.
+CONTROLLER_NS = "ctl"  # slurmctld's namespace and host name
+NETNS_SLURMD_TIMEOUT = 10  # s: a node cut off is DOWN (and its jobs requeued) within ~this
+
+
 class ClusterError(Exception):
     """A failure of `up`/`down` that the user can act on (printed as one message)."""
 
@@ -67,6 +80,8 @@ class ClusterError(Exception):
 class Node:
     name: str
     port: int
+    hostname: str  # NodeHostname: this host, or the node's own name in the netns layout
+    addr: str  # NodeAddr: 127.0.0.1, or the node's address on the cluster's bridge
 
 
 @dataclasses.dataclass
@@ -86,6 +101,47 @@ class Cluster:
     prefix: Path | None = None  # where Slurm is installed; None: Debian's packages (/usr)
     site: bool = False  # site mode: the site's own configuration (site/), slurm-hai not installed
     version: SlurmVersion | None = None  # set by `up` once the binaries are known
+    netns: bool = False  # the namespaced layout: controller and nodes each in a network namespace
+    slurmd_timeout: int = 60
+
+    @property
+    def net_prefix(self) -> str:
+        """Names of this cluster's namespaces, veths and bridge (at most 15 characters each):
+        apart for each port base, so that two clusters' never meet."""
+        return f"hai{self.port_base}"
+
+    @property
+    def subnet(self) -> str:
+        """The bridge's private /24: 10.<port base / 100 mod 256>.0.0/24 (17800: 10.178.0.0/24)."""
+        return f"10.{self.port_base // 100 % 256}.0"
+
+    @property
+    def bridge(self) -> str:
+        return f"{self.net_prefix}-br"
+
+    @property
+    def bridge_addr(self) -> str:
+        """The host's address on the bridge: where slurmdbd listens for slurmctld."""
+        return f"{self.subnet}.1"
+
+    @property
+    def dbd_addr(self) -> str:
+        """Where slurmctld reaches slurmdbd (slurmdbd runs on the host in both layouts)."""
+        return self.bridge_addr if self.netns else self.addr
+
+    @property
+    def db_addr(self) -> str:
+        """Where slurmdbd reaches MariaDB: always this host's loopback."""
+        return "127.0.0.1"
+
+    def namespace(self, name: str) -> str:
+        """The network namespace of the controller (CONTROLLER_NS) or of a node."""
+        return f"{self.net_prefix}-{name}"
+
+    @property
+    def hosts(self) -> dict[str, str]:
+        """Host name -> address inside the cluster's network (each namespace's /etc/hosts)."""
+        return {self.host: self.addr, **{n.hostname: n.addr for n in self.nodes}}
 
     @property
     def slurm_root(self) -> Path:
@@ -111,7 +167,9 @@ class Cluster:
 
     @property
     def nodes(self) -> list[Node]:
-        return [Node(n, self.port_base + 11 + i) for i, n in enumerate(NODES)]
+        if self.netns:
+            return [Node(n, self.port_base + 11 + i, n, f"{self.subnet}.{11 + i}") for i, n in enumerate(NODES)]
+        return [Node(n, self.port_base + 11 + i, self.host, self.addr) for i, n in enumerate(NODES)]
 
     @property
     def nodelist(self) -> str:
@@ -129,6 +187,21 @@ class Cluster:
     def site_file(self) -> Path:
         """Present: this state directory is a cluster in site mode (`up --site`)."""
         return self.state / "etc" / "site-mode"
+
+    @property
+    def netns_file(self) -> Path:
+        """Present: this state directory runs the namespaced layout (`up --netns`)."""
+        return self.state / "etc" / "netns-layout"
+
+    @property
+    def hosts_path(self) -> Path:
+        """The netns layout's /etc/hosts (the host's own /etc/hosts is left alone)."""
+        return self.state / "etc" / "hosts"
+
+    @property
+    def made_file(self) -> Path:
+        """What `up --netns` created (namespaces, links): what `down` removes."""
+        return self.state / "run" / "netns-made"
 
     @property
     def prefix_file(self) -> Path:
@@ -149,7 +222,18 @@ def cluster_from_env() -> Cluster:
     recorded = c.prefix_file.read_text().strip() if c.prefix_file.exists() else ""
     c.prefix = Path(recorded) if recorded else None
     c.site = c.site_file.exists()
+    if c.netns_file.exists():
+        use_netns(c)
     return c
+
+
+def use_netns(c: Cluster) -> None:
+    """The namespaced layout: slurmctld is host CONTROLLER_NS at the subnet's .2, node i at
+    .1i; a short SlurmdTimeout, so that a node cut off is noticed in seconds."""
+    c.netns = True
+    c.host = CONTROLLER_NS
+    c.addr = f"{c.subnet}.2"
+    c.slurmd_timeout = NETNS_SLURMD_TIMEOUT
 
 
 def choose_slurm(c: Cluster, source: str | None, prefix: str | None) -> None:
@@ -240,17 +324,53 @@ HOLDER_SCRIPT = ("mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs /dev/shm && "
                  'echo $$ > "$1" && exec sleep infinity')
 
 
+# The netns layout, before HOLDER_SCRIPT or the controller: the host name ($2), and the
+# cluster's /etc/hosts ($3) over the host's, in the new mount namespace only.
+NETNS_SCRIPT = 'hostname "$2" && mount --bind "$3" /etc/hosts && '
+
+
+def in_netns(c: Cluster, name: str, script: str, *args: str) -> list[str]:
+    """`sh -c script sh ARGS...` in the network namespace of `name` (nsenter, not `ip netns
+    exec`, which remounts /sys without /sys/fs/cgroup, and slurmd needs it), in a mount and
+    a UTS namespace of its own: host name `name`, the cluster's /etc/hosts."""
+    return ["nsenter", f"--net=/run/netns/{c.namespace(name)}", "--", "unshare", "--mount", "--uts",
+            "--propagation", "private", "--", "sh", "-c", NETNS_SCRIPT + script, "sh", args[0], name,
+            str(c.hosts_path), *args[1:]]
+
+
+def holder_argv(c: Cluster, n: Node, pidfile: Path) -> list[str]:
+    """How node `n`'s holder starts: in a new mount namespace; in the netns layout also in
+    the node's network namespace and a UTS namespace of its own, named after the node."""
+    if not c.netns:
+        return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", HOLDER_SCRIPT, "sh", str(pidfile)]
+    return in_netns(c, n.name, HOLDER_SCRIPT, str(pidfile))
+
+
+def node_enter(c: Cluster, holder_pid: int | None) -> list[str]:
+    """The command prefix that runs a command on a node: in its holder's namespaces."""
+    spaces = ["--mount", "--uts", "--net"] if c.netns else ["--mount"]
+    return ["nsenter", f"--target={holder_pid}", *spaces, "--"]
+
+
+def controller_argv(c: Cluster) -> list[str]:
+    """slurmctld; in the netns layout inside the controller's network namespace, with the
+    host name SlurmctldHost names (slurmctld refuses to run on a host of another name)."""
+    argv = [c.tool("slurmctld"), "-f", str(c.slurm_conf)]
+    if not c.netns:
+        return argv
+    return in_netns(c, CONTROLLER_NS, 'shift 3 && exec "$@"', "-", *argv)
+
+
 def start_node(c: Cluster, n: Node) -> None:
     """Start node `n`: its namespace holder, then its slurmd inside that namespace. A slurmd
     left running in a namespace that is gone is restarted in the new one."""
     holder, daemon = node_holder(c, n), slurmd(c, n)
     (c.state / "spool" / f"d-{n.name}").mkdir(exist_ok=True)
     fresh = running_pid(holder) is None
-    start(holder, ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", HOLDER_SCRIPT, "sh",
-                   str(holder.pidfile)], c, foreground=True)
+    start(holder, holder_argv(c, n, holder.pidfile), c, foreground=True)
     if fresh and running_pid(daemon):
         stop(daemon)
-    enter = ["nsenter", f"--target={running_pid(holder)}", "--mount", "--"]
+    enter = node_enter(c, running_pid(holder))
     start(daemon, [*enter, c.tool("slurmd"), "-f", str(c.slurm_conf), "-N", n.name], c)
     agent = persist_agent(c, n)
     if fresh and running_pid(agent):
@@ -430,6 +550,95 @@ def make_dirs(c: Cluster) -> None:
         pw.write_text(secrets.token_hex(16) + "\n")
         pw.chmod(0o600)
     c.db_password = pw.read_text().strip()
+
+
+# ---------------------------------------------------------------- the netns layout's network
+
+
+def ip(*args: str, check: bool = True) -> subprocess.CompletedProcess:
+    return run(["ip", *args], check=check)
+
+
+def link_exists(name: str, netns: str | None = None) -> bool:
+    where = ["-n", netns] if netns else []
+    return ip(*where, "link", "show", "dev", name, check=False).returncode == 0
+
+
+def netns_exists(name: str) -> bool:
+    return name in ip("netns", "list").stdout.split()
+
+
+def made(c: Cluster) -> list[tuple[str, str]]:
+    """(kind, name) of every namespace and link that `up` created, in creation order."""
+    try:
+        lines = c.made_file.read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    return [(kind, name) for kind, _, name in (line.partition(" ") for line in lines) if name]
+
+
+def remember(c: Cluster, kind: str, name: str) -> None:
+    with open(c.made_file, "a") as f:
+        f.write(f"{kind} {name}\n")
+
+
+def hosts_file(c: Cluster) -> str:
+    names = "".join(f"{addr}\t{host}\n" for host, addr in c.hosts.items())
+    return f"# written by contrib/localcluster/up --netns for {c.state}\n127.0.0.1\tlocalhost\n{names}"
+
+
+def ensure_network(c: Cluster) -> None:
+    """The netns layout's network, made idempotently: a bridge with the host's address, and
+    for the controller and each node a network namespace with a veth on the bridge, its
+    address. The cluster's host names are in etc/hosts, which every namespace's processes see
+    as /etc/hosts. No default route, no NAT: the namespaces reach the subnet and nothing else."""
+    write_if_changed(c.hosts_path, hosts_file(c))
+    if not link_exists(c.bridge):
+        ip("link", "add", c.bridge, "type", "bridge")
+        remember(c, "link", c.bridge)
+    ip("addr", "replace", f"{c.bridge_addr}/24", "dev", c.bridge)
+    ip("link", "set", c.bridge, "up")
+    for name, addr in [(CONTROLLER_NS, c.addr), *((n.name, n.addr) for n in c.nodes)]:
+        ns = c.namespace(name)
+        if not netns_exists(ns):
+            ip("netns", "add", ns)
+            remember(c, "netns", ns)
+        if not link_exists(ns):  # the host's end of the veth is named after the namespace
+            ip("link", "add", ns, "type", "veth", "peer", "name", "eth0", "netns", ns)
+            remember(c, "link", ns)
+        ip("link", "set", ns, "master", c.bridge, "up")
+        ip("-n", ns, "addr", "replace", f"{addr}/24", "dev", "eth0")
+        ip("-n", ns, "link", "set", "eth0", "up")
+        ip("-n", ns, "link", "set", "lo", "up")
+
+
+def remove_network(c: Cluster) -> list[str]:
+    """Remove what ensure_network made (the names in run/netns-made, newest first), nothing
+    else. Run after every process in the namespaces has stopped."""
+    removed = []
+    for kind, name in reversed(made(c)):
+        if kind == "link" and link_exists(name):
+            ip("link", "del", name)
+        elif kind == "netns" and netns_exists(name):
+            ip("netns", "del", name)
+        else:
+            continue
+        removed.append(f"{kind} {name}")
+    c.made_file.unlink(missing_ok=True)
+    return removed
+
+
+def network_status(c: Cluster) -> list[str]:
+    lines = [f"network: bridge {c.bridge} {c.bridge_addr}/24 "
+             f"({'up' if link_exists(c.bridge) else 'missing'}), no route out of {c.subnet}.0/24"]
+    for name in [CONTROLLER_NS, *NODES]:
+        ns = c.namespace(name)
+        if not netns_exists(ns):
+            lines.append(f"  netns {ns:<14} missing")
+            continue
+        addrs = ip("-n", ns, "-br", "-4", "addr", "show", "dev", "eth0", check=False).stdout.split()
+        lines.append(f"  netns {ns:<14} {' '.join(addrs)}")
+    return lines
 
 
 def build_spank(c: Cluster) -> Path | None:
@@ -619,13 +828,20 @@ def nodes_idle(c: Cluster) -> bool:
     return p.returncode == 0 and all(states.get(n) in ("idle", "alloc", "mix", "comp") for n in NODES)
 
 
-def up(source: str | None = None, prefix: str | None = None, site: bool = False) -> None:
+def up(source: str | None = None, prefix: str | None = None, site: bool = False, netns: bool = False) -> None:
     t0 = time.monotonic()
     preflight()
     install_packages()
     c = cluster_from_env()
     if site and not c.site and c.prefix_file.exists():
         raise ClusterError(f"{c.state} is a cluster of slurm-hai's own; for site mode use another HAI_CLUSTER_DIR")
+    if netns and not c.netns:
+        if c.prefix_file.exists():
+            raise ClusterError(f"{c.state} runs every node on this host's loopback; for the netns layout use "
+                               "another HAI_CLUSTER_DIR (and HAI_CLUSTER_PORT_BASE)")
+        c.netns_file.parent.mkdir(parents=True, exist_ok=True)
+        c.netns_file.touch()
+        use_netns(c)
     choose_slurm(c, source, prefix)
     if site:
         c.site = True
@@ -640,11 +856,13 @@ def up(source: str | None = None, prefix: str | None = None, site: bool = False)
     slurm = pwd.getpwnam(c.slurm_user)
     for f in (c.state / "log").glob("*.log"):
         os.chown(f, slurm.pw_uid, slurm.pw_gid) if f.name.startswith("slurm") else None
+    if c.netns:
+        ensure_network(c)
     start(ds[2], [c.tool("slurmdbd")], c)
     wait_for("slurmdbd answering sacctmgr", lambda: accounting_answers(c), 30, ds[2])
     setup_accounting(c)
     was_running = running_pid(ds[3]) is not None
-    start(ds[3], [c.tool("slurmctld"), "-f", str(c.slurm_conf)], c)
+    start(ds[3], controller_argv(c), c)
     for node in c.nodes:
         start_node(c, node)
     if was_running and changed:
@@ -656,15 +874,16 @@ def up(source: str | None = None, prefix: str | None = None, site: bool = False)
         # (fatal: No Assoc usage file): a controller killed in its first minutes (a test
         # does that) could not come back. One clean restart writes it.
         stop(ds[3])
-        start(ds[3], [c.tool("slurmctld"), "-f", str(c.slurm_conf)], c)
+        start(ds[3], controller_argv(c), c)
         wait_for("slurmctld answering", lambda: run(["scontrol", "ping"], c, check=False).returncode == 0, 30,
                  ds[3])
     down_nodes = run(["sinfo", "-h", "-N", "-t", "down,drain,inval", "-o", "%N"], c, check=False).stdout.split()
     if down_nodes:
         run(["scontrol", "update", f"nodename={','.join(down_nodes)}", "state=resume"], c, check=False)
     wait_for("all nodes idle in sinfo", lambda: nodes_idle(c), 60, ds[-1])
+    layout = f", each node in its own network namespace on {c.bridge} {c.subnet}.0/24" if c.netns else ""
     print(f"local Slurm {c.version} cluster '{c.name}'{' in site mode' if c.site else ''} is up "
-          f"({len(NODES)} nodes x {c.gpus_per_node} GPUs) "
+          f"({len(NODES)} nodes x {c.gpus_per_node} GPUs{layout}) "
           f"in {time.monotonic() - t0:.1f} s")
     print(f"use it with: source {c.state / 'etc' / 'env'}")
 
@@ -723,6 +942,9 @@ def down() -> None:
     c = cluster_from_env()
     stopped = [d.name for d in reversed(daemons(c)) if stop(d)]
     print(f"stopped: {', '.join(stopped) if stopped else 'nothing was running'}")
+    if c.netns:
+        removed = remove_network(c)
+        print(f"removed: {', '.join(removed) if removed else 'no namespace or link was left'}")
 
 
 def status() -> int:
@@ -730,6 +952,8 @@ def status() -> int:
     all_up = True
     print(f"state dir: {c.state}")
     print(f"Slurm: {c.prefix or 'Debian packages'}")
+    if c.netns:
+        print("\n".join(network_status(c)))
     for d in daemons(c):
         pid = running_pid(d)
         all_up &= pid is not None
@@ -742,8 +966,10 @@ def status() -> int:
     return 0 if all_up else 1
 
 
-USAGE = """usage: up [--slurm-source TARBALL | --slurm-prefix DIR] [--site] | down | status | node-up NODE | node-lose NODE
+USAGE = """usage: up [--slurm-source TARBALL | --slurm-prefix DIR] [--site] [--netns] | down | status | node-up NODE | node-lose NODE
   up                        boot (or check) the cluster on Debian's Slurm packages
+  up --netns                controller and each node in a network namespace of its own, on a bridge
+                            (a new HAI_CLUSTER_DIR; the directory keeps the layout; HAI_CLUSTER_NETNS=1)
   up --site                 a cluster as a site has it before slurm-hai comes (site/: its own QOS,
                             partitions, PreemptMode=CANCEL, job_submit.lua); a new HAI_CLUSTER_DIR
   up --slurm-source TARBALL build that Slurm once (cached by checksum), boot on it
@@ -757,7 +983,8 @@ def up_options(args: list[str]) -> dict[str, str | bool | None]:
     opts: dict[str, str | bool | None] = {"source": os.environ.get("HAI_SLURM_SOURCE") or None,
                                           "prefix": os.environ.get("HAI_SLURM_PREFIX") or None}
     site = "--site" in args
-    it = iter(a for a in args if a != "--site")
+    netns = "--netns" in args or os.environ.get("HAI_CLUSTER_NETNS") == "1"
+    it = iter(a for a in args if a not in ("--site", "--netns"))
     for arg in it:
         key, _, value = arg.partition("=")
         if key not in ("--slurm-source", "--slurm-prefix"):
@@ -766,7 +993,7 @@ def up_options(args: list[str]) -> dict[str, str | bool | None]:
         if not value:
             raise ClusterError(f"{key} needs a value\n{USAGE}")
         opts = {"source": None, "prefix": None, key.removeprefix("--slurm-"): value}
-    return {**opts, "site": site}
+    return {**opts, "site": site, "netns": netns}
 
 
 def main(argv: list[str]) -> int:

@@ -12,7 +12,7 @@ from __future__ import annotations
 from importlib import import_module
 from typing import TYPE_CHECKING, Any
 
-from .errors import CheckpointError, CorruptCheckpointError, Problem
+from .errors import CheckpointError, CorruptCheckpointError, Problem, SupersededRunError
 from .manifest import VerifyResult, verify_checkpoint
 
 if TYPE_CHECKING:
@@ -39,6 +39,7 @@ __all__ = [
     "Problem",
     "ResumableSampler",
     "SaveHandle",
+    "SupersededRunError",
     "TrainingState",
     "VerifyResult",
     "verify_checkpoint",

@@ -7,6 +7,14 @@ that a job's first save creates are made durable in their parents (fsynced) when
 so a power loss cannot take a committed step with them. A reader only looks at ``step-*``
 directories, so it never sees a partial checkpoint, whenever a crash hits.
 Deletion is the reverse: rename aside to ``.deleting-*`` first, then remove.
+
+The run fence: a store that knows its run (``RunId``: the Slurm job and its restart count)
+records, holding ``DIR/.lock``, that the run has started, in ``DIR/.run-of-job-<job>`` (the
+newest run number of that job that has started), and every commit checks it under the same
+lock, before the rename: a run that a newer run of its job has superseded (Slurm requeued the
+job while this run's processes were cut off from it, and they still see the directory)
+commits nothing; it gets ``SupersededRunError``. A node-local fast tier checks the durable
+directory's record (``fence_store``), which every run of the job shares.
 """
 
 from __future__ import annotations
@@ -19,14 +27,14 @@ import shutil
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from .errors import CheckpointError
+from .errors import CheckpointError, SupersededRunError
 from .fileio import describe_os_error, fsync_dir, make_dirs
 from .manifest import (
     DELETING_PREFIX,
@@ -45,6 +53,25 @@ from .manifest import (
 log = logging.getLogger(__name__)
 
 _STAGING_RE = re.compile(r"^\.staging-(\d+)-(.+)-(\d+)-(\d+)-([0-9a-f]+)$")
+RUN_RECORD_PREFIX = ".run-of-job-"  # DIR/.run-of-job-<job>: the newest run of <job> that started
+
+
+@dataclass(frozen=True)
+class RunId:
+    """One run of a Slurm job: the job and its restart count (0, then 1 after a requeue...)."""
+
+    job: str
+    run: int
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] = os.environ) -> RunId | None:
+        """This process's run, inside a Slurm job (hai-submit's, or any); None outside one
+        (no fence: nothing else could supersede it)."""
+        job = env.get("SLURM_JOB_ID", "")
+        if not job.isdigit():
+            return None
+        counts = [env.get("SLURM_RESTART_COUNT") or "0", env.get("HAI_RESTART_COUNT") or "0"]
+        return cls(job, max(int(c) if c.isdigit() else 0 for c in counts))
 
 
 def process_start_ticks(pid: int) -> int:
@@ -104,8 +131,11 @@ def refuse_foreign_directory(root: Path) -> None:
 class CheckpointStore:
     """Committed checkpoints of one directory: commit, verify, quarantine, retention."""
 
-    def __init__(self, root: str | os.PathLike[str], *, lock_timeout: float, stale_staging_age_s: float) -> None:
+    def __init__(self, root: str | os.PathLike[str], *, lock_timeout: float, stale_staging_age_s: float,
+                 run: RunId | None = None, fence_store: CheckpointStore | None = None) -> None:
         self.root = Path(root)
+        self.run = run  # None: commits are not fenced (outside a Slurm job, the persist agents)
+        self.fence_store = fence_store  # where the run record lives; None: this directory
         self.lock_timeout = lock_timeout
         self.stale_staging_age_s = stale_staging_age_s
         self.host = socket.gethostname()
@@ -169,6 +199,69 @@ class CheckpointStore:
         if (key := self._cache_key(step_dir)) is not None:
             self._verified[key] = True
 
+    # --- the run fence ---------------------------------------------------------------
+
+    def _run_record(self, job: str) -> Path:
+        return self.root / f"{RUN_RECORD_PREFIX}{job}"
+
+    def newest_run(self, job: str) -> int | None:
+        """The newest run of `job` that has started on this directory (None: none recorded).
+        Read it holding the lock to act on it."""
+        try:
+            return int(self._run_record(job).read_text().strip())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError) as exc:
+            raise CheckpointError(f"cannot read {self._run_record(job)} ({exc}); remove it if it is damaged, "
+                                  "then start the job again") from None
+
+    def start_run(self) -> None:
+        """Record that this store's run has started, so that no older run of the job commits
+        from now on. Raises SupersededRunError if a newer run has started already."""
+        if self.run is None:
+            return
+        if self.fence_store is not None:
+            self.fence_store.start_run()
+            return
+        with self.locked():
+            newest = self._check_not_superseded(self.run)
+            if newest == self.run.run:
+                return
+            record = self._run_record(self.run.job)
+            tmp = record.with_name(f"{record.name}.{os.getpid()}.tmp")
+            try:
+                fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+                try:
+                    os.write(fd, f"{self.run.run}\n".encode())
+                    os.fsync(fd)
+                finally:
+                    os.close(fd)
+                os.rename(tmp, record)
+                fsync_dir(self.root)
+            except OSError as exc:
+                tmp.unlink(missing_ok=True)
+                raise describe_os_error(exc, f"recording run {self.run.run} in {record}") from exc
+
+    def _check_not_superseded(self, run: RunId) -> int | None:
+        """Raise SupersededRunError if a newer run of `run.job` has started; the caller
+        holds this store's lock. Returns the newest run recorded."""
+        newest = self.newest_run(run.job)
+        if newest is not None and newest > run.run:
+            raise SupersededRunError(f"run {run.run} of job {run.job} was superseded by run {newest}: not committing "
+                                     f"to {self.root}; this process stops")
+        return newest
+
+    def check_fence(self) -> None:
+        """The commit's fence (the caller holds this store's lock): refuse if this store's
+        run has been superseded. A fast tier asks the durable directory, under its lock."""
+        if self.run is None:
+            return
+        if self.fence_store is None:
+            self._check_not_superseded(self.run)
+            return
+        with self.fence_store.locked():
+            self.fence_store._check_not_superseded(self.run)
+
     # --- writing ------------------------------------------------------------------
 
     def new_staging(self, step: int) -> Path:
@@ -201,6 +294,11 @@ class CheckpointStore:
             self.discard(staging)
             raise describe_os_error(exc, f"writing {staging / MANIFEST_NAME}") from exc
         with self.locked():
+            try:
+                self.check_fence()
+            except CheckpointError:
+                self.discard(staging)
+                raise
             if target.exists():
                 # Checkpoints are immutable: never replace a committed step.
                 self.discard(staging)
@@ -262,6 +360,7 @@ class CheckpointStore:
         if not doomed:
             return
         with self.locked():
+            self.check_fence()  # a superseded run deletes nothing either
             if not all(path.exists() for path in keep):
                 return  # someone else changed the directory meanwhile: decide next time
             moved = [(path, self._move_aside(path)) for path in doomed]

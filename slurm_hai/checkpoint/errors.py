@@ -9,6 +9,12 @@ class CheckpointError(Exception):
     """A checkpoint could not be saved, found or loaded; the message says what to do."""
 
 
+class SupersededRunError(CheckpointError):
+    """This run of a job may not commit: a newer run of the same job has started (Slurm
+    requeued the job while this run's processes were cut off from it). The process must
+    stop; CheckpointManager turns this into SystemExit."""
+
+
 @dataclass(frozen=True)
 class Problem:
     """One reason a committed checkpoint is not trustworthy."""

@@ -11,6 +11,12 @@ Distributed (torch.distributed initialized, world size > 1): save() is collectiv
 blocking=False each rank copies its tensors into host buffers and the DCP write, checksums
 and rank 0's commit run in a background thread on every rank, over a gloo group of their
 own (see sharded.py).
+
+Inside a Slurm job the manager fences its run (commit.py, "the run fence"): it records at
+start that this run of the job has started, and a run that a newer one has superseded (its
+processes cut off from Slurm while the job was requeued elsewhere) commits nothing; its
+save()/wait()/suspend_save() then raise SystemExit with one line, so that the process stops
+even where the training loop goes on after a CheckpointError.
 """
 
 from __future__ import annotations
@@ -22,13 +28,14 @@ import secrets
 import socket
 import threading
 from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from .commit import CheckpointStore
-from .errors import CheckpointError, CorruptCheckpointError, Problem
+from .commit import CheckpointStore, RunId
+from .errors import CheckpointError, CorruptCheckpointError, Problem, SupersededRunError
 from .fileio import describe_os_error, write_hashed_file
 from .layout import STATE_FILE, ActiveStaging, checkpoint_versions, rank_file_name, read_single_checkpoint
 from .manifest import LAYOUT_DCP, LAYOUT_SINGLE, FileEntry, Manifest, parse_step_dir_name, read_manifest
@@ -85,6 +92,17 @@ def checked_step(step: Any) -> int:
     return step
 
 
+@contextmanager
+def stop_if_superseded() -> Iterator[None]:
+    """A run that a newer run of its job superseded must stop, not retry: SystemExit with
+    the refusal's one line (a training loop that goes on after a CheckpointError still ends)."""
+    try:
+        yield
+    except SupersededRunError as exc:
+        log.error("%s", exc)
+        raise SystemExit(f"slurm-hai: {exc}") from None
+
+
 class CheckpointManager:
     """Atomic, verified, optionally async and two-tier checkpoints of one training run.
 
@@ -111,8 +129,14 @@ class CheckpointManager:
         self.keep_last = keep_last
         self.fast_keep_last = fast_keep_last
         store_args = {"lock_timeout": lock_timeout, "stale_staging_age_s": stale_staging_age_s}
-        self.durable = CheckpointStore(directory, **store_args)
-        self.fast = CheckpointStore(fast_dir, **store_args) if fast_dir is not None else None
+        run = RunId.from_env()  # this run of the Slurm job, or None outside one
+        self.durable = CheckpointStore(directory, run=run, lock_timeout=lock_timeout,
+                                       stale_staging_age_s=stale_staging_age_s)
+        # the fast tier is node-local: it checks the durable directory's record of runs
+        self.fast = (CheckpointStore(fast_dir, run=run, fence_store=self.durable, lock_timeout=lock_timeout,
+                                     stale_staging_age_s=stale_staging_age_s) if fast_dir is not None else None)
+        with stop_if_superseded():
+            self.durable.start_run()  # from now on, no older run of this job commits
         # suspend_save()'s node memory parts (memory.py): FAST/parts/
         self.parts = parts_store(Path(fast_dir), **store_args) if fast_dir is not None else None
         self.loaded_step: int | None = None  # the step the last load() returned
@@ -160,6 +184,10 @@ class CheckpointManager:
     # --- saving -------------------------------------------------------------------
 
     def save(self, step: int, state: Any, *, blocking: bool = True) -> SaveHandle:
+        with stop_if_superseded():
+            return self._save(step, state, blocking=blocking)
+
+    def _save(self, step: int, state: Any, *, blocking: bool = True) -> SaveHandle:
         """Save state as checkpoint `step`. blocking=True returns once committed to every
         tier; blocking=False returns once the tensors are copied to host memory (call
         wait() or h.wait()). A step that is already committed is skipped with a warning.
@@ -244,8 +272,9 @@ class CheckpointManager:
         that one node lost before the durable commit costs nothing; it adds a network copy of
         each node's share to the save (docs/checkpoint.md, "The window")."""
         step = checked_step(step)
-        self.wait()
-        handle = self._suspend_save(step, state, peer_copy)
+        with stop_if_superseded():
+            self.wait()
+            handle = self._suspend_save(step, state, peer_copy)
         in_memory = self.parts is not None and self.parts.step_path(step).exists() and not handle.skipped
         handle.where = "node memory" if in_memory else str(self.durable.root)
         try:
@@ -256,6 +285,8 @@ class CheckpointManager:
         return handle
 
     def _suspend_save(self, step: int, state: Any, peer_copy: bool) -> SaveHandle:
+        with self.durable.locked():  # node memory is not a store commit: the fence is checked here
+            self.durable.check_fence()
         if (world := distributed_world()) is not None:
             from .node_memory import save_to_memory
             from .sharded import prepare_share
@@ -305,7 +336,8 @@ class CheckpointManager:
             self._thread = None
         if self._inflight is not None:
             handle, self._inflight = self._inflight, None
-            handle.raise_error()
+            with stop_if_superseded():
+                handle.raise_error()
 
     def close(self) -> None:
         """Wait for the in-flight save (raising its failure) and let go of the checkpoint

@@ -145,8 +145,8 @@ def check_part_files(part_dir: Path, part: PartInfo, names: list[str]) -> list[P
     return problems
 
 
-def parts_store(fast_root: Path, **store_args: float) -> CheckpointStore:
-    return CheckpointStore(fast_root / PARTS_DIR, **store_args)
+def parts_store(fast_root: Path, *, lock_timeout: float, stale_staging_age_s: float) -> CheckpointStore:
+    return CheckpointStore(fast_root / PARTS_DIR, lock_timeout=lock_timeout, stale_staging_age_s=stale_staging_age_s)
 
 
 def newest_part(parts: CheckpointStore) -> tuple[int, Path] | None:

@@ -46,7 +46,7 @@ from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 
 from .commit import CheckpointStore
-from .errors import CheckpointError, CorruptCheckpointError, Problem
+from .errors import CheckpointError, CorruptCheckpointError, Problem, SupersededRunError
 from .fileio import describe_os_error, fsync_file, read_verified_file, write_hashed_file
 from .layout import ActiveStaging, checkpoint_versions, rank_file_name, read_rank_file, read_single_checkpoint
 from .manifest import (LAYOUT_DCP, FileEntry, Manifest, check_file, hash_file, list_step_dirs, new_hasher,
@@ -68,10 +68,14 @@ def _rank0_then_broadcast(compute: Callable[[], T], group: Any = None) -> T:
     if dist.get_rank() == 0:
         try:
             payload[0] = ("ok", compute())
+        except SupersededRunError as exc:  # every rank of the superseded run stops
+            payload[0] = ("superseded", str(exc))
         except Exception as exc:  # noqa: BLE001 - re-raised on every rank below
             payload[0] = ("error", str(exc))
     dist.broadcast_object_list(payload, src=0, group=group)
     status, value = payload[0]
+    if status == "superseded":
+        raise SupersededRunError(value)
     if status == "error":
         raise CheckpointError(value if dist.get_rank() == 0 else f"rank 0: {value}")
     return value

@@ -134,6 +134,14 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, lambda s, f: ending.append(s))  # Slurm ends the job: the step gets it too
     rc = slurm.run_step(launcher_argv(args, cmd), nodes, args.gpus, os.environ.get("SLURM_JOB_NAME", "hai"))
 
+    newer = superseded_by(jobdir.events(), run)
+    if newer is not None:
+        # This node was cut off from Slurm and the job requeued: run `newer` owns the job
+        # now. Judging this run (final state, a retry, a requeue) would be judging that one.
+        jobdir.event("superseded", run=run, by=newer, exit_code=rc)
+        print(f"slurm-hai: run {run} was superseded by run {newer} (the job was requeued while this node "
+              "was cut off); leaving the job to it", flush=True)
+        return rc
     how = jobdir.suspended(run)
     if how:
         jobdir.event("suspended", run=run, how=how)
@@ -180,6 +188,12 @@ def failure_reason(jobdir: JobDir, run: int, rc: int) -> str:
     why = next((e.get("error") for e in jobdir.events() if e.get("event") == "launch_failed" and e.get("run") == run),
                None)
     return f"could not start: {why}" if why else f"exit code {rc}"
+
+
+def superseded_by(events: list[dict], run: int) -> int | None:
+    """The newest run of the job that started after run `run` (its `start` event), if any."""
+    newer = [e["run"] for e in events if e.get("event") == "start" and isinstance(e.get("run"), int) and e["run"] > run]
+    return max(newer) if newer else None
 
 
 def requeued_by_slurm(slurm, job_id: int, run: int) -> bool:

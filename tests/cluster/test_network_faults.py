@@ -1,0 +1,165 @@
+"""Network faults on the namespaced local cluster (`contrib/localcluster/up --netns`), injected
+with the kernel's own tools: every node and slurmctld have a network namespace of their own.
+
+Marked `netns` (and `cluster`): deselected by the default suite (pyproject's addopts), run with
+
+    export HAI_CLUSTER_DIR=/var/lib/slurm-hai/netns-22.05 HAI_CLUSTER_PORT_BASE=17800 \\
+           HAI_CLUSTER_FIRST_JOB_ID=5000000
+    contrib/localcluster/up --netns
+    .venv/bin/pytest -m netns tests/cluster/test_network_faults.py
+
+On a cluster of the default layout they fail (never skip): there is no network to cut.
+
+The fault: the nodes of a running 2-node job are cut off from slurmctld (a blackhole route
+each way: `ip route add blackhole`), while they still reach each other and the shared file
+system. slurmctld marks them DOWN after SlurmdTimeout (10 s in this layout) and requeues the
+job onto the other nodes. The old run's processes, alive and training, reach their next
+checkpoint save after the new run has started: the run fence (slurm_hai/checkpoint/commit.py)
+refuses the commit and they stop. Reconnected, the nodes come back to service. The job ends
+with the weights of an uninterrupted run: nothing lost, nothing run twice, no checkpoint torn.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import waiting
+from test_acceptance import committed_steps, daemon, events, free_port, named, same_weights, wait_final  # noqa: F401
+
+from slurm_hai.checkpoint import verify_checkpoint
+from slurm_hai.checkpoint.manifest import step_dir_name
+
+pytestmark = [pytest.mark.cluster, pytest.mark.netns]
+
+REPO = Path(__file__).resolve().parents[2]
+TRAIN = REPO / "examples" / "train.py"
+STEPS = 400
+# 2 nodes x 1 process; slow enough that the old run is still training when the new run starts
+TRAIN_ARGS = ["--nprocs", "1", "--steps", str(STEPS), "--save-every", "10", "--step-sleep", "0.25"]
+
+
+class Network:
+    """The netns layout's namespaces and addresses (contrib/localcluster: run/netns-made)."""
+
+    def __init__(self, live) -> None:
+        made = live.state / "run" / "netns-made"
+        if not made.exists():
+            pytest.fail(f"{live.state} is not a cluster of the netns layout (no {made}): bring one up with "
+                        "contrib/localcluster/up --netns and point HAI_CLUSTER_DIR at it", pytrace=False)
+        self.live = live
+        names = [line.split()[1] for line in made.read_text().splitlines() if line.startswith("netns ")]
+        self.ns = {name.rsplit("-", 1)[1]: name for name in names}  # "n1" -> "hai17800-n1"
+        conf = (live.state / "etc" / "slurm.conf").read_text()
+        self.ctl_addr = re.search(r"^SlurmctldHost=\S+\((\S+)\)", conf, re.M).group(1)
+        self.addr = dict(re.findall(r"^NodeName=(\S+) .*NodeAddr=(\S+)", conf, re.M))
+
+    def ip(self, *args: str) -> None:
+        subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
+
+    def cut_from_controller(self, node: str) -> None:
+        """Packets between `node` and slurmctld are dropped, both ways; the rest still flows."""
+        self.ip("-n", self.ns[node], "route", "add", "blackhole", f"{self.ctl_addr}/32")
+        self.ip("-n", self.ns["ctl"], "route", "add", "blackhole", f"{self.addr[node]}/32")
+
+    def reconnect(self, node: str) -> None:
+        for ns, addr in ((self.ns[node], self.ctl_addr), (self.ns["ctl"], self.addr[node])):
+            subprocess.run(["ip", "-n", ns, "route", "del", "blackhole", f"{addr}/32"], capture_output=True)
+
+
+def node_state(live, node: str) -> str:
+    return live.run(["sinfo", "-h", "-N", "-n", node, "-o", "%t"], check=False).stdout.strip()
+
+
+def run_processes(job_dir: Path, run: int) -> list[int]:
+    """The user's training processes of run `run` of a job, on any node (this host's /proc)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            env = (proc / "environ").read_bytes().split(b"\0")
+            cmd = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if (f"HAI_JOB_DIR={job_dir}".encode() in env and f"HAI_RESTART_COUNT={run}".encode() in env
+                and b"train.py" in cmd):
+            pids.append(int(proc.name))
+    return pids
+
+
+@pytest.fixture(scope="module")
+def reference(cluster, tmp_path_factory) -> Path:
+    """The uninterrupted run, world size 2 (1 node x 2 processes: the same ranks and
+    collectives as 2 nodes x 1)."""
+    d = tmp_path_factory.mktemp("reference")
+    args = [a for a in TRAIN_ARGS if a not in ("--step-sleep", "0.25")]
+    args[args.index("--nprocs") + 1] = "2"
+    env = {**os.environ, "MASTER_PORT": str(free_port()), "RANK": "0", "WORLD_SIZE": "1"}
+    for key in ("HAI_JOB_DIR", "SLURM_JOB_ID"):
+        env.pop(key, None)
+    p = subprocess.run([sys.executable, str(TRAIN), *args, "--ckpt-dir", str(d / "ckpt"), "--out",
+                        str(d / "final.safetensors")], env=env, text=True, capture_output=True, timeout=600)
+    assert p.returncode == 0, p.stdout + p.stderr
+    return d / "final.safetensors"
+
+
+def test_nodes_cut_off_from_the_controller_mid_run_are_fenced_and_the_job_ends_exact(live, daemon, reference):
+    net = Network(live)
+    # No GPUs: on 22.05 a job with gres requeued after its nodes were cut off fails its first
+    # step ("Invalid generic resource (gres) specification"; docs/reliability.md).
+    p = live.run(["hai-submit", "--json", "--gpus-per-node", "0", "-n", "2", "-p", "LOW", str(TRAIN), "--",
+                  *TRAIN_ARGS], user="hai-alice")
+    job_id, job_dir = json.loads(p.stdout)["job_id"], Path(json.loads(p.stdout)["job_dir"])
+    ckpt = job_dir / "checkpoints"
+    start = waiting.wait_for(lambda: named(job_dir, "start"), 120, f"job {job_id} to start")[0]
+    old_nodes = live.run(["scontrol", "show", "hostnames", start["nodes"]]).stdout.split()
+    assert len(old_nodes) == 2
+    waiting.wait_for(lambda: len(committed_steps(ckpt)) >= 2, 180, "two checkpoints of run 0", 0.3)
+    assert run_processes(job_dir, 0), "run 0's training processes are not to be seen"
+
+    try:
+        for node in old_nodes:
+            net.cut_from_controller(node)
+        # SlurmdTimeout (10 s here): the nodes go DOWN and Slurm requeues the job elsewhere.
+        waiting.wait_for(lambda: all(node_state(live, n).startswith("down") for n in old_nodes), 90,
+                         f"{old_nodes} to be DOWN", 0.5)
+        new_start = waiting.wait_for(lambda: [e for e in named(job_dir, "start") if e["run"] >= 1], 120,
+                                     "run 1 to start on other nodes", 0.5)[0]
+        new_nodes = live.run(["scontrol", "show", "hostnames", new_start["nodes"]]).stdout.split()
+        assert not set(new_nodes) & set(old_nodes), (old_nodes, new_nodes)
+        # The old run is still alive and training: its next save is refused and it stops.
+        logs = job_dir / "logs"
+        fenced = f"run 0 of job {job_id} was superseded by run 1: not committing"
+        waiting.wait_for(lambda: any(fenced in p.read_text(errors="replace") for p in logs.glob("rank-*.log")),
+                         120, "the old run's commit to be refused", 0.5)
+        waiting.wait_for(lambda: not run_processes(job_dir, 0), 60, "the old run's processes to stop", 0.5)
+    finally:
+        for node in old_nodes:
+            net.reconnect(node)
+    waiting.wait_for(lambda: all(live.in_service(n) for n in old_nodes), 120, f"{old_nodes} back in service", 0.5)
+
+    final = wait_final(job_dir, 600)
+    assert final["state"] == "succeeded", final
+    # Exact: the weights of an uninterrupted run; each run after the first resumed from a
+    # committed step, every checkpoint left verifies, and nothing of run 0 was committed
+    # after run 1 started (run 1 resumed from run 0's newest commit, and no step of run 0
+    # is newer than that).
+    assert same_weights(job_dir / "final-weights.safetensors", reference)
+    resumed = [int(m.group(1)) for p in sorted(logs.glob("rank-0.log"))
+               for m in re.finditer(r"resumed from step (\d+)", p.read_text(errors="replace"))]
+    assert len(resumed) == 1, resumed
+    for step in committed_steps(ckpt):
+        step_dir = ckpt / step_dir_name(step)
+        assert verify_checkpoint(step_dir).ok, step_dir
+        made_by = json.loads((step_dir / "manifest.json").read_text()).get("created_by", {})
+        if step > resumed[0]:
+            assert made_by.get("host") in new_nodes, (step, made_by, new_nodes)
+    runs = [e["run"] for e in events(job_dir) if e["event"] == "start"]
+    assert runs == [0, 1], runs
