@@ -265,7 +265,8 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if "tests/cluster/" in str(item.fspath).replace(os.sep, "/"):
             item.add_marker(pytest.mark.cluster)
-            if f"{Path(str(item.fspath)).name}::{item.name}" not in ONE_VERSION:
+            # the netns tests run on a cluster of their own layout, 22.05's (make test-netns)
+            if f"{Path(str(item.fspath)).name}::{item.name}" not in ONE_VERSION and not item.get_closest_marker("netns"):
                 item.add_marker(pytest.mark.slurm_boundary)
         elif "tests/gpu/" in str(item.fspath).replace(os.sep, "/"):
             item.add_marker(pytest.mark.gpu)

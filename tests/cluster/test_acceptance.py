@@ -111,10 +111,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def job_pids(job_dir: Path) -> list[int]:
-    """The user's processes of a job (train.py and its spawned ranks, on every node)."""
+def job_pids(job_dir: Path, run: int | None = None) -> list[int]:
+    """The user's processes of a job (train.py and its spawned ranks, on every node); of its
+    run `run` alone, if given."""
     pids = []
     needle = f"HAI_JOB_DIR={job_dir}".encode()
+    of_run = f"HAI_RESTART_COUNT={run}".encode() if run is not None else needle
     for proc in Path("/proc").iterdir():
         if not proc.name.isdigit():
             continue
@@ -123,7 +125,7 @@ def job_pids(job_dir: Path) -> list[int]:
             cmd = (proc / "cmdline").read_bytes()
         except OSError:
             continue
-        if needle in env and b"train.py" in cmd or (needle in env and b"multiprocessing" in cmd):
+        if needle in env and of_run in env and (b"train.py" in cmd or b"multiprocessing" in cmd):
             pids.append(int(proc.name))
     return pids
 

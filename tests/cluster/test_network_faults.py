@@ -31,7 +31,7 @@ from pathlib import Path
 import pytest
 
 import waiting
-from test_acceptance import committed_steps, daemon, events, free_port, named, same_weights, wait_final  # noqa: F401
+from test_acceptance import committed_steps, daemon, events, free_port, job_pids, named, same_weights, wait_final  # noqa: F401
 
 from slurm_hai.checkpoint import verify_checkpoint
 from slurm_hai.checkpoint.manifest import step_dir_name
@@ -77,23 +77,6 @@ def node_state(live, node: str) -> str:
     return live.run(["sinfo", "-h", "-N", "-n", node, "-o", "%t"], check=False).stdout.strip()
 
 
-def run_processes(job_dir: Path, run: int) -> list[int]:
-    """The user's training processes of run `run` of a job, on any node (this host's /proc)."""
-    pids = []
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            env = (proc / "environ").read_bytes().split(b"\0")
-            cmd = (proc / "cmdline").read_bytes()
-        except OSError:
-            continue
-        if (f"HAI_JOB_DIR={job_dir}".encode() in env and f"HAI_RESTART_COUNT={run}".encode() in env
-                and b"train.py" in cmd):
-            pids.append(int(proc.name))
-    return pids
-
-
 @pytest.fixture(scope="module")
 def reference(cluster, tmp_path_factory) -> Path:
     """The uninterrupted run, world size 2 (1 node x 2 processes: the same ranks and
@@ -122,7 +105,7 @@ def test_nodes_cut_off_from_the_controller_mid_run_are_fenced_and_the_job_ends_e
     old_nodes = live.run(["scontrol", "show", "hostnames", start["nodes"]]).stdout.split()
     assert len(old_nodes) == 2
     waiting.wait_for(lambda: len(committed_steps(ckpt)) >= 2, 180, "two checkpoints of run 0", 0.3)
-    assert run_processes(job_dir, 0), "run 0's training processes are not to be seen"
+    assert job_pids(job_dir, 0), "run 0's training processes are not to be seen"
 
     try:
         for node in old_nodes:
@@ -139,7 +122,7 @@ def test_nodes_cut_off_from_the_controller_mid_run_are_fenced_and_the_job_ends_e
         fenced = f"run 0 of job {job_id} was superseded by run 1: not committing"
         waiting.wait_for(lambda: any(fenced in p.read_text(errors="replace") for p in logs.glob("rank-*.log")),
                          120, "the old run's commit to be refused", 0.5)
-        waiting.wait_for(lambda: not run_processes(job_dir, 0), 60, "the old run's processes to stop", 0.5)
+        waiting.wait_for(lambda: not job_pids(job_dir, 0), 60, "the old run's processes to stop", 0.5)
     finally:
         for node in old_nodes:
             net.reconnect(node)
