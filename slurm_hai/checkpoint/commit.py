@@ -34,6 +34,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
+from ..runtime.contract import restart_count
 from .errors import CheckpointError, SupersededRunError
 from .fileio import describe_os_error, fsync_dir, make_dirs
 from .manifest import (
@@ -68,10 +69,7 @@ class RunId:
         """This process's run, inside a Slurm job (hai-submit's, or any); None outside one
         (no fence: nothing else could supersede it)."""
         job = env.get("SLURM_JOB_ID", "")
-        if not job.isdigit():
-            return None
-        counts = [env.get("SLURM_RESTART_COUNT") or "0", env.get("HAI_RESTART_COUNT") or "0"]
-        return cls(job, max(int(c) if c.isdigit() else 0 for c in counts))
+        return cls(job, restart_count(env)) if job.isdigit() else None
 
 
 def process_start_ticks(pid: int) -> int:

@@ -413,8 +413,12 @@ def overlooked_after_requeue(job: Job, now: float) -> bool:
     scheduling pass has looked at since (still reason BeginTime, OVERLOOKED_AFTER seconds on):
     seen on 25.11, where the pass that the update queued can come before that second and the
     next one only with backfill, seconds later. Any update queues a pass."""
-    return (job.restart_count > 0 and job.reason == "BeginTime" and job.eligible_time == start_now_at(job)
-            and now >= job.eligible_time + OVERLOOKED_AFTER)
+    return start_given(job) and now >= job.eligible_time + OVERLOOKED_AFTER
+
+
+def start_given(job: Job) -> bool:
+    """A requeued job still waiting (reason BeginTime) for the start the daemon gave it."""
+    return job.restart_count > 0 and job.reason == "BeginTime" and job.eligible_time == start_now_at(job)
 
 
 def restart_look_at(jobs: Sequence[Job], now: float) -> float | None:
@@ -423,8 +427,7 @@ def restart_look_at(jobs: Sequence[Job], now: float) -> float | None:
     pass took it (then one update asks for a pass). None when no such job waits for a start
     still to come; the daemon's own pace does the rest."""
     due = [start_now_at(j) + OVERLOOKED_AFTER for j in jobs
-           if j.state == "PENDING" and (held_back_after_requeue(j, now) or (
-               j.restart_count > 0 and j.reason == "BeginTime" and j.eligible_time == start_now_at(j)))]
+           if j.state == "PENDING" and (held_back_after_requeue(j, now) or start_given(j))]
     return min((t for t in due if t > now), default=None)
 
 

@@ -50,10 +50,11 @@ from .cli import CliBackend
 from .records import (PYSLURM, PYSLURM_DB, JobInfo, attributes, job_from_record, minutes_text, node_is_idle,
                       pyslurm_exact)
 
+log = logging.getLogger("slurm_hai.slurm")
+
 # Job.load per id up to this many ids; more: one Jobs.load of the whole queue.
 LOAD_EACH_UP_TO = 16
 # squeue --jobs=ID,... for up to this many jobs pyslurm cannot tell exactly; more: all of squeue.
-log = logging.getLogger("slurm_hai.slurm")
 SQUEUE_BY_ID_UP_TO = 200
 JOB_ATTRS = attributes(PYSLURM)
 DB_ATTRS = attributes(PYSLURM_DB)

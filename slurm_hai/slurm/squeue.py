@@ -73,8 +73,11 @@ _ahead: dict[tuple[tuple[int, ...], str | None], Read] = {}
 def start_ahead(job_ids: Sequence[int] = (), user: str | None = None) -> None:
     """Start the read of jobs(job_ids, user) now, for the first such call to take. Nothing is
     started when squeue cannot be run: the call itself then says why."""
+    key = (tuple(job_ids), user)
+    if key in _ahead:
+        return
     try:
-        _ahead.setdefault((tuple(job_ids), user), start(job_ids, user))
+        _ahead[key] = start(job_ids, user)
     except OSError:
         pass
 

@@ -100,3 +100,13 @@ def test_hai_reads_nothing_ahead_for_a_command_whose_first_read_it_cannot_tell(a
     from slurm_hai.cli import hai
 
     assert hai.first_read(argv) is None
+
+
+def test_a_read_asked_ahead_twice_is_started_once_and_taken_once(squeue_calls):
+    from slurm_hai.slurm import squeue
+
+    squeue.start_ahead((), "alice")
+    squeue.start_ahead((), "alice")
+    squeue.take((), "alice").proc.communicate()
+    assert squeue.take((), "alice") is None
+    assert len(squeue_calls()) == 1, squeue_calls()
