@@ -18,13 +18,14 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import filelock
 
 from ..policy.elastic import IdleHistory
+from ..policy.job import Job
 from ..policy.model import Policy, PolicyError, load_policy
-from ..policy.rules import Action, decide, needs_idle_nodes, restart_look_at
+from ..policy.rules import Action, decide, needs_idle_nodes, restart_look_at, start_now_candidates
 from ..slurm import Backend, SlurmError
 
 if TYPE_CHECKING:  # the metrics need prometheus_client, an extra: imported only when asked for
@@ -81,6 +82,8 @@ class PolicyDaemon:
         self._replay = True
         self.metrics = metrics
         self.idle_history = IdleHistory()  # which nodes stayed idle how long (elastic jobs grow into them)
+        # (job, restart count) -> how that run's predecessor ended, by slurmdbd (rules.may_start_now)
+        self._run_ends: dict[tuple[int, int], str] = {}
 
     # ------------------------------------------------------------ one cycle
 
@@ -118,7 +121,9 @@ class PolicyDaemon:
         else:
             self.idle_history.record(now, idle)
             steady = self.idle_history.steady(now, self.policy.grow_after_seconds)
-        actions = decide(jobs, self.policy, now, idle_nodes=idle, steady_idle=steady, replay=self._replay)
+        run_ends = self.run_ends(jobs, now)
+        actions = decide(jobs, self.policy, now, idle_nodes=idle, steady_idle=steady, replay=self._replay,
+                         run_ends=run_ends)
         self._replay = False
         failed = 0
         for action in actions:
@@ -137,10 +142,28 @@ class PolicyDaemon:
             else:
                 log.info("%s", action.describe())
         self._failed = {k: t for k, t in self._failed.items() if t > now}
-        result = CycleResult(len(jobs), actions, failed, time.monotonic() - t0, restart_look_at(jobs, now))
+        result = CycleResult(len(jobs), actions, failed, time.monotonic() - t0,
+                             restart_look_at(jobs, now, run_ends))
         if self.metrics is not None:  # after the actions, so they never wait for it
             self.metrics.observe_cycle(jobs, result.seconds, failed)
         return result
+
+    def run_ends(self, jobs: Sequence[Job], now: float) -> dict[int, str]:
+        """How the last run of each requeued job that Slurm holds back ended (slurmdbd), asked
+        once per run: a run not yet recorded as ended, or slurmdbd not answering, is asked
+        again next cycle (until then the job waits, as Slurm's delay has it)."""
+        by_id = {j.job_id: j for j in jobs}
+        ask = [jid for jid in start_now_candidates(jobs, now) if (jid, by_id[jid].restart_count) not in self._run_ends]
+        if ask:
+            try:
+                for jid, state in self.backend.last_run_ends(ask).items():
+                    self._run_ends[(jid, by_id[jid].restart_count)] = state
+            except SlurmError as e:
+                log.warning("how the last run of job(s) %s ended is not known (%s); they wait for Slurm's "
+                            "requeue delay", ",".join(map(str, ask)), e)
+        self._run_ends = {k: v for k, v in self._run_ends.items()
+                          if k[0] in by_id and by_id[k[0]].restart_count == k[1]}
+        return {jid: state for (jid, _), state in self._run_ends.items()}
 
     def execute(self, action: Action) -> None:
         b, jid = self.backend, action.job_id

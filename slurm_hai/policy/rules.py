@@ -23,7 +23,8 @@ for slurm_hai.controller.daemon to carry out:
                   notice, requeue after its grace; Slurm starts it again on up to SIZE nodes;
 - restore-level   give a requeued job back its submit-time level (admin comment `hai-level`);
 - auto            put a pending AUTO job at the highest level where its user has quota left;
-- start-now       a requeued job held back for `cred_expire` (reason BeginTime): start it now;
+- start-now       a requeued job held back for `cred_expire` (reason BeginTime): start it now,
+                  when its last run ended on every node (slurmdbd's record: not NODE_FAIL);
 - release         a job held by Slurm's requeue limit (JobHoldMaxRequeue);
 - fcfs            explicit priorities that keep each level's pending jobs in submission
                   (job id) order, so a requeued job keeps its place ahead of later jobs.
@@ -55,6 +56,13 @@ QUOTA_REASONS = ("QOSMaxNodePerUserLimit", "QOSMaxTRESPerUserLimit", "QOSMaxGRES
 # A requeued job whose eligible time is this close to its (reset) submit time is held back by
 # Slurm's requeue delay (cred_expire, 120 s by default), not by a --begin of its owner.
 REQUEUE_DELAY_MAX = 300
+# How a run may have ended for its job's requeue delay to be cut short (slurmdbd's state of
+# the run, `sacct --duplicates`). Not NODE_FAIL or BOOT_FAIL: the failed node gets the run's
+# kill when it comes back, and a new run started there within the second ends by that kill
+# (its step has the old step's id) or never gets its step (seen on 22.05 under load). Slurm's
+# delay (cred_expire) is there for that cleanup.
+CLEAN_RUN_ENDS = frozenset({"REQUEUED", "PREEMPTED", "FAILED", "TIMEOUT", "CANCELLED", "COMPLETED",
+                            "OUT_OF_MEMORY", "DEADLINE"})
 # A requeued job still waiting this long after the start the daemon gave it was overlooked.
 OVERLOOKED_AFTER = 0.2
 # The daemon's forced requeue is the backstop of the job's own launcher, which forces the
@@ -97,10 +105,12 @@ class Action:
 class Snapshot:
     """The queue seen through the policy: levels, usage, pending lines (built once per cycle)."""
 
-    def __init__(self, jobs: Sequence[Job], policy: Policy, now: float) -> None:
+    def __init__(self, jobs: Sequence[Job], policy: Policy, now: float,
+                 run_ends: Mapping[int, str] | None = None) -> None:
         self.jobs = jobs
         self.policy = policy
         self.now = now
+        self.run_ends = run_ends or {}  # job id -> how its last run ended (may_start_now)
         self.by_id = {j.job_id: j for j in jobs}
         cache: dict[str, Level | None] = {}
         self.level: dict[int, Level | None] = {}
@@ -242,8 +252,11 @@ def growable(job: Job, tags: Mapping[str, str]) -> NodeRange | None:
 
 def decide(jobs: Sequence[Job], policy: Policy, now: float | None = None, *,
            idle_nodes: Mapping[str, int] | None = None, steady_idle: Mapping[str, int] | None = None,
-           max_priority_updates: int = MAX_PRIORITY_UPDATES, replay: bool = False) -> list[Action]:
+           max_priority_updates: int = MAX_PRIORITY_UPDATES, replay: bool = False,
+           run_ends: Mapping[int, str] | None = None) -> list[Action]:
     """The actions one daemon cycle takes for this queue snapshot (see the module doc).
+    `run_ends` (job id -> slurmdbd's state of its last run) is asked for the jobs of
+    `start_now_candidates`; without it, no requeued job starts before Slurm's delay.
     `idle_nodes` (partition -> idle node count) is needed only when `needs_idle_nodes`;
     without it, nothing is preempted (yield). `steady_idle` (partition -> nodes idle for the
     policy's whole `grow_after`, policy/elastic.IdleHistory): without it, nothing grows.
@@ -252,7 +265,7 @@ def decide(jobs: Sequence[Job], policy: Policy, now: float | None = None, *,
     before the notice, so a daemon killed between the two has left a job that never heard
     it; the launcher ignores a second notice)."""
     now = time.time() if now is None else now
-    snap = Snapshot(jobs, policy, now)
+    snap = Snapshot(jobs, policy, now, run_ends)
     plan = _Plan()
     level_changes: set[int] = set()
     for job in jobs:
@@ -392,9 +405,10 @@ def _pending(job: Job, snap: Snapshot, plan: _Plan, level_changes: set[int]) -> 
         plan.update(jid, "restore-level", f"requeued: back at its submit-time level {submit} (was {lvl.name})",
                     QOS=policy.qos_for(submit, job.user, job.account))
         level_changes.add(jid)
-    if held_back_after_requeue(job, now) and job.eligible_time > start_now_at(job):
-        plan.update(jid, "start-now", f"requeued {now - job.submit_time:.0f} s ago, Slurm holds it back until "
-                    f"+{job.eligible_time - now:.0f} s: eligible from the second after its requeue",
+    if may_start_now(job, now, snap.run_ends):
+        plan.update(jid, "start-now", f"requeued {now - job.submit_time:.0f} s ago (its run ended "
+                    f"{snap.run_ends[jid]}), Slurm holds it back until +{job.eligible_time - now:.0f} s: "
+                    "eligible from the second after its requeue",
                     StartTime=f"uts{start_now_at(job)}")
     elif overlooked_after_requeue(job, now):
         plan.update(jid, "start-now", f"eligible {now - job.eligible_time:.1f} s ago, not yet looked at by Slurm's "
@@ -406,6 +420,19 @@ def held_back_after_requeue(job: Job, now: float) -> bool:
     eligible time within REQUEUE_DELAY_MAX of the requeue), not for a --begin of its owner."""
     return (job.restart_count > 0 and job.reason == "BeginTime" and job.eligible_time > now
             and 0 <= job.eligible_time - job.submit_time <= REQUEUE_DELAY_MAX)
+
+
+def start_now_candidates(jobs: Sequence[Job], now: float) -> list[int]:
+    """The requeued jobs that Slurm holds back longer than start_now_at: the ones whose
+    last run's end the daemon asks slurmdbd (`run_ends` of decide)."""
+    return [j.job_id for j in jobs if held_back_after_requeue(j, now) and j.eligible_time > start_now_at(j)]
+
+
+def may_start_now(job: Job, now: float, run_ends: Mapping[int, str]) -> bool:
+    """A requeued job held back by Slurm's requeue delay whose last run ended on every
+    node (CLEAN_RUN_ENDS): it may start the second after its requeue."""
+    return (held_back_after_requeue(job, now) and job.eligible_time > start_now_at(job)
+            and run_ends.get(job.job_id) in CLEAN_RUN_ENDS)
 
 
 def overlooked_after_requeue(job: Job, now: float) -> bool:
@@ -421,13 +448,13 @@ def start_given(job: Job) -> bool:
     return job.restart_count > 0 and job.reason == "BeginTime" and job.eligible_time == start_now_at(job)
 
 
-def restart_look_at(jobs: Sequence[Job], now: float) -> float | None:
+def restart_look_at(jobs: Sequence[Job], now: float, run_ends: Mapping[int, str]) -> float | None:
     """When to look at the queue again for a requeued job given its start: OVERLOOKED_AFTER
     past its start second, the moment overlooked_after_requeue would tell that no scheduling
     pass took it (then one update asks for a pass). None when no such job waits for a start
     still to come; the daemon's own pace does the rest."""
     due = [start_now_at(j) + OVERLOOKED_AFTER for j in jobs
-           if j.state == "PENDING" and (held_back_after_requeue(j, now) or start_given(j))]
+           if j.state == "PENDING" and (may_start_now(j, now, run_ends) or start_given(j))]
     return min((t for t in due if t > now), default=None)
 
 

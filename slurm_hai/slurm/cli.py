@@ -179,6 +179,11 @@ class CliBackend:
         # 22.05's `sacct --json` ignores --user (seen: every user's jobs, also for a non-root caller)
         return [j for j in jobs if user is None or j.user == user]
 
+    def last_run_ends(self, job_ids: Sequence[int]) -> dict[int, str]:
+        """How the newest ended run of each job ended, as slurmdbd recorded it (`sacct
+        --duplicates`, one row per run); a job whose last run is not recorded as ended is left out."""
+        return commands.last_run_ends(_run(commands.run_ends_argv(job_ids)).stdout)
+
     def requeue(self, job_id: int) -> None:
         _run(["scontrol", "requeue", str(job_id)])
 

@@ -101,6 +101,34 @@ def nodes_from_text(text: str) -> list[NodeInfo]:
     return nodes
 
 
+def run_ends_argv(job_ids: Sequence[int]) -> list[str]:
+    """sacct: one row per run (requeued runs too) of each job: its id and how the run ended."""
+    return ["sacct", "--noheader", "--parsable2", "--allocations", "--duplicates", "--format=JobIDRaw,State",
+            "--jobs=" + ",".join(map(str, job_ids))]
+
+
+# A run's state that says it has not ended (the requeued job's new run is PENDING)
+NOT_ENDED = ("PENDING", "RUNNING", "REQUEUE_HOLD", "REQUEUE_FED", "RESIZING", "SUSPENDED")
+
+
+def last_run_ends(text: str) -> dict[int, str]:
+    """run_ends_argv's rows -> job id -> how its newest run before the pending one ended (the
+    state's first word: "CANCELLED by 0" is CANCELLED). A job whose newest such run is not
+    recorded as ended (slurmdbd not told yet) is left out."""
+    runs: dict[int, list[str]] = {}
+    for line in text.splitlines():
+        job, _, state = line.strip().partition("|")
+        if job.isdigit() and state:
+            runs.setdefault(int(job), []).append(state.split(" ", 1)[0])
+    ends: dict[int, str] = {}
+    for job_id, states in runs.items():
+        while states and states[-1] == "PENDING":
+            states.pop()
+        if states and states[-1] not in NOT_ENDED:
+            ends[job_id] = states[-1]
+    return ends
+
+
 def step_argv(command: Sequence[str], nodes: int | str, gpus_per_node: int = 0, job_name: str = "hai") -> list[str]:
     """One job step running `command` once on each of `nodes` nodes: output unbuffered, and a
     task that fails ends the others."""

@@ -39,6 +39,14 @@ class FakeSlurm:
         self.calls: list[tuple] = []
         self.fail_jobs = fail_jobs
         self.fail_on = set(fail_on)
+        self.run_ends: dict[int, str] = {}  # slurmdbd: how each job's last run ended; default REQUEUED
+        self.run_end_asks: list[list[int]] = []
+
+    def last_run_ends(self, job_ids):
+        self.run_end_asks.append(list(job_ids))
+        if self.run_ends is None:
+            raise SlurmError("sacct: error: Problem talking to the database: Connection refused")
+        return {jid: self.run_ends.get(jid, "REQUEUED") for jid in job_ids if self.run_ends.get(jid, "REQUEUED")}
 
     def jobs(self, job_ids=(), user=None):
         if self.fail_jobs:
@@ -357,3 +365,34 @@ def test_the_daemon_looks_again_just_after_a_requeued_jobs_start_second():
     assert d.pause(0.005, None) == 0.5  # and then the daemon's own pace
     slurm.queue = [job(2, reason="BeginTime", restart_count=1, submit_time=NOW, eligible_time=NOW + 3600)]
     assert d.cycle().look_at is None  # its owner's --begin: nothing to look at
+
+
+def test_a_job_requeued_by_a_node_failure_waits_for_slurms_delay():
+    """The failed node gets the old run's kill when it comes back: a run started there at
+    once would end by it (seen on 22.05). Slurm's delay is left as it is."""
+    held = job(1, reason="BeginTime", restart_count=1, submit_time=NOW, eligible_time=NOW + 6)
+    slurm = FakeSlurm([held])
+    slurm.run_ends = {1: "NODE_FAIL"}
+    d = PolicyDaemon(slurm, policy=load_policy(LOCAL), clock=lambda: NOW + 0.1)
+    assert d.cycle().look_at is None and slurm.calls == []
+    d.cycle()
+    assert slurm.run_end_asks == [[1]]  # asked once per run
+    slurm.queue = [replace(held, restart_count=2, submit_time=NOW + 10, eligible_time=NOW + 16)]  # requeued again
+    slurm.run_ends = {1: "PREEMPTED"}
+    d.clock = lambda: NOW + 10.1
+    d.cycle()
+    assert slurm.run_end_asks == [[1], [1]] and slurm.calls == [("update", 1, {"StartTime": f"uts{NOW + 11}"})]
+
+
+def test_a_run_whose_end_slurmdbd_has_not_recorded_is_asked_again_and_waits_meanwhile():
+    held = job(1, reason="BeginTime", restart_count=1, submit_time=NOW, eligible_time=NOW + 6)
+    slurm = FakeSlurm([held])
+    slurm.run_ends = {1: ""}  # its run still RUNNING in slurmdbd: left out
+    d = PolicyDaemon(slurm, policy=load_policy(LOCAL), clock=lambda: NOW + 0.1)
+    d.cycle()
+    slurm.run_ends = None  # slurmdbd down
+    d.cycle()
+    assert slurm.calls == []
+    slurm.run_ends = {}
+    d.cycle()
+    assert slurm.run_end_asks == [[1], [1], [1]] and slurm.calls == [("update", 1, {"StartTime": f"uts{NOW + 1}"})]

@@ -10,7 +10,8 @@ import pytest
 from slurm_hai.policy.model import PolicyError, load_policy, parse_policy
 from slurm_hai.policy.levels import LEVEL_STRIDE
 from slurm_hai.policy.explain import explain
-from slurm_hai.policy.rules import Action, auto_level, decide, fcfs_priorities, needs_idle_nodes
+from slurm_hai.policy.rules import (OVERLOOKED_AFTER, Action, auto_level, decide, fcfs_priorities, needs_idle_nodes,
+                                    restart_look_at)
 from slurm_hai.policy.tags import parse as parse_tags, with_tags
 from slurm_hai.slurm.records import JobInfo
 
@@ -123,9 +124,18 @@ def test_job_held_by_requeue_limit_is_released():
 
 def test_requeued_job_held_back_by_begin_time_starts_now():
     j = job(1, reason="BeginTime", restart_count=1, submit_time=NOW - 2, eligible_time=NOW + 3)
-    actions = decide([j], POLICY, NOW)
+    actions = decide([j], POLICY, NOW, run_ends={1: "PREEMPTED"})
     assert fields(actions, 1) == {"StartTime": f"uts{NOW - 1}"}
     assert by_rule(actions, "start-now")
+    assert decide([j], POLICY, NOW) == []  # how its run ended not known: Slurm's delay holds
+
+
+def test_a_job_requeued_after_a_node_failure_keeps_slurms_delay():
+    j = job(1, reason="BeginTime", restart_count=1, submit_time=NOW - 2, eligible_time=NOW + 3)
+    for failed in ("NODE_FAIL", "BOOT_FAIL"):
+        assert decide([j], POLICY, NOW, run_ends={1: failed}) == []
+        assert restart_look_at([j], NOW, {1: failed}) is None
+    assert restart_look_at([j], NOW - 2, {1: "REQUEUED"}) == NOW - 1 + OVERLOOKED_AFTER
 
 
 def test_begin_time_of_the_owner_is_respected():
@@ -512,7 +522,7 @@ def test_accepts_slurm_rounding_below_the_base():
 def test_updates_to_one_job_are_merged_into_one_call():
     j = job(1, qos="normal", level="HIGH", restart_count=1, reason="BeginTime", submit_time=NOW - 3,
             eligible_time=NOW + 4)
-    actions = decide([j], POLICY, NOW)
+    actions = decide([j], POLICY, NOW, run_ends={1: "REQUEUED"})
     assert len(actions) == 1
     assert actions[0].field_dict() == {"QOS": "high", "StartTime": f"uts{NOW - 2}"}
     assert actions[0].rule == "restore-level+start-now"
@@ -524,7 +534,7 @@ def test_a_requeue_of_this_very_second_is_not_started_early():
     # start is the next second by slurmctld's clock, whatever the daemon's clock says
     j = job(1, restart_count=1, reason="BeginTime", submit_time=NOW, eligible_time=NOW + 6)
     for now in (NOW - 5, NOW, NOW + 0.99, NOW + 5):
-        (a,) = decide([j], POLICY, now)
+        (a,) = decide([j], POLICY, now, run_ends={1: "REQUEUED"})
         assert (a.rule, a.field_dict()) == ("start-now", {"StartTime": f"uts{NOW + 1}"})
     assert decide([replace(j, eligible_time=NOW + 1)], POLICY, NOW) == []  # already so
 

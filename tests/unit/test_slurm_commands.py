@@ -12,8 +12,8 @@ from slurm_hai.policy.model import load_policy, parse_policy
 from slurm_hai.slurm import SlurmError
 from slurm_hai.slurm.base import NodeInfo
 from slurm_hai.slurm.cli import CliBackend
-from slurm_hai.slurm.commands import (ASSOC_FIELDS, QOS_FIELDS, change_argv, nodes_from_text, parsable_rows,
-                                      show_argv, step_argv)
+from slurm_hai.slurm.commands import (ASSOC_FIELDS, QOS_FIELDS, change_argv, last_run_ends, nodes_from_text,
+                                      parsable_rows, run_ends_argv, show_argv, step_argv)
 
 REPO = Path(__file__).resolve().parents[2]
 LOCAL = load_policy(REPO / "contrib" / "localcluster" / "policy.toml")
@@ -157,3 +157,12 @@ def test_run_step_waits_for_srun_and_gives_its_status(tmp_path, monkeypatch):
     calls = fake_commands(tmp_path, monkeypatch, srun="exit 3")
     assert CliBackend().run_step(["python", "-m", "x"], "2", 0, "job") == 3
     assert calls.read_text().split() == step_argv(["python", "-m", "x"], "2", 0, "job")
+
+
+def test_how_the_last_run_of_a_requeued_job_ended_is_read_from_its_accounting_rows():
+    rows = "\n".join(["11|NODE_FAIL", "11|PENDING",  # requeued by a node failure, waits
+                      "12|REQUEUED", "12|REQUEUED", "12|RUNNING", "12|PENDING",  # run 2 not recorded as ended yet
+                      "13|PREEMPTED", "13|CANCELLED by 0",  # its newest run ended: cancelled
+                      "14|PENDING", "x|y", ""])
+    assert last_run_ends(rows) == {11: "NODE_FAIL", 13: "CANCELLED"}
+    assert run_ends_argv([11, 12])[-1] == "--jobs=11,12"
