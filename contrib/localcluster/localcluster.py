@@ -69,6 +69,9 @@ GPUS_PER_NODE = 8
 
 # The namespaced layout (`up --netns`): one network namespace for slurmctld, one per node.
 CONTROLLER_NS = "ctl"  # slurmctld's namespace and host name
+# An admin host: nothing runs there by itself. A site runs the policy daemon beside
+# slurmctld or on a host of its own; tests start one here to cut it off alone.
+ADMIN_NS = "adm"
 NETNS_SLURMD_TIMEOUT = 10  # s: a node cut off is DOWN (and its jobs requeued) within ~this
 
 
@@ -135,13 +138,20 @@ class Cluster:
         return "127.0.0.1"
 
     def namespace(self, name: str) -> str:
-        """The network namespace of the controller (CONTROLLER_NS) or of a node."""
+        """The network namespace of the controller (CONTROLLER_NS), the admin host (ADMIN_NS)
+        or a node."""
         return f"{self.net_prefix}-{name}"
 
     @property
     def hosts(self) -> dict[str, str]:
         """Host name -> address inside the cluster's network (each namespace's /etc/hosts)."""
-        return {self.host: self.addr, **{n.hostname: n.addr for n in self.nodes}}
+        admin = {ADMIN_NS: self.admin_addr} if self.netns else {}
+        return {self.host: self.addr, **admin, **{n.hostname: n.addr for n in self.nodes}}
+
+    @property
+    def admin_addr(self) -> str:
+        """The admin host's address in the netns layout (ADMIN_NS)."""
+        return f"{self.subnet}.3"
 
     @property
     def slurm_root(self) -> Path:
@@ -228,8 +238,8 @@ def cluster_from_env() -> Cluster:
 
 
 def use_netns(c: Cluster) -> None:
-    """The namespaced layout: slurmctld is host CONTROLLER_NS at the subnet's .2, node i at
-    .1i; a short SlurmdTimeout, so that a node cut off is noticed in seconds."""
+    """The namespaced layout: slurmctld is host CONTROLLER_NS at the subnet's .2, the admin
+    host ADMIN_NS at .3, node i at .1i; a short SlurmdTimeout, so that a node cut off is noticed in seconds."""
     c.netns = True
     c.host = CONTROLLER_NS
     c.addr = f"{c.subnet}.2"
@@ -598,7 +608,7 @@ def ensure_network(c: Cluster) -> None:
         remember(c, "link", c.bridge)
     ip("addr", "replace", f"{c.bridge_addr}/24", "dev", c.bridge)
     ip("link", "set", c.bridge, "up")
-    for name, addr in [(CONTROLLER_NS, c.addr), *((n.name, n.addr) for n in c.nodes)]:
+    for name, addr in [(CONTROLLER_NS, c.addr), (ADMIN_NS, c.admin_addr), *((n.name, n.addr) for n in c.nodes)]:
         ns = c.namespace(name)
         if not netns_exists(ns):
             ip("netns", "add", ns)
@@ -631,7 +641,7 @@ def remove_network(c: Cluster) -> list[str]:
 def network_status(c: Cluster) -> list[str]:
     lines = [f"network: bridge {c.bridge} {c.bridge_addr}/24 "
              f"({'up' if link_exists(c.bridge) else 'missing'}), no route out of {c.subnet}.0/24"]
-    for name in [CONTROLLER_NS, *NODES]:
+    for name in [CONTROLLER_NS, ADMIN_NS, *NODES]:
         ns = c.namespace(name)
         if not netns_exists(ns):
             lines.append(f"  netns {ns:<14} missing")

@@ -34,7 +34,10 @@ if TYPE_CHECKING:  # the metrics need prometheus_client, an extra: imported only
 log = logging.getLogger("hai-policyd")
 
 LOCK_NAME = "hai-policyd.lock"
-MAX_BACKOFF = 60.0
+# The longest wait between two tries while Slurm does not answer: a daemon that waited a minute
+# would leave requeued jobs and forced suspends that long after slurmctld is back (issue 34:
+# cut off for 60 s, it looked again 60 s late); one squeue every 10 s costs slurmctld nothing.
+MAX_BACKOFF = 10.0
 # An action that failed is not tried again for this long (e.g. requeue of a job Slurm purged).
 RETRY_AFTER = 30.0
 # A cycle longer than this is logged as a warning (squeue waits while slurmctld restarts).

@@ -29,6 +29,8 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -148,25 +150,34 @@ def reference(cluster, tmp_path_factory) -> Path:
     return d / "final.safetensors"
 
 
-@pytest.fixture(scope="module")
-def daemon(cluster, tmp_path_factory):
-    """The policy daemon beside this module's jobs (it starts requeued jobs at once)."""
-    d = tmp_path_factory.mktemp("daemon")
+@contextmanager
+def running_daemon(cluster, d: Path, prefix: Sequence[str] = ()) -> Iterator[Path]:
+    """`hai-admin daemon` beside the tests (it starts requeued jobs at once), its log in `d`;
+    `prefix` runs it elsewhere (in a network namespace). Yields the log."""
     log = d / "daemon.log"
     with log.open("w") as out:
-        proc = subprocess.Popen([sys.executable, "-m", "slurm_hai.cli.admin", "daemon", "--policy",
+        proc = subprocess.Popen([*prefix, sys.executable, "-m", "slurm_hai.cli.admin", "daemon", "--policy",
                                  str(cluster.state / "etc" / "policy.toml"), "--interval", "0.5", "--lock",
                                  str(d / "policyd.lock")], env=cluster.env, cwd=REPO, stdout=out,
                                 stderr=subprocess.STDOUT)
     wait_for("the policy daemon", lambda: "policy daemon started" in log.read_text() or proc.poll() is not None, 20)
     assert proc.poll() is None, log.read_text()
-    yield log
-    proc.terminate()
     try:
-        proc.wait(15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
+        yield log
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
     assert "Traceback" not in log.read_text(), log.read_text()
+
+
+@pytest.fixture(scope="module")
+def daemon(cluster, tmp_path_factory):
+    """The policy daemon beside this module's jobs."""
+    with running_daemon(cluster, tmp_path_factory.mktemp("daemon")) as log:
+        yield log
 
 
 @pytest.fixture

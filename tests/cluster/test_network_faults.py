@@ -26,14 +26,17 @@ import os
 import re
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
 
 import waiting
-from test_acceptance import committed_steps, daemon, events, free_port, job_pids, named, same_weights, wait_final  # noqa: F401
+from test_acceptance import (committed_steps, events, free_port, job_pids, named, running_daemon, same_weights,
+                             start_nows, wait_final)
 
 from slurm_hai.checkpoint import verify_checkpoint
+from slurm_hai.controller.daemon import MAX_BACKOFF
 from slurm_hai.checkpoint.manifest import step_dir_name
 
 pytestmark = [pytest.mark.cluster, pytest.mark.netns]
@@ -48,7 +51,7 @@ TRAIN_ARGS = ["--nprocs", "1", "--steps", str(STEPS), "--save-every", "10", "--s
 class Network:
     """The netns layout's namespaces and addresses (contrib/localcluster: run/netns-made)."""
 
-    def __init__(self, live) -> None:
+    def __init__(self, live) -> None:  # live: the LiveCluster (conftest)
         made = live.state / "run" / "netns-made"
         if not made.exists():
             pytest.fail(f"{live.state} is not a cluster of the netns layout (no {made}): bring one up with "
@@ -71,6 +74,52 @@ class Network:
     def reconnect(self, node: str) -> None:
         for ns, addr in ((self.ns[node], self.ctl_addr), (self.ns["ctl"], self.addr[node])):
             subprocess.run(["ip", "-n", ns, "route", "del", "blackhole", f"{addr}/32"], capture_output=True)
+
+    LOSS_TABLE = "hai_fault"
+
+    def lose(self, percent: int) -> None:
+        """Every packet that slurmctld or a node sends is dropped with `percent` % chance
+        (nftables' random number, in each namespace's output hook)."""
+        rules = (f"table inet {self.LOSS_TABLE} {{ chain out {{ type filter hook output priority 0; policy accept; "
+                 f"numgen random mod 100 < {percent} counter drop; }} }}")
+        for name in ("ctl", *self.addr):
+            subprocess.run(["ip", "netns", "exec", self.ns[name], "nft", "-f", "-"], input=rules, check=True,
+                           capture_output=True, text=True)
+
+    def dropped(self) -> int:
+        """Packets dropped so far by `lose`'s rules."""
+        total = 0
+        for name in ("ctl", *self.addr):
+            p = subprocess.run(["ip", "netns", "exec", self.ns[name], "nft", "list", "table", "inet",
+                                self.LOSS_TABLE], capture_output=True, text=True)
+            total += sum(int(n) for n in re.findall(r"counter packets (\d+)", p.stdout))
+        return total
+
+    def stop_losing(self) -> None:
+        for name in ("ctl", *self.addr):
+            subprocess.run(["ip", "netns", "exec", self.ns[name], "nft", "delete", "table", "inet", self.LOSS_TABLE],
+                           capture_output=True)
+
+    def enter(self, name: str) -> list[str]:
+        """The command prefix that runs a command in namespace `name` ("adm", "n1", ...)."""
+        return ["nsenter", f"--net=/run/netns/{self.ns[name]}", "--"]
+
+    def cut_admin_host(self) -> None:
+        """The admin host (where the daemon runs) loses its way to slurmctld; slurmdbd, the
+        nodes and the shared file system stay in reach."""
+        self.ip("-n", self.ns["adm"], "route", "add", "blackhole", f"{self.ctl_addr}/32")
+
+    def reconnect_admin_host(self) -> None:
+        subprocess.run(["ip", "-n", self.ns["adm"], "route", "del", "blackhole", f"{self.ctl_addr}/32"],
+                       capture_output=True)
+
+
+@pytest.fixture(scope="module")
+def daemon(cluster, tmp_path_factory):
+    """The policy daemon on the admin host: a network namespace of its own, so that a test
+    can cut it off from slurmctld alone."""
+    with running_daemon(cluster, tmp_path_factory.mktemp("daemon"), Network(cluster).enter("adm")) as log:
+        yield log
 
 
 def node_state(live, node: str) -> str:
@@ -146,3 +195,68 @@ def test_nodes_cut_off_from_the_controller_mid_run_are_fenced_and_the_job_ends_e
             assert made_by.get("host") in new_nodes, (step, made_by, new_nodes)
     runs = [e["run"] for e in events(job_dir) if e["event"] == "start"]
     assert runs == [0, 1], runs
+
+
+def test_under_1_percent_loss_the_daemon_cut_off_for_60_s_acts_again_once_back_and_nothing_is_lost(
+        live, daemon, reference):
+    """Two faults at once, to keep CI's time: 1% of the packets that slurmctld and each node
+    send are lost from the job's first checkpoint to its end (its gloo collectives, its
+    suspend saves into node memory with their peer copies, Slurm's RPCs), and the admin host
+    loses its route to slurmctld for 60 s. The daemon says that Slurm does not answer and
+    does nothing; a job suspended meanwhile is started again by Slurm alone, after its
+    requeue delay. Back, the daemon answers within its back-off and gives the next requeue
+    its start at once. The job ends with the weights of an uninterrupted run, each run
+    resumed from a commit, no run twice. (No added latency: this kernel has no sch_netem.)"""
+    net = Network(live)
+    # 0.35 s a step (the reference runs without sleep): the job outlasts the cut and two suspends
+    args = [*TRAIN_ARGS[:-1], "0.35"]
+    p = live.run(["hai-submit", "--json", "-n", "2", "-p", "LOW", str(TRAIN), "--", *args], user="hai-alice")
+    job_id, job_dir = json.loads(p.stdout)["job_id"], Path(json.loads(p.stdout)["job_dir"])
+    ckpt = job_dir / "checkpoints"
+    waiting.wait_for(lambda: len(committed_steps(ckpt)) >= 1, 180, "a checkpoint of run 0", 0.3)
+    net.lose(1)
+    try:
+        run_under_faults(live, net, daemon, job_id, job_dir)
+        final = wait_final(job_dir, 600)
+        dropped = net.dropped()
+    finally:
+        net.stop_losing()
+    assert dropped > 0
+    assert final["state"] == "succeeded", final
+    assert same_weights(job_dir / "final-weights.safetensors", reference)
+    runs = [e["run"] for e in events(job_dir) if e["event"] == "start"]
+    assert runs == [0, 1, 2], runs
+    log = (job_dir / "logs" / "rank-0.log").read_text(errors="replace")
+    commits = [int(m.group(1)) for m in re.finditer(r"checkpoint step (\d+) committed", log)]
+    resumed = [int(m.group(1)) for m in re.finditer(r"resumed from step (\d+)", log)]
+    assert len(resumed) == 2 and all(r in commits for r in resumed), (resumed, commits)
+
+
+def run_under_faults(live, net: Network, daemon: Path, job_id: int, job_dir: Path) -> None:
+    """The daemon cut off for 60 s, a suspend meanwhile and one after (the test above)."""
+
+    def suspend_and_wait_for_run(run: int) -> None:
+        live.run(["hai", "suspend", str(job_id)], user="hai-alice")
+        waiting.wait_for(lambda: [e for e in named(job_dir, "start") if e["run"] >= run], 120,
+                         f"run {run} to start", 0.3)
+
+    def logged(text: str) -> int:
+        return daemon.read_text().count(text)
+
+    answers_before = logged("Slurm answers again")
+    cut_at = time.monotonic()
+    try:
+        net.cut_admin_host()
+        waiting.wait_for(lambda: logged("Slurm did not answer"), 60, "the daemon to find slurmctld gone", 0.3)
+        suspend_and_wait_for_run(1)  # Slurm alone starts it, after cred_expire + 1 s
+        assert start_nows(daemon, job_id) == [], "the daemon acted while cut off"
+        assert not named(job_dir, "finished"), "the job ended before the cut did: make it longer"
+        time.sleep(max(0.0, 60 - (time.monotonic() - cut_at)))
+    finally:
+        net.reconnect_admin_host()
+    back_at = time.monotonic()
+    waiting.wait_for(lambda: logged("Slurm answers again") > answers_before, 90, "the daemon to answer again", 0.2)
+    answered_after = time.monotonic() - back_at
+    assert answered_after <= MAX_BACKOFF + 5, f"the daemon looked again {answered_after:.0f} s after the network was back"
+    suspend_and_wait_for_run(2)  # the daemon's start-now again
+    assert [line for line in start_nows(daemon, job_id) if "ended REQUEUED" in line], daemon.read_text()[-2000:]

@@ -48,6 +48,9 @@ def test_a_suspend_goes_to_each_node_memory_the_restart_loads_it_there_and_the_a
         assert live.on_node(other, ["test", "-e", path], check=False).returncode != 0
 
     # Bob hands n1's agent a request naming Alice's part: it runs as Bob, who cannot read it.
+    # (The agent's log is the whole session's: read what it says from here on.)
+    agent_log = live.state / "log" / "persist-n1.console"
+    log_from = agent_log.stat().st_size
     bob_request = f"/dev/shm/slurm-hai-persist/{live.uid(BOB)}-{at:012d}-bob-0.json"
     live.on_node("n1", ["sh", "-c", f"echo '{{\"part\": \"{memory['n1']}/parts/{step_dir_name(at)}\"}}' > "
                         f"{bob_request}"], user=BOB)
@@ -63,9 +66,17 @@ def test_a_suspend_goes_to_each_node_memory_the_restart_loads_it_there_and_the_a
         assert st.st_uid == alice, path
         assert not stat.S_IMODE(st.st_mode) & 0o077, path
     assert not list(ckpt.glob(".persist-*")) and not list(ckpt.glob(".persisting-*"))
-    agent_log = live.state / "log" / "persist-n1.console"
-    wait_for("the agent to try Bob's request", lambda: f"{os.path.basename(bob_request)}: " in agent_log.read_text(), 30)
-    assert "permission denied" in agent_log.read_text().split(os.path.basename(bob_request))[-1]
+
+    def said_of_bobs() -> list[str]:
+        with agent_log.open() as f:
+            f.seek(log_from)
+            return [line for line in f.read().splitlines() if f"{os.path.basename(bob_request)}: " in line]
+
+    # It refuses the request (and says "gone" once Alice's memory copy is removed); nothing
+    # of it is ever copied or committed.
+    said = wait_for("the agent to try Bob's request", said_of_bobs, 30)
+    assert "permission denied" in said[0], said
+    assert not [line for line in said if "copied" in line or "committed" in line], said
 
     # The restart landed on the same nodes (the job holds all four) and loaded from memory.
     wait_for("the restart", lambda: resumed_from(job_dir), 90)

@@ -12,7 +12,7 @@ import pytest
 from click.testing import CliRunner
 
 from slurm_hai.cli.admin import main as admin
-from slurm_hai.controller.daemon import LockBusy, PolicyDaemon, leader_lock
+from slurm_hai.controller.daemon import MAX_BACKOFF, LockBusy, PolicyDaemon, leader_lock
 from slurm_hai.policy.model import load_policy
 from slurm_hai.policy.rules import OVERLOOKED_AFTER
 from slurm_hai.slurm import SlurmError
@@ -160,6 +160,16 @@ def test_slurm_down_is_retried_with_backoff(caplog, monkeypatch):
     msgs = [r.getMessage() for r in caplog.records]
     assert any("Slurm did not answer (squeue: slurm_load_jobs error" in m for m in msgs)
     assert "Slurm answers again" in msgs
+
+
+def test_the_back_off_stops_at_ten_seconds_so_the_daemon_looks_soon_after_slurm_is_back(monkeypatch):
+    slurm = FakeSlurm([job(2, reason="JobHoldMaxRequeue", priority=0)], fail_jobs=8)
+    d = PolicyDaemon(slurm, policy=load_policy(LOCAL), interval=0.5, clock=lambda: NOW)
+    stop = threading.Event()
+    waits: list[float] = []
+    monkeypatch.setattr(stop, "wait", lambda timeout: waits.append(timeout) or bool(slurm.calls))
+    assert d.run(stop=stop) == 0
+    assert waits[:8] == [1, 2, 4, 8, 10, 10, 10, 10] and MAX_BACKOFF == 10
 
 
 def test_once_reports_a_failed_cycle():
