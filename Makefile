@@ -42,7 +42,7 @@ endif
 # directory, ports and job ids of its own; brought down after, namespaces and bridge included.
 NETNS_CLUSTER := HAI_CLUSTER_NETNS=1 HAI_CLUSTER_DIR=/var/lib/slurm-hai/netns-22.05 HAI_CLUSTER_PORT_BASE=17800 \
 	HAI_CLUSTER_FIRST_JOB_ID=5000000
-test-netns: setup
+test-netns: setup test-tools
 	rc=0; $(NETNS_CLUSTER) $(PY) -m pytest -m netns tests/cluster $(PYTEST_ARGS) || rc=$$?; \
 	$(NETNS_CLUSTER) contrib/localcluster/down; exit $$rc
 
@@ -67,9 +67,10 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q -e '.[torch,metrics,transformers,lightning,dev]'
 	@touch $@
 
-# What only the tests use: a real Prometheus (scrapes the daemon's metrics) and a headless
-# browser (opens the timeline page). Debian's packages; installed once.
-TEST_TOOLS := prometheus chromium fonts-liberation
+# What only the tests use: a real Prometheus (scrapes the daemon's metrics), a headless
+# browser (opens the timeline page) and nftables (the network fault tests drop packets).
+# Debian's packages; installed once.
+TEST_TOOLS := prometheus chromium fonts-liberation nftables
 test-tools:
 	@dpkg -s $(TEST_TOOLS) >/dev/null 2>&1 || \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(TEST_TOOLS))

@@ -80,8 +80,8 @@ class Network:
     def lose(self, percent: int) -> None:
         """Every packet that slurmctld or a node sends is dropped with `percent` % chance
         (nftables' random number, in each namespace's output hook)."""
-        rules = (f"table inet {self.LOSS_TABLE} {{ chain out {{ type filter hook output priority 0; policy accept; "
-                 f"numgen random mod 100 < {percent} counter drop; }} }}")
+        rules = (f"table inet {self.LOSS_TABLE} {{\n chain out {{\n  type filter hook output priority 0; "
+                 f"policy accept;\n  numgen random mod 100 < {percent} counter drop\n }}\n}}\n")
         for name in ("ctl", *self.addr):
             subprocess.run(["ip", "netns", "exec", self.ns[name], "nft", "-f", "-"], input=rules, check=True,
                            capture_output=True, text=True)
