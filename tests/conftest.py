@@ -135,11 +135,16 @@ class LiveCluster:
                              f"{info.get('JobState')} reason={info.get('Reason')} restarts={info.get('Restarts')}")
 
     def cancel_all(self) -> None:
-        self.run(["scancel", "--full", "--quiet", "--user=root"], check=False)
-        for user in self.users:
-            self.run(["scancel", "--full", "--quiet", f"--user={user}"], check=False)
+        """Cancel every job and wait until the nodes are free. The cancel is sent again every
+        5 s: a policy daemon may requeue a job that its cancel ended (a yield in flight; seen
+        on 26.05, the job then started again and held its node)."""
         deadline = time.monotonic() + 60
+        cancel_at = 0.0
         while time.monotonic() < deadline:
+            if time.monotonic() >= cancel_at:
+                for user in ("root", *self.users):
+                    self.run(["scancel", "--full", "--quiet", f"--user={user}"], check=False)
+                cancel_at = time.monotonic() + 5
             q = self.run(["squeue", "-h", "-o", "%i"], check=False).stdout.split()
             busy = self.run(["sinfo", "-h", "-N", "-t", "alloc,mix,comp", "-o", "%N"], check=False).stdout.split()
             if not q and not busy:
