@@ -155,17 +155,16 @@ class PolicyDaemon:
         """How the last run of each requeued job that Slurm holds back ended (slurmdbd), asked
         once per run: a run not yet recorded as ended, or slurmdbd not answering, is asked
         again next cycle (until then the job waits, as Slurm's delay has it)."""
-        by_id = {j.job_id: j for j in jobs}
-        ask = [jid for jid in start_now_candidates(jobs, now) if (jid, by_id[jid].restart_count) not in self._run_ends]
+        held = {j.job_id: j.restart_count for j in start_now_candidates(jobs, now)}
+        self._run_ends = {k: v for k, v in self._run_ends.items() if held.get(k[0]) == k[1]}
+        ask = [jid for jid, run in held.items() if (jid, run) not in self._run_ends]
         if ask:
             try:
                 for jid, state in self.backend.last_run_ends(ask).items():
-                    self._run_ends[(jid, by_id[jid].restart_count)] = state
+                    self._run_ends[(jid, held[jid])] = state
             except SlurmError as e:
                 log.warning("how the last run of job(s) %s ended is not known (%s); they wait for Slurm's "
                             "requeue delay", ",".join(map(str, ask)), e)
-        self._run_ends = {k: v for k, v in self._run_ends.items()
-                          if k[0] in by_id and by_id[k[0]].restart_count == k[1]}
         return {jid: state for (jid, _), state in self._run_ends.items()}
 
     def execute(self, action: Action) -> None:

@@ -422,17 +422,20 @@ def held_back_after_requeue(job: Job, now: float) -> bool:
             and 0 <= job.eligible_time - job.submit_time <= REQUEUE_DELAY_MAX)
 
 
-def start_now_candidates(jobs: Sequence[Job], now: float) -> list[int]:
-    """The requeued jobs that Slurm holds back longer than start_now_at: the ones whose
-    last run's end the daemon asks slurmdbd (`run_ends` of decide)."""
-    return [j.job_id for j in jobs if held_back_after_requeue(j, now) and j.eligible_time > start_now_at(j)]
+def held_past_start_now(job: Job, now: float) -> bool:
+    """A requeued job that Slurm holds back longer than start_now_at."""
+    return held_back_after_requeue(job, now) and job.eligible_time > start_now_at(job)
+
+
+def start_now_candidates(jobs: Sequence[Job], now: float) -> list[Job]:
+    """The jobs whose last run's end the daemon asks slurmdbd (`run_ends` of decide)."""
+    return [j for j in jobs if held_past_start_now(j, now)]
 
 
 def may_start_now(job: Job, now: float, run_ends: Mapping[int, str]) -> bool:
-    """A requeued job held back by Slurm's requeue delay whose last run ended on every
-    node (CLEAN_RUN_ENDS): it may start the second after its requeue."""
-    return (held_back_after_requeue(job, now) and job.eligible_time > start_now_at(job)
-            and run_ends.get(job.job_id) in CLEAN_RUN_ENDS)
+    """A job held past start_now_at whose last run ended on every node (CLEAN_RUN_ENDS): it
+    may start the second after its requeue."""
+    return held_past_start_now(job, now) and run_ends.get(job.job_id) in CLEAN_RUN_ENDS
 
 
 def overlooked_after_requeue(job: Job, now: float) -> bool:

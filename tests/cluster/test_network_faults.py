@@ -77,28 +77,25 @@ class Network:
 
     LOSS_TABLE = "hai_fault"
 
+    def _nft_everywhere(self, *args: str, rules: str | None = None, check: bool = False) -> list[str]:
+        """`nft ARGS` in slurmctld's and each node's namespace; what each printed."""
+        return [subprocess.run(["ip", "netns", "exec", self.ns[name], "nft", *args], input=rules, check=check,
+                               capture_output=True, text=True).stdout for name in ("ctl", *self.addr)]
+
     def lose(self, percent: int) -> None:
         """Every packet that slurmctld or a node sends is dropped with `percent` % chance
         (nftables' random number, in each namespace's output hook)."""
-        rules = (f"table inet {self.LOSS_TABLE} {{\n chain out {{\n  type filter hook output priority 0; "
-                 f"policy accept;\n  numgen random mod 100 < {percent} counter drop\n }}\n}}\n")
-        for name in ("ctl", *self.addr):
-            subprocess.run(["ip", "netns", "exec", self.ns[name], "nft", "-f", "-"], input=rules, check=True,
-                           capture_output=True, text=True)
+        self._nft_everywhere("-f", "-", check=True, rules=(
+            f"table inet {self.LOSS_TABLE} {{\n chain out {{\n  type filter hook output priority 0; "
+            f"policy accept;\n  numgen random mod 100 < {percent} counter drop\n }}\n}}\n"))
 
     def dropped(self) -> int:
         """Packets dropped so far by `lose`'s rules."""
-        total = 0
-        for name in ("ctl", *self.addr):
-            p = subprocess.run(["ip", "netns", "exec", self.ns[name], "nft", "list", "table", "inet",
-                                self.LOSS_TABLE], capture_output=True, text=True)
-            total += sum(int(n) for n in re.findall(r"counter packets (\d+)", p.stdout))
-        return total
+        return sum(int(n) for out in self._nft_everywhere("list", "table", "inet", self.LOSS_TABLE)
+                   for n in re.findall(r"counter packets (\d+)", out))
 
     def stop_losing(self) -> None:
-        for name in ("ctl", *self.addr):
-            subprocess.run(["ip", "netns", "exec", self.ns[name], "nft", "delete", "table", "inet", self.LOSS_TABLE],
-                           capture_output=True)
+        self._nft_everywhere("delete", "table", "inet", self.LOSS_TABLE)
 
     def enter(self, name: str) -> list[str]:
         """The command prefix that runs a command in namespace `name` ("adm", "n1", ...)."""
