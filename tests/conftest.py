@@ -277,6 +277,20 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.gpu)
 
 
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
+    """A cluster test that failed shows slurmctld's last log lines beside its traceback: what
+    Slurm did with the jobs is often the cause, and CI keeps no cluster directory."""
+    report = yield
+    c = getattr(item, "funcargs", {}).get("cluster")
+    if report.failed and call.when == "call" and isinstance(c, LiveCluster):
+        log = c.log_dir / "slurmctld.log"
+        if log.exists():
+            report.sections.append(("slurmctld.log, last 60 lines",
+                                    "\n".join(log.read_text(errors="replace").splitlines()[-60:])))
+    return report
+
+
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:
     counts = {"passed": 0, "failed": 0, "skipped": 0}
     for outcome in counts:

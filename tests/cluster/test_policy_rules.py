@@ -172,15 +172,21 @@ def test_fcfs_within_a_level_and_a_requeued_job_keeps_its_place(rules):
 
 
 def earlier_and_later(c: LiveCluster, later_user: str) -> tuple[int, int, int]:
-    """Alice's NORMAL job on 3 nodes (a HIGH blocker holds the fourth), then a later NORMAL
-    1-node job of `later_user`, then a VERY_HIGH job that needs 2 of alice's nodes for 6 s:
-    (first, later, high)."""
+    """Alice's earlier NORMAL job waiting for 3 nodes while a later NORMAL 1-node job of
+    `later_user` runs, a HIGH blocker holds a fourth node and a VERY_HIGH job the other two:
+    (first, later, high). The earlier job is held until the later one runs, and released only
+    then: whether Slurm starts a lower job on a node left over while a higher one waits
+    (backfill, eligibility) is not what the rule is about. `high` runs until cancelled."""
     blocker = sbatch(c, "-N1", "--qos=high", user="root")  # one node out of reach of the NORMAL jobs
     running(c, blocker)
-    first = sbatch(c, "-N3", "--qos=normal", user=ALICE)
-    running(c, first)
+    first = sbatch(c, "-N3", "--hold", "--qos=normal", user=ALICE)
     later = sbatch(c, "-N1", "--qos=normal", user=later_user)
-    high = sbatch(c, "-N2", "--qos=very_high", user="root", wrap="sleep 6")
+    running(c, later, 75, "the later job")
+    high = sbatch(c, "-N2", "--qos=very_high", user="root")
+    running(c, high, 75, "the VERY_HIGH job")
+    c.run(["scontrol", "release", str(first)])
+    c.wait_job(first, lambda j: j["JobState"] == "PENDING" and j["Reason"] in ("Resources", "Priority"), 30,
+               "the earlier job to wait for nodes")
     return first, later, high
 
 
@@ -189,11 +195,11 @@ def test_an_earlier_job_gets_its_nodes_back_from_a_later_job_of_another_user(rul
     """HAI orders a level's jobs by job id, running or not; rule 3 exempts only the same user."""
     c, log = rules
     first, later, high = earlier_and_later(c, later_user)
-    # the VERY_HIGH job takes two of `first`'s nodes; `later` starts on the third while `first` waits
-    c.wait_job(first, lambda j: j["Restarts"] == "1" and j["JobState"] == "PENDING", 30, "the requeue")
-    running(c, later, 30, "the later job to start on the node left over")
-    assert state(c, first) == "PENDING"
-    c.wait_job(high, lambda j: j["JobState"] == "COMPLETED", 30, "the VERY_HIGH job to end")
+    # the later job's node would not start the earlier job while VERY_HIGH holds two: no yield yet
+    time.sleep(2)  # 4 daemon cycles
+    assert state(c, later) == "RUNNING" and state(c, first) == "PENDING"
+    assert not daemon_lines(log(), later, "yield"), log()
+    c.run(["scancel", str(high)])
     if later_user == ALICE:  # her own later job keeps running: the earlier one waits for it
         time.sleep(4)  # 8 daemon cycles: for another user's job it acts within one
         info = c.job(later)
@@ -201,7 +207,7 @@ def test_an_earlier_job_gets_its_nodes_back_from_a_later_job_of_another_user(rul
         assert state(c, first) == "PENDING"
         assert not daemon_lines(log(), later, "yield"), log()
         return
-    # bob's later job is suspended for it: `first` runs again before `later`
+    # bob's later job is suspended for it: `first` runs before `later`
     running(c, first, GRACE + 20, "the earlier job to get its nodes back")
     info = c.wait_job(later, lambda j: j["Restarts"] == "1" and j["Reason"] != "JobHeldAdmin"
                       and "hai-yield" not in j["AdminComment"], 20, "the later job to be requeued and released")
