@@ -68,9 +68,10 @@ $(VENV)/.installed: pyproject.toml
 	@touch $@
 
 # What only the tests use: a real Prometheus (scrapes the daemon's metrics), a headless
-# browser (opens the timeline page) and nftables (the network fault tests drop packets).
+# browser (opens the timeline page), nftables and iptables (the network fault tests drop and
+# delay packets).
 # Debian's packages; installed once.
-TEST_TOOLS := prometheus chromium fonts-liberation nftables
+TEST_TOOLS := prometheus chromium fonts-liberation nftables iptables
 test-tools:
 	@dpkg -s $(TEST_TOOLS) >/dev/null 2>&1 || \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $(TEST_TOOLS))
