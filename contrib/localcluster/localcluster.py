@@ -20,7 +20,8 @@ Two network layouts, chosen when a state directory is first set up and kept by i
   its own (ip netns), with its own address on a private subnet, its own host name (a UTS
   namespace) and a veth on a bridge that the cluster creates; the host holds the bridge's
   first address, so Slurm's commands and slurmdbd (which stays on the host with MariaDB) are
-  reached there. No route leaves the subnet.
+  reached there. No route leaves the subnet. A backup slurmctld stands by on a host of its
+  own (ctl2), sharing StateSaveLocation.
 
 Used through the `up`, `down` and `status` scripts beside this file.
 """
@@ -72,7 +73,10 @@ CONTROLLER_NS = "ctl"  # slurmctld's namespace and host name
 # An admin host: nothing runs there by itself. A site runs the policy daemon beside
 # slurmctld or on a host of its own; tests start one here to cut it off alone.
 ADMIN_NS = "adm"
+# The backup controller's host: the second SlurmctldHost, sharing StateSaveLocation.
+BACKUP_NS = "ctl2"
 NETNS_SLURMD_TIMEOUT = 10  # s: a node cut off is DOWN (and its jobs requeued) within ~this
+NETNS_SLURMCTLD_TIMEOUT = 10  # s: the backup takes over this long after the primary went silent
 
 
 class ClusterError(Exception):
@@ -106,6 +110,8 @@ class Cluster:
     version: SlurmVersion | None = None  # set by `up` once the binaries are known
     netns: bool = False  # the namespaced layout: controller and nodes each in a network namespace
     slurmd_timeout: int = 60
+    slurmctld_timeout: int = 30
+    backup: str = ""  # the backup controller's host name (the netns layout's BACKUP_NS), or none
 
     @property
     def net_prefix(self) -> str:
@@ -145,13 +151,18 @@ class Cluster:
     @property
     def hosts(self) -> dict[str, str]:
         """Host name -> address inside the cluster's network (each namespace's /etc/hosts)."""
-        admin = {ADMIN_NS: self.admin_addr} if self.netns else {}
+        admin = {ADMIN_NS: self.admin_addr, BACKUP_NS: self.backup_addr} if self.netns else {}
         return {self.host: self.addr, **admin, **{n.hostname: n.addr for n in self.nodes}}
 
     @property
     def admin_addr(self) -> str:
         """The admin host's address in the netns layout (ADMIN_NS)."""
         return f"{self.subnet}.3"
+
+    @property
+    def backup_addr(self) -> str:
+        """The backup controller's address in the netns layout (BACKUP_NS)."""
+        return f"{self.subnet}.4"
 
     @property
     def slurm_root(self) -> Path:
@@ -239,11 +250,15 @@ def cluster_from_env() -> Cluster:
 
 def use_netns(c: Cluster) -> None:
     """The namespaced layout: slurmctld is host CONTROLLER_NS at the subnet's .2, the admin
-    host ADMIN_NS at .3, node i at .1i; a short SlurmdTimeout, so that a node cut off is noticed in seconds."""
+    host ADMIN_NS at .3, the backup slurmctld host BACKUP_NS at .4, node i at .1i; a short
+    SlurmdTimeout and SlurmctldTimeout, so that a node cut off, or the primary controller
+    lost, is noticed in seconds."""
     c.netns = True
     c.host = CONTROLLER_NS
     c.addr = f"{c.subnet}.2"
+    c.backup = BACKUP_NS
     c.slurmd_timeout = NETNS_SLURMD_TIMEOUT
+    c.slurmctld_timeout = NETNS_SLURMCTLD_TIMEOUT
 
 
 def choose_slurm(c: Cluster, source: str | None, prefix: str | None) -> None:
@@ -298,10 +313,19 @@ def daemons(c: Cluster) -> list[Daemon]:
         Daemon("slurmdbd", s / "run" / "slurmdbd.pid", s / "log" / "slurmdbd.log", "slurmdbd", c.ports["slurmdbd"]),
         Daemon("slurmctld", s / "run" / "slurmctld.pid", s / "log" / "slurmctld.log", "slurmctld", c.ports["slurmctld"]),
     ]
+    if c.backup:
+        out.append(backup_controller(c))
     out += [node_holder(c, n) for n in c.nodes]
     out += [slurmd(c, n) for n in c.nodes]
     out += [persist_agent(c, n) for n in c.nodes]
     return out
+
+
+def backup_controller(c: Cluster) -> Daemon:
+    """The backup slurmctld (netns layout): the same slurm.conf, its own pid and log file
+    (bind-mounted over SlurmctldPidFile and SlurmctldLogFile in its mount namespace)."""
+    return Daemon("slurmctld-backup", c.state / "run" / "slurmctld-backup.pid",
+                  c.state / "log" / "slurmctld-backup.log", "slurmctld", 0)
 
 
 def node_holder(c: Cluster, n: Node) -> Daemon:
@@ -369,6 +393,17 @@ def controller_argv(c: Cluster) -> list[str]:
     if not c.netns:
         return argv
     return in_netns(c, CONTROLLER_NS, 'shift 3 && exec "$@"', "-", *argv)
+
+
+def backup_controller_argv(c: Cluster) -> list[str]:
+    """The backup slurmctld in BACKUP_NS; its pid and log files over the primary's paths in
+    its own mount namespace (slurm.conf names one of each, and both controllers read it)."""
+    own = backup_controller(c)
+    primary = (c.state / "run" / "slurmctld.pid", c.state / "log" / "slurmctld.log")
+    script = ('touch "$4" "$5" && : > "$6" && mount --bind "$6" "$4" && mount --bind "$7" "$5" && '
+              'shift 7 && exec "$@"')
+    return in_netns(c, BACKUP_NS, script, "-", str(primary[0]), str(primary[1]), str(own.pidfile),
+                    str(own.logfile), c.tool("slurmctld"), "-f", str(c.slurm_conf))
 
 
 def start_node(c: Cluster, n: Node) -> None:
@@ -608,7 +643,8 @@ def ensure_network(c: Cluster) -> None:
         remember(c, "link", c.bridge)
     ip("addr", "replace", f"{c.bridge_addr}/24", "dev", c.bridge)
     ip("link", "set", c.bridge, "up")
-    for name, addr in [(CONTROLLER_NS, c.addr), (ADMIN_NS, c.admin_addr), *((n.name, n.addr) for n in c.nodes)]:
+    for name, addr in [(CONTROLLER_NS, c.addr), (ADMIN_NS, c.admin_addr), (BACKUP_NS, c.backup_addr),
+                       *((n.name, n.addr) for n in c.nodes)]:
         ns = c.namespace(name)
         if not netns_exists(ns):
             ip("netns", "add", ns)
@@ -641,7 +677,7 @@ def remove_network(c: Cluster) -> list[str]:
 def network_status(c: Cluster) -> list[str]:
     lines = [f"network: bridge {c.bridge} {c.bridge_addr}/24 "
              f"({'up' if link_exists(c.bridge) else 'missing'}), no route out of {c.subnet}.0/24"]
-    for name in [CONTROLLER_NS, ADMIN_NS, *NODES]:
+    for name in [CONTROLLER_NS, ADMIN_NS, BACKUP_NS, *NODES]:
         ns = c.namespace(name)
         if not netns_exists(ns):
             lines.append(f"  netns {ns:<14} missing")
@@ -864,6 +900,8 @@ def up(source: str | None = None, prefix: str | None = None, site: bool = False,
     start_munge(c)
     start_mariadb(c)
     slurm = pwd.getpwnam(c.slurm_user)
+    if c.backup:
+        backup_controller(c).logfile.touch()
     for f in (c.state / "log").glob("*.log"):
         os.chown(f, slurm.pw_uid, slurm.pw_gid) if f.name.startswith("slurm") else None
     if c.netns:
@@ -873,6 +911,8 @@ def up(source: str | None = None, prefix: str | None = None, site: bool = False,
     setup_accounting(c)
     was_running = running_pid(ds[3]) is not None
     start(ds[3], controller_argv(c), c)
+    if c.backup:
+        start(backup_controller(c), backup_controller_argv(c), c)
     for node in c.nodes:
         start_node(c, node)
     if was_running and changed:

@@ -1,0 +1,119 @@
+"""A backup controller on the namespaced local cluster (`contrib/localcluster/up --netns`):
+the primary slurmctld (host ctl) and the backup (host ctl2) share StateSaveLocation, and a
+policy daemon runs on each of the two hosts with the default lock, which lives there.
+
+The primary's host is lost in the middle of a preemption: its slurmctld and its policy
+daemon get SIGKILL right after the job's suspend notice. The backup takes over after
+SlurmctldTimeout (10 s in this layout); the daemon on the backup's host, standing by until
+then, takes the lock and leads. The job's suspend and requeue go through to the backup, and
+the job ends with the weights of an uninterrupted run. At the end the primary comes back
+(`up`) and takes control again, for the tests after this one.
+
+Marked `netns` (and `cluster`), like test_network_faults.py, whose network helpers it uses.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+import waiting
+from test_acceptance import committed_steps, events, named, same_weights, start_nows, wait_final
+from test_network_faults import TRAIN, TRAIN_ARGS, Network, reference  # noqa: F401 (a fixture)
+
+pytestmark = [pytest.mark.cluster, pytest.mark.netns]
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def controllers(live) -> str:
+    return live.run(["scontrol", "ping"], check=False).stdout
+
+
+def start_daemon(live, net: Network, host: str, log: Path) -> subprocess.Popen:
+    """A policy daemon on `host` (a namespace of the layout), standing by while another leads;
+    its lock is the default one, in StateSaveLocation."""
+    with log.open("w") as out:
+        return subprocess.Popen([*net.enter(host), sys.executable, "-m", "slurm_hai.cli.admin", "daemon", "--policy",
+                                 str(live.state / "etc" / "policy.toml"), "--interval", "0.5", "--wait-for-lock"],
+                                env=live.env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
+
+
+def test_the_primary_host_lost_during_a_preemption_the_backup_takes_over_and_one_daemon_leads(
+        live, tmp_path, reference):  # noqa: F811 (the fixture imported above)
+    net = Network(live)
+    assert "Slurmctld(backup) at ctl2 is UP" in controllers(live), controllers(live)
+    primary_pid = int((live.state / "run" / "slurmctld.pid").read_text().split()[0])
+    a_log, b_log = tmp_path / "ctl.log", tmp_path / "ctl2.log"
+    a = start_daemon(live, net, "ctl", a_log)
+    b = None
+    try:
+        waiting.wait_for(lambda: "policy daemon started" in a_log.read_text() or a.poll() is not None, 30,
+                         "the daemon on the primary's host")
+        assert a.poll() is None, a_log.read_text()
+        b = start_daemon(live, net, "ctl2", b_log)
+        waiting.wait_for(lambda: "standing by" in b_log.read_text() or b.poll() is not None, 30,
+                         "the daemon on the backup's host to stand by")
+        assert b.poll() is None, b_log.read_text()
+
+        p = live.run(["hai-submit", "--json", "-n", "2", "-p", "LOW", "--grace", "30", str(TRAIN), "--",
+                      *TRAIN_ARGS], user="hai-alice")
+        job_id, job_dir = json.loads(p.stdout)["job_id"], Path(json.loads(p.stdout)["job_dir"])
+        waiting.wait_for(lambda: len(committed_steps(job_dir / "checkpoints")) >= 1, 180, "a checkpoint", 0.3)
+        nodes = named(job_dir, "start")[0]["nodes"]
+        live.sbatch("-N2", "-w", nodes, "--qos=high", "-o", "/dev/null", "--wrap", "sleep 5", user="root")
+        waiting.wait_for(lambda: named(job_dir, "notice"), 60, "the preemption's notice", 0.2)
+        backup_log = live.state / "log" / "slurmctld-backup.log"
+        taking_over = backup_log.read_text().count("taking over")
+        # the primary's host is lost: its controller and its daemon, at once
+        os.kill(primary_pid, signal.SIGKILL)
+        a.kill()
+        a.wait(10)
+        lost_at = time.monotonic()
+        waiting.wait_for(lambda: "policy daemon started" in b_log.read_text() or b.poll() is not None, 90,
+                         "the daemon on the backup's host to lead", 0.5)
+        assert b.poll() is None, b_log.read_text()
+        waiting.wait_for(lambda: backup_log.read_text().count("taking over") > taking_over, 60,
+                         "the backup to take over", 0.2)
+        took_over = time.monotonic() - lost_at
+        waiting.wait_for(lambda: [e for e in named(job_dir, "start") if e["run"] >= 1], 180, "run 1 to start", 0.3)
+
+        final = wait_final(job_dir, 600)
+        assert final["state"] == "succeeded", final
+        assert same_weights(job_dir / "final-weights.safetensors", reference)
+        runs = [e["run"] for e in events(job_dir) if e["event"] == "start"]
+        assert runs == [0, 1], runs  # requeued once, by one party
+        suspended = named(job_dir, "suspended")
+        assert [e["how"] for e in suspended] == ["go_suspend"], events(job_dir)
+        log = (job_dir / "logs" / "rank-0.log").read_text(errors="replace")
+        commits = [int(m.group(1)) for m in re.finditer(r"checkpoint step (\d+) committed", log)]
+        resumed = [int(m.group(1)) for m in re.finditer(r"resumed from step (\d+)", log)]
+        assert len(resumed) == 1 and resumed[0] in commits, (resumed, commits)
+        # one leader at a time: the backup host's daemon did nothing before it had the lock
+        assert "Slurmctld(primary) at ctl is DOWN" in controllers(live), controllers(live)
+        b_text = b_log.read_text()
+        before, _, after = b_text.partition("policy daemon started")
+        assert re.findall(r"job \d+: ", before) == [], before
+        assert start_nows(b_log, job_id), after  # and once it led, it gave the requeued job its start
+        assert "Traceback" not in a_log.read_text() + b_text
+        print(f"backup in control {took_over:.1f} s after the primary's host was lost")
+    finally:
+        for proc in (a, b):
+            if proc is not None and proc.poll() is None:
+                proc.terminate()
+                try:
+                    proc.wait(15)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+        # the primary comes back and takes control again (slurmctld asks the backup for it)
+        subprocess.run([str(REPO / "contrib" / "localcluster" / "up")], env={**os.environ, **live.env},
+                       capture_output=True, text=True, timeout=180)
+    waiting.wait_for(lambda: "Slurmctld(primary) at ctl is UP" in controllers(live), 60, "the primary back", 0.5)
