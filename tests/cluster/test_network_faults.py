@@ -134,6 +134,13 @@ class Network:
         self._delayers = []
         return held
 
+    def unplug(self, node: str) -> None:
+        """`node` loses its link: nothing reaches it or leaves it (its veth's host end down)."""
+        self.ip("link", "set", self.ns[node], "down")
+
+    def plug(self, node: str) -> None:
+        self.ip("link", "set", self.ns[node], "up")
+
     def enter(self, name: str) -> list[str]:
         """The command prefix that runs a command in namespace `name` ("adm", "n1", ...)."""
         return ["nsenter", f"--net=/run/netns/{self.ns[name]}", "--"]
@@ -281,6 +288,77 @@ def test_under_latency_and_loss_a_save_a_preemption_and_the_daemon_cut_off_for_6
     commits = [int(m.group(1)) for m in re.finditer(r"checkpoint step (\d+) committed", log)]
     resumed = [int(m.group(1)) for m in re.finditer(r"resumed from step (\d+)", log)]
     assert len(resumed) == 3 and all(r in commits for r in resumed), (resumed, commits)
+
+
+def peer_copies_in_flight(live, job_id: int) -> list[Path]:
+    """The peer copies being received in the job's node memory, on any node (seen through each
+    node's holder: /dev/shm is the node's own)."""
+    found = []
+    for pidfile in (live.state / "run").glob("node-n*.pid"):
+        shm = Path(f"/proc/{pidfile.read_text().split()[0]}/root/dev/shm")
+        found += list(shm.glob(f"slurm-hai-{job_id}-memory-*/**/.staging-peer-*"))
+    return found
+
+
+def test_a_node_unplugged_during_the_peer_copy_the_job_resumes_from_its_last_commit(live, daemon, reference):
+    """A first suspend commits a step (node memory, then the agents). Then 200 ms between the
+    nodes and 32 MiB of ballast in each rank's state make the peer copy of a second suspend
+    take seconds; the moment one arrives in a node's memory, the job's second node loses its
+    link. The first node's copy waits on gloo; Slurm marks the unplugged node DOWN and
+    requeues the job (NODE_FAIL: the daemon leaves it Slurm's delay); the next run starts on
+    other nodes and resumes from the first suspend's step, since the second's never reached
+    its persist agents. Plugged in again, the node's old processes are killed, nothing of
+    theirs is committed, and the job ends with the weights of an uninterrupted run. (No
+    periodic saves: a suspend at a step already saved durably goes to no node memory.)"""
+    net = Network(live)
+    args = [*TRAIN_ARGS, "--ballast-mb", "32"]
+    args[args.index("--save-every") + 1] = "1000"
+    p = live.run(["hai-submit", "--json", "-n", "2", "-p", "LOW", "--grace", "60", str(TRAIN), "--", *args],
+                 user="hai-alice")
+    job_id, job_dir = json.loads(p.stdout)["job_id"], Path(json.loads(p.stdout)["job_dir"])
+    ckpt = job_dir / "checkpoints"
+    waiting.wait_for(lambda: len(named(job_dir, "start")) == 1 and train_started(job_dir, 0), 180, "run 0 to train",
+                     0.3)
+    live.run(["hai", "suspend", str(job_id)], user="hai-alice")
+    waiting.wait_for(lambda: train_started(job_dir, 1), 180, "run 1 to train", 0.3)
+    waiting.wait_for(lambda: committed_steps(ckpt), 120, "the agents' commit of the first suspend", 0.3)
+    nodes = live.run(["scontrol", "show", "hostnames", named(job_dir, "start")[-1]["nodes"]]).stdout.split()
+    unplugged = nodes[1]
+    net.delay(LATENCY)
+    try:
+        live.run(["hai", "suspend", str(job_id)], user="hai-alice")
+        waiting.wait_for(lambda: peer_copies_in_flight(live, job_id), 120, "a peer copy in flight", 0.05)
+        net.unplug(unplugged)
+        committed_at_cut = committed_steps(ckpt)
+        net.stop_delaying()
+        waiting.wait_for(lambda: node_state(live, unplugged).startswith("down"), 90, f"{unplugged} to be DOWN", 0.5)
+        new_start = waiting.wait_for(lambda: [e for e in named(job_dir, "start") if e["run"] >= 2], 180,
+                                     "run 2 to start on other nodes", 0.5)[0]
+        assert unplugged not in live.run(["scontrol", "show", "hostnames", new_start["nodes"]]).stdout.split()
+    finally:
+        net.stop_delaying()
+        net.plug(unplugged)
+    waiting.wait_for(lambda: not job_pids(job_dir, 1), 120, "run 1's processes to stop", 0.5)
+    waiting.wait_for(lambda: live.in_service(unplugged), 120, f"{unplugged} back in service", 0.5)
+    final = wait_final(job_dir, 600)
+    assert final["state"] == "succeeded", final
+    assert same_weights(job_dir / "final-weights.safetensors", reference)
+    log = (job_dir / "logs" / "rank-0.log").read_text(errors="replace")
+    resumed = [int(m.group(1)) for m in re.finditer(r"resumed from step (\d+)", log)]
+    assert len(resumed) == 2 and resumed[1] == resumed[0] == max(committed_at_cut), (resumed, committed_at_cut)
+    # a requeue after NODE_FAIL keeps Slurm's delay (rules.CLEAN_RUN_ENDS)
+    assert not [line for line in start_nows(daemon, job_id) if "NODE_FAIL" in line], daemon.read_text()[-2000:]
+    for step in committed_steps(ckpt):
+        assert verify_checkpoint(ckpt / step_dir_name(step)).ok, step
+
+
+def train_started(job_dir: Path, run: int) -> bool:
+    """Run `run` of the job is training (its rank 0 said how it began)."""
+    try:
+        log = (job_dir / "logs" / "rank-0.log").read_text(errors="replace")
+    except FileNotFoundError:
+        return False
+    return bool(re.search(rf"\[train\] \S+ run {run}: ", log))
 
 
 def run_under_faults(live, net: Network, daemon: Path, job_id: int, job_dir: Path, first_run: int) -> None:
