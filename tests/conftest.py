@@ -263,6 +263,11 @@ ONE_VERSION = {
     "test_suspend_memory.py::test_a_node_lost_after_go_suspend_before_the_durable_commit_resumes_through_its_peer_copy",
     # hai suspend/logs/stop: the requeues they cause are test_jobs.py's other tests on every version.
     "test_jobs.py::test_hai_suspend_logs_and_stop_across_two_restarts",
+    # CI's time again (2026-11-27, the network fault tests grew by four): a retry is the batch
+    # script's own requeue, which go_suspend's requeue crosses on every version; a full disk
+    # is the checkpoint code's and the persist agent's, on a node's own mount.
+    "test_jobs.py::test_failure_is_final_unless_retries_allow[1-1]",
+    "test_full_disk.py::test_a_full_checkpoint_disk_fails_saves_in_one_line_keeps_the_good_checkpoints_and_the_job_goes_on",
 }
 
 

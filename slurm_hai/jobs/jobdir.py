@@ -176,6 +176,18 @@ class JobDir:
     def rank_log(self, rank: int) -> Path:
         return self.path / "logs" / f"rank-{rank}.log"
 
+    def launched(self, run: int, ranks: int) -> set[int]:
+        """Which of the node ranks 0..ranks-1 started run `run`: the launcher's first act on
+        a node is the run's "==== slurm-hai run K rank R" line in that rank's log."""
+        out = set()
+        for rank in range(ranks):
+            try:
+                if f"==== slurm-hai run {run} rank {rank} ".encode() in self.rank_log(rank).read_bytes():
+                    out.add(rank)
+            except OSError:
+                pass
+        return out
+
     def request(self) -> dict:
         try:
             return json.loads((self.path / "job.json").read_text())

@@ -160,10 +160,16 @@ def main(argv: list[str] | None = None) -> int:
     # A killed step may be Slurm ending the job (cancel, forced requeue, a node lost): that
     # is not a failure of the user's code, so wait a moment for our own SIGTERM before
     # judging. 25.11 may send it only KillWait later after a node failure, but has then
-    # already counted the requeue (restart count past this run) or left RUNNING.
+    # already counted the requeue (restart count past this run) or left RUNNING. A step
+    # that could not start on every node (srun: "Task launch ... failed on node": a node cut
+    # off) waits longer: Slurm marks such a node DOWN within SlurmdTimeout and requeues the
+    # job (NODE_FAIL), and judged now the run would count as the user's failure.
     deadline = time.monotonic() + 2
-    while not ending and time.monotonic() < deadline:
-        time.sleep(0.1)
+    if len(jobdir.launched(run, nodes)) < nodes:
+        deadline += slurmd_timeout(slurm) + 15
+        print(f"slurm-hai: run {run} did not start on every node; waiting for Slurm to judge the nodes", flush=True)
+    while not ending and time.monotonic() < deadline and not requeued_by_slurm(slurm, job_id, run):
+        time.sleep(0.5)
     if not ending and requeued_by_slurm(slurm, job_id, run):
         ending.append(signal.SIGTERM)
     if ending:
@@ -194,6 +200,15 @@ def superseded_by(events: list[dict], run: int) -> int | None:
     """The newest run of the job that started after run `run` (its `start` event), if any."""
     newer = [e["run"] for e in events if e.get("event") == "start" and isinstance(e.get("run"), int) and e["run"] > run]
     return max(newer) if newer else None
+
+
+def slurmd_timeout(slurm) -> float:
+    """Slurm's SlurmdTimeout in seconds ("300 sec" in `scontrol show config`); its default,
+    300, when Slurm does not say."""
+    try:
+        return float(slurm.config().get("SlurmdTimeout", "300").split()[0])
+    except (SlurmError, ValueError, IndexError):
+        return 300.0
 
 
 def requeued_by_slurm(slurm, job_id: int, run: int) -> bool:

@@ -352,6 +352,47 @@ def test_a_node_unplugged_during_the_peer_copy_the_job_resumes_from_its_last_com
         assert verify_checkpoint(ckpt / step_dir_name(step)).ok, step
 
 
+def test_a_node_unplugged_during_the_agents_durable_commit_the_step_commits_and_the_job_resumes_from_it(
+        live, daemon, reference):
+    """A 2-node job with 256 MiB of ballast a rank suspends into node memory; the moment the
+    second node's persist agent starts copying its share to the durable directory, that node
+    loses its link. Its agent still reaches the checkpoint directory (this layout's file
+    system is the host's, not a network one: no NFS in this kernel) and the step commits;
+    Slurm marks the node DOWN, and whatever run had started on it is requeued. The run that
+    trains resumes from the suspend's step, on nodes that are up; the job ends with the
+    weights of an uninterrupted run."""
+    net = Network(live)
+    args = [*TRAIN_ARGS, "--ballast-mb", "256"]
+    args[args.index("--save-every") + 1] = "1000"
+    p = live.run(["hai-submit", "--json", "-n", "2", "-p", "LOW", "--grace", "60", str(TRAIN), "--", *args],
+                 user="hai-alice")
+    job_id, job_dir = json.loads(p.stdout)["job_id"], Path(json.loads(p.stdout)["job_dir"])
+    ckpt = job_dir / "checkpoints"
+    waiting.wait_for(lambda: train_started(job_dir, 0), 180, "run 0 to train", 0.3)
+    nodes = live.run(["scontrol", "show", "hostnames", named(job_dir, "start")[0]["nodes"]]).stdout.split()
+    unplugged = nodes[1]
+    live.run(["hai", "suspend", str(job_id)], user="hai-alice")
+    try:
+        waiting.wait_for(lambda: list(ckpt.glob(".persist-*/.part-1.copying")), 120,
+                         f"{unplugged}'s agent to copy its share", 0.02)
+        net.unplug(unplugged)
+        step = waiting.wait_for(lambda: committed_steps(ckpt), 120, "the suspend's step to commit", 0.3)[-1]
+        waiting.wait_for(lambda: node_state(live, unplugged).startswith("down"), 90, f"{unplugged} to be DOWN", 0.5)
+        waiting.wait_for(lambda: [e for e in named(job_dir, "start") if e["run"] >= 1
+                                  and unplugged not in live.run(["scontrol", "show", "hostnames", e["nodes"]]).stdout],
+                         180, "a run on nodes that are up", 0.5)
+    finally:
+        net.plug(unplugged)
+    waiting.wait_for(lambda: live.in_service(unplugged), 120, f"{unplugged} back in service", 0.5)
+    final = wait_final(job_dir, 600)
+    assert final["state"] == "succeeded", final
+    assert same_weights(job_dir / "final-weights.safetensors", reference)
+    log = (job_dir / "logs" / "rank-0.log").read_text(errors="replace")
+    resumed = [int(m.group(1)) for m in re.finditer(r"resumed from step (\d+)", log)]
+    assert resumed and all(r == step for r in resumed), (resumed, step)
+    assert verify_checkpoint(ckpt / step_dir_name(step)).ok
+
+
 def train_started(job_dir: Path, run: int) -> bool:
     """Run `run` of the job is training (its rank 0 said how it began)."""
     try:

@@ -164,3 +164,40 @@ def usr2_ignored_or_caught(pid: int) -> bool:
         return False
     bit = 1 << (signal.SIGUSR2 - 1)
     return bool((int(fields["SigIgn"], 16) | int(fields["SigCgt"], 16)) & bit)
+
+
+def test_the_nodes_a_run_started_on_are_the_ranks_whose_log_opened_it(tmp_path):
+    """A step that could not launch on a node leaves that rank's log without the run's line:
+    the batch script then waits for Slurm's judgement of the node (SlurmdTimeout), not 2 s."""
+    jd = JobDir(tmp_path / "7").create()
+    for rank in (0, 1):
+        run = launcher.NodeRun(["true"], dict(os.environ), jd, run=0, rank=rank, grace=1,
+                               notices=launcher.notice_signals("USR2", False), force_suspend=lambda: None, flag=None)
+        run.start()
+        run.child.wait()
+    run = launcher.NodeRun(["true"], dict(os.environ), jd, run=1, rank=0, grace=1,
+                           notices=launcher.notice_signals("USR2", False), force_suspend=lambda: None, flag=None)
+    run.start()
+    run.child.wait()
+    assert jd.launched(0, 2) == {0, 1}
+    assert jd.launched(1, 2) == {0}  # rank 1's node never ran its launcher for run 1
+    assert jd.launched(2, 2) == set()
+    assert jd.launched(1, 12) == {0}  # "run 1 rank 1" is not "run 1 rank 12"'s prefix, nor the reverse
+
+
+def test_slurmd_timeout_is_read_from_slurm_or_its_default():
+    from slurm_hai.runtime.batch import slurmd_timeout
+    from slurm_hai.slurm import SlurmError
+
+    class Conf:
+        def __init__(self, value):
+            self.value = value
+
+        def config(self):
+            if isinstance(self.value, Exception):
+                raise self.value
+            return {"SlurmdTimeout": self.value} if self.value is not None else {}
+
+    assert slurmd_timeout(Conf("10 sec")) == 10
+    assert slurmd_timeout(Conf(None)) == 300
+    assert slurmd_timeout(Conf(SlurmError("slurmctld does not answer"))) == 300
