@@ -40,7 +40,7 @@ endif
 # The network faults (tests marked netns) on the local cluster's netns layout: every node and
 # slurmctld in a network namespace of its own (contrib/localcluster/README.md), in a state
 # directory, ports and job ids of its own; brought down after, namespaces and bridge included.
-NETNS_CLUSTER := HAI_CLUSTER_NETNS=1 HAI_CLUSTER_DIR=/var/lib/slurm-hai/netns-22.05 HAI_CLUSTER_PORT_BASE=17800 \
+NETNS_CLUSTER := HAI_CLUSTER_NETNS=1 HAI_CLUSTER_DIR=/var/lib/slurm-hai/netns-22.05 HAI_CLUSTER_PORT_BASE=16700 \
 	HAI_CLUSTER_FIRST_JOB_ID=5000000
 test-netns: setup test-tools
 	rc=0; $(NETNS_CLUSTER) $(PY) -m pytest -m netns tests/cluster $(PYTEST_ARGS) || rc=$$?; \

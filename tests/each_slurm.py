@@ -120,7 +120,8 @@ def build_in_background(tarballs: list[Path]) -> int:
 def release_slot(release: str) -> int:
     """A number of its own for each Slurm release series (two a year since 22.05: 23.11 -> 3,
     25.11 -> 7), so that the clusters of every directory's run (`make test`'s and
-    `make test-sites`') have their own ports and job ids (hence job directories)."""
+    `make test-sites`') have their own ports and job ids (hence job directories). Port bases
+    17000 and up are theirs: Debian's cluster has 16800, the netns layout's 16700 (Makefile)."""
     year, month = (int(x) for x in release.split(".")[:2])
     return max(0, (year - 22) * 2 + (month > 6))
 

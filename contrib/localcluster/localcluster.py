@@ -121,7 +121,7 @@ class Cluster:
 
     @property
     def subnet(self) -> str:
-        """The bridge's private /24: 10.<port base / 100 mod 256>.0.0/24 (17800: 10.178.0.0/24)."""
+        """The bridge's private /24: 10.<port base / 100 mod 256>.0.0/24 (16700: 10.167.0.0/24)."""
         return f"10.{self.port_base // 100 % 256}.0"
 
     @property

@@ -3,7 +3,7 @@ with the kernel's own tools: every node and slurmctld have a network namespace o
 
 Marked `netns` (and `cluster`): deselected by the default suite (pyproject's addopts), run with
 
-    export HAI_CLUSTER_DIR=/var/lib/slurm-hai/netns-22.05 HAI_CLUSTER_PORT_BASE=17800 \\
+    export HAI_CLUSTER_DIR=/var/lib/slurm-hai/netns-22.05 HAI_CLUSTER_PORT_BASE=16700 \\
            HAI_CLUSTER_FIRST_JOB_ID=5000000
     contrib/localcluster/up --netns
     .venv/bin/pytest -m netns tests/cluster/test_network_faults.py
@@ -60,7 +60,7 @@ class Network:
                         "contrib/localcluster/up --netns and point HAI_CLUSTER_DIR at it", pytrace=False)
         self.live = live
         names = [line.split()[1] for line in made.read_text().splitlines() if line.startswith("netns ")]
-        self.ns = {name.rsplit("-", 1)[1]: name for name in names}  # "n1" -> "hai17800-n1"
+        self.ns = {name.rsplit("-", 1)[1]: name for name in names}  # "n1" -> "hai16700-n1"
         conf = (live.state / "etc" / "slurm.conf").read_text()
         self.ctl_addr = re.search(r"^SlurmctldHost=\S+\((\S+)\)", conf, re.M).group(1)
         self.addr = dict(re.findall(r"^NodeName=(\S+) .*NodeAddr=(\S+)", conf, re.M))
