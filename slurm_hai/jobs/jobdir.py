@@ -178,9 +178,11 @@ class JobDir:
 
     def launched(self, run: int, ranks: int) -> set[int]:
         """Which of the node ranks 0..ranks-1 started run `run`: the launcher's first act on
-        a node is the run's "==== slurm-hai run K rank R" line in that rank's log."""
-        out = set()
-        for rank in range(ranks):
+        a node is the run's "==== slurm-hai run K rank R" line in that rank's log, or, when
+        it found the run cannot start there, a `launch_failed` event."""
+        out = {e["rank"] for e in self.events() if e.get("event") == "launch_failed" and e.get("run") == run
+               and isinstance(e.get("rank"), int) and 0 <= e["rank"] < ranks}
+        for rank in set(range(ranks)) - out:
             try:
                 if f"==== slurm-hai run {run} rank {rank} ".encode() in self.rank_log(rank).read_bytes():
                     out.add(rank)

@@ -183,6 +183,8 @@ def test_the_nodes_a_run_started_on_are_the_ranks_whose_log_opened_it(tmp_path):
     assert jd.launched(1, 2) == {0}  # rank 1's node never ran its launcher for run 1
     assert jd.launched(2, 2) == set()
     assert jd.launched(1, 12) == {0}  # "run 1 rank 1" is not "run 1 rank 12"'s prefix, nor the reverse
+    launcher.could_not_start(jd, 2, 1, "no thread count for the job")  # rank 1's launcher ran, and said why
+    assert jd.launched(2, 2) == {1}
 
 
 def test_slurmd_timeout_is_read_from_slurm_or_its_default():
