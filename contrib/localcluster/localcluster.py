@@ -28,6 +28,7 @@ Used through the `up`, `down` and `status` scripts beside this file.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import pwd
@@ -988,9 +989,30 @@ def node_lose(name: str) -> None:
     print(f"node {name} lost: {len(doomed)} processes killed")
 
 
+def strays(c: Cluster) -> list[tuple[int, str]]:
+    """Slurm daemons of this cluster that no pid file names (a controller whose pid file was
+    lost): every process whose command line reads this cluster's slurm.conf, other than
+    the commands of a job step."""
+    conf, out = str(c.slurm_conf).encode(), []
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                argv = Path(f"/proc/{entry}/cmdline").read_bytes().split(b"\0")
+                exe = os.path.basename(os.readlink(f"/proc/{entry}/exe"))
+            except OSError:
+                continue
+            if exe.startswith(("slurmctld", "slurmd")) and conf in argv:  # Debian: slurmctld-wlm
+                out.append((int(entry), exe))
+    return out
+
+
 def down() -> None:
     c = cluster_from_env()
     stopped = [d.name for d in reversed(daemons(c)) if stop(d)]
+    for pid, exe in strays(c):
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+            stopped.append(f"a stray {exe} (pid {pid}, no pid file)")
     print(f"stopped: {', '.join(stopped) if stopped else 'nothing was running'}")
     if c.netns:
         removed = remove_network(c)

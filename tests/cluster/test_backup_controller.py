@@ -27,7 +27,7 @@ import pytest
 
 import waiting
 from test_acceptance import committed_steps, events, named, same_weights, start_nows, wait_final
-from test_network_faults import TRAIN, TRAIN_ARGS, Network, reference  # noqa: F401 (a fixture)
+from test_network_faults import SHORT_ARGS, TRAIN, Network, short_reference  # noqa: F401 (a fixture)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.netns]
 
@@ -48,7 +48,7 @@ def start_daemon(live, net: Network, host: str, log: Path) -> subprocess.Popen:
 
 
 def test_the_primary_host_lost_during_a_preemption_the_backup_takes_over_and_one_daemon_leads(
-        live, tmp_path, reference):  # noqa: F811 (the fixture imported above)
+        live, tmp_path, short_reference):  # noqa: F811 (the fixture imported above)
     net = Network(live)
     assert "Slurmctld(backup) at ctl2 is UP" in controllers(live), controllers(live)
     primary_pid = int((live.state / "run" / "slurmctld.pid").read_text().split()[0])
@@ -65,7 +65,7 @@ def test_the_primary_host_lost_during_a_preemption_the_backup_takes_over_and_one
         assert b.poll() is None, b_log.read_text()
 
         p = live.run(["hai-submit", "--json", "-n", "2", "-p", "LOW", "--grace", "30", str(TRAIN), "--",
-                      *TRAIN_ARGS], user="hai-alice")
+                      *SHORT_ARGS], user="hai-alice")
         job_id, job_dir = json.loads(p.stdout)["job_id"], Path(json.loads(p.stdout)["job_dir"])
         waiting.wait_for(lambda: len(committed_steps(job_dir / "checkpoints")) >= 1, 180, "a checkpoint", 0.3)
         nodes = named(job_dir, "start")[0]["nodes"]
@@ -88,7 +88,7 @@ def test_the_primary_host_lost_during_a_preemption_the_backup_takes_over_and_one
 
         final = wait_final(job_dir, 600)
         assert final["state"] == "succeeded", final
-        assert same_weights(job_dir / "final-weights.safetensors", reference)
+        assert same_weights(job_dir / "final-weights.safetensors", short_reference)
         runs = [e["run"] for e in events(job_dir) if e["event"] == "start"]
         assert runs == [0, 1], runs  # requeued once, by one party
         suspended = named(job_dir, "suspended")

@@ -48,6 +48,7 @@ STEPS = 400
 LATENCY = 0.2  # seconds, between any two of slurmctld and the nodes
 # 2 nodes x 1 process; slow enough that the old run is still training when the new run starts
 TRAIN_ARGS = ["--nprocs", "1", "--steps", str(STEPS), "--save-every", "10", "--step-sleep", "0.25"]
+SHORT_ARGS = ["--nprocs", "1", "--steps", "150", "--save-every", "10", "--step-sleep", "0.25"]
 
 
 class Network:
@@ -167,12 +168,10 @@ def node_state(live, node: str) -> str:
     return live.run(["sinfo", "-h", "-N", "-n", node, "-o", "%t"], check=False).stdout.strip()
 
 
-@pytest.fixture(scope="module")
-def reference(cluster, tmp_path_factory) -> Path:
-    """The uninterrupted run, world size 2 (1 node x 2 processes: the same ranks and
-    collectives as 2 nodes x 1)."""
-    d = tmp_path_factory.mktemp("reference")
-    args = [a for a in TRAIN_ARGS if a not in ("--step-sleep", "0.25")]
+def uninterrupted(d: Path, train_args: list[str]) -> Path:
+    """The weights of `train_args`' job run uninterrupted, world size 2 (1 node x 2
+    processes: the same ranks and collectives as 2 nodes x 1), without its step sleep."""
+    args = [a for a in train_args if a not in ("--step-sleep", "0.25")]
     args[args.index("--nprocs") + 1] = "2"
     env = {**os.environ, "MASTER_PORT": str(free_port()), "RANK": "0", "WORLD_SIZE": "1"}
     for key in ("HAI_JOB_DIR", "SLURM_JOB_ID"):
@@ -181,6 +180,17 @@ def reference(cluster, tmp_path_factory) -> Path:
                         str(d / "final.safetensors")], env=env, text=True, capture_output=True, timeout=600)
     assert p.returncode == 0, p.stdout + p.stderr
     return d / "final.safetensors"
+
+
+@pytest.fixture(scope="module")
+def reference(cluster, tmp_path_factory) -> Path:
+    return uninterrupted(tmp_path_factory.mktemp("reference"), TRAIN_ARGS)
+
+
+@pytest.fixture(scope="module")
+def short_reference(cluster, tmp_path_factory) -> Path:
+    """For the tests whose faults come in a job's first steps: less training after them."""
+    return uninterrupted(tmp_path_factory.mktemp("short-reference"), SHORT_ARGS)
 
 
 def test_nodes_cut_off_from_the_controller_mid_run_are_fenced_and_the_job_ends_exact(live, daemon, reference):
@@ -300,7 +310,7 @@ def peer_copies_in_flight(live, job_id: int) -> list[Path]:
     return found
 
 
-def test_a_node_unplugged_during_the_peer_copy_the_job_resumes_from_its_last_commit(live, daemon, reference):
+def test_a_node_unplugged_during_the_peer_copy_the_job_resumes_from_its_last_commit(live, daemon, short_reference):
     """A first suspend commits a step (node memory, then the agents). Then 200 ms between the
     nodes and 32 MiB of ballast in each rank's state make the peer copy of a second suspend
     take seconds; the moment one arrives in a node's memory, the job's second node loses its
@@ -311,7 +321,7 @@ def test_a_node_unplugged_during_the_peer_copy_the_job_resumes_from_its_last_com
     theirs is committed, and the job ends with the weights of an uninterrupted run. (No
     periodic saves: a suspend at a step already saved durably goes to no node memory.)"""
     net = Network(live)
-    args = [*TRAIN_ARGS, "--ballast-mb", "32"]
+    args = [*SHORT_ARGS, "--ballast-mb", "32"]
     args[args.index("--save-every") + 1] = "1000"
     p = live.run(["hai-submit", "--json", "-n", "2", "-p", "LOW", "--grace", "60", str(TRAIN), "--", *args],
                  user="hai-alice")
@@ -342,7 +352,7 @@ def test_a_node_unplugged_during_the_peer_copy_the_job_resumes_from_its_last_com
     waiting.wait_for(lambda: live.in_service(unplugged), 120, f"{unplugged} back in service", 0.5)
     final = wait_final(job_dir, 600)
     assert final["state"] == "succeeded", final
-    assert same_weights(job_dir / "final-weights.safetensors", reference)
+    assert same_weights(job_dir / "final-weights.safetensors", short_reference)
     log = (job_dir / "logs" / "rank-0.log").read_text(errors="replace")
     resumed = [int(m.group(1)) for m in re.finditer(r"resumed from step (\d+)", log)]
     assert len(resumed) == 2 and resumed[1] == resumed[0] == max(committed_at_cut), (resumed, committed_at_cut)
@@ -353,7 +363,7 @@ def test_a_node_unplugged_during_the_peer_copy_the_job_resumes_from_its_last_com
 
 
 def test_a_node_unplugged_during_the_agents_durable_commit_the_step_commits_and_the_job_resumes_from_it(
-        live, daemon, reference):
+        live, daemon, short_reference):
     """A 2-node job with 256 MiB of ballast a rank suspends into node memory; the moment the
     second node's persist agent starts copying its share to the durable directory, that node
     loses its link. Its agent still reaches the checkpoint directory (this layout's file
@@ -362,7 +372,7 @@ def test_a_node_unplugged_during_the_agents_durable_commit_the_step_commits_and_
     trains resumes from the suspend's step, on nodes that are up; the job ends with the
     weights of an uninterrupted run."""
     net = Network(live)
-    args = [*TRAIN_ARGS, "--ballast-mb", "256"]
+    args = [*SHORT_ARGS, "--ballast-mb", "256"]
     args[args.index("--save-every") + 1] = "1000"
     p = live.run(["hai-submit", "--json", "-n", "2", "-p", "LOW", "--grace", "60", str(TRAIN), "--", *args],
                  user="hai-alice")
@@ -386,7 +396,7 @@ def test_a_node_unplugged_during_the_agents_durable_commit_the_step_commits_and_
     waiting.wait_for(lambda: live.in_service(unplugged), 120, f"{unplugged} back in service", 0.5)
     final = wait_final(job_dir, 600)
     assert final["state"] == "succeeded", final
-    assert same_weights(job_dir / "final-weights.safetensors", reference)
+    assert same_weights(job_dir / "final-weights.safetensors", short_reference)
     log = (job_dir / "logs" / "rank-0.log").read_text(errors="replace")
     resumed = [int(m.group(1)) for m in re.finditer(r"resumed from step (\d+)", log)]
     assert resumed and all(r == step for r in resumed), (resumed, step)
