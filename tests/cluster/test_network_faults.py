@@ -318,14 +318,9 @@ def test_a_node_unplugged_during_the_peer_copy_the_job_resumes_from_its_last_com
     requeues the job (NODE_FAIL: the daemon leaves it Slurm's delay); the next run starts on
     other nodes and resumes from the first suspend's step, since the second's never reached
     its persist agents. Plugged in again, the node's old processes are killed, nothing of
-    theirs is committed, and the job ends with the weights of an uninterrupted run. (No
-    periodic saves: a suspend at a step already saved durably goes to no node memory.)"""
+    theirs is committed, and the job ends with the weights of an uninterrupted run."""
     net = Network(live)
-    args = [*SHORT_ARGS, "--ballast-mb", "32"]
-    args[args.index("--save-every") + 1] = "1000"
-    p = live.run(["hai-submit", "--json", "-n", "2", "-p", "LOW", "--grace", "60", str(TRAIN), "--", *args],
-                 user="hai-alice")
-    job_id, job_dir = json.loads(p.stdout)["job_id"], Path(json.loads(p.stdout)["job_dir"])
+    job_id, job_dir = submit_without_periodic_saves(live, ballast_mb=32)
     ckpt = job_dir / "checkpoints"
     waiting.wait_for(lambda: len(named(job_dir, "start")) == 1 and train_started(job_dir, 0), 180, "run 0 to train",
                      0.3)
@@ -349,12 +344,7 @@ def test_a_node_unplugged_during_the_peer_copy_the_job_resumes_from_its_last_com
         net.stop_delaying()
         net.plug(unplugged)
     waiting.wait_for(lambda: not job_pids(job_dir, 1), 120, "run 1's processes to stop", 0.5)
-    waiting.wait_for(lambda: live.in_service(unplugged), 120, f"{unplugged} back in service", 0.5)
-    final = wait_final(job_dir, 600)
-    assert final["state"] == "succeeded", final
-    assert same_weights(job_dir / "final-weights.safetensors", short_reference)
-    log = (job_dir / "logs" / "rank-0.log").read_text(errors="replace")
-    resumed = [int(m.group(1)) for m in re.finditer(r"resumed from step (\d+)", log)]
+    resumed = back_and_exact(live, job_dir, unplugged, short_reference)
     assert len(resumed) == 2 and resumed[1] == resumed[0] == max(committed_at_cut), (resumed, committed_at_cut)
     # a requeue after NODE_FAIL keeps Slurm's delay (rules.CLEAN_RUN_ENDS)
     assert not [line for line in start_nows(daemon, job_id) if "NODE_FAIL" in line], daemon.read_text()[-2000:]
@@ -372,11 +362,7 @@ def test_a_node_unplugged_during_the_agents_durable_commit_the_step_commits_and_
     trains resumes from the suspend's step, on nodes that are up; the job ends with the
     weights of an uninterrupted run."""
     net = Network(live)
-    args = [*SHORT_ARGS, "--ballast-mb", "256"]
-    args[args.index("--save-every") + 1] = "1000"
-    p = live.run(["hai-submit", "--json", "-n", "2", "-p", "LOW", "--grace", "60", str(TRAIN), "--", *args],
-                 user="hai-alice")
-    job_id, job_dir = json.loads(p.stdout)["job_id"], Path(json.loads(p.stdout)["job_dir"])
+    job_id, job_dir = submit_without_periodic_saves(live, ballast_mb=256)
     ckpt = job_dir / "checkpoints"
     waiting.wait_for(lambda: train_started(job_dir, 0), 180, "run 0 to train", 0.3)
     nodes = live.run(["scontrol", "show", "hostnames", named(job_dir, "start")[0]["nodes"]]).stdout.split()
@@ -393,14 +379,30 @@ def test_a_node_unplugged_during_the_agents_durable_commit_the_step_commits_and_
                          180, "a run on nodes that are up", 0.5)
     finally:
         net.plug(unplugged)
+    resumed = back_and_exact(live, job_dir, unplugged, short_reference)
+    assert resumed and all(r == step for r in resumed), (resumed, step)
+    assert verify_checkpoint(ckpt / step_dir_name(step)).ok
+
+
+def submit_without_periodic_saves(live, ballast_mb: int) -> tuple[int, Path]:
+    """A 2-node job of SHORT_ARGS with `ballast_mb` MiB of extra state a rank and no periodic
+    saves (a suspend at a step already saved durably goes to no node memory): (id, dir)."""
+    args = [*SHORT_ARGS, "--ballast-mb", str(ballast_mb)]
+    args[args.index("--save-every") + 1] = "1000"
+    p = live.run(["hai-submit", "--json", "-n", "2", "-p", "LOW", "--grace", "60", str(TRAIN), "--", *args],
+                 user="hai-alice")
+    return json.loads(p.stdout)["job_id"], Path(json.loads(p.stdout)["job_dir"])
+
+
+def back_and_exact(live, job_dir: Path, unplugged: str, reference: Path) -> list[int]:
+    """The unplugged node back in service, the job succeeded with the weights of an
+    uninterrupted run: the steps its runs resumed from."""
     waiting.wait_for(lambda: live.in_service(unplugged), 120, f"{unplugged} back in service", 0.5)
     final = wait_final(job_dir, 600)
     assert final["state"] == "succeeded", final
-    assert same_weights(job_dir / "final-weights.safetensors", short_reference)
+    assert same_weights(job_dir / "final-weights.safetensors", reference)
     log = (job_dir / "logs" / "rank-0.log").read_text(errors="replace")
-    resumed = [int(m.group(1)) for m in re.finditer(r"resumed from step (\d+)", log)]
-    assert resumed and all(r == step for r in resumed), (resumed, step)
-    assert verify_checkpoint(ckpt / step_dir_name(step)).ok
+    return [int(m.group(1)) for m in re.finditer(r"resumed from step (\d+)", log)]
 
 
 def train_started(job_dir: Path, run: int) -> bool:
