@@ -95,6 +95,11 @@ def open_queue(queue: int) -> socket.socket:
     return s
 
 
+def accept_up_to(s: socket.socket, queue: int, packet_id: int) -> None:
+    """Every packet of the queue up to `packet_id` goes on (one verdict batch)."""
+    s.send(message(NFQNL_MSG_VERDICT_BATCH, queue, attr(NFQA_VERDICT_HDR, struct.pack(">II", NF_ACCEPT, packet_id))))
+
+
 def run(queue: int, delay: float) -> int:
     s = open_queue(queue)
     held: collections.deque[tuple[float, int]] = collections.deque()  # (when it may go, packet id)
@@ -109,7 +114,7 @@ def run(queue: int, delay: float) -> int:
         while held and (held[0][0] <= now):
             due = held.popleft()[1]
         if due is not None:
-            s.send(message(NFQNL_MSG_VERDICT_BATCH, queue, attr(NFQA_VERDICT_HDR, struct.pack(">II", NF_ACCEPT, due))))
+            accept_up_to(s, queue, due)
         timeout = max(0.0, held[0][0] - time.monotonic()) if held else 1.0
         try:
             ready, _, _ = select.select([s], [], [], timeout)
@@ -130,7 +135,7 @@ def run(queue: int, delay: float) -> int:
                         held.append((came + delay, struct.unpack_from(">I", hdr)[0]))
                         count += 1
     if held:
-        s.send(message(NFQNL_MSG_VERDICT_BATCH, queue, attr(NFQA_VERDICT_HDR, struct.pack(">II", NF_ACCEPT, held[-1][1]))))
+        accept_up_to(s, queue, held[-1][1])
     print(f"netdelay: {count} packets held {delay * 1000:.0f} ms", flush=True)
     return 0
 

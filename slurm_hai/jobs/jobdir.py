@@ -176,6 +176,11 @@ class JobDir:
     def rank_log(self, rank: int) -> Path:
         return self.path / "logs" / f"rank-{rank}.log"
 
+    @staticmethod
+    def run_line(run: int, rank: int) -> str:
+        """How the launcher opens run `run` in rank `rank`'s log (then "on HOST at TIME ====")."""
+        return f"==== slurm-hai run {run} rank {rank} "
+
     def launched(self, run: int, ranks: int) -> set[int]:
         """Which of the node ranks 0..ranks-1 started run `run`: the launcher's first act on
         a node is the run's "==== slurm-hai run K rank R" line in that rank's log, or, when
@@ -184,7 +189,7 @@ class JobDir:
                and isinstance(e.get("rank"), int) and 0 <= e["rank"] < ranks}
         for rank in set(range(ranks)) - out:
             try:
-                if f"==== slurm-hai run {run} rank {rank} ".encode() in self.rank_log(rank).read_bytes():
+                if self.run_line(run, rank).encode() in self.rank_log(rank).read_bytes():
                     out.add(rank)
             except OSError:
                 pass

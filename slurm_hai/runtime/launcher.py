@@ -169,7 +169,7 @@ class NodeRun:
         log_path = self.jobdir.rank_log(self.rank)
         log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-        os.write(log, f"==== slurm-hai run {self.run} rank {self.rank} on {os.uname().nodename} at {stamp} ====\n".encode())
+        os.write(log, f"{JobDir.run_line(self.run, self.rank)}on {os.uname().nodename} at {stamp} ====\n".encode())
         try:
             self.child = subprocess.Popen(self.cmd, env=self.env, stdin=subprocess.DEVNULL, stdout=log,
                                           stderr=subprocess.STDOUT, start_new_session=True,

@@ -19,7 +19,6 @@ import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -27,6 +26,7 @@ import pytest
 
 import waiting
 from test_acceptance import committed_steps, events, named, same_weights, start_nows, wait_final
+from test_daemon_faults import start_daemon, stop
 from test_network_faults import SHORT_ARGS, TRAIN, Network, short_reference  # noqa: F401 (a fixture)
 
 pytestmark = [pytest.mark.cluster, pytest.mark.netns]
@@ -38,28 +38,21 @@ def controllers(live) -> str:
     return live.run(["scontrol", "ping"], check=False).stdout
 
 
-def start_daemon(live, net: Network, host: str, log: Path) -> subprocess.Popen:
-    """A policy daemon on `host` (a namespace of the layout), standing by while another leads;
-    its lock is the default one, in StateSaveLocation."""
-    with log.open("w") as out:
-        return subprocess.Popen([*net.enter(host), sys.executable, "-m", "slurm_hai.cli.admin", "daemon", "--policy",
-                                 str(live.state / "etc" / "policy.toml"), "--interval", "0.5", "--wait-for-lock"],
-                                env=live.env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
-
-
 def test_the_primary_host_lost_during_a_preemption_the_backup_takes_over_and_one_daemon_leads(
         live, tmp_path, short_reference):  # noqa: F811 (the fixture imported above)
     net = Network(live)
     assert "Slurmctld(backup) at ctl2 is UP" in controllers(live), controllers(live)
     primary_pid = int((live.state / "run" / "slurmctld.pid").read_text().split()[0])
     a_log, b_log = tmp_path / "ctl.log", tmp_path / "ctl2.log"
-    a = start_daemon(live, net, "ctl", a_log)
+    # a daemon on each controller host, standing by while another leads; the default lock,
+    # in StateSaveLocation
+    a = start_daemon(live, a_log, "--wait-for-lock", prefix=net.enter("ctl"))
     b = None
     try:
         waiting.wait_for(lambda: "policy daemon started" in a_log.read_text() or a.poll() is not None, 30,
                          "the daemon on the primary's host")
         assert a.poll() is None, a_log.read_text()
-        b = start_daemon(live, net, "ctl2", b_log)
+        b = start_daemon(live, b_log, "--wait-for-lock", prefix=net.enter("ctl2"))
         waiting.wait_for(lambda: "standing by" in b_log.read_text() or b.poll() is not None, 30,
                          "the daemon on the backup's host to stand by")
         assert b.poll() is None, b_log.read_text()
@@ -107,12 +100,8 @@ def test_the_primary_host_lost_during_a_preemption_the_backup_takes_over_and_one
         print(f"backup in control {took_over:.1f} s after the primary's host was lost")
     finally:
         for proc in (a, b):
-            if proc is not None and proc.poll() is None:
-                proc.terminate()
-                try:
-                    proc.wait(15)
-                except subprocess.TimeoutExpired:
-                    proc.kill()
+            if proc is not None:
+                stop(proc)
         # the primary comes back and takes control again (slurmctld asks the backup for it)
         subprocess.run([str(REPO / "contrib" / "localcluster" / "up")], env={**os.environ, **live.env},
                        capture_output=True, text=True, timeout=180)

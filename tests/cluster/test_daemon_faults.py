@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 
 from test_policy_rules import daemon_lines, running, sbatch
@@ -17,8 +18,10 @@ from waiting import wait_for
 REPO = Path(__file__).resolve().parents[2]
 
 
-def start_daemon(live, log: Path, *extra: str, namespace: bool = False) -> subprocess.Popen:
-    argv = [sys.executable, "-m", "slurm_hai.cli.admin", "daemon", "--policy",
+def start_daemon(live, log: Path, *extra: str, namespace: bool = False,
+                 prefix: Sequence[str] = ()) -> subprocess.Popen:
+    """`hai-admin daemon` (`extra` its options); `prefix` runs it elsewhere (a network namespace)."""
+    argv = [*prefix, sys.executable, "-m", "slurm_hai.cli.admin", "daemon", "--policy",
             str(live.state / "etc" / "policy.toml"), "--interval", "0.5", *extra]
     if namespace:  # "another host": its own /run and /tmp (a private tmpfs each), the same Slurm
         argv = ["unshare", "--mount", "--propagation", "private", "sh", "-c",

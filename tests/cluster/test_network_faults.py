@@ -65,6 +65,7 @@ class Network:
         conf = (live.state / "etc" / "slurm.conf").read_text()
         self.ctl_addr = re.search(r"^SlurmctldHost=\S+\((\S+)\)", conf, re.M).group(1)
         self.addr = dict(re.findall(r"^NodeName=(\S+) .*NodeAddr=(\S+)", conf, re.M))
+        self._delayers: list[tuple[subprocess.Popen, Path]] = []  # delay()'s programs and their logs
 
     def ip(self, *args: str) -> None:
         subprocess.run(["ip", *args], check=True, capture_output=True, text=True)
@@ -106,7 +107,6 @@ class Network:
         """Every packet that reaches slurmctld or a node waits `seconds` first: one delay
         between any two of them, as `tc netem delay` on each sender's link would give
         (tests/netdelay.py, behind an iptables NFQUEUE rule in each namespace)."""
-        self._delayers = []
         for name in ("ctl", *self.addr):
             log = self.live.state / "run" / f"netdelay-{name}.log"
             with log.open("w") as out:
@@ -128,7 +128,7 @@ class Network:
             subprocess.run(["ip", "netns", "exec", self.ns[name], "iptables", "-t", "mangle",
                             *self.DELAY_RULE.replace("ACTION", "-D").split()], capture_output=True)
         held = 0
-        for proc, log in getattr(self, "_delayers", []):
+        for proc, log in self._delayers:
             proc.terminate()
             proc.wait(10)
             held += sum(int(n) for n in re.findall(r"netdelay: (\d+) packets held", log.read_text()))
