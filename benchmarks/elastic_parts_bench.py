@@ -1,0 +1,237 @@
+"""Elastic in place, measured before it is built (issue 31, docs/elastic-in-place.md).
+
+The shape the design chose: an elastic job as one Slurm job array of one-node tasks ("parts"),
+each a torchft replica group of one process, under one torchft lighthouse that outlives the
+parts. This measures that shape on the live local cluster with plain Slurm and torchft, no
+slurm-hai code in the parts:
+
+1. a part's leave: the 4-task LOW array trains; a 2-node HIGH job arrives; Slurm preempts
+   two tasks (PreemptMode=REQUEUE): their parts get the notice and leave, Slurm requeues the
+   tasks. Measured: the survivors' longest step around the leave against their median step,
+   and the time from the HIGH submission to the quorum of 2.
+2. a rejoin: the HIGH job ends; the requeued tasks start again, their parts heal from a live
+   peer (--state-mb of ballast each, copied by torchft) and train on. Measured: from the HIGH
+   job's end to the rejoined parts' first step in a quorum of 4, and the heal itself.
+3. exact: every part ends with weights bitwise equal to the others' (healed ones included).
+
+Run as root on an idle local cluster (torchft installed: pip install torchft==0.2.0):
+
+    .venv/bin/python benchmarks/elastic_parts_bench.py [--repeats 3] [--state-mb 256] [--hold 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import cluster_bench as cb  # the bench cluster's environment and helpers (benchmarks/)
+
+PARTS = 4
+STORE_PORT_BASE = 29600  # a part's TCPStore: base + task id (the local nodes share one host)
+
+PART = r'''
+import json, os, signal, sys, time
+from datetime import timedelta
+out, steps, state_mb = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+part = int(os.environ["SLURM_ARRAY_TASK_ID"])
+log = open(os.path.join(out, f"part{part}.log"), "a")
+def note(**kw):
+    log.write(json.dumps({"t": time.time(), "part": part, **kw}) + "\n"); log.flush()
+note(event="start", restart=int(os.environ.get("SLURM_RESTART_COUNT", "0")))
+def leave(*_):  # the notice: this part leaves, dying of the signal as Slurm expects of a preempted job
+    note(event="notice")
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
+signal.signal(signal.SIGTERM, leave)
+import torch
+from torch import nn, optim
+from torch.distributed import TCPStore
+from torchft import Manager, ProcessGroupGloo
+from torchft.optim import OptimizerWrapper
+torch.manual_seed(0)
+model = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 1))
+ballast = torch.zeros(state_mb * 2**18)  # float32: state_mb MiB the heal must copy
+inner = optim.SGD(model.parameters(), lr=0.01)
+def load(sd):
+    t0 = time.time()
+    model.load_state_dict(sd["model"]); inner.load_state_dict(sd["opt"]); ballast.copy_(sd["ballast"])
+    note(event="healed", load_s=time.time() - t0)
+def save():
+    return {"model": model.state_dict(), "opt": inner.state_dict(), "ballast": ballast}
+port = int(os.environ["PART_STORE_PORT_BASE"]) + part
+store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
+manager = Manager(pg=ProcessGroupGloo(timeout=timedelta(seconds=5)), load_state_dict=load, state_dict=save,
+                  min_replica_size=1, replica_id=f"part{part}", store_addr="127.0.0.1", store_port=port,
+                  rank=0, world_size=1, timeout=timedelta(seconds=5), quorum_timeout=timedelta(seconds=60))
+opt = OptimizerWrapper(manager, inner)
+while manager.current_step() < steps:
+    opt.zero_grad()  # starts this step's quorum
+    x = torch.randn(64, 256, generator=torch.Generator().manual_seed(manager.current_step()))
+    model(x).pow(2).mean().backward()
+    # the gradients averaged over the quorum in one allreduce of the Manager's: torchft's own
+    # DistributedDataParallel wrapper crashed a survivor (its comm hook's `assert fut._fut`)
+    # when a part left in the middle of an allreduce
+    grads = [p.grad for p in model.parameters()]
+    flat = torch.cat([g.flatten() for g in grads])
+    manager.allreduce(flat).wait()
+    for g, avg in zip(grads, flat.split([g.numel() for g in grads])):
+        g.copy_(avg.view_as(g))
+    opt.step()  # commits only if the whole quorum's allreduce went through
+    note(event="step", step=manager.current_step(), n=manager.num_participants())
+    time.sleep(0.1)
+w = torch.cat([p.detach().flatten() for p in model.parameters()])
+import hashlib
+note(event="end", bits=hashlib.sha256(w.numpy().tobytes()).hexdigest())
+'''
+
+# The part runs as a step: at preemption Slurm signals a job's steps, not its batch shell (a
+# part run by the batch shell itself heard nothing until the grace time ran out).
+BATCH = """#!/bin/bash
+srun {python} {script} {out} {steps} {state_mb}
+"""
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def submit_high(out: Path, hold: float) -> tuple[float, float, int]:
+    """The 2-node HIGH job: (when submitted, when its script ran, its id)."""
+    mark = out / "high.start"
+    mark.unlink(missing_ok=True)
+    t_high = time.time()
+    high = int(cb.run(["sbatch", "--parsable", "-N2", "--qos=high", "--gres=gpu:8", "--output=/dev/null",
+                       "--job-name=bench-high", "--wrap", f"date +%s.%N > {mark}; sleep {hold}"]).stdout
+               .strip().split(";")[0])
+    cb.wait_for("the HIGH job to run", lambda: cb.read_text(mark).strip(), 120, 0.05)
+    return t_high, float(cb.read_text(mark)), high
+
+
+def fixed_round(n: int) -> float:
+    """The baseline: the same HIGH job against a fixed 4-node LOW job (plain sbatch --requeue,
+    its step dies of the notice): seconds from the HIGH submission to its script running."""
+    out = cb.WORK / f"fixed-{n}"
+    out.mkdir(parents=True)
+    low, _ = cb.submit_stock("dies", 0, 4, f"fixed-{n}")
+    try:
+        t_high, t_started, high = submit_high(out, 0)
+    finally:
+        cb.drain([low])
+        cb.run(["scancel", "--name=bench-high"], check=False)
+    return t_started - t_high
+
+
+def records(out: Path) -> list[dict]:
+    rows = []
+    for f in out.glob("part*.log"):
+        rows += [json.loads(line) for line in cb.read_text(f).splitlines() if line.strip()]
+    return sorted(rows, key=lambda r: r["t"])
+
+
+def one_round(args, n: int) -> dict:
+    out = cb.WORK / f"round-{n}"
+    out.mkdir(parents=True)
+    out.chmod(0o777)
+    script = out / "part.py"
+    script.write_text(PART)
+    port = free_port()
+    lighthouse = subprocess.Popen([str(cb.BIN / "torchft_lighthouse"), "--min_replicas", "1", "--quorum_tick_ms",
+                                   "100", "--join_timeout_ms", str(args.join_ms), "--heartbeat_timeout_ms", str(args.heartbeat_ms),
+                                   "--bind", f"127.0.0.1:{port}"],
+                                  stdout=open(out / "lighthouse.log", "w"), stderr=subprocess.STDOUT)
+    try:
+        batch = BATCH.format(python=sys.executable, script=script, out=out, steps=args.steps, state_mb=args.state_mb)
+        env = f"ALL,TORCHFT_LIGHTHOUSE=http://127.0.0.1:{port},PART_STORE_PORT_BASE={STORE_PORT_BASE}"
+        array = int(cb.run(["sbatch", "--parsable", f"--array=0-{PARTS - 1}", "-N1", "--qos=low", "--gres=gpu:8",
+                            "--requeue", f"--export={env}", f"--output={out}/slurm-%A_%a.out",
+                            "--job-name=bench-parts"], input=batch).stdout.strip().split(";")[0])
+        cb.wait_for("four parts in one quorum", lambda: any(r.get("n") == PARTS for r in records(out)), 240, 0.2)
+        time.sleep(args.warmup)
+        t_high, t_started, high = submit_high(out, args.hold)
+        cb.wait_for("the HIGH job to end", lambda: cb.slurm_state(high) in ("COMPLETED", ""), args.hold + 120, 0.1)
+        t_ended = t_started + args.hold  # the script's own end; Slurm's record has whole seconds
+        cb.wait_for("four parts in one quorum again",
+                    lambda: any(r.get("n") == PARTS and r["t"] > t_ended for r in records(out)), 240, 0.2)
+        cb.wait_for("every part to end", lambda: len([r for r in records(out) if r["event"] == "end"]) == PARTS,
+                    args.steps * 2 + 240, 0.5)
+        rows = records(out)
+    finally:
+        cb.run(["scancel", "--name=bench-parts"], check=False)
+        cb.drain([])
+        lighthouse.terminate()
+        lighthouse.wait(10)
+    left = {r["part"] for r in rows if r["event"] == "notice"}
+    survivors = sorted(set(range(PARTS)) - left)
+    steps = {p: [r["t"] for r in rows if r["event"] == "step" and r["part"] == p] for p in survivors}
+    gaps = {p: [b - a for a, b in zip(ts, ts[1:])] for p, ts in steps.items()}
+    median_step = statistics.median(g for gs in gaps.values() for g in gs)
+    around = [b - a for p, ts in steps.items() for a, b in zip(ts, ts[1:]) if a <= t_started + 5 and b >= t_high]
+    two = next(r["t"] for r in rows if r["event"] == "step" and r["t"] > t_high and r["n"] == PARTS - len(left))
+    back = next(r["t"] for r in rows if r["event"] == "step" and r["t"] > t_ended and r["n"] == PARTS)
+    healed = [r for r in rows if r["event"] == "healed" and r["t"] > t_ended]
+    ends = {r["part"]: r["bits"] for r in rows if r["event"] == "end"}
+    return {
+        "left": sorted(left), "median_step": median_step, "longest_around": max(around),
+        "lost": max(around) - median_step, "to_quorum_of_survivors": two - t_high,
+        "high_start": t_started - t_high, "rejoin": back - t_ended,
+        "rejoin_task_started": min(r["t"] for r in rows if r["event"] == "start" and r["restart"] > 0) - t_ended,
+        "rejoin_healed": max(r["t"] for r in healed) - t_ended if healed else float("nan"),
+        "heal_load": max((r["load_s"] for r in healed), default=float("nan")),
+        "restarts_in_place": sum(1 for r in rows if r["event"] == "start" and r["restart"] > 0),
+        "bitwise": len(set(ends.values())) == 1 and len(ends) == PARTS,
+        "array": array,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--state-mb", type=int, default=256)
+    p.add_argument("--hold", type=float, default=10.0, help="seconds the HIGH job holds its 2 nodes")
+    p.add_argument("--steps", type=int, default=300)
+    p.add_argument("--warmup", type=float, default=5.0)
+    p.add_argument("--heartbeat-ms", type=int, default=5000,
+                   help="the lighthouse's --heartbeat_timeout_ms (torchft's default: 5000): how soon a part that left "
+                        "is dropped from the quorum")
+    p.add_argument("--join-ms", type=int, default=60000,
+                   help="the lighthouse's --join_timeout_ms (torchft's default: 60000): how long a quorum waits for "
+                        "a part that is alive (heartbeating) but late to the step")
+    args = p.parse_args(argv)
+    if not (cb.BIN / "torchft_lighthouse").exists():
+        raise SystemExit("elastic_parts_bench: torchft is not installed: pip install torchft==0.2.0")
+    shutil.rmtree(cb.WORK, ignore_errors=True)
+    cb.WORK.mkdir(parents=True)
+    cb.WORK.chmod(0o777)
+    daemon = cb.start_daemon()
+    try:
+        results = []
+        for n in range(args.repeats):  # alternating: the parts, then the fixed job
+            results.append(one_round(args, n))
+            results[-1]["high_start_fixed"] = fixed_round(n)
+    finally:
+        cb.stop_daemon(daemon)
+    for r in results:
+        print(json.dumps(r))
+    med = {k: statistics.median(r[k] for r in results)
+           for k in ("median_step", "longest_around", "lost", "to_quorum_of_survivors", "high_start",
+                     "high_start_fixed", "rejoin_task_started", "rejoin_healed", "rejoin", "heal_load")}
+    print(f"\nparts=4, HIGH takes 2 nodes for {args.hold:g} s, {args.state_mb} MiB of state a part, "
+          f"medians of {len(results)}")
+    print("| measure | seconds |\n|---|---:|")
+    for k, v in med.items():
+        print(f"| {k.replace('_', ' ')} | {v:.2f} |")
+    print(f"| every part bitwise equal at the end | {sum(r['bitwise'] for r in results)}/{len(results)} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
