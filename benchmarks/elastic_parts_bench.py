@@ -16,13 +16,14 @@ slurm-hai code in the parts:
 
 Run as root on an idle local cluster (torchft installed: pip install torchft==0.2.0):
 
-    .venv/bin/python benchmarks/elastic_parts_bench.py [--repeats 3] [--state-mb 256] [--hold 10]
+    .venv/bin/python benchmarks/elastic_parts_bench.py --repeats 3 --steps 200 [--state-mb 1024]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import socket
 import statistics
@@ -130,6 +131,14 @@ def fixed_round(n: int) -> float:
     return t_started - t_high
 
 
+def process_cost(pid: int) -> tuple[float, float]:
+    """(resident MiB, CPU seconds used so far) of a live process, from /proc."""
+    rss = next(int(line.split()[1]) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+               if line.startswith("VmRSS:"))
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return rss / 1024, (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 def records(out: Path) -> list[dict]:
     rows = []
     for f in out.glob("part*.log"):
@@ -164,6 +173,7 @@ def one_round(args, n: int) -> dict:
         cb.wait_for("every part to end", lambda: len([r for r in records(out) if r["event"] == "end"]) == PARTS,
                     args.steps * 2 + 240, 0.5)
         rows = records(out)
+        lighthouse_cost = process_cost(lighthouse.pid)
     finally:
         cb.run(["scancel", "--name=bench-parts"], check=False)
         cb.drain([])
@@ -188,7 +198,7 @@ def one_round(args, n: int) -> dict:
         "heal_load": max((r["load_s"] for r in healed), default=float("nan")),
         "restarts_in_place": sum(1 for r in rows if r["event"] == "start" and r["restart"] > 0),
         "bitwise": len(set(ends.values())) == 1 and len(ends) == PARTS,
-        "array": array,
+        "array": array, "lighthouse_rss_mb": lighthouse_cost[0], "lighthouse_cpu_s": lighthouse_cost[1],
     }
 
 
@@ -199,9 +209,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hold", type=float, default=10.0, help="seconds the HIGH job holds its 2 nodes")
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--warmup", type=float, default=5.0)
-    p.add_argument("--heartbeat-ms", type=int, default=5000,
+    p.add_argument("--heartbeat-ms", type=int, default=500,
                    help="the lighthouse's --heartbeat_timeout_ms (torchft's default: 5000): how soon a part that left "
-                        "is dropped from the quorum")
+                        "is dropped from the quorum, which is what the survivors lose")
     p.add_argument("--join-ms", type=int, default=60000,
                    help="the lighthouse's --join_timeout_ms (torchft's default: 60000): how long a quorum waits for "
                         "a part that is alive (heartbeating) but late to the step")
@@ -230,6 +240,9 @@ def main(argv: list[str] | None = None) -> int:
     for k, v in med.items():
         print(f"| {k.replace('_', ' ')} | {v:.2f} |")
     print(f"| every part bitwise equal at the end | {sum(r['bitwise'] for r in results)}/{len(results)} |")
+    print(f"\nthe lighthouse, one job of 4 parts, at the end of a round: "
+          f"{statistics.median(r['lighthouse_rss_mb'] for r in results):.1f} MiB resident, "
+          f"{statistics.median(r['lighthouse_cpu_s'] for r in results):.2f} s of CPU (medians)")
     return 0
 
 
