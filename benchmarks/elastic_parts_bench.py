@@ -56,6 +56,7 @@ from torch import nn, optim
 from torch.distributed import TCPStore
 from torchft import Manager, ProcessGroupGloo
 from torchft.optim import OptimizerWrapper
+note(event="imported")
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 1))
 ballast = torch.zeros(state_mb * 2**18)  # float32: state_mb MiB the heal must copy
@@ -71,6 +72,7 @@ store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
 manager = Manager(pg=ProcessGroupGloo(timeout=timedelta(seconds=5)), load_state_dict=load, state_dict=save,
                   min_replica_size=1, replica_id=f"part{part}", store_addr="127.0.0.1", store_port=port,
                   rank=0, world_size=1, timeout=timedelta(seconds=5), quorum_timeout=timedelta(seconds=60))
+note(event="manager")
 opt = OptimizerWrapper(manager, inner)
 while manager.current_step() < steps:
     opt.zero_grad()  # starts this step's quorum
@@ -139,6 +141,11 @@ def process_cost(pid: int) -> tuple[float, float]:
     return rss / 1024, (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def last_after(rows: list[dict], event: str, t: float) -> float:
+    """Seconds from t to the last part's `event` after t (the parts that rejoined)."""
+    return max((r["t"] for r in rows if r["event"] == event and r["t"] > t), default=float("nan")) - t
+
+
 def records(out: Path) -> list[dict]:
     rows = []
     for f in out.glob("part*.log"):
@@ -194,6 +201,7 @@ def one_round(args, n: int) -> dict:
         "lost": max(around) - median_step, "to_quorum_of_survivors": two - t_high,
         "high_start": t_started - t_high, "rejoin": back - t_ended,
         "rejoin_task_started": min(r["t"] for r in rows if r["event"] == "start" and r["restart"] > 0) - t_ended,
+        "rejoin_imported": last_after(rows, "imported", t_ended), "rejoin_manager": last_after(rows, "manager", t_ended),
         "rejoin_healed": max(r["t"] for r in healed) - t_ended if healed else float("nan"),
         "heal_load": max((r["load_s"] for r in healed), default=float("nan")),
         "restarts_in_place": sum(1 for r in rows if r["event"] == "start" and r["restart"] > 0),
@@ -233,7 +241,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(r))
     med = {k: statistics.median(r[k] for r in results)
            for k in ("median_step", "longest_around", "lost", "to_quorum_of_survivors", "high_start",
-                     "high_start_fixed", "rejoin_task_started", "rejoin_healed", "rejoin", "heal_load")}
+                     "high_start_fixed", "rejoin_task_started", "rejoin_imported", "rejoin_manager", "rejoin_healed",
+                     "rejoin", "heal_load")}
     print(f"\nparts=4, HIGH takes 2 nodes for {args.hold:g} s, {args.state_mb} MiB of state a part, "
           f"medians of {len(results)}")
     print("| measure | seconds |\n|---|---:|")
