@@ -126,10 +126,10 @@ def fixed_round(n: int) -> float:
     out.mkdir(parents=True)
     low, _ = cb.submit_stock("dies", 0, 4, f"fixed-{n}")
     try:
-        t_high, t_started, high = submit_high(out, 0)
+        t_high, t_started, _ = submit_high(out, 0)
     finally:
-        cb.drain([low])
         cb.run(["scancel", "--name=bench-high"], check=False)
+        cb.drain([low])
     return t_started - t_high
 
 

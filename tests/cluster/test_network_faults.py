@@ -168,6 +168,11 @@ def node_state(live, node: str) -> str:
     return live.run(["sinfo", "-h", "-N", "-n", node, "-o", "%t"], check=False).stdout.strip()
 
 
+def hostnames(live, start: dict) -> list[str]:
+    """The nodes of a run, from its start event's Slurm node list (n[1-2] -> n1, n2)."""
+    return live.run(["scontrol", "show", "hostnames", start["nodes"]]).stdout.split()
+
+
 def uninterrupted(d: Path, train_args: list[str]) -> Path:
     """The weights of `train_args`' job run uninterrupted, world size 2 (1 node x 2
     processes: the same ranks and collectives as 2 nodes x 1), without its step sleep."""
@@ -202,7 +207,7 @@ def test_nodes_cut_off_from_the_controller_mid_run_are_fenced_and_the_job_ends_e
     job_id, job_dir = json.loads(p.stdout)["job_id"], Path(json.loads(p.stdout)["job_dir"])
     ckpt = job_dir / "checkpoints"
     start = waiting.wait_for(lambda: named(job_dir, "start"), 120, f"job {job_id} to start")[0]
-    old_nodes = live.run(["scontrol", "show", "hostnames", start["nodes"]]).stdout.split()
+    old_nodes = hostnames(live, start)
     assert len(old_nodes) == 2
     waiting.wait_for(lambda: len(committed_steps(ckpt)) >= 2, 180, "two checkpoints of run 0", 0.3)
     assert job_pids(job_dir, 0), "run 0's training processes are not to be seen"
@@ -215,7 +220,7 @@ def test_nodes_cut_off_from_the_controller_mid_run_are_fenced_and_the_job_ends_e
                          f"{old_nodes} to be DOWN", 0.5)
         new_start = waiting.wait_for(lambda: [e for e in named(job_dir, "start") if e["run"] >= 1], 120,
                                      "run 1 to start on other nodes", 0.5)[0]
-        new_nodes = live.run(["scontrol", "show", "hostnames", new_start["nodes"]]).stdout.split()
+        new_nodes = hostnames(live, new_start)
         assert not set(new_nodes) & set(old_nodes), (old_nodes, new_nodes)
         # The old run is still alive and training: its next save is refused and it stops.
         logs = job_dir / "logs"
@@ -327,7 +332,7 @@ def test_a_node_unplugged_during_the_peer_copy_the_job_resumes_from_its_last_com
     live.run(["hai", "suspend", str(job_id)], user="hai-alice")
     waiting.wait_for(lambda: train_started(job_dir, 1), 180, "run 1 to train", 0.3)
     waiting.wait_for(lambda: committed_steps(ckpt), 120, "the agents' commit of the first suspend", 0.3)
-    nodes = live.run(["scontrol", "show", "hostnames", named(job_dir, "start")[-1]["nodes"]]).stdout.split()
+    nodes = hostnames(live, named(job_dir, "start")[-1])
     unplugged = nodes[1]
     net.delay(LATENCY)
     try:
@@ -339,7 +344,7 @@ def test_a_node_unplugged_during_the_peer_copy_the_job_resumes_from_its_last_com
         waiting.wait_for(lambda: node_state(live, unplugged).startswith("down"), 90, f"{unplugged} to be DOWN", 0.5)
         new_start = waiting.wait_for(lambda: [e for e in named(job_dir, "start") if e["run"] >= 2], 180,
                                      "run 2 to start on other nodes", 0.5)[0]
-        assert unplugged not in live.run(["scontrol", "show", "hostnames", new_start["nodes"]]).stdout.split()
+        assert unplugged not in hostnames(live, new_start)
     finally:
         net.stop_delaying()
         net.plug(unplugged)
@@ -365,7 +370,7 @@ def test_a_node_unplugged_during_the_agents_durable_commit_the_step_commits_and_
     job_id, job_dir = submit_without_periodic_saves(live, ballast_mb=256)
     ckpt = job_dir / "checkpoints"
     waiting.wait_for(lambda: train_started(job_dir, 0), 180, "run 0 to train", 0.3)
-    nodes = live.run(["scontrol", "show", "hostnames", named(job_dir, "start")[0]["nodes"]]).stdout.split()
+    nodes = hostnames(live, named(job_dir, "start")[0])
     unplugged = nodes[1]
     live.run(["hai", "suspend", str(job_id)], user="hai-alice")
     try:
@@ -374,8 +379,8 @@ def test_a_node_unplugged_during_the_agents_durable_commit_the_step_commits_and_
         net.unplug(unplugged)
         step = waiting.wait_for(lambda: committed_steps(ckpt), 120, "the suspend's step to commit", 0.3)[-1]
         waiting.wait_for(lambda: node_state(live, unplugged).startswith("down"), 90, f"{unplugged} to be DOWN", 0.5)
-        waiting.wait_for(lambda: [e for e in named(job_dir, "start") if e["run"] >= 1
-                                  and unplugged not in live.run(["scontrol", "show", "hostnames", e["nodes"]]).stdout],
+        waiting.wait_for(lambda: [e for e in named(job_dir, "start")
+                                  if e["run"] >= 1 and unplugged not in hostnames(live, e)],
                          180, "a run on nodes that are up", 0.5)
     finally:
         net.plug(unplugged)
