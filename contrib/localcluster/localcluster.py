@@ -283,9 +283,13 @@ def choose_slurm(c: Cluster, source: str | None, prefix: str | None) -> None:
             raise ClusterError(f"--slurm-prefix {prefix}: no sbin/slurmctld there; give the directory "
                                "Slurm was installed into (configure --prefix)")
     if c.prefix_file.exists() and c.prefix != wanted:
-        raise ClusterError(f"{c.state} was set up with Slurm from {c.prefix or 'the Debian packages'}; "
-                           f"for Slurm from {wanted or 'the Debian packages'} use another HAI_CLUSTER_DIR "
-                           f"(or run down and remove {c.state})")
+        if c.prefix and wanted and not c.site and slurm_build.same_build(c.prefix, wanted):
+            print(f"{c.state}: the same Slurm build as before ({wanted.name}), now from {wanted.parent}",
+                  flush=True)
+        else:
+            raise ClusterError(f"{c.state} was set up with Slurm from {c.prefix or 'the Debian packages'}; "
+                               f"for Slurm from {wanted or 'the Debian packages'} use another HAI_CLUSTER_DIR "
+                               f"(or run down and remove {c.state})")
     c.prefix = wanted
     p = run([c.tool("slurmctld"), "-V"], check=False)
     try:

@@ -59,6 +59,13 @@ def built_prefix(tarball: Path) -> Path:
     return CACHE / f"{top_dir(tarball)}-{key[:12]}"
 
 
+def same_build(recorded: Path, wanted: Path) -> bool:
+    """Whether `wanted`, a finished build, is the build `recorded` was: the same tarball and
+    flags, installed under another cache (HAI_SLURM_CACHE moved, or a machine's second cache).
+    The directory name holds the version and the key; `recorded` may be gone."""
+    return recorded.name == wanted.name and is_built(wanted)
+
+
 def is_built(prefix: Path) -> bool:
     return (prefix / ".hai-built").exists() and (prefix / "sbin" / "slurmctld").exists()
 
