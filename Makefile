@@ -64,7 +64,7 @@ $(VENV)/.installed: pyproject.toml
 	@test -x $(PY) || $(BASE_PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
-	$(PY) -m pip install -q -e '.[torch,metrics,transformers,lightning,dev]'
+	$(PY) -m pip install -q -e '.[torch,metrics,transformers,lightning,elastic,dev]'
 	@touch $@
 
 # What only the tests use: a real Prometheus (scrapes the daemon's metrics), a headless

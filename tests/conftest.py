@@ -278,6 +278,8 @@ ONE_VERSION = {
     "test_jobs.py::test_ignored_notice_is_forced_after_grace_and_requeued",
     "test_sigterm_notice.py::test_sigterm_notice_reaches_rank0_only_and_the_job_resumes_with_nothing_lost",
     "test_suspend_memory.py::test_the_agents_remove_the_node_memory_of_a_job_that_is_over_and_keep_a_running_ones",
+    # The lighthouse service asks Slurm whether a job ended as the persist agents do (above).
+    "test_lighthouse.py::test_a_jobs_lighthouse_runs_while_slurm_holds_the_job_and_through_the_services_kill_9",
 }
 
 

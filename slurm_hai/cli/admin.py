@@ -519,6 +519,40 @@ def persist_agent(spool: str | None, once: bool, sweep_every: float) -> None:
     Agent(where, jobs_over=_jobs_over, sweep_s=sweep_every).serve(once=once)
 
 
+@main.command()
+@click.option("--listen", metavar="ADDR", default="0.0.0.0", show_default=True,
+              help="The address the jobs' parts ask on.")
+@click.option("--port", type=click.IntRange(0, 65535), default=29510, show_default=True,
+              help="The port they ask on (torchft's lighthouse port; 0: any free one, logged).")
+@click.option("--state-dir", metavar="DIR", default="/var/lib/slurm-hai/lighthouse", show_default=True,
+              help="Where each lighthouse is recorded (<job>.json) and logs its warnings (<job>.log).")
+@click.option("--sweep-every", metavar="SECONDS", type=click.FloatRange(min=0.5), default=30.0, show_default=True,
+              help="How often to stop the lighthouses of jobs that ended.")
+@one_line_errors
+def lighthouse(listen: str, port: int, state_dir: str, sweep_every: float) -> None:
+    """Run the elastic jobs' torchft lighthouses: one per job, outliving its parts.
+
+    \b
+    A job's parts ask GET http://HOST:PORT/v1/jobs/<job id> for the address of the job's
+    lighthouse; the first ask starts it (while Slurm holds the job). Each lighthouse is a
+    process of its own (torchft's Rust lighthouse, no torch loaded: about 14 MiB): this
+    service's restart leaves them running, and it finds them again in --state-dir. A job's
+    lighthouse is stopped once the job ended. Needs torchft: pip install 'slurm-hai[elastic]'.
+    docs/elastic-in-place.md; contrib/systemd/ has a unit file.
+    """
+    from ..controller.lighthouse import LighthouseError, Service, serve, torchft_extension
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    try:
+        torchft_extension()
+        serve(Service(Path(state_dir), ended=_jobs_over), listen, port, sweep_every)
+    except LighthouseError as e:
+        raise click.ClickException(str(e)) from None
+    except PermissionError as e:
+        raise click.ClickException(f"{e.filename}: permission denied; run as root or give another --state-dir") \
+            from None
+
+
 def _jobs_over(job_ids: list[int]) -> set[int]:
     """Those of the jobs that Slurm says ended, or no longer knows. Asked one by one: squeue
     of one job id is one small RPC (slurm_load_job); of several, squeue loads the whole
@@ -605,7 +639,8 @@ def timeline(policy_file: str | None, since: str, until: str | None, out: str, a
 # copies): name -> (place in the package, what it holds).
 SHARED = {
     "spank": ("share/spank", "the SPANK plugin's sources: `hai-admin spank install` builds and installs it"),
-    "systemd": ("share/systemd", "hai-policyd.service (slurmctld hosts), slurm-hai-persist.service (every node)"),
+    "systemd": ("share/systemd", "hai-policyd.service (slurmctld hosts), slurm-hai-persist.service (every node), "
+                           "hai-lighthouse.service (one host)"),
     "grafana": ("share/grafana", "slurm-hai.json: a Grafana dashboard of the daemon's metrics (--metrics-port)"),
     "slurm-docker": ("share/slurm-docker", "slurm-hai on giovtorres/slurm-docker-cluster (its README.md)"),
     "templates": ("templates", "the templates `hai-admin render` and `hai-submit` fill in (read-only)"),

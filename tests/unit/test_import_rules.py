@@ -119,3 +119,10 @@ def test_the_persist_agent_loads_no_torch():
     """The agent starts a child per request: it must start in a fraction of a second."""
     loaded = imported_by("slurm_hai.checkpoint.agent")
     assert "torch" not in loaded and "slurm_hai.checkpoint.manager" not in loaded
+
+
+def test_the_lighthouse_service_loads_no_torch():
+    """It hosts no training: importing the torchft package would import torch (200 MiB) into
+    the service; its lighthouses load torchft's extension alone (test_lighthouse_service.py)."""
+    loaded = imported_by("slurm_hai.controller.lighthouse")
+    assert "torch" not in loaded and "torchft" not in loaded

@@ -1,0 +1,283 @@
+"""The lighthouse service: one torchft lighthouse per elastic job, outliving the job's parts
+(issue 31; docs/elastic-in-place.md, "Who coordinates").
+
+`hai-admin lighthouse` answers `GET /v1/jobs/<job id>` with the job's lighthouse,
+``{"job": 123, "address": "http://host:port"}``: started at the first ask while Slurm holds
+the job, the same one after; 404 once the job has ended. A sweep ends the lighthouses of
+jobs that ended.
+
+Each lighthouse is a process of its own (`python -m slurm_hai.controller.lighthouse`) that
+loads only torchft's Rust extension: importing the torchft package imports torch, which is
+what makes torchft's own `torchft_lighthouse` 228 MiB; this one is about 14 MiB
+(`benchmarks/lighthouse_bench.py`). It runs in a session of its own, so the service's restart
+or crash leaves every lighthouse running; the next service finds them in its state
+directory (one `<job>.json` each: pid, address; `<job>.log`: the lighthouse's warnings).
+
+A lighthouse that dies is never started again at its address: a new torchft lighthouse
+numbers its quorums from 1 again, and a torchft Manager keys its process group's store by
+quorum id, so parts that carried on under it could meet stale keys. The next ask starts a new
+lighthouse on a new port; the parts of the old one fail their next quorum and leave.
+
+Standard library only, and torchft's extension in the lighthouse processes: the service
+itself loads no torch.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.machinery
+import importlib.util
+import json
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from dataclasses import asdict, dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Callable
+
+# Measured (docs/benchmarks.md, "Elastic in place"): the heartbeat timeout is what the parts
+# that stay lose when others leave (4.9 s at torchft's 5 s default, 0.5 s at 500 ms); torchft's
+# default join timeout is kept (a short one left a part late to a step out of every quorum).
+HEARTBEAT_TIMEOUT_MS = 500
+MODULE = "slurm_hai.controller.lighthouse"
+JOB_PATH = re.compile(r"^/v1/jobs/([1-9][0-9]{0,9})$")
+log = logging.getLogger("hai-lighthouse")
+
+
+class LighthouseError(Exception):
+    """The service cannot do what was asked; the message says what to do."""
+
+
+def torchft_extension() -> Path:
+    """torchft's Rust extension (`_torchft*.so`), found without importing torchft (whose
+    package imports torch)."""
+    spec = importlib.util.find_spec("torchft")
+    if spec is None or not spec.submodule_search_locations:
+        raise LighthouseError("the lighthouse needs torchft: pip install 'slurm-hai[elastic]'")
+    found = sorted(Path(spec.submodule_search_locations[0]).glob("_torchft*.so"))
+    if not found:
+        raise LighthouseError(f"torchft at {spec.submodule_search_locations[0]} has no _torchft extension: "
+                              "reinstall it (pip install 'slurm-hai[elastic]')")
+    return found[0]
+
+
+@dataclass(frozen=True)
+class Lighthouse:
+    """One job's lighthouse, as its state file records it."""
+
+    job: int
+    pid: int
+    address: str
+    started: float
+
+    def alive(self) -> bool:
+        """The process is this lighthouse (its command line names the module and the job),
+        not an exited one or a pid reused by another process."""
+        try:
+            argv = Path(f"/proc/{self.pid}/cmdline").read_bytes().split(b"\0")
+        except OSError:
+            return False
+        return MODULE.encode() in argv and str(self.job).encode() in argv
+
+
+class Service:
+    """The jobs' lighthouses: started on the first ask, found again after a restart, ended
+    when their job ends. `ended(ids)` says which of the jobs Slurm no longer runs or holds."""
+
+    def __init__(self, state_dir: Path, ended: Callable[[list[int]], set[int]],
+                 heartbeat_timeout_ms: int = HEARTBEAT_TIMEOUT_MS):
+        self.state_dir = state_dir
+        self.ended = ended
+        self.heartbeat_timeout_ms = heartbeat_timeout_ms
+        self.lock = threading.Lock()
+        self.children: dict[int, subprocess.Popen] = {}  # job -> the lighthouses this service started
+        state_dir.mkdir(parents=True, exist_ok=True)
+        self.lighthouses: dict[int, Lighthouse] = {}
+        for path in sorted(state_dir.glob("*.json")):
+            found = self._read(path)
+            if found and found.alive():
+                self.lighthouses[found.job] = found
+                log.info("job %d: its lighthouse runs on at %s (pid %d)", found.job, found.address, found.pid)
+            else:
+                path.unlink(missing_ok=True)
+
+    def _read(self, path: Path) -> Lighthouse | None:
+        try:
+            return Lighthouse(**json.loads(path.read_text()))
+        except (OSError, ValueError, TypeError):
+            log.warning("%s: not a lighthouse record; removed", path)
+            return None
+
+    def _path(self, job: int) -> Path:
+        return self.state_dir / f"{job}.json"
+
+    def address(self, job: int) -> str | None:
+        """The job's lighthouse address, started now if it has none; None if the job ended."""
+        with self.lock:
+            known = self.lighthouses.get(job)
+            if known and known.alive():
+                return known.address
+            if known:
+                log.warning("job %d: its lighthouse (pid %d) is gone", job, known.pid)
+                self._forget(job)
+            if job in self.ended([job]):
+                return None
+            started = self._start(job)
+            self.lighthouses[job] = started
+            return started.address
+
+    def _start(self, job: int) -> Lighthouse:
+        argv = [sys.executable, "-m", MODULE, "--job", str(job), "--heartbeat-timeout-ms",
+                str(self.heartbeat_timeout_ms), "--extension", str(torchft_extension())]
+        # torchft logs each quorum at INFO: its warnings and errors go to <job>.log
+        env = {**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")}
+        with open(self._path(job).with_suffix(".log"), "ab") as errors:
+            proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errors,
+                                    text=True, env=env, start_new_session=True)  # outlives this service
+        line = proc.stdout.readline().strip() if proc.stdout else ""
+        if not line.startswith("http://"):
+            proc.kill()
+            proc.wait()
+            raise LighthouseError(f"job {job}: its lighthouse did not start (exit {proc.returncode})")
+        found = Lighthouse(job=job, pid=proc.pid, address=line, started=time.time())
+        tmp = self._path(job).with_suffix(".tmp")
+        tmp.write_text(json.dumps(asdict(found)) + "\n")
+        tmp.replace(self._path(job))
+        self.children[job] = proc
+        log.info("job %d: lighthouse started at %s (pid %d)", job, found.address, proc.pid)
+        return found
+
+    def _forget(self, job: int) -> None:
+        """Stop the job's lighthouse if it runs, and drop its record."""
+        known = self.lighthouses.pop(job, None)
+        if known and known.alive():
+            os.kill(known.pid, signal.SIGTERM)
+        child = self.children.pop(job, None)
+        if child:
+            child.wait()
+        self._path(job).unlink(missing_ok=True)
+        self._path(job).with_suffix(".log").unlink(missing_ok=True)
+
+    def sweep(self) -> list[int]:
+        """End the lighthouses of jobs that ended (and forget the ones that died); the jobs."""
+        with self.lock:
+            jobs = sorted(self.lighthouses)
+            over = self.ended(jobs) if jobs else set()
+            gone = [job for job in jobs if job in over or not self.lighthouses[job].alive()]
+            for job in gone:
+                log.info("job %d: %s", job, "ended, its lighthouse stopped" if job in over else "its lighthouse died")
+                self._forget(job)
+            return gone
+
+    def detach(self) -> None:
+        """Leave every lighthouse running (what the service's own end does)."""
+        for proc in self.children.values():
+            if proc.stdout:
+                proc.stdout.close()
+        self.children.clear()
+
+
+def serve(service: Service, listen: str, port: int, sweep_every: float,
+          ready: Callable[[int], None] | None = None, stop: threading.Event | None = None) -> None:
+    """Answer the parts' asks on listen:port and sweep every `sweep_every` seconds until
+    `stop` is set (or SIGTERM/SIGINT); the lighthouses stay."""
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            m = JOB_PATH.match(self.path)
+            if not m:
+                return self._reply(400, {"error": "ask GET /v1/jobs/<job id>"})
+            job = int(m.group(1))
+            try:
+                address = service.address(job)
+            except LighthouseError as e:
+                return self._reply(503, {"error": str(e)})
+            if address is None:
+                return self._reply(404, {"error": f"job {job} is not running or waiting in Slurm"})
+            self._reply(200, {"job": job, "address": address})
+
+        def _reply(self, status: int, body: dict) -> None:
+            data = (json.dumps(body) + "\n").encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, format: str, *args) -> None:  # noqa: A002 - http.server's signature
+            log.debug("%s %s", self.address_string(), format % args)
+
+    try:
+        httpd = ThreadingHTTPServer((listen, port), Handler)
+    except OSError as e:
+        raise LighthouseError(f"cannot listen on {listen}:{port}: {e.strerror or e}; give another --port") from None
+    httpd.daemon_threads = True
+    threading.Thread(target=httpd.serve_forever, name="lighthouse-http", daemon=True).start()
+    log.info("lighthouse service on %s:%d, state in %s", listen, httpd.server_address[1], service.state_dir)
+    if ready:
+        ready(httpd.server_address[1])
+    stop = stop or threading.Event()
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda *_: stop.set())
+    try:
+        while not stop.wait(sweep_every):
+            service.sweep()
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+        service.detach()
+
+
+def ask(service_url: str, job: int, timeout: float = 10.0) -> str:
+    """A part's ask: the address of `job`'s lighthouse from the service at `service_url`
+    (http://host:port)."""
+    url = f"{service_url.rstrip('/')}/v1/jobs/{job}"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as reply:
+            return json.load(reply)["address"]
+    except urllib.error.HTTPError as e:
+        try:
+            why = json.load(e).get("error", e.reason)
+        except ValueError:
+            why = e.reason
+        raise LighthouseError(f"{url}: {why}") from None
+    except (urllib.error.URLError, OSError) as e:
+        raise LighthouseError(f"{url}: no lighthouse service there ({getattr(e, 'reason', e)})") from None
+
+
+def run_one(extension: Path, heartbeat_timeout_ms: int) -> None:
+    """One lighthouse, torch-free: print its address, serve until SIGTERM."""
+    loader = importlib.machinery.ExtensionFileLoader("torchft._torchft", str(extension))
+    spec = importlib.util.spec_from_file_location("torchft._torchft", str(extension), loader=loader)
+    if spec is None:
+        raise LighthouseError(f"{extension}: not a loadable extension")
+    ext = importlib.util.module_from_spec(spec)
+    loader.exec_module(ext)
+    server = ext.LighthouseServer(bind="[::]:0", min_replicas=1, heartbeat_timeout_ms=heartbeat_timeout_ms)
+    print(server.address(), flush=True)
+    signal.sigwait({signal.SIGTERM, signal.SIGINT})
+    server.shutdown()
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(prog=f"python -m {MODULE}", description="one job's torchft lighthouse "
+                                 "(started by hai-admin lighthouse)")
+    ap.add_argument("--job", type=int, required=True)
+    ap.add_argument("--extension", type=Path, required=True)
+    ap.add_argument("--heartbeat-timeout-ms", type=int, default=HEARTBEAT_TIMEOUT_MS)
+    args = ap.parse_args(argv)
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})  # for sigwait
+    run_one(args.extension, args.heartbeat_timeout_ms)
+
+
+if __name__ == "__main__":
+    main()
