@@ -1,10 +1,10 @@
 """The lighthouse service: one torchft lighthouse per elastic job, outliving the job's parts
 (issue 31; docs/elastic-in-place.md, "Who coordinates").
 
-`hai-admin lighthouse` answers `GET /v1/jobs/<job id>` with the job's lighthouse,
-``{"job": 123, "address": "http://host:port"}``: started at the first ask while Slurm holds
-the job, the same one after; 404 once the job has ended. A sweep ends the lighthouses of
-jobs that ended.
+`hai-admin lighthouse` answers `GET /v1/jobs/<job id>` (a part's `ask`, runtime/parts.py) with
+the job's lighthouse, ``{"job": 123, "address": "http://host:port"}``: started at the first
+ask while Slurm holds the job, the same one after; 404 once the job has ended. A sweep ends
+the lighthouses of jobs that ended.
 
 Each lighthouse is a process of its own (`python -m slurm_hai.controller.lighthouse`) that
 loads only torchft's Rust extension: importing the torchft package imports torch, which is
@@ -36,19 +36,19 @@ import subprocess
 import sys
 import threading
 import time
-import urllib.error
-import urllib.request
 from dataclasses import asdict, dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Callable
+
+from ..runtime.parts import JOBS_PATH
 
 # Measured (docs/benchmarks.md, "Elastic in place"): the heartbeat timeout is what the parts
 # that stay lose when others leave (4.9 s at torchft's 5 s default, 0.5 s at 500 ms); torchft's
 # default join timeout is kept (a short one left a part late to a step out of every quorum).
 HEARTBEAT_TIMEOUT_MS = 500
 MODULE = "slurm_hai.controller.lighthouse"
-JOB_PATH = re.compile(r"^/v1/jobs/([1-9][0-9]{0,9})$")
+JOB_PATH = re.compile(rf"^{re.escape(JOBS_PATH)}([1-9][0-9]{{0,9}})$")
 log = logging.getLogger("hai-lighthouse")
 
 
@@ -194,7 +194,7 @@ def serve(service: Service, listen: str, port: int, sweep_every: float,
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
             m = JOB_PATH.match(self.path)
             if not m:
-                return self._reply(400, {"error": "ask GET /v1/jobs/<job id>"})
+                return self._reply(400, {"error": f"ask GET {JOBS_PATH}<job id>"})
             job = int(m.group(1))
             try:
                 address = service.address(job)
@@ -235,23 +235,6 @@ def serve(service: Service, listen: str, port: int, sweep_every: float,
         httpd.shutdown()
         httpd.server_close()
         service.detach()
-
-
-def ask(service_url: str, job: int, timeout: float = 10.0) -> str:
-    """A part's ask: the address of `job`'s lighthouse from the service at `service_url`
-    (http://host:port)."""
-    url = f"{service_url.rstrip('/')}/v1/jobs/{job}"
-    try:
-        with urllib.request.urlopen(url, timeout=timeout) as reply:
-            return json.load(reply)["address"]
-    except urllib.error.HTTPError as e:
-        try:
-            why = json.load(e).get("error", e.reason)
-        except ValueError:
-            why = e.reason
-        raise LighthouseError(f"{url}: {why}") from None
-    except (urllib.error.URLError, OSError) as e:
-        raise LighthouseError(f"{url}: no lighthouse service there ({getattr(e, 'reason', e)})") from None
 
 
 def run_one(extension: Path, heartbeat_timeout_ms: int) -> None:

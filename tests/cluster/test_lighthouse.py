@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 from waiting import wait_for
 
-from slurm_hai.controller.lighthouse import LighthouseError, ask
+from slurm_hai.runtime.parts import PartError, ask
 
 pytestmark = pytest.mark.cluster
 ALICE = "hai-alice"
@@ -49,7 +49,7 @@ def test_a_jobs_lighthouse_runs_while_slurm_holds_the_job_and_through_the_servic
         address = ask(url, job)
         pid = json.loads((state / f"{job}.json").read_text())["pid"]
         assert running(pid) and ask(url, job) == address
-        with pytest.raises(LighthouseError, match=f"job {job + 1000} is not running or waiting in Slurm"):
+        with pytest.raises(PartError, match=f"job {job + 1000} is not running or waiting in Slurm"):
             ask(url, job + 1000)
 
         service.kill()  # kill -9: the lighthouse runs on, and the next service finds it
@@ -61,7 +61,7 @@ def test_a_jobs_lighthouse_runs_while_slurm_holds_the_job_and_through_the_servic
         live.run(["scancel", str(job)])
         wait_for("the sweep to stop the ended job's lighthouse", lambda: not running(pid), 30)
         assert not (state / f"{job}.json").exists()
-        with pytest.raises(LighthouseError, match=f"job {job} is not running or waiting in Slurm"):
+        with pytest.raises(PartError, match=f"job {job} is not running or waiting in Slurm"):
             ask(url, job)
     finally:
         service.send_signal(signal.SIGTERM)

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from slurm_hai.controller.lighthouse import LighthouseError, Service, ask, serve
+from slurm_hai.controller.lighthouse import Service, serve
+from slurm_hai.runtime.parts import PartError, ask
 
 
 def wait_for(what, cond, timeout=30.0):
@@ -159,7 +160,7 @@ def test_parts_ask_over_http_and_get_one_line_answers(state):
     try:
         address = ask(url, 12)
         assert address.startswith("http://") and ask(url, 12) == address
-        with pytest.raises(LighthouseError, match=r"/v1/jobs/11: job 11 is not running or waiting in Slurm$"):
+        with pytest.raises(PartError, match=r"/v1/jobs/11: job 11 is not running or waiting in Slurm$"):
             ask(url, 11)
         with pytest.raises(urllib.error.HTTPError) as bad:
             urllib.request.urlopen(f"{url}/v1/jobs/x1", timeout=5)
@@ -169,5 +170,5 @@ def test_parts_ask_over_http_and_get_one_line_answers(state):
     finally:
         stop.set()
         server.join(timeout=10)
-    with pytest.raises(LighthouseError, match="no lighthouse service there"):
+    with pytest.raises(PartError, match="no lighthouse service there"):
         ask(url, 12, timeout=2)

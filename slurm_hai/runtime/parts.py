@@ -1,0 +1,145 @@
+"""A part of an elastic job in place (issue 31; docs/elastic-in-place.md): one node's worth of
+training, a torchft replica group that can leave and rejoin while the other parts train on.
+
+    part = join(state_dict=save, load_state_dict=load)   # the job's lighthouse, this part's Manager
+    opt = OptimizerWrapper(part.manager, optimizer)
+    while part.manager.current_step() < steps:
+        opt.zero_grad()                                  # this step's quorum
+        share = part.share(batch_size)                   # this part's rows of the global batch
+        if share is not None:
+            (loss_fn(model(x[share]), y[share]).sum() / batch_size).backward()
+        part.sum_gradients(model.parameters())           # over the quorum: the global batch's mean
+        opt.step()                                       # commits only if the whole quorum did
+
+The global batch stays the same at every size: at each step the parts in the quorum split
+it by their participating rank, so the samples of a step, and their sum, are those of an
+uninterrupted run whatever the size (up to the order of a floating-point sum). A part that
+is healing this step (it copies a live peer's state) computes nothing and gets the sum.
+
+torch and torchft load here, in the job's process; the lighthouse comes from the site's
+lighthouse service (`hai-admin lighthouse`, HAI_LIGHTHOUSE_SERVICE) for the job's id.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Callable, Iterable
+
+SERVICE_ENV = "HAI_LIGHTHOUSE_SERVICE"
+JOBS_PATH = "/v1/jobs/"  # the lighthouse service's: GET /v1/jobs/<job id>
+# a step's collectives; a quorum waits for every part that still heartbeats (torchft's default)
+STEP_TIMEOUT = timedelta(seconds=30)
+QUORUM_TIMEOUT = timedelta(seconds=60)
+
+
+class PartError(RuntimeError):
+    """The part cannot join its job; the message says what is missing."""
+
+
+def batch_share(batch_size: int, rank: int, participants: int) -> slice:
+    """Rows [start, stop) of a global batch of `batch_size` rows that participating part
+    `rank` of `participants` computes: contiguous, sizes differing by at most one, together
+    the whole batch in order."""
+    if not 0 <= rank < participants:
+        raise ValueError(f"rank {rank} is not one of {participants} participants")
+    base, extra = divmod(batch_size, participants)
+    start = rank * base + min(rank, extra)
+    return slice(start, start + base + (1 if rank < extra else 0))
+
+
+def job_and_part(env: dict[str, str] | os._Environ = os.environ) -> tuple[int, int]:
+    """(the job's id, this part's index): the array's id and the task's, as Slurm sets them."""
+    try:
+        return int(env["SLURM_ARRAY_JOB_ID"]), int(env["SLURM_ARRAY_TASK_ID"])
+    except (KeyError, ValueError):
+        raise PartError("a part runs as a task of a Slurm job array (SLURM_ARRAY_JOB_ID, SLURM_ARRAY_TASK_ID)") \
+            from None
+
+
+def leave_on(signum: int = signal.SIGTERM) -> None:
+    """At the notice, leave: die of the signal, as Slurm expects of a preempted task (a part
+    that exits 0 ends its task COMPLETED, and nothing requeues it)."""
+
+    def leave(*_: Any) -> None:
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    signal.signal(signum, leave)
+
+
+@dataclass
+class Part:
+    job: int
+    index: int
+    manager: Any  # torchft.Manager
+    store: Any  # its TCPStore, which lives as long as the Manager
+
+    def share(self, batch_size: int) -> slice | None:
+        """This part's rows of the global batch at the current step; None while it heals."""
+        rank = self.manager.participating_rank()
+        if rank is None or not self.manager.is_participating():
+            return None
+        return batch_share(batch_size, rank, self.manager.num_participants())
+
+    def sum_gradients(self, params: Iterable[Any]) -> None:
+        """Sum the parameters' gradients over the quorum, in one allreduce of a flat buffer (a
+        parameter without a gradient adds zeros). torchft's DistributedDataParallel hook
+        crashed the parts that stayed when others left in the middle of an allreduce
+        (docs/benchmarks.md); an allreduce that fails here makes the step uncommitted."""
+        import torch
+        from torch.distributed import ReduceOp
+
+        params = [p for p in params if p.requires_grad]
+        for p in params:
+            if p.grad is None:
+                p.grad = torch.zeros_like(p)
+        flat = torch.cat([p.grad.flatten() for p in params])
+        self.manager.allreduce(flat, reduce_op=ReduceOp.SUM).wait()
+        for p, summed in zip(params, flat.split([p.numel() for p in params])):
+            p.grad.copy_(summed.view_as(p.grad))
+
+
+def ask(service_url: str, job: int, timeout: float = 10.0) -> str:
+    """A part's ask: the address of `job`'s lighthouse from the service at `service_url`
+    (http://host:port)."""
+    url = f"{service_url.rstrip('/')}{JOBS_PATH}{job}"
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as reply:
+            return json.load(reply)["address"]
+    except urllib.error.HTTPError as e:
+        try:
+            why = json.load(e).get("error", e.reason)
+        except ValueError:
+            why = e.reason
+        raise PartError(f"{url}: {why}") from None
+    except (urllib.error.URLError, OSError) as e:
+        raise PartError(f"{url}: no lighthouse service there ({getattr(e, 'reason', e)})") from None
+
+
+def join(state_dict: Callable[[], Any], load_state_dict: Callable[[Any], None], *,
+         service: str | None = None, env: dict[str, str] | os._Environ = os.environ) -> Part:
+    """This part's torchft Manager under its job's lighthouse (asked of the lighthouse
+    service at `service`, default $HAI_LIGHTHOUSE_SERVICE), with a store of its own on this
+    host. One process per part."""
+    from torch.distributed import TCPStore
+    from torchft import Manager, ProcessGroupGloo
+
+    job, index = job_and_part(env)
+    service = service or env.get(SERVICE_ENV)
+    if not service:
+        raise PartError(f"no lighthouse service: set {SERVICE_ENV}=http://HOST:PORT (hai-admin lighthouse)")
+    lighthouse = ask(service, job)
+    host = socket.gethostname()
+    store = TCPStore(host, 0, is_master=True, wait_for_workers=False)
+    manager = Manager(pg=ProcessGroupGloo(timeout=STEP_TIMEOUT), load_state_dict=load_state_dict,
+                      state_dict=state_dict, min_replica_size=1, replica_id=f"{job}_{index}",
+                      lighthouse_addr=lighthouse, store_addr=host, store_port=store.port, rank=0, world_size=1,
+                      hostname=host, timeout=STEP_TIMEOUT, quorum_timeout=QUORUM_TIMEOUT)
+    return Part(job, index, manager, store)

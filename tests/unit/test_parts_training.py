@@ -1,0 +1,175 @@
+"""Training across sizes with parts (slurm_hai/runtime/parts.py), real torchft, no Slurm: three
+parts of job 7 under the job's lighthouse from the lighthouse service; part 2 leaves at its
+notice (SIGTERM) and the other two train on; part 2 starts again, heals from a live peer and
+the three end together. Every part ends bitwise equal to the others, and within 1e-9 of a
+one-process run of the same global batches (float64). tests/cluster will run parts as tasks."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from slurm_hai.controller.lighthouse import Service, serve
+from slurm_hai.runtime.parts import batch_share
+
+STEPS, BATCH, FEATURES = 120, 12, 6
+
+PART = r'''
+import json, os, sys, time
+import torch
+from torchft.optim import OptimizerWrapper
+from slurm_hai.runtime.parts import join, leave_on
+
+out, steps, batch, features = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+index = int(os.environ["SLURM_ARRAY_TASK_ID"])
+log = open(os.path.join(out, f"part{index}.log"), "a")
+def note(**kw):
+    log.write(json.dumps({"part": index, **kw}) + "\n"); log.flush()
+leave_on()
+torch.manual_seed(0)
+model = torch.nn.Linear(features, 1, dtype=torch.float64)
+inner = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+data = torch.Generator().manual_seed(1)
+X = torch.randn(steps * batch, features, generator=data, dtype=torch.float64)
+Y = torch.randn(steps * batch, 1, generator=data, dtype=torch.float64)
+def save():
+    return {"model": model.state_dict(), "opt": inner.state_dict()}
+def load(state):
+    model.load_state_dict(state["model"]); inner.load_state_dict(state["opt"]); note(event="healed")
+part = join(save, load)
+opt = OptimizerWrapper(part.manager, inner)
+note(event="joined")
+while part.manager.current_step() < steps:
+    while os.path.exists(os.path.join(out, "hold")):  # the test's pause: no quorum asked meanwhile
+        time.sleep(0.02)
+    opt.zero_grad()
+    share = part.share(batch)  # after this step's quorum (and a heal): the step is the quorum's
+    step = part.manager.current_step()
+    x, y = X[step * batch:(step + 1) * batch], Y[step * batch:(step + 1) * batch]
+    if share is not None:
+        ((model(x[share]) - y[share]).pow(2).sum() / batch).backward()
+    part.sum_gradients(model.parameters())
+    opt.step()
+    note(event="step", step=step, n=part.manager.num_participants(), healing=share is None)
+    time.sleep(0.02)
+weights = torch.cat([p.detach().flatten() for p in model.parameters()])
+note(event="end", weights=[w.hex() for w in weights.tolist()])
+'''
+
+
+def reference() -> list[float]:
+    """The one-process run of the same global batches."""
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(FEATURES, 1, dtype=torch.float64)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    data = torch.Generator().manual_seed(1)
+    X = torch.randn(STEPS * BATCH, FEATURES, generator=data, dtype=torch.float64)
+    Y = torch.randn(STEPS * BATCH, 1, generator=data, dtype=torch.float64)
+    for step in range(STEPS):
+        opt.zero_grad()
+        x, y = X[step * BATCH:(step + 1) * BATCH], Y[step * BATCH:(step + 1) * BATCH]
+        ((model(x) - y).pow(2).sum() / BATCH).backward()
+        opt.step()
+    return torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()
+
+
+def records(out: Path) -> list[dict]:
+    rows = []
+    for f in sorted(out.glob("part*.log")):
+        rows += [json.loads(line) for line in f.read_text().splitlines() if line.strip()]
+    return rows
+
+
+def wait_for(what, cond, procs, timeout=120.0):
+    deadline = time.monotonic() + timeout
+    while not (value := cond()):
+        dead = [p.args for p in procs if p.poll() not in (None, -signal.SIGTERM)]
+        if dead or time.monotonic() > deadline:
+            raise AssertionError(f"waiting for {what}: {'a part failed' if dead else 'timed out'}")
+        time.sleep(0.05)
+    return value
+
+
+@pytest.mark.parametrize("rows, parts", [(12, 3), (12, 2), (7, 3), (2, 3), (1, 1)])
+def test_a_batch_is_shared_whole_in_order(rows, parts):
+    shares = [batch_share(rows, k, parts) for k in range(parts)]
+    assert [i for s in shares for i in range(rows)[s]] == list(range(rows))
+    assert max(len(range(rows)[s]) for s in shares) - min(len(range(rows)[s]) for s in shares) <= 1
+    with pytest.raises(ValueError):
+        batch_share(rows, parts, parts)
+
+
+def test_a_part_leaves_the_others_train_on_it_heals_and_all_end_as_one_process(tmp_path):
+    state, out = tmp_path / "lighthouses", tmp_path / "out"
+    out.mkdir()
+    script = tmp_path / "part.py"
+    script.write_text(PART)
+    service = Service(state, ended=lambda ids: set())
+    port: list[int] = []
+    stop = threading.Event()
+    threading.Thread(target=serve, args=(service, "127.0.0.1", 0, 60.0), kwargs={"ready": port.append, "stop": stop},
+                     daemon=True).start()
+    deadline = time.monotonic() + 10
+    while not port and time.monotonic() < deadline:
+        time.sleep(0.02)
+    env = {**os.environ, "HAI_LIGHTHOUSE_SERVICE": f"http://127.0.0.1:{port[0]}", "SLURM_ARRAY_JOB_ID": "7"}
+
+    def start(index: int) -> subprocess.Popen:
+        return subprocess.Popen([sys.executable, str(script), str(out), str(STEPS), str(BATCH), str(FEATURES)],
+                                env={**env, "SLURM_ARRAY_TASK_ID": str(index)}, stderr=subprocess.DEVNULL)
+
+    procs = [start(i) for i in range(3)]
+    try:
+        def steps_of(part: int, n: int) -> list[int]:
+            return [r["step"] for r in records(out) if r["event"] == "step" and r["part"] == part and r["n"] == n]
+
+        wait_for("three parts in one quorum", lambda: all(len(steps_of(p, 3)) >= 3 for p in range(3)), procs)
+        procs[2].send_signal(signal.SIGTERM)  # the notice: part 2 leaves, dying of it
+        assert procs[2].wait(30) == -signal.SIGTERM
+        wait_for("the other two to train on as two", lambda: all(len(steps_of(p, 2)) >= 5 for p in (0, 1)), procs)
+        (out / "hold").touch()  # hold the two between steps until part 2 has joined again
+        procs[2] = start(2)
+        wait_for("part 2 to join again", lambda: sum(r["event"] == "joined" and r["part"] == 2
+                                                     for r in records(out)) == 2, procs)
+        (out / "hold").unlink()
+        for p in procs:
+            assert p.wait(180) == 0
+    finally:
+        stop.set()
+        for p in procs:
+            if p.poll() is None:
+                p.kill()
+        for path in state.glob("*.json"):
+            os.kill(json.loads(path.read_text())["pid"], signal.SIGKILL)
+
+    rows = records(out)
+    assert any(r["event"] == "healed" and r["part"] == 2 for r in rows)  # from a live peer's state
+    # part 2's second run: its first step heals (the two compute it), then it is one of three
+    mine = [r for r in rows if r["part"] == 2]
+    again = [r for r in mine[[i for i, r in enumerate(mine) if r["event"] == "joined"][1]:] if r["event"] == "step"]
+    assert again[0]["healing"] and again[0]["n"] == 2 and again[0]["step"] == max(steps_of(0, 2))
+    assert {(r["n"], r["healing"]) for r in again[1:]} == {(3, False)}
+    ends = {r["part"]: [float.fromhex(w) for w in r["weights"]] for r in rows if r["event"] == "end"}
+    assert sorted(ends) == [0, 1, 2]
+    assert ends[0] == ends[1] == ends[2]  # bitwise
+    one = reference()
+    assert max(abs(a - b) for a, b in zip(ends[0], one)) < 1e-9
+    assert ends[0] != [float(w) for w in torch_init()]  # it trained
+
+
+def torch_init() -> list[float]:
+    import torch
+
+    torch.manual_seed(0)
+    model = torch.nn.Linear(FEATURES, 1, dtype=torch.float64)
+    return torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()
