@@ -1,9 +1,9 @@
-"""Elastic in place, measured before it is built (issue 31, docs/elastic-in-place.md).
+"""Elastic in place, measured on the way to building it (issue 31, docs/elastic-in-place.md).
 
 The shape the design chose: an elastic job as one Slurm job array of one-node tasks ("parts"),
-each a torchft replica group of one process, under one torchft lighthouse that outlives the
-parts. This measures that shape on the live local cluster with plain Slurm and torchft, no
-slurm-hai code in the parts:
+each a torchft replica group of one process (slurm_hai/runtime/parts.py), under the job's
+lighthouse from `hai-admin lighthouse`, which outlives the parts. The array is plain sbatch
+(hai-submit does not make one yet), its parts slurm-hai's; on the live local cluster:
 
 1. a part's leave: the 4-task LOW array trains; a 2-node HIGH job arrives; Slurm preempts
    two tasks (PreemptMode=REQUEUE): their parts get the notice and leave, Slurm requeues the
@@ -12,9 +12,10 @@ slurm-hai code in the parts:
 2. a rejoin: the HIGH job ends; the requeued tasks start again, their parts heal from a live
    peer (--state-mb of ballast each, copied by torchft) and train on. Measured: from the HIGH
    job's end to the rejoined parts' first step in a quorum of 4, and the heal itself.
-3. exact: every part ends with weights bitwise equal to the others' (healed ones included).
+3. exact: every part ends with weights bitwise equal to the others' (healed ones included);
+   the parts split a global batch of 64 rows by their participating rank.
 
-Run as root on an idle local cluster (torchft installed: pip install torchft==0.2.0):
+Run as root on an idle local cluster (torchft installed: pip install 'slurm-hai[elastic]'):
 
     .venv/bin/python benchmarks/elastic_parts_bench.py --repeats 3 --steps 200 [--state-mb 1024]
 """
@@ -24,8 +25,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
-import socket
+import signal
 import statistics
 import subprocess
 import sys
@@ -35,28 +37,22 @@ from pathlib import Path
 import cluster_bench as cb  # the bench cluster's environment and helpers (benchmarks/)
 
 PARTS = 4
-STORE_PORT_BASE = 29600  # a part's TCPStore: base + task id (the local nodes share one host)
 
 PART = r'''
-import json, os, signal, sys, time
-from datetime import timedelta
+import json, os, sys, time
 out, steps, state_mb = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-part = int(os.environ["SLURM_ARRAY_TASK_ID"])
-log = open(os.path.join(out, f"part{part}.log"), "a")
+index = int(os.environ["SLURM_ARRAY_TASK_ID"])
+log = open(os.path.join(out, f"part{index}.log"), "a")
 def note(**kw):
-    log.write(json.dumps({"t": time.time(), "part": part, **kw}) + "\n"); log.flush()
+    log.write(json.dumps({"t": time.time(), "part": index, **kw}) + "\n"); log.flush()
 note(event="start", restart=int(os.environ.get("SLURM_RESTART_COUNT", "0")))
-def leave(*_):  # the notice: this part leaves, dying of the signal as Slurm expects of a preempted job
-    note(event="notice")
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    os.kill(os.getpid(), signal.SIGTERM)
-signal.signal(signal.SIGTERM, leave)
+from slurm_hai.runtime.parts import join, leave_on
+leave_on()  # the notice, even during the imports: this part leaves
 import torch
 from torch import nn, optim
-from torch.distributed import TCPStore
-from torchft import Manager, ProcessGroupGloo
 from torchft.optim import OptimizerWrapper
 note(event="imported")
+BATCH = 64
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 1))
 ballast = torch.zeros(state_mb * 2**18)  # float32: state_mb MiB the heal must copy
@@ -67,27 +63,19 @@ def load(sd):
     note(event="healed", load_s=time.time() - t0)
 def save():
     return {"model": model.state_dict(), "opt": inner.state_dict(), "ballast": ballast}
-port = int(os.environ["PART_STORE_PORT_BASE"]) + part
-store = TCPStore("127.0.0.1", port, is_master=True, wait_for_workers=False)
-manager = Manager(pg=ProcessGroupGloo(timeout=timedelta(seconds=5)), load_state_dict=load, state_dict=save,
-                  min_replica_size=1, replica_id=f"part{part}", store_addr="127.0.0.1", store_port=port,
-                  rank=0, world_size=1, timeout=timedelta(seconds=5), quorum_timeout=timedelta(seconds=60))
+part = join(save, load)
 note(event="manager")
-opt = OptimizerWrapper(manager, inner)
-while manager.current_step() < steps:
+opt = OptimizerWrapper(part.manager, inner)
+while part.manager.current_step() < steps:
     opt.zero_grad()  # starts this step's quorum
-    x = torch.randn(64, 256, generator=torch.Generator().manual_seed(manager.current_step()))
-    model(x).pow(2).mean().backward()
-    # the gradients averaged over the quorum in one allreduce of the Manager's: torchft's own
-    # DistributedDataParallel wrapper crashed a survivor (its comm hook's `assert fut._fut`)
-    # when a part left in the middle of an allreduce
-    grads = [p.grad for p in model.parameters()]
-    flat = torch.cat([g.flatten() for g in grads])
-    manager.allreduce(flat).wait()
-    for g, avg in zip(grads, flat.split([g.numel() for g in grads])):
-        g.copy_(avg.view_as(g))
+    share = part.share(BATCH)
+    step = part.manager.current_step()
+    x = torch.randn(BATCH, 256, generator=torch.Generator().manual_seed(step))
+    if share is not None:
+        (model(x[share]).pow(2).sum() / BATCH).backward()
+    part.sum_gradients(model.parameters())
     opt.step()  # commits only if the whole quorum's allreduce went through
-    note(event="step", step=manager.current_step(), n=manager.num_participants())
+    note(event="step", step=step, n=part.manager.num_participants())
     time.sleep(0.1)
 w = torch.cat([p.detach().flatten() for p in model.parameters()])
 import hashlib
@@ -101,10 +89,18 @@ srun {python} {script} {out} {steps} {state_mb}
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def start_lighthouse_service(out: Path) -> tuple[subprocess.Popen, str, Path]:
+    """`hai-admin lighthouse` beside slurmctld, as a site runs it: (its process, its URL, its
+    state directory)."""
+    state, log = out / "lighthouses", out / "lighthouse-service.log"
+    service = subprocess.Popen([str(cb.BIN / "hai-admin"), "lighthouse", "--listen", "127.0.0.1", "--port", "0",
+                                "--state-dir", str(state)], env=cb.ENV, stdout=open(log, "w"),
+                               stderr=subprocess.STDOUT)
+    found = cb.wait_for("the lighthouse service", lambda: service.poll() is not None or
+                        re.findall(r"lighthouse service on 127\.0\.0\.1:(\d+)", cb.read_text(log)), 30, 0.05)
+    if service.poll() is not None:
+        raise SystemExit(f"elastic_parts_bench: hai-admin lighthouse exited: {cb.read_text(log)}")
+    return service, f"http://127.0.0.1:{found[-1]}", state
 
 
 def submit_high(out: Path, hold: float) -> tuple[float, float, int]:
@@ -159,14 +155,10 @@ def one_round(args, n: int) -> dict:
     out.chmod(0o777)
     script = out / "part.py"
     script.write_text(PART)
-    port = free_port()
-    lighthouse = subprocess.Popen([str(cb.BIN / "torchft_lighthouse"), "--min_replicas", "1", "--quorum_tick_ms",
-                                   "100", "--join_timeout_ms", str(args.join_ms), "--heartbeat_timeout_ms", str(args.heartbeat_ms),
-                                   "--bind", f"127.0.0.1:{port}"],
-                                  stdout=open(out / "lighthouse.log", "w"), stderr=subprocess.STDOUT)
+    service, url, state = start_lighthouse_service(out)
     try:
         batch = BATCH.format(python=sys.executable, script=script, out=out, steps=args.steps, state_mb=args.state_mb)
-        env = f"ALL,TORCHFT_LIGHTHOUSE=http://127.0.0.1:{port},PART_STORE_PORT_BASE={STORE_PORT_BASE}"
+        env = f"ALL,HAI_LIGHTHOUSE_SERVICE={url}"
         array = int(cb.run(["sbatch", "--parsable", f"--array=0-{PARTS - 1}", "-N1", "--qos=low", "--gres=gpu:8",
                             "--requeue", f"--export={env}", f"--output={out}/slurm-%A_%a.out",
                             "--job-name=bench-parts"], input=batch).stdout.strip().split(";")[0])
@@ -180,13 +172,16 @@ def one_round(args, n: int) -> dict:
         cb.wait_for("every part to end", lambda: len([r for r in records(out) if r["event"] == "end"]) == PARTS,
                     args.steps * 2 + 240, 0.5)
         rows = records(out)
-        lighthouse_cost = process_cost(lighthouse.pid)
+        (record,) = state.glob("*.json")
+        lighthouse_cost = process_cost(json.loads(record.read_text())["pid"])
     finally:
         cb.run(["scancel", "--name=bench-parts"], check=False)
         cb.drain([])
-        lighthouse.terminate()
-        lighthouse.wait(10)
-    left = {r["part"] for r in rows if r["event"] == "notice"}
+        service.terminate()
+        service.wait(10)
+        for record in state.glob("*.json"):  # the service leaves its lighthouses running
+            os.kill(json.loads(record.read_text())["pid"], signal.SIGTERM)
+    left = {r["part"] for r in rows if r["event"] == "start" and r["restart"] > 0}
     survivors = sorted(set(range(PARTS)) - left)
     steps = {p: [r["t"] for r in rows if r["event"] == "step" and r["part"] == p] for p in survivors}
     gaps = {p: [b - a for a, b in zip(ts, ts[1:])] for p, ts in steps.items()}
@@ -217,15 +212,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hold", type=float, default=10.0, help="seconds the HIGH job holds its 2 nodes")
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--warmup", type=float, default=5.0)
-    p.add_argument("--heartbeat-ms", type=int, default=500,
-                   help="the lighthouse's --heartbeat_timeout_ms (torchft's default: 5000): how soon a part that left "
-                        "is dropped from the quorum, which is what the survivors lose")
-    p.add_argument("--join-ms", type=int, default=60000,
-                   help="the lighthouse's --join_timeout_ms (torchft's default: 60000): how long a quorum waits for "
-                        "a part that is alive (heartbeating) but late to the step")
     args = p.parse_args(argv)
     if not (cb.BIN / "torchft_lighthouse").exists():
-        raise SystemExit("elastic_parts_bench: torchft is not installed: pip install torchft==0.2.0")
+        raise SystemExit("elastic_parts_bench: torchft is not installed: pip install 'slurm-hai[elastic]'")
     shutil.rmtree(cb.WORK, ignore_errors=True)
     cb.WORK.mkdir(parents=True)
     cb.WORK.chmod(0o777)
