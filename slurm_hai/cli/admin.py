@@ -541,11 +541,18 @@ def lighthouse(listen: str, port: int, state_dir: str, sweep_every: float) -> No
     docs/elastic-in-place.md; contrib/systemd/ has a unit file.
     """
     from ..controller.lighthouse import LighthouseError, Service, serve, torchft_extension
+    from ..slurm import SlurmError
+
+    def ended(job_ids: list[int]) -> set[int]:
+        try:
+            return _jobs_over(job_ids)
+        except SlurmError as e:
+            raise LighthouseError(f"cannot ask Slurm whether a job ended: {e}") from None
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         torchft_extension()
-        serve(Service(Path(state_dir), ended=_jobs_over), listen, port, sweep_every)
+        serve(Service(Path(state_dir), ended=ended), listen, port, sweep_every)
     except LighthouseError as e:
         raise click.ClickException(str(e)) from None
     except PermissionError as e:

@@ -90,7 +90,8 @@ class Lighthouse:
 
 class Service:
     """The jobs' lighthouses: started on the first ask, found again after a restart, ended
-    when their job ends. `ended(ids)` says which of the jobs Slurm no longer runs or holds."""
+    when their job ends. `ended(ids)` says which of the jobs Slurm no longer runs or holds
+    (LighthouseError when it cannot tell)."""
 
     def __init__(self, state_dir: Path, ended: Callable[[list[int]], set[int]],
                  heartbeat_timeout_ms: int = HEARTBEAT_TIMEOUT_MS):
@@ -230,11 +231,15 @@ def serve(service: Service, listen: str, port: int, sweep_every: float,
             signal.signal(sig, lambda *_: stop.set())
     try:
         while not stop.wait(sweep_every):
-            service.sweep()
+            try:
+                service.sweep()
+            except LighthouseError as e:
+                log.warning("sweep skipped: %s", e)
     finally:
         httpd.shutdown()
         httpd.server_close()
         service.detach()
+        log.info("lighthouse service stopped; %d lighthouses run on", len(service.lighthouses))
 
 
 def run_one(extension: Path, heartbeat_timeout_ms: int) -> None:

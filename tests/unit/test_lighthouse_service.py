@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_hai.controller.lighthouse import Service, serve
+from slurm_hai.controller.lighthouse import LighthouseError, Service, serve
 from slurm_hai.runtime.parts import PartError, ask
 
 
@@ -150,7 +150,13 @@ def test_a_lighthouse_that_died_is_replaced_at_a_new_address(state):
 
 def test_parts_ask_over_http_and_get_one_line_answers(state):
     over = {11}
-    service = Service(state, ended=lambda ids: over & set(ids))
+
+    def ended(ids):
+        if 13 in ids:
+            raise LighthouseError("cannot ask Slurm whether a job ended: slurmctld is down")
+        return over & set(ids)
+
+    service = Service(state, ended=ended)
     port: list[int] = []
     stop = threading.Event()
     server = threading.Thread(target=serve, args=(service, "127.0.0.1", 0, 0.2),
@@ -162,6 +168,9 @@ def test_parts_ask_over_http_and_get_one_line_answers(state):
         assert address.startswith("http://") and ask(url, 12) == address
         with pytest.raises(PartError, match=r"/v1/jobs/11: job 11 is not running or waiting in Slurm$"):
             ask(url, 11)
+        with pytest.raises(PartError, match=r"/v1/jobs/13: cannot ask Slurm whether a job ended: slurmctld is down$"):
+            ask(url, 13)
+        assert not (state / "13.json").exists()
         with pytest.raises(urllib.error.HTTPError) as bad:
             urllib.request.urlopen(f"{url}/v1/jobs/x1", timeout=5)
         assert bad.value.code == 400 and json.load(bad.value) == {"error": "ask GET /v1/jobs/<job id>"}
