@@ -23,12 +23,14 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def start_service(live, state: Path, log: Path) -> tuple[subprocess.Popen, str]:
+    seen = log.stat().st_size if log.exists() else 0  # an earlier service's lines stay in the log
     out = log.open("a")
     proc = subprocess.Popen([sys.executable, "-m", "slurm_hai.cli.admin", "lighthouse", "--listen", "127.0.0.1",
                              "--port", "0", "--state-dir", str(state), "--sweep-every", "0.5"],
                             env=live.env, cwd=REPO, stdout=out, stderr=subprocess.STDOUT)
-    port = wait_for("the lighthouse service", lambda: proc.poll() is not None or
-                    re.findall(r"lighthouse service on 127\.0\.0\.1:(\d+)", log.read_text()), 20)
+    port = wait_for(lambda: proc.poll() is not None or
+                    re.findall(r"lighthouse service on 127\.0\.0\.1:(\d+)", log.read_text()[seen:]), 20,
+                    "the lighthouse service", 0.05)
     assert proc.poll() is None, log.read_text()
     return proc, f"http://127.0.0.1:{port[-1]}"
 
@@ -59,7 +61,7 @@ def test_a_jobs_lighthouse_runs_while_slurm_holds_the_job_and_through_the_servic
         assert ask(url, job) == address and running(pid)
 
         live.run(["scancel", str(job)])
-        wait_for("the sweep to stop the ended job's lighthouse", lambda: not running(pid), 30)
+        wait_for(lambda: not running(pid), 30, "the sweep to stop the ended job's lighthouse")
         assert not (state / f"{job}.json").exists()
         with pytest.raises(PartError, match=f"job {job} is not running or waiting in Slurm"):
             ask(url, job)
