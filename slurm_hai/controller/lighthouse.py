@@ -45,8 +45,11 @@ from ..runtime.parts import JOBS_PATH
 
 # Measured (docs/benchmarks.md, "Elastic in place"): the heartbeat timeout is what the parts
 # that stay lose when others leave (4.9 s at torchft's 5 s default, 0.5 s at 500 ms); torchft's
-# default join timeout is kept (a short one left a part late to a step out of every quorum).
+# command's default join timeout is kept (a short one left a part late to a step out of every
+# quorum): LighthouseServer's own default is far shorter, and under it four parts on the
+# local cluster trained as two pairs (197 of 200 steps).
 HEARTBEAT_TIMEOUT_MS = 500
+JOIN_TIMEOUT_MS = 60_000
 MODULE = "slurm_hai.controller.lighthouse"
 JOB_PATH = re.compile(rf"^{re.escape(JOBS_PATH)}([1-9][0-9]{{0,9}})$")
 log = logging.getLogger("hai-lighthouse")
@@ -250,7 +253,8 @@ def run_one(extension: Path, heartbeat_timeout_ms: int) -> None:
         raise LighthouseError(f"{extension}: not a loadable extension")
     ext = importlib.util.module_from_spec(spec)
     loader.exec_module(ext)
-    server = ext.LighthouseServer(bind="[::]:0", min_replicas=1, heartbeat_timeout_ms=heartbeat_timeout_ms)
+    server = ext.LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=JOIN_TIMEOUT_MS,
+                                  heartbeat_timeout_ms=heartbeat_timeout_ms)
     print(server.address(), flush=True)
     signal.sigwait({signal.SIGTERM, signal.SIGINT})
     server.shutdown()
