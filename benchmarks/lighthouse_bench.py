@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
-from slurm_hai.controller.lighthouse import HEARTBEAT_TIMEOUT_MS, JOIN_TIMEOUT_MS  # as the service runs them
+from slurm_hai.controller.lighthouse import HEARTBEAT_TIMEOUT_MS, JOIN_TIMEOUT_MS, QUORUM_TICK_MS  # the service's
 
 PARTS = 4
 PORT_BASE = 29700  # lighthouse of job j: PORT_BASE + j
@@ -49,11 +49,12 @@ STEP_S = 0.2  # a part's step: one quorum, then this long "training"
 # extension: importing the torchft package imports torch (what makes torchft_lighthouse 228 MiB).
 HOST = r'''
 import importlib.machinery, importlib.util, signal, sys
-so, ports, heartbeat_ms, join_ms = sys.argv[1], [int(p) for p in sys.argv[2].split(",")], int(sys.argv[3]), int(sys.argv[4])
+so, ports = sys.argv[1], [int(p) for p in sys.argv[2].split(",")]
+heartbeat_ms, join_ms, tick_ms = (int(a) for a in sys.argv[3:6])
 loader = importlib.machinery.ExtensionFileLoader("torchft._torchft", so)
 ext = importlib.util.module_from_spec(importlib.util.spec_from_file_location("torchft._torchft", so, loader=loader))
 loader.exec_module(ext)
-servers = [ext.LighthouseServer(bind=f"[::]:{p}", min_replicas=1, join_timeout_ms=join_ms,
+servers = [ext.LighthouseServer(bind=f"[::]:{p}", min_replicas=1, join_timeout_ms=join_ms, quorum_tick_ms=tick_ms,
                                 heartbeat_timeout_ms=heartbeat_ms) for p in ports]
 print("ready", "torch" in sys.modules, flush=True)
 signal.sigwait({signal.SIGTERM, signal.SIGINT})
@@ -77,7 +78,8 @@ def extension_path() -> str:
 
 def host(ports: list[int]) -> subprocess.Popen:
     p = subprocess.Popen([sys.executable, "-c", HOST, extension_path(), ",".join(map(str, ports)),
-                          str(HEARTBEAT_TIMEOUT_MS), str(JOIN_TIMEOUT_MS)], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                          str(HEARTBEAT_TIMEOUT_MS), str(JOIN_TIMEOUT_MS), str(QUORUM_TICK_MS)],
+                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     line = p.stdout.readline().split() if p.stdout else []
     if line != ["ready", "False"]:
         raise SystemExit(f"lighthouse_bench: the lighthouse host did not start torch-free ({line})")
@@ -89,7 +91,7 @@ def start_lighthouses(mode: str, jobs: int) -> list[subprocess.Popen]:
     if mode == MODES[0]:
         return [subprocess.Popen([lighthouse_cli(), "--min_replicas", "1", "--bind", f"[::]:{p}",
                                   "--heartbeat_timeout_ms", str(HEARTBEAT_TIMEOUT_MS),
-                                  "--join_timeout_ms", str(JOIN_TIMEOUT_MS)],
+                                  "--join_timeout_ms", str(JOIN_TIMEOUT_MS), "--quorum_tick_ms", str(QUORUM_TICK_MS)],
                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for p in ports]
     if mode == MODES[1]:
         return [host([p]) for p in ports]

@@ -50,6 +50,7 @@ from ..runtime.parts import JOBS_PATH
 # local cluster trained as two pairs (197 of 200 steps).
 HEARTBEAT_TIMEOUT_MS = 500
 JOIN_TIMEOUT_MS = 60_000
+QUORUM_TICK_MS = 100  # torchft_lighthouse's: how often a waiting quorum is looked at again
 MODULE = "slurm_hai.controller.lighthouse"
 JOB_PATH = re.compile(rf"^{re.escape(JOBS_PATH)}([1-9][0-9]{{0,9}})$")
 log = logging.getLogger("hai-lighthouse")
@@ -254,7 +255,7 @@ def run_one(extension: Path, heartbeat_timeout_ms: int) -> None:
     ext = importlib.util.module_from_spec(spec)
     loader.exec_module(ext)
     server = ext.LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=JOIN_TIMEOUT_MS,
-                                  heartbeat_timeout_ms=heartbeat_timeout_ms)
+                                  quorum_tick_ms=QUORUM_TICK_MS, heartbeat_timeout_ms=heartbeat_timeout_ms)
     print(server.address(), flush=True)
     signal.sigwait({signal.SIGTERM, signal.SIGINT})
     server.shutdown()
