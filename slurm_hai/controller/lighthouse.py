@@ -41,6 +41,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Callable
 
+from ..jobs.jobdir import write_atomic
 from ..runtime.parts import JOBS_PATH
 
 # Measured (docs/benchmarks.md, "Elastic in place"): the heartbeat timeout is what the parts
@@ -153,9 +154,7 @@ class Service:
             proc.wait()
             raise LighthouseError(f"job {job}: its lighthouse did not start (exit {proc.returncode})")
         found = Lighthouse(job=job, pid=proc.pid, address=line, started=time.time())
-        tmp = self._path(job).with_suffix(".tmp")
-        tmp.write_text(json.dumps(asdict(found)) + "\n")
-        tmp.replace(self._path(job))
+        write_atomic(self._path(job), json.dumps(asdict(found)) + "\n")
         self.children[job] = proc
         log.info("job %d: lighthouse started at %s (pid %d)", job, found.address, proc.pid)
         return found
