@@ -301,10 +301,11 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
     report = yield
     c = getattr(item, "funcargs", {}).get("cluster")
     if report.failed and call.when == "call" and isinstance(c, LiveCluster):
-        log = c.log_dir / "slurmctld.log"
-        if log.exists():
-            report.sections.append(("slurmctld.log, last 60 lines",
-                                    "\n".join(log.read_text(errors="replace").splitlines()[-60:])))
+        for name in ("slurmctld.log", "slurmctld-backup.log"):
+            log = c.log_dir / name
+            if log.exists():
+                report.sections.append((f"{name}, last 60 lines",
+                                        "\n".join(log.read_text(errors="replace").splitlines()[-60:])))
     return report
 
 

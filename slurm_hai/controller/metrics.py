@@ -31,8 +31,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import pwd
-import stat
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,7 +39,7 @@ from typing import Any, Iterable, Iterator, Sequence
 from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
 from prometheus_client.core import GaugeMetricFamily
 
-from ..jobs.jobdir import JobDir
+from ..jobs.jobdir import JobDir, owned, user_uid
 from ..jobs.status import level_name
 from ..policy import tags
 from ..policy.levels import Level
@@ -85,7 +83,6 @@ class EventFollower:
 
     def __init__(self) -> None:
         self._jobs: dict[int, _Followed] = {}
-        self._uids: dict[str, int | None] = {}
 
     def new_events(self, jobs: Sequence[JobInfo], now: float) -> list[tuple[JobInfo, _Followed, dict]]:
         """(job, what is known of its runs, event) for each whole new line of the jobs' files."""
@@ -98,19 +95,11 @@ class EventFollower:
             if f is None:
                 f = self._jobs[job.job_id] = _Followed(JobDir.for_job(job.job_id, root).path / "events.jsonl")
             f.last_seen = now
-            out += [(job, f, event) for event in self._read(f, self._uid(job.user))]
+            out += [(job, f, event) for event in self._read(f, user_uid(job.user))]
         # Forgotten a while after it left the queue, not at once: a job left out of one
         # snapshot (a record the backend could not read) must not be read, and counted, again.
         self._jobs = {jid: f for jid, f in self._jobs.items() if now - f.last_seen < FORGET_AFTER}
         return out
-
-    def _uid(self, user: str) -> int | None:
-        if user not in self._uids:
-            try:
-                self._uids[user] = pwd.getpwnam(user).pw_uid
-            except KeyError:
-                self._uids[user] = None
-        return self._uids[user]
 
     @staticmethod
     def _read(f: _Followed, uid: int | None) -> list[dict]:
@@ -120,12 +109,12 @@ class EventFollower:
             return []
         if st.st_ino == f.inode and st.st_size == f.offset:
             return []  # the common case: nothing new, one lstat
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != uid:
+        if not owned(st, uid):
             return []
         try:
             with open(os.open(f.path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW), "rb") as fh:
                 st = os.fstat(fh.fileno())
-                if not stat.S_ISREG(st.st_mode) or st.st_uid != uid:
+                if not owned(st, uid):
                     return []
                 if st.st_ino != f.inode or st.st_size < f.offset:  # a new file (the job id reused)
                     f.inode, f.offset = st.st_ino, 0

@@ -20,8 +20,11 @@ job directory: Slurm opens it before the directory exists.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import pwd
+import stat
 import time
 from pathlib import Path
 from typing import Iterable
@@ -31,6 +34,21 @@ FINAL_STATES = ("succeeded", "failed", "stopped")
 
 def default_root() -> Path:
     return Path(os.environ.get("HAI_HOME") or Path.home() / ".hai") / "jobs"
+
+
+@functools.lru_cache(maxsize=4096)
+def user_uid(user: str) -> int | None:
+    """The uid of a user name, None for a name this host does not know."""
+    try:
+        return pwd.getpwnam(user).pw_uid
+    except KeyError:
+        return None
+
+
+def owned(st: os.stat_result, uid: int | None) -> bool:
+    """A regular file (not a link) owned by `uid`: what root may trust in a job directory,
+    which its user controls (the policy daemon reads them so)."""
+    return uid is not None and stat.S_ISREG(st.st_mode) and st.st_uid == uid
 
 
 def write_atomic(path: Path, text: str) -> None:
@@ -134,6 +152,14 @@ class JobDir:
         finally:
             os.close(fd)
         return True
+
+    def suspend_marked_by(self, run: int, uid: int | None) -> bool:
+        """Whether run `run` was marked as ending by a suspend, by the user `uid` (a check
+        for root: the marker is neither read nor followed)."""
+        try:
+            return owned(os.lstat(self.suspend_marker(run)), uid)
+        except (OSError, ValueError):  # none, not readable (a root-squashed share), a bad path
+            return False
 
     def suspended(self, run: int) -> str | None:
         try:

@@ -8,7 +8,9 @@ for slurm_hai.controller.daemon to carry out:
 - force-requeue   a job preempted by Slurm that still runs after its grace time (Slurm's own
                   check runs only every 30 s, and its GraceTime is the policy's maximum);
 - requeue-failed  a job that died of its suspend notice during its grace time (Slurm 22.05
-                  marks it FAILED instead of requeueing it);
+                  marks it FAILED instead of requeueing it), or that had asked to be
+                  suspended (its job directory says so) and ended FAILED: its requeue was
+                  lost (a slurmctld killed before it saved its state);
 - demote          mark a running ABOVE_NORMAL job that has run `after_seconds` as demoted
                   (admin comment `hai-demoted=NORMAL`); a running job's QOS cannot change;
 - yield           preempt running jobs that Slurm will not preempt for the first waiting job
@@ -40,7 +42,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Collection, Mapping, Sequence
 
 from .levels import AUTO, LEVEL_STRIDE, Level, level_base, level_of_qos, parse_qos
 from .model import NodeGroup, Policy
@@ -106,11 +108,12 @@ class Snapshot:
     """The queue seen through the policy: levels, usage, pending lines (built once per cycle)."""
 
     def __init__(self, jobs: Sequence[Job], policy: Policy, now: float,
-                 run_ends: Mapping[int, str] | None = None) -> None:
+                 run_ends: Mapping[int, str] | None = None, suspend_asked: Collection[int] = ()) -> None:
         self.jobs = jobs
         self.policy = policy
         self.now = now
         self.run_ends = run_ends or {}  # job id -> how its last run ended (may_start_now)
+        self.suspend_asked = suspend_asked  # ended jobs whose last run had asked to be suspended
         self.by_id = {j.job_id: j for j in jobs}
         cache: dict[str, Level | None] = {}
         self.level: dict[int, Level | None] = {}
@@ -253,10 +256,12 @@ def growable(job: Job, tags: Mapping[str, str]) -> NodeRange | None:
 def decide(jobs: Sequence[Job], policy: Policy, now: float | None = None, *,
            idle_nodes: Mapping[str, int] | None = None, steady_idle: Mapping[str, int] | None = None,
            max_priority_updates: int = MAX_PRIORITY_UPDATES, replay: bool = False,
-           run_ends: Mapping[int, str] | None = None) -> list[Action]:
+           run_ends: Mapping[int, str] | None = None, suspend_asked: Collection[int] = ()) -> list[Action]:
     """The actions one daemon cycle takes for this queue snapshot (see the module doc).
     `run_ends` (job id -> slurmdbd's state of its last run) is asked for the jobs of
     `start_now_candidates`; without it, no requeued job starts before Slurm's delay.
+    `suspend_asked`: the FAILED jobs whose last run had asked to be suspended (go_suspend,
+    or the launcher's forced suspend), by their job directories.
     `idle_nodes` (partition -> idle node count) is needed only when `needs_idle_nodes`;
     without it, nothing is preempted (yield). `steady_idle` (partition -> nodes idle for the
     policy's whole `grow_after`, policy/elastic.IdleHistory): without it, nothing grows.
@@ -265,7 +270,7 @@ def decide(jobs: Sequence[Job], policy: Policy, now: float | None = None, *,
     before the notice, so a daemon killed between the two has left a job that never heard
     it; the launcher ignores a second notice)."""
     now = time.time() if now is None else now
-    snap = Snapshot(jobs, policy, now, run_ends)
+    snap = Snapshot(jobs, policy, now, run_ends, suspend_asked)
     plan = _Plan()
     level_changes: set[int] = set()
     for job in jobs:
@@ -283,8 +288,14 @@ def decide(jobs: Sequence[Job], policy: Policy, now: float | None = None, *,
 
 
 def _failed(job: Job, snap: Snapshot, plan: _Plan) -> None:
-    """A job that died of its suspend notice (Slurm's preemption or the daemon's yield)."""
+    """A job that died of its suspend notice (Slurm's preemption or the daemon's yield), or
+    after it asked to be suspended."""
     if not job.start_time:
+        return
+    if job.job_id in snap.suspend_asked:
+        plan.add(Action("requeue", job.job_id, "requeue-failed",
+                        f"run {job.restart_count} had asked to be suspended and ended FAILED: its requeue was "
+                        "lost (slurmctld stopped before it saved it)"))
         return
     grace = snap.grace(job)
     notices = [job.preempt_time] if job.preempt_time >= job.start_time else []

@@ -84,6 +84,16 @@ def size_change(events: list[dict], size: int) -> tuple[str, dict] | None:
     return ("shrink" if size < last[-1] else "grow"), {"from": last[-1], "to": size}
 
 
+def unrecorded_suspend(jobdir: JobDir, events: list[dict], run: int) -> str | None:
+    """How the run before `run` was suspended, when its script never said so: a requeue that
+    slurmctld acknowledged and lost (stopped before it saved it; a backup took over) left
+    that run to be killed and requeued by the policy daemon (requeue-failed)."""
+    how = jobdir.suspended(run - 1) if run > 0 else None
+    if how and not any(e.get("event") == "suspended" and e.get("run") == run - 1 for e in events):
+        return how
+    return None
+
+
 def wait_to_be_requeued(ending: list[int]) -> int:
     """After a requeue Slurm ends this script with SIGTERM: die at once then (releasing the
     node sooner), or leave after a while if that never comes. If that SIGTERM already came
@@ -120,7 +130,11 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     slurm = backend()
     nodes = run_size(slurm, job_id, args.nodes, os.environ)
-    change = size_change(jobdir.events(), nodes)
+    events = jobdir.events()
+    unrecorded = unrecorded_suspend(jobdir, events, run)
+    if unrecorded:
+        jobdir.event("suspended", run=run - 1, how=unrecorded)
+    change = size_change(events, nodes)
     if change:
         jobdir.event(change[0], run=run, **change[1])
     jobdir.event("start", run=run, nodes=os.environ.get("SLURM_JOB_NODELIST", ""), size=nodes,

@@ -213,3 +213,15 @@ def test_local_simulation_counts_suspend_after_from_the_jobs_first_poll(tmp_path
     q = subprocess.run([hai, "run-local", str(never), "--suspend-after", "0.1", "--job-dir", str(tmp_path / "never")],
                        text=True, capture_output=True, timeout=60)
     assert q.returncode == 0 and "run 0 never called receive_suspend_command(); no notice was sent" in q.stdout
+
+
+def test_a_suspend_whose_script_was_killed_before_it_said_so_is_recorded_by_the_next_run(tmp_path):
+    from slurm_hai.runtime.batch import unrecorded_suspend
+    from slurm_hai.jobs.jobdir import JobDir
+    jobdir = JobDir(tmp_path / "7").create()
+    assert unrecorded_suspend(jobdir, jobdir.events(), 0) is None
+    assert unrecorded_suspend(jobdir, jobdir.events(), 1) is None  # run 0 was not suspended: it failed
+    jobdir.mark_suspend(0, "go_suspend")
+    assert unrecorded_suspend(jobdir, jobdir.events(), 1) == "go_suspend"
+    jobdir.event("suspended", run=0, how="go_suspend")
+    assert unrecorded_suspend(jobdir, jobdir.events(), 1) is None  # said once already
