@@ -16,6 +16,13 @@ it by their participating rank, so the samples of a step, and their sum, are tho
 uninterrupted run whatever the size (up to the order of a floating-point sum). A part that
 is healing this step (it copies a live peer's state) computes nothing and gets the sum.
 
+The parts start from the same state: the job seeds its initialization (or loads one
+checkpoint), and the first step checks it (StartedApart). torchft's own start, in which
+every part but one copies that one's state in step 0 (`init_sync`), is off: the parts that
+copy are counted among the step's participants but compute nothing, so step 0 would sum
+part of its batch. A part dies of the notice at once, wherever it is: a step that it
+leaves half done is not committed by the others, and they take it again without it.
+
 torch and torchft load here, in the job's process; the lighthouse comes from the site's
 lighthouse service (`hai-admin lighthouse`, HAI_LIGHTHOUSE_SERVICE) for the job's id.
 """
@@ -43,6 +50,10 @@ class PartError(RuntimeError):
     """The part cannot join its job; the message says what is missing."""
 
 
+class StartedApart(PartError):
+    """The parts of step 0 hold different states."""
+
+
 def batch_share(batch_size: int, rank: int, participants: int) -> slice:
     """Rows [start, stop) of a global batch of `batch_size` rows that participating part
     `rank` of `participants` computes: contiguous, sizes differing by at most one, together
@@ -64,14 +75,10 @@ def job_and_part(env: dict[str, str] | os._Environ = os.environ) -> tuple[int, i
 
 
 def leave_on(signum: int = signal.SIGTERM) -> None:
-    """At the notice, leave: die of the signal, as Slurm expects of a preempted task (a part
-    that exits 0 ends its task COMPLETED, and nothing requeues it)."""
-
-    def leave(*_: Any) -> None:
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
-
-    signal.signal(signum, leave)
+    """At the notice, leave: die of the signal at once, as Slurm expects of a preempted task
+    (a part that exits 0 ends its task COMPLETED, and nothing requeues it), in the middle of
+    a collective if it is in one. Undoes a handler that a library installed."""
+    signal.signal(signum, signal.SIG_DFL)
 
 
 @dataclass
@@ -100,10 +107,31 @@ class Part:
         for p in params:
             if p.grad is None:
                 p.grad = torch.zeros_like(p)
+        if self.manager.current_step() == 0:
+            self._check_same_start(params)
         flat = torch.cat([p.grad.flatten() for p in params])
         self.manager.allreduce(flat, reduce_op=ReduceOp.SUM).wait()
         for p, summed in zip(params, flat.split([p.numel() for p in params])):
             p.grad.copy_(summed.view_as(p.grad))
+
+    def _check_same_start(self, params: list[Any]) -> None:
+        """Step 0: raise StartedApart unless every participant's parameters have the same
+        fingerprint f, a weighted sum of them. One allreduce of three float64 numbers: the
+        sums over the parts of f, of f squared and of 1, whose spread is 0 only if every f
+        is the same (up to rounding: 1e-12 of f squared)."""
+        import torch
+        from torch.distributed import ReduceOp
+
+        flat = torch.cat([p.detach().flatten().to(torch.float64) for p in params])
+        f = float(flat @ torch.linspace(1.0, 2.0, flat.numel(), dtype=torch.float64))
+        sums = torch.tensor([f, f * f, 1.0], dtype=torch.float64)
+        self.manager.allreduce(sums, reduce_op=ReduceOp.SUM).wait()
+        if self.manager.errored() is not None or not self.manager.is_participating():
+            return  # the step is not committed (or this part heals): checked when it is taken again
+        s1, s2, n = sums.tolist()
+        if n > 1 and abs(s2 * n - s1 * s1) > 1e-12 * max(s1 * s1, 1e-300):
+            raise StartedApart(f"job {self.job}: the parts started from different weights; seed the model's "
+                               "initialization (torch.manual_seed) or load one checkpoint in every part")
 
 
 def ask(service_url: str, job: int, timeout: float = 10.0) -> str:
@@ -139,7 +167,8 @@ def join(state_dict: Callable[[], Any], load_state_dict: Callable[[Any], None], 
     host = socket.gethostname()
     store = TCPStore(host, 0, is_master=True, wait_for_workers=False)
     manager = Manager(pg=ProcessGroupGloo(timeout=STEP_TIMEOUT), load_state_dict=load_state_dict,
-                      state_dict=state_dict, min_replica_size=1, replica_id=f"{job}_{index}",
+                      state_dict=state_dict, min_replica_size=1, init_sync=False,
+                      replica_id=f"{job}_{index}",
                       lighthouse_addr=lighthouse, store_addr=host, store_port=store.port, rank=0, world_size=1,
                       hostname=host, timeout=STEP_TIMEOUT, quorum_timeout=QUORUM_TIMEOUT)
     return Part(job, index, manager, store)
