@@ -13,6 +13,7 @@ from typing import Iterable, Sequence
 
 from ..policy import sizes, tags
 from ..policy.elastic import shrink_target
+from ..policy.job import place
 from ..policy.levels import Level, level_of_qos, parse_qos
 from ..policy.tags import GRACE as GRACE_TAG
 from ..slurm.records import JobInfo
@@ -211,7 +212,7 @@ def preemptor(me: JobInfo, queue: Iterable[JobInfo], ladder: tuple[Level, ...]) 
         if (j.job_id == me.job_id or j.state != "PENDING" or lvl is None or lvl.value <= mine.value
                 or not parts & set(j.partition.split(","))):
             continue
-        key = (-lvl.value, j.job_id)
+        key = (-lvl.value, place(j))
         if best is None or key < best[0]:
             best = (key, j)
     return best[1] if best else None

@@ -12,7 +12,7 @@ from typing import Sequence
 
 from .levels import AUTO, Level
 from .model import Policy
-from .job import Job
+from .job import Job, place
 from .rules import QUOTA_REASONS, WAITING_FOR_NODES, Snapshot, is_held
 from .tags import DEMOTED as DEMOTED_TAG, YIELD as YIELD_TAG, parse_at
 
@@ -41,23 +41,23 @@ class Explainer:
 
     def __init__(self, jobs: Sequence[Job], policy: Policy, now: float | None = None) -> None:
         self.snap = Snapshot(jobs, policy, time.time() if now is None else now)
-        self._lines: dict[str, list[tuple[tuple[int, int], int, Job, Level]]] | None = None
+        self._lines: dict[str, list[tuple[tuple[int, tuple[int, int]], int, Job, Level]]] | None = None
 
     def __call__(self, job: Job) -> str:
         if job.job_id not in self.snap.by_id:  # not in the queue it was built on
             return explain(job, self.snap.jobs, self.snap.policy, self.snap.now)
         return _why(job, self.snap, self)
 
-    def line(self, partition: str) -> list[tuple[tuple[int, int], int, Job, Level]]:
+    def line(self, partition: str) -> list[tuple[tuple[int, tuple[int, int]], int, Job, Level]]:
         """The pending jobs (not held) that may run in `partition`, in the order Slurm starts
-        them: (key, index in the queue, job, level), key = (-level value, job id)."""
+        them: (key, index in the queue, job, level), key = (-level value, place in line)."""
         if self._lines is None:
             self._lines = {}
             for i, j in enumerate(self.snap.jobs):
                 lvl = self.snap.level[j.job_id]
                 if j.state == "PENDING" and lvl is not None and not is_held(j):
                     for part in j.partition.split(","):
-                        self._lines.setdefault(part, []).append(((-lvl.value, j.job_id), i, j, lvl))
+                        self._lines.setdefault(part, []).append(((-lvl.value, place(j)), i, j, lvl))
             for entries in self._lines.values():
                 entries.sort(key=lambda e: e[0])
         return self._lines.get(partition, [])
@@ -123,9 +123,9 @@ def _position(job: Job, mine: Level, snap: Snapshot, lines: Explainer) -> str:
     """Where `job` stands in line, and behind whom: the pending jobs (not held) of an
     overlapping group that Slurm starts before it, those of higher levels and the earlier
     ones of its own level; e.g. "position 2 in line, behind job 133 at HIGH"."""
-    me, top = (-mine.value, job.job_id), (-mine.value, 0)
+    me, top = (-mine.value, place(job)), (-mine.value, (0, 0))
 
-    def before(entries: list, key: tuple[int, int]) -> int:
+    def before(entries: list, key: tuple[int, tuple[int, int]]) -> int:
         return bisect.bisect_left(entries, key, key=lambda e: e[0])
 
     parts = job.partition.split(",")

@@ -44,3 +44,12 @@ class Job(Protocol):
     def priority(self) -> int: ...
     @property
     def admin_comment(self) -> str: ...
+    @property
+    def array_job_id(self) -> int: ...  # its job array's id; for a job of no array its own id
+
+
+def place(job: Job) -> tuple[int, int]:
+    """The job's place in line (FCFS, HAI rule 3): its submission's id, the job array's for a
+    task of an array (a task that starts gets an id of its own, later than jobs submitted
+    after the array), then its own id."""
+    return job.array_job_id, job.job_id

@@ -44,13 +44,13 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Collection, Mapping, Sequence
 
+from .job import Job, place
 from .levels import AUTO, LEVEL_STRIDE, Level, level_base, level_of_qos, parse_qos
 from .model import NodeGroup, Policy
 from .placement import Refused, auto_at_submit, auto_levels, grace_of, group_of
 from .sizes import NodeRange, from_tag
 from .tags import (DEMOTED as DEMOTED_TAG, GRACE as GRACE_TAG, GROW as GROW_TAG, LEVEL as LEVEL_TAG,
                    NODES as NODES_TAG, YIELD as YIELD_TAG, parse as parse_tags, parse_at, with_tags)
-from .job import Job
 
 ACTIVE = ("RUNNING", "SUSPENDED")
 WAITING_FOR_NODES = ("Resources", "Priority", "None")
@@ -219,8 +219,8 @@ def needs_idle_nodes(jobs: Sequence[Job], policy: Policy, now: float) -> bool:
     src, tgt = (policy.level(d.source), policy.level(d.target)) if d else (None, None)
     levels = {lvl.qos: lvl for lvl in policy.ladder}
     running_demoted = waiting_between = False
-    first: dict[tuple[str, int], tuple[int, str]] = {}  # (partition, level) -> earliest waiting (id, user)
-    later: dict[tuple[str, int], list[tuple[int, str]]] = defaultdict(list)  # running (id, user)
+    first: dict[tuple[str, int], tuple[tuple[int, int], str]] = {}  # (partition, level) -> earliest waiting (place, user)
+    later: dict[tuple[str, int], list[tuple[tuple[int, int], str]]] = defaultdict(list)  # running (place, user)
     for j in jobs:
         lvl = levels.get(parse_qos(j.qos)[0])
         if lvl is None:
@@ -229,22 +229,22 @@ def needs_idle_nodes(jobs: Sequence[Job], policy: Policy, now: float) -> bool:
             if d and lvl == src and j.start_time > 0 and now - j.start_time >= d.after_seconds:
                 running_demoted = True
             elif policy.fcfs_preempts(lvl.name) and now - j.start_time >= policy.min_run_seconds:
-                later[(j.partition, lvl.value)].append((j.job_id, j.user))
+                later[(j.partition, lvl.value)].append((place(j), j.user))
         elif j.state == "PENDING":
             if src is not None and tgt is not None and tgt.value < lvl.value <= src.value:
                 waiting_between = True
             if j.reason in WAITING_FOR_NODES and not is_held(j) and policy.fcfs_preempts(lvl.name):
                 for part in j.partition.split(","):
                     key = (part, lvl.value)
-                    if key not in first or j.job_id < first[key][0]:
-                        first[key] = (j.job_id, j.user)
+                    if key not in first or place(j) < first[key][0]:
+                        first[key] = (place(j), j.user)
     if running_demoted and waiting_between:
         return True
     if policy.grow_after_seconds is not None and any(
             j.state == "RUNNING" and growable(j, parse_tags(j.admin_comment)) for j in jobs):
         return True
-    return any(jid > first[key][0] and user != first[key][1]
-               for key, runs in later.items() if key in first for jid, user in runs)
+    return any(at > first[key][0] and user != first[key][1]
+               for key, runs in later.items() if key in first for at, user in runs)
 
 
 def growable(job: Job, tags: Mapping[str, str]) -> NodeRange | None:
@@ -522,7 +522,7 @@ def _yield(snap: Snapshot, plan: _Plan, idle_nodes: Mapping[str, int] | None, le
             continue
         for part in j.partition.split(","):
             h = heads.get(part)
-            if h is None or (lvl.value, -j.job_id) > (h[1].value, -h[0].job_id):
+            if h is None or (-lvl.value, place(j)) < (-h[1].value, place(h[0])):
                 heads[part] = (j, lvl)
     for part, (head, hl) in sorted(heads.items()):
         for_demoted = src is not None and tgt is not None and tgt.value < hl.value <= src.value
@@ -545,7 +545,7 @@ def _yield(snap: Snapshot, plan: _Plan, idle_nodes: Mapping[str, int] | None, le
                     assert tgt is not None  # for_demoted: the policy demotes
                     victims.append((0, j, f"demoted to {tgt.name} after {now - j.start_time:.0f} s; job "
                                           f"{head.job_id} ({hl.name}) needs its nodes"))
-            elif in_line and lvl.value == hl.value and j.job_id > head.job_id and j.user != head.user:
+            elif in_line and lvl.value == hl.value and place(j) > place(head) and j.user != head.user:
                 victims.append((1, j, f"job {head.job_id} of {head.user}, earlier in line at {hl.name}, "
                                       f"needs its nodes"))
         if not victims:
@@ -592,7 +592,7 @@ def _grow(snap: Snapshot, plan: _Plan, steady_idle: Mapping[str, int]) -> None:
                 and (j.reason in WAITING_FOR_NODES or held_back_after_requeue(j, now))):
             for part in j.partition.split(","):
                 waiting[part] = max(waiting.get(part, lvl.value), lvl.value)
-    candidates: list[tuple[int, int, Job, NodeRange, Level]] = []
+    candidates: list[tuple[int, tuple[int, int], Job, NodeRange, Level]] = []
     for j in snap.jobs:
         lvl, tags = snap.level[j.job_id], snap.tags[j.job_id]
         nodes = growable(j, tags)
@@ -602,7 +602,7 @@ def _grow(snap: Snapshot, plan: _Plan, steady_idle: Mapping[str, int]) -> None:
                 or steady_idle.get(j.partition, 0) <= 0
                 or waiting.get(j.partition, -1) >= lvl.value):
             continue
-        candidates.append((-lvl.value, j.job_id, j, nodes, lvl))
+        candidates.append((-lvl.value, place(j), j, nodes, lvl))
     for _, _, j, nodes, lvl in sorted(candidates, key=lambda c: c[:2]):
         if j.partition in busy:
             continue
@@ -639,7 +639,7 @@ def _fcfs(snap: Snapshot, plan: _Plan, level_changes: set[int], cap: int) -> Non
     updates: list[tuple[int, int, int]] = []  # (priority, job id, old)
     for (_part, name), members in groups.items():
         base = level_base(snap.policy.level(name))
-        members.sort(key=lambda j: j.job_id)
+        members.sort(key=place)
         for j, p in zip(members, fcfs_priorities(members, base)):
             if p != j.priority:
                 updates.append((p, j.job_id, j.priority))

@@ -66,6 +66,13 @@ class JobInfo:
     account: str = ""
     preempt_time: int = 0  # when Slurm (last) chose this job for preemption; 0 if never
     end_time: int = 0  # for a finished job, when it ended (for a running one, its time limit)
+    # the id of the job array it is a task (or the pending rest) of, else its own id, as squeue
+    # prints it (the JSON and pyslurm records say 0 for a job of no array; read as its id)
+    array_job_id: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.array_job_id:
+            object.__setattr__(self, "array_job_id", self.job_id)
 
     @functools.cached_property  # read-only: parsed once per record (hai list reads it often)
     def tags(self) -> dict[str, str]:
@@ -185,6 +192,7 @@ JOB_INFO: Spec = {  # squeue --json / scontrol show job --json
     "account": (("account",), _text, False),
     "preempt_time": (("preempt_time",), _number, False),
     "end_time": (("end_time",), _number, False),
+    "array_job_id": (("array_job_id",), _number, False),
 }
 
 ACCOUNTING: Spec = {  # sacct --json
@@ -207,6 +215,7 @@ ACCOUNTING: Spec = {  # sacct --json
     "admin_comment": (("comment", "administrator"), _text, False),
     "account": (("account",), _text, False),
     "end_time": (("time", "end"), _number, False),
+    "array_job_id": (("array", "job_id"), _number, False),
 }
 # Slurm 22.05's `sacct --json` (dbv0.0.38) reports every job's exit code as 0 ("SUCCESS"),
 # also for a job `sacct -o exitcode` shows as 3:0: that exit code is unknown, not 0.
@@ -289,7 +298,7 @@ _TEXT_READERS: dict[str, Callable[[str], Any]] = {
     "node_list": _text_string, "restart_count": _text_count, "submit_time": _text_time, "start_time": _text_time,
     "eligible_time": _text_time, "priority": _text_count, "exit_code": _text_exit, "batch_host": _text_host,
     "comment": _text_string, "admin_comment": _text_string, "account": _text_string,
-    "preempt_time": _text_time, "end_time": _text_time,
+    "preempt_time": _text_time, "end_time": _text_time, "array_job_id": _text_count,
 }
 # JobInfo field -> (squeue --Format field, converter), in the order asked for: JobInfo's own.
 QUEUE_FORMAT: tuple[tuple[str, str, Callable[[str], Any]], ...] = tuple(
@@ -404,6 +413,7 @@ PYSLURM: Spec = {  # pyslurm.Job attributes (pyslurm 25.11); () is the whole rec
     "account": (("account",), _text, False),
     "preempt_time": (("preempt_time",), _pyslurm_number, False),
     "end_time": ((), _pyslurm_end, False),
+    "array_job_id": (("array_id",), _pyslurm_number, False),
 }
 
 PYSLURM_DB: Spec = {  # pyslurm.db.Job attributes (pyslurm 25.11): what sacct --json reads

@@ -26,6 +26,7 @@ FIELDS = (
     ("eligible_time", "EligibleTime"), ("priority", "PriorityLong"), ("exit_code", "exit_code"),
     ("batch_host", "BatchHost"), ("comment", "Comment"), ("admin_comment", "admin_comment"),
     ("account", "Account"), ("preempt_time", "PreemptTime"), ("end_time", "EndTime"),
+    ("array_job_id", "ArrayJobID"),
 )
 
 

@@ -216,6 +216,38 @@ def test_an_earlier_job_gets_its_nodes_back_from_a_later_job_of_another_user(rul
     assert any(f"job {first} of {ALICE}, earlier in line at NORMAL, needs its nodes" in line for line in lines), log()
 
 
+def array_tasks(c: LiveCluster, array: int) -> dict[str, str]:
+    """The tasks of job array `array` that Slurm lists: job id -> state."""
+    rows = c.run(["squeue", "--noheader", "--array", f"--jobs={array}", "--format=%A %T"]).stdout.split("\n")
+    return dict(row.split() for row in rows if row.strip())
+
+
+def test_the_tasks_of_a_job_array_keep_the_arrays_place_in_line(rules):
+    """A task of an array gets a job id of its own when it starts, later than jobs submitted
+    after the array; its place in line is the array's. bob's array (2 tasks), alice's job,
+    root's job, in that order, all at NORMAL: root's job and then the array's tasks run, and
+    alice's job waits for 2 nodes. The daemon takes them back from root's job, later in line,
+    not from bob's tasks, which started last but were submitted first."""
+    c, log = rules
+    array = sbatch(c, "--array=0-1", "-N1", "--hold", "--qos=normal", user=BOB)
+    waiting = sbatch(c, "-N2", "--hold", "--qos=normal", user=ALICE)
+    later = sbatch(c, "-N2", "--qos=normal", user="root")
+    running(c, later)
+    c.run(["scontrol", "release", str(array)])
+    tasks = wait_for(lambda: (t := array_tasks(c, array)) and list(t.values()) == ["RUNNING"] * 2 and t, 75,
+                     "the array's two tasks to run")
+    # the task that started first has an id of its own, after root's job (the last one to start
+    # takes the array's record, and its id)
+    assert any(int(t) > later for t in tasks) and str(array) in tasks, tasks
+    c.run(["scontrol", "release", str(waiting)])
+    running(c, waiting, GRACE + 30, "alice's job to get its nodes back")
+    info = c.wait_job(later, lambda j: j["Restarts"] == "1", 20, "root's job to be requeued")
+    assert any(f"job {waiting} of {ALICE}, earlier in line at NORMAL, needs its nodes" in line
+               for line in daemon_lines(log(), later, "yield")), log()
+    assert array_tasks(c, array) == tasks, (info, tasks)  # bob's tasks run on, never asked to yield
+    assert not [t for t in tasks if daemon_lines(log(), int(t), "yield")], log()
+
+
 # ----------------------------------------------------------------- rule 4
 
 

@@ -33,7 +33,10 @@ def render(argv: Sequence[str], rows: Sequence[dict[str, str]]) -> str:
     wanted = [a.split("=", 1)[1].split(",") for a in argv if a.startswith("--jobs=")]
     users = [a.split("=", 1)[1] for a in argv if a.startswith("--user=")]
     rows = [r for r in rows if (not wanted or r["JobId"] in wanted[0]) and (not users or r["UserName"] in users)]
-    return "".join("".join(row.get(f, "") + sep for f in fields) + "\n" for row in rows)
+    # a job of no array: squeue prints its own id as ArrayJobID (rows recorded before
+    # slurm-hai asked for that field have none)
+    return "".join("".join(row.get(f, row.get("JobId", "") if f == "ArrayJobID" else "") + sep for f in fields) + "\n"
+                   for row in rows)
 
 
 def recorded_rows(release: str) -> list[dict[str, str]]:

@@ -317,6 +317,24 @@ def test_nodes_slurm_frees_by_itself_count_first_and_higher_levels_are_never_tak
     assert signals(decide([head, early], POLICY, NOW, idle_nodes={"gpu": 0})) == []
 
 
+def test_the_tasks_of_a_job_array_keep_the_arrays_place_in_line():
+    """A task of an array gets an id of its own when it starts, later than the jobs submitted
+    after the array: its place is the array's. bob's array 8 runs as tasks 31 and 32; alice's
+    job 10, submitted after it, waits: bob's tasks are ahead of it, not later in line."""
+    head = job(10, nodes=2, reason="Resources")
+    tasks = [job(i, "RUNNING", "normal.u.hai-bob", user="hai-bob", start_time=NOW - 100, array_job_id=8)
+             for i in (31, 32)]
+    assert signals(decide([head, *tasks], POLICY, NOW, idle_nodes={"gpu": 0})) == []
+    assert not needs_idle_nodes([head, *tasks], POLICY, NOW)
+    # the same two jobs outside an array are later in line: alice gets their nodes
+    alone = [replace(t, array_job_id=t.job_id) for t in tasks]
+    assert signals(decide([head, *alone], POLICY, NOW, idle_nodes={"gpu": 0})) == [31, 32]
+    # and a requeued task waits in the array's place, ahead of job 10 (fcfs: the higher priority)
+    waiting = replace(tasks[0], state="PENDING", reason="Priority", start_time=0, restart_count=1)
+    prio = {a.job_id: int(a.field_dict()["Priority"]) for a in decide([head, waiting], POLICY, NOW) if a.rule == "fcfs"}
+    assert prio.get(31, waiting.priority) > prio.get(10, head.priority)
+
+
 def test_the_same_users_later_job_is_never_suspended():
     head, *later = line_scene()
     alices = [replace(j, user="hai-alice", qos="normal") for j in later]

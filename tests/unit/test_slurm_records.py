@@ -52,10 +52,18 @@ def test_every_shape_says_what_slurm_saw(release):
         assert done.tags["hai-dir"] == "/tmp/rec", name  # the job comment (AccountingStoreFlags=job_comment)
         assert running.user == "root" and running.qos == "low" and running.account == "hai", name
         assert running.submit_time > 1_700_000_000 and running.start_time >= running.submit_time, name
+        assert done.array_job_id == done.job_id, name  # a job of no array: its own id
+        if "array" in ids:  # (23.11.4 and 24.11.5 were recorded before record.py made an array)
+            # a job array's task started with an id of its own; its place in line is the array's
+            task = jobs[ids["array_task"]]
+            assert task.state == "RUNNING" and task.job_id != ids["array"] and task.array_job_id == ids["array"], name
         if name != "sacct.json":  # slurmdbd does not know holds and requeues while pending
             held, requeued = jobs[ids["held"]], jobs[ids["requeued"]]
             assert (held.state, held.reason, held.priority) == ("PENDING", "JobHeldUser", 0), name
             assert (requeued.state, requeued.restart_count) == ("PENDING", 1), name
+            if "array" in ids:
+                rest = jobs[ids["array"]]  # the task still to run
+                assert (rest.state, rest.array_job_id) == ("PENDING", ids["array"]), name
             assert running.priority > 0 and running.batch_host, name
             # slurmdbd learns the comments of a running job only at its end
             assert running.tags["hai-chain"] == "7" and running.tags["hai-dir"] == "/tmp/rec", name
