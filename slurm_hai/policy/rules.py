@@ -292,11 +292,6 @@ def _failed(job: Job, snap: Snapshot, plan: _Plan) -> None:
     after it asked to be suspended."""
     if not job.start_time:
         return
-    if job.job_id in snap.suspend_asked:
-        plan.add(Action("requeue", job.job_id, "requeue-failed",
-                        f"run {job.restart_count} had asked to be suspended and ended FAILED: its requeue was "
-                        "lost (slurmctld stopped before it saved it)"))
-        return
     grace = snap.grace(job)
     notices = [job.preempt_time] if job.preempt_time >= job.start_time else []
     y = parse_at(snap.tags[job.job_id].get(YIELD_TAG, ""))
@@ -308,6 +303,10 @@ def _failed(job: Job, snap: Snapshot, plan: _Plan) -> None:
                             f"died {job.end_time - at} s after its suspend notice (grace {grace} s): "
                             "a preempted job is requeued, not ended"))
             return
+    if job.job_id in snap.suspend_asked:  # no notice Slurm still knows of
+        plan.add(Action("requeue", job.job_id, "requeue-failed",
+                        f"run {job.restart_count} had asked to be suspended and ended FAILED: its requeue was "
+                        "lost (slurmctld stopped before it saved it)"))
 
 
 def _running(job: Job, snap: Snapshot, plan: _Plan, replay: bool = False) -> None:

@@ -96,6 +96,17 @@ def test_a_job_that_died_within_its_own_grace_is_requeued():
     assert by_rule(decide([asked], policy, NOW), "requeue-failed")
 
 
+def test_a_failed_job_that_had_asked_to_be_suspended_is_requeued():
+    """Its requeue was lost (suspend_asked: its job directory's marker), or it died of a notice
+    Slurm still knows of, which says more."""
+    lost = job(1, "FAILED", "low", start_time=NOW - 60, end_time=NOW - 5)
+    assert decide([lost], POLICY, NOW) == []  # a failure, as far as Slurm tells
+    (a,) = decide([lost], POLICY, NOW, suspend_asked={1})
+    assert (a.kind, a.rule) == ("requeue", "requeue-failed") and "its requeue was lost" in a.why
+    (a,) = decide([replace(lost, preempt_time=NOW - 8)], POLICY, NOW, suspend_asked={1})
+    assert a.why.startswith("died 3 s after its suspend notice")
+
+
 def test_old_preempt_time_of_an_earlier_run_is_ignored():
     jobs = [job(1, "RUNNING", "low", start_time=NOW - 60, preempt_time=NOW - 500, restart_count=1)]
     assert decide(jobs, POLICY, NOW) == []
