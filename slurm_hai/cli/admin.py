@@ -106,6 +106,9 @@ def check(policy_file: str | None, as_json: bool) -> None:
     grow = p["elastic"]["grow_after_seconds"]
     click.echo(f"  at least {p['min_gpus']} GPU(s) per node; "
                + (f"an elastic job grows into nodes idle {grow} s" if grow is not None else "elastic jobs never grow"))
+    click.echo("  elastic jobs in place (hai-submit --in-place): "
+               + (f"lighthouse service {p['elastic']['lighthouse_service']}" if p["elastic"]["lighthouse_service"]
+                  else "none (no lighthouse_service)"))
     click.echo("  accounts given the ladder by apply: "
                + (", ".join(p["accounts"]) or "none (only the associations of quota overrides)"))
     for g in p["groups"]:
@@ -136,7 +139,8 @@ def _policy_json(policy: Policy) -> dict:
         "demotion": {"from": d.source, "to": d.target, "after_seconds": d.after_seconds} if d else None,
         "fcfs_preempt_levels": [lvl.name for lvl in policy.levels_high_to_low if policy.fcfs_preempts(lvl.name)],
         "min_gpus": policy.min_gpus,
-        "elastic": {"grow": policy.grow_after_seconds is not None, "grow_after_seconds": policy.grow_after_seconds},
+        "elastic": {"grow": policy.grow_after_seconds is not None, "grow_after_seconds": policy.grow_after_seconds,
+                    "lighthouse_service": policy.lighthouse_service},
         "accounts": list(policy.accounts),
         "quota_overrides": {"users": overrides(policy.user_quota, "u"),
                             "accounts": overrides(policy.account_quota, "a")},

@@ -61,13 +61,18 @@ def _node_range(ctx, param, value: str) -> str:
               help="Run SCRIPT (.py) with torchrun, once per node: one process per GPU (1 on CPU nodes), "
                    "RANK/LOCAL_RANK/WORLD_SIZE as torchrun sets them; every process of node 0 gets the "
                    "suspend notice.")
+@click.option("--in-place", "in_place", is_flag=True,
+              help="With -n MIN:MAX: run the job as MAX parts, one per node (a job array), that leave and "
+                   "rejoin one by one when a higher level needs some of their nodes, while the others train "
+                   "on (SCRIPT uses slurm_hai.runtime.parts; docs/elastic-in-place.md). Needs the cluster's "
+                   "lighthouse service.")
 @click.option("-f", "--follow", is_flag=True, help="After submitting, stream the logs of rank 0 until the job ends.")
 @click.option("--dry-run", is_flag=True, help="Print the rendered sbatch script; submit nothing.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the result as JSON (with --dry-run: the checked request, its script and warnings).")
 @one_line_errors
 def main(script, args, name, nodes, priority, gpus_per_node, group, env, time_limit, grace, retries, workdir,
-         python, torchrun, follow, dry_run, as_json):
+         python, torchrun, in_place, follow, dry_run, as_json):
     """Submit SCRIPT (with ARGS) as a HAI job.
 
     Options come before SCRIPT; everything after SCRIPT is passed to it unchanged, as
@@ -100,7 +105,7 @@ def main(script, args, name, nodes, priority, gpus_per_node, group, env, time_li
     req = JobRequest(script=script, args=args, name=name, nodes=nodes, priority=priority,
                      gpus_per_node=gpus_per_node, group=group, env=list(env), time=time_limit, grace=grace,
                      retries=retries, workdir=workdir, python=python, job_root=str(default_root()),
-                     torchrun=torchrun)
+                     torchrun=torchrun, in_place=in_place)
     slurm = backend()
     try:
         prepared = prepare(req, slurm, policy, dry_run)

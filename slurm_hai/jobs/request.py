@@ -22,7 +22,7 @@ from ..policy.limits import NOTICE_MARGIN
 from ..policy.model import Policy
 from ..policy.placement import REFUSALS, Refused, grace_of, group_of, request_level
 from ..policy.sizes import NodeRange
-from ..policy.tags import DIR as DIR_TAG, GRACE as GRACE_TAG, NODES as NODES_TAG
+from ..policy.tags import DIR as DIR_TAG, GRACE as GRACE_TAG, NODES as NODES_TAG, PARTS as PARTS_TAG
 
 # Each is matched whole (fullmatch: a trailing newline is not "the end"), in ASCII.
 NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}")
@@ -64,6 +64,7 @@ class JobRequest:
     python: str = sys.executable
     job_root: str = ""
     torchrun: bool = False  # run SCRIPT under torchrun, once per node (runtime/torchrun.py)
+    in_place: bool = False  # an elastic job in place: a job array of one-node parts (runtime/part_task.py)
 
 
 def requested_nodes(req: JobRequest) -> NodeRange:
@@ -122,6 +123,7 @@ def validate(req: JobRequest, policy: Policy) -> dict:
     if req.torchrun and script.suffix != ".py":
         raise RequestError(f"--torchrun runs a Python script (SCRIPT.py), not {req.script}; "
                            "drop --torchrun to run a program once per node")
+    in_place = _in_place(req, nodes, policy) if req.in_place else None
     if req.torchrun:  # torchrun per node, one process per GPU (1 on CPU nodes), SCRIPT under --python
         command = [sys.executable, "-m", "slurm_hai.runtime.torchrun", f"--nproc-per-node={req.gpus_per_node or 1}",
                    f"--python={req.python}", "--", str(script.resolve()), *req.args]
@@ -131,13 +133,31 @@ def validate(req: JobRequest, policy: Policy) -> dict:
         command = [str(script.resolve()) if script.exists() else req.script, *req.args]
     return {
         "name": name, "nodes": nodes.min, "node_range": str(nodes), "slurm_nodes": nodes.slurm(),
-        "nodes_tag": f";{NODES_TAG}={nodes.tag()}" if nodes.elastic else "",
+        "nodes_tag": f";{NODES_TAG}={nodes.tag()}" if nodes.elastic and not in_place else "",
+        "in_place": in_place,
         "gpus": req.gpus_per_node, "qos": qos, "level": level_name,
         "partition": req.group, "time": req.time, "grace": grace, "retries": req.retries,
         "notice_signal": policy.notice_signal, "notice_seconds": grace + NOTICE_MARGIN, "dir_tag": DIR_TAG, "grace_tag": GRACE_TAG,
         "workdir": workdir, "job_root": req.job_root,
         "env": env, "python": sys.executable, "command": command,
     }
+
+
+def _in_place(req: JobRequest, nodes: NodeRange, policy: Policy) -> dict:
+    """What an elastic job in place adds to the template's context: the array of MAX parts,
+    the range as a tag, the site's lighthouse service. RequestError for what it cannot be."""
+    if not policy.lighthouse_service:
+        raise RequestError("--in-place: this cluster runs no lighthouse service (the policy's [elastic] "
+                           "lighthouse_service); submit without --in-place")
+    if not nodes.elastic or nodes.step != 1:
+        raise RequestError(f"--in-place needs a node range MIN:MAX (one part per node), got -n {req.nodes}")
+    if req.torchrun or Path(req.script).suffix != ".py":
+        raise RequestError("--in-place runs a Python script of parts (slurm_hai.runtime.parts), one process per "
+                           "node, without --torchrun")
+    if req.time is not None or req.retries:
+        raise RequestError("--in-place jobs take no --time or --retries yet; submit without them")
+    return {"parts": nodes.max, "tag": f";{PARTS_TAG}={nodes.min}:{nodes.max}",
+            "lighthouse_service": policy.lighthouse_service}
 
 
 def check_group_name(group: str | None) -> None:
@@ -266,4 +286,5 @@ def check_files(req: JobRequest) -> None:
 def render_script(context: dict, term_is_notice: bool) -> str:
     from ..render import render  # jinja2: only hai-submit renders; the other commands start without it
 
-    return render("job/sbatch.sh.j2", term_is_notice=term_is_notice, **context)
+    template = "job/parts.sh.j2" if context["in_place"] else "job/sbatch.sh.j2"
+    return render(template, term_is_notice=term_is_notice, **context)

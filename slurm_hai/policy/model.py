@@ -95,6 +95,9 @@ class Policy:
     min_gpus: int = HAI_MIN_GPUS
     # an elastic job below its MAX grows into nodes idle this long (policy/elastic.py); None: never
     grow_after_seconds: int | None = 60
+    # the site's lighthouse service (`hai-admin lighthouse`), http://HOST:PORT, that the parts
+    # of an elastic job in place ask (hai-submit --in-place); None: the site runs none
+    lighthouse_service: str | None = None
     source: str = field(default="<default>", compare=False)
 
     @property
@@ -225,7 +228,7 @@ def parse_policy(data: Mapping[str, Any], source: str = "policy.toml") -> Policy
 TOP_KEYS = ("default_level", "grace_seconds", "max_grace_seconds", "min_run_seconds", "accounts", "allow_auto", "notice_signal",
             "fcfs_preempt_levels", "min_gpus", "levels", "demotion", "quota", "groups", "elastic")
 DEMOTION_KEYS = ("enabled", "from", "to", "after_seconds")
-ELASTIC_KEYS = ("grow", "grow_after")
+ELASTIC_KEYS = ("grow", "grow_after", "lighthouse_service")
 GROUP_KEYS = ("nodes", "priority_tier", "levels", "default", "min_gpus")
 DURATION = re.compile(r"^\s*(\d+)\s*(s|m|h|d)?\s*$")
 UNIT = {None: 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -315,14 +318,15 @@ class _Parser:
             if "fcfs_preempt_levels" in data else None
         min_gpus = self.integer("", "min_gpus", data.get("min_gpus", HAI_MIN_GPUS), 0, MAX_GPUS_PER_NODE)
         demotion = self.demotion(data.get("demotion"), ladder)
-        grow_after = self.elastic(data.get("elastic", {}))
+        grow_after, lighthouse = self.elastic(data.get("elastic", {}))
         quota, users, accts = self.quotas(data.get("quota", {}), names)
         groups = self.groups(data.get("groups"), names)
         return Policy(ladder=ladder, default_level=default_level, grace_seconds=grace, max_grace_seconds=max_grace,
                       min_run_seconds=min_run,
                       demotion=demotion, quota=quota, groups=groups, user_quota=users, account_quota=accts,
                       accounts=accounts, allow_auto=allow_auto, notice_signal=notice, min_gpus=min_gpus,
-                      fcfs_preempt_levels=fcfs, grow_after_seconds=grow_after, source=self.source)
+                      fcfs_preempt_levels=fcfs, grow_after_seconds=grow_after, lighthouse_service=lighthouse,
+                      source=self.source)
 
     def ladder(self, raw: Any) -> tuple[Level, ...]:
         if raw is None:
@@ -406,16 +410,27 @@ class _Parser:
             raise self.error(table, "nodes", f"{bad!r} is not a node name (letters, digits, '.', '_', '-'); "
                                              f"write the list as Slurm does, e.g. \"gpu[001-064],n7\"")
 
-    def elastic(self, raw: Any) -> int | None:
-        """[elastic]: grow = true|false, grow_after = seconds (at least 1)."""
+    def elastic(self, raw: Any) -> tuple[int | None, str | None]:
+        """[elastic]: grow = true|false, grow_after = seconds (at least 1), lighthouse_service =
+        "http://HOST:PORT": (grow_after_seconds, lighthouse_service)."""
         t = self.table("", "elastic", raw)
         self.known("elastic", t, ELASTIC_KEYS)
+        service = self.service_url("elastic", "lighthouse_service", t["lighthouse_service"]) \
+            if "lighthouse_service" in t else None
         if not self.boolean("elastic", "grow", t.get("grow", True)):
-            return None
+            return None, service
         after = self.seconds("elastic", "grow_after", t.get("grow_after", 60), high=86400)
         if after == 0:
             raise self.error("elastic", "grow_after", "must be at least 1 second (or set grow = false)")
-        return after
+        return after, service
+
+    def service_url(self, table: str, key: str, value: Any) -> str:
+        """http://HOST:PORT, nothing after the port."""
+        m = re.fullmatch(r"http://([A-Za-z0-9.-]+|\[[0-9A-Fa-f:]+\]):(\d{1,5})/?", self.string(table, key, value))
+        if m is None or not 0 < int(m.group(2)) < 65536:
+            raise self.error(table, key, f"expected http://HOST:PORT (where `hai-admin lighthouse` listens), "
+                                         f"got {value!r}")
+        return f"http://{m.group(1)}:{int(m.group(2))}"
 
     def quota_table(self, table: str, raw: Mapping[str, Any], names: set[str],
                     allow_unlimited: bool) -> dict[str, int | None]:

@@ -21,6 +21,8 @@ Job comment (written by hai-submit, editable by the job's owner: a hint, never t
     hai-nodes=MIN:MAX:STEP
                           the node range hai-submit asks for (job_submit.lua takes its STEP
                           when MIN and MAX are the job's --nodes=MIN-MAX)
+    hai-parts=MIN:MAX     an elastic job in place (hai-submit --in-place): a job array of MAX
+                          one-node tasks, one part each (docs/elastic-in-place.md)
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ DEMOTED = "hai-demoted"
 YIELD = "hai-yield"
 GROW = "hai-grow"
 DIR = "hai-dir"
+PARTS = "hai-parts"
 
 
 def parse(*texts: str) -> dict[str, str]:

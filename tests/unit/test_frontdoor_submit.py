@@ -182,3 +182,28 @@ def test_a_json_dry_run_prints_one_json_object(fake, tmp_path):
         ("HIGH", "high", 1, "1:2", 3, 8)
     assert report["command"][-3:] == [str(script), "--lr", "0.1"] and report["slurm_unreachable"] is None
     assert any("looks single-process" in w for w in report["warnings"])
+
+
+def test_in_place_is_a_job_array_of_one_node_parts_under_the_sites_lighthouse_service(fake, tmp_path):
+    script = tmp_path / "parts.py"
+    script.write_text("from slurm_hai.runtime.parts import join\n")
+    rc, out = dry_run("--in-place", "-n", "2:2", str(script))
+    assert rc == 2 and "--in-place: this cluster runs no lighthouse service (the policy's [elastic] lighthouse_service)" \
+        in out, out
+    (tmp_path / "policy.toml").write_text('[elastic]\nlighthouse_service = "http://ctl:29510"\n')
+    rc, out = dry_run("--in-place", "-n", "1:2", str(script), "--lr", "0.1")
+    assert rc == 0, out
+    lines = out.splitlines()
+    for line in ("#SBATCH --array=0-1", "#SBATCH --nodes=1", "#SBATCH --requeue",
+                 "#SBATCH --comment=hai-dir=" + str(tmp_path / "hai" / "jobs") + ";hai-grace=5;hai-parts=1:2",
+                 "export HAI_LIGHTHOUSE_SERVICE=http://ctl:29510"):
+        assert line in lines, line
+    assert not [ln for ln in lines if ln.startswith("#SBATCH --signal") or "hai-nodes" in ln]  # the notice: SIGTERM
+    argv = exec_line(out)
+    assert argv[2:5] == ["-m", "slurm_hai.runtime.part_task", f"--job-dir={tmp_path / 'hai' / 'jobs'}/$SLURM_ARRAY_JOB_ID"]
+    assert argv[argv.index(str(script)) + 1:] == ["--lr", "0.1"]
+    for argv, needle in ((["-n", "2"], "--in-place needs a node range MIN:MAX (one part per node), got -n 2"),
+                         (["-n", "1:2", "--torchrun"], "--in-place runs a Python script of parts"),
+                         (["-n", "1:2", "--time", "10"], "--in-place jobs take no --time or --retries yet")):
+        rc, out = dry_run("--in-place", *argv, str(script))
+        assert rc == 2 and needle in out and "Traceback" not in out, (argv, out)

@@ -203,6 +203,10 @@ def test_lower_levels_never_include_own():
     ("min_gpus = -1", "min_gpus: expected an integer from 0 to 64, got -1"),
     ('min_gpus = "8"', "min_gpus: expected an integer from 0 to 64, got '8'"),
     ('[groups.gpu]\nnodes = "a"\nmin_gpus = 65', "[groups.gpu] min_gpus: expected an integer from 0 to 64, got 65"),
+    ('[elastic]\nlighthouse_service = "ctl:29510"', "[elastic] lighthouse_service: expected http://HOST:PORT"),
+    ('[elastic]\nlighthouse_service = "http://ctl:0"', "[elastic] lighthouse_service: expected http://HOST:PORT"),
+    ('[elastic]\nlighthouse_service = "http://ctl:29510/v1"', "[elastic] lighthouse_service: expected http://HOST"),
+    ('[elastic]\nlighthouse_service = "https://ctl:29510"', "[elastic] lighthouse_service: expected http://HOST"),
 ])
 def test_bad_field_is_one_located_error(tmp_path, text, message):
     got = error_of(tmp_path, text)
