@@ -14,8 +14,9 @@ import click
 
 from .. import __version__
 from ..jobs.jobdir import JobDir, default_root
-from ..jobs.status import HaiStatus, back_estimate, clock, marker
+from ..jobs.status import HaiStatus, as_one_job, back_estimate, clock, marker
 from ..jobs.status import status as hai_status
+from ..policy import tags
 from ..policy.explain import Explainer
 from ..policy.rules import is_held
 from ..slurm.records import JobInfo
@@ -111,12 +112,14 @@ def _status_of(job_id: int) -> tuple[HaiStatus, JobInfo | None, JobDir]:
     from ..policy.model import find_policy
 
     job, jobdir = lookup(job_id)
+    if job is not None and tags.PARTS in job.tags:  # a job in place: its parts, as one job
+        job = next(iter(as_one_job(backend().jobs([job_id]))), job)
     if job is None or job.state not in LIVE or _has_ended(job_id):
         return job_status(job_id, job, jobdir), job, jobdir
     queue = [job]
     if job.state == "PENDING":
         queue = backend().jobs()
-        job = next((j for j in queue if j.job_id == job_id), job)
+        job = next((j for j in as_one_job(queue) if j.job_id == job_id), job)
     return job_status(job_id, job, jobdir, queue, Explainer(queue, find_policy())), job, jobdir
 
 
@@ -194,7 +197,7 @@ def _list(all_users: bool, as_json: bool, since: float | None = None, state: str
     why = Explainer(queue, find_policy())  # one policy read, one snapshot of the queue
     root = default_root()
     rows = [job_status(j.job_id, j, job_dir_of(j.job_id, j, root) if may_read(j) else None, queue, why)
-            for j in sorted(queue, key=lambda j: j.job_id) if all_users or j.user == me]
+            for j in sorted(as_one_job(queue), key=lambda j: j.job_id) if all_users or j.user == me]
     if since is not None or state is not None:  # ended jobs too, from your own job directories
         rows += [job_status(jid, None, d, queue, why) for jid, d in _own_ended_jobs({j.job_id for j in queue})]
         rows.sort(key=lambda r: r.job_id)

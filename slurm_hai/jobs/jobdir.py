@@ -229,5 +229,7 @@ class JobDir:
 
 
 def run_sizes(events: Iterable[dict]) -> list[int]:
-    """The nodes of each run, from the `start` events (runs before slurm-hai recorded a size: none)."""
-    return [int(e["size"]) for e in events if e.get("event") == "start" and str(e.get("size", "")).isdigit()]
+    """The nodes of each run, from the `start` events (runs before slurm-hai recorded a size:
+    none; a part of a job in place, whose start is its task's: none)."""
+    return [int(e["size"]) for e in events
+            if e.get("event") == "start" and "part" not in e and str(e.get("size", "")).isdigit()]

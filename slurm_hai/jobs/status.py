@@ -8,7 +8,7 @@ finished-stopped.
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Iterable, Sequence
 
 from ..policy import sizes, tags
@@ -16,7 +16,7 @@ from ..policy.elastic import shrink_target
 from ..policy.job import place
 from ..policy.levels import Level, level_of_qos, parse_qos
 from ..policy.tags import GRACE as GRACE_TAG
-from ..slurm.records import JobInfo
+from ..slurm.records import ENDED_STATES, JobInfo
 from .jobdir import run_sizes
 
 SLURM_REASONS = {
@@ -85,6 +85,31 @@ class HaiStatus:
     def nodes_text(self) -> str:
         """2, or 2/2:4 for an elastic job on 2 nodes of 2 to 4."""
         return f"{self.nodes}/{self.node_range}" if self.node_range else str(self.nodes)
+
+
+def as_one_job(records: Sequence[JobInfo]) -> list[JobInfo]:
+    """The records with each elastic job in place (the tasks of a job array with the
+    `hai-parts` tag, one per part) as one record under the array's id: running while a part
+    runs, on the nodes of its running parts (0 while none runs), restarted as often as its
+    parts were; every other record as it is."""
+    out: list[JobInfo] = []
+    arrays: dict[int, list[JobInfo]] = {}
+    for j in records:
+        if tags.PARTS in j.tags:
+            arrays.setdefault(j.array_job_id, []).append(j)
+        else:
+            out.append(j)
+    for array, tasks in arrays.items():
+        running = [t for t in tasks if t.state in ("RUNNING", "CONFIGURING")]
+        waiting = [t for t in tasks if t.state not in ENDED_STATES]
+        own = next((t for t in tasks if t.job_id == array), tasks[0])
+        first = (running or waiting or [own])[0]
+        out.append(replace(own, job_id=array, state=first.state, reason=first.reason,
+                           num_nodes=len(running), node_list=",".join(t.node_list for t in running),
+                           restart_count=sum(t.restart_count for t in tasks),
+                           submit_time=min(t.submit_time for t in tasks),
+                           start_time=min((t.start_time for t in running), default=first.start_time)))
+    return out
 
 
 def hai_state(job: JobInfo | None, final: dict | None, suspended_runs: int) -> str:

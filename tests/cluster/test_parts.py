@@ -57,9 +57,14 @@ def test_two_parts_leave_for_a_higher_job_the_others_train_on_and_all_end_as_one
         stayed = sorted({0, 1, 2, 3} - gone)
         wait_for(lambda: [r for r in rows(out) if r["event"] == "step" and r.get("parts") == 2 and r["committed"]],
                  60, "the other two to train on as two", 0.3)
+        # one job to its user, on the nodes of its running parts
+        st, listed = hai(live, "status", str(array)), hai(live, "list")
+        assert (st["state"], st["nodes"], st["node_range"]) == ("running", 2, "2:4"), st
+        assert [r["job_id"] for r in listed if r["job_id"] >= array] == [array], listed  # not a line per task
         wait_for(lambda: live.job(high).get("JobState", "COMPLETED") == "COMPLETED", 90, "the HIGH job to end", 0.5)
         wait_for(lambda: [r for r in rows(out) if r["event"] == "step" and r.get("parts") == 4
                           and r["t"] > max(e["t"] for e in left)], 120, "the four parts together again", 0.5)
+        assert hai(live, "status", str(array))["nodes"] == 4
         (out / "hurry").touch()  # the rest of the steps without a pause
         wait_for(lambda: read_final(job_dir), 240, "the job to end", 1.0)
     finally:
@@ -88,6 +93,11 @@ def test_two_parts_leave_for_a_higher_job_the_others_train_on_and_all_end_as_one
     starts = [(e["part"], e["run"]) for e in events(job_dir) if e["event"] == "start"]
     assert sorted(starts) == sorted([(p, 0) for p in range(4)] + [(p, 1) for p in gone]), starts
     assert "Traceback" not in (tmp_path / "service.log").read_text()
+
+
+def hai(live, *argv: str):
+    """`hai ARGV --json` as the job's user."""
+    return json.loads(live.run(["hai", *argv, "--json"], user=ALICE).stdout)
 
 
 def events(job_dir: Path) -> list[dict]:

@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from slurm_hai.jobs.status import (history, level_name, marker, notice_cause, preemptor, reason_in_words, status,
+from slurm_hai.jobs.status import (as_one_job, history, level_name, marker, notice_cause, preemptor, reason_in_words, status,
                                    why_notice)
 from slurm_hai.policy.levels import DEFAULT_LADDER as HAI, Level
 from slurm_hai.slurm.records import JobInfo
@@ -234,3 +234,18 @@ def test_an_elastic_job_shows_its_range_from_the_admin_comment_only_and_the_size
     # an ended job: what hai-submit recorded
     assert status(7, None, {"state": "succeeded", "exit_code": 0}, {"nodes": 2, "node_range": "2:8:2"}, 0
                   ).nodes_text == "2/2:8:2"
+
+
+def test_the_parts_of_a_job_in_place_are_one_job_running_on_its_running_parts():
+    parts = dict(comment="hai-dir=/tmp/x;hai-parts=2:4", array_job_id=100)
+    tasks = [replace(job(101, "RUNNING", "low", start_time=NOW - 50), node_list="n1", **parts),
+             replace(job(103, "RUNNING", "low", start_time=NOW - 20), node_list="n3", restart_count=1, **parts),
+             replace(job(102, "FAILED", "low"), **parts),  # a part's own failure: the others go on
+             replace(job(100, "PENDING", "low", reason="Resources"), restart_count=1, **parts)]  # the rest
+    other = job(99, "RUNNING", "high")
+    (one, ) = [j for j in as_one_job([other, *tasks]) if j.job_id == 100]
+    assert (one.state, one.num_nodes, one.node_list, one.restart_count) == ("RUNNING", 2, "n1,n3", 2)
+    assert one.start_time == NOW - 50 and one.reason == "None"
+    assert as_one_job([other, *tasks])[0] is other  # every other record as it is
+    (waiting,) = as_one_job([tasks[2], tasks[3]])  # no part runs: it waits, on no node
+    assert (waiting.job_id, waiting.state, waiting.reason, waiting.num_nodes) == (100, "PENDING", "Resources", 0)
