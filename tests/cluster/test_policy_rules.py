@@ -34,7 +34,8 @@ ALICE, BOB = "hai-alice", "hai-bob"
 # a step that dies of its suspend notice (SIGTERM, or USR2 from the daemon): the batch shell then ends
 PLAIN = "srun sleep 600"
 # a step that ignores its suspend notice
-STUBBORN = "srun bash -c \"trap '' TERM USR2; exec sleep 600\""
+# ignores its notice once the trap is set: then it writes {mark} (on every node: the step's tasks)
+STUBBORN = "srun bash -c \"trap '' TERM USR2; touch {mark}.\\$SLURM_NODEID; exec sleep 600\""
 
 
 def admin(c: LiveCluster, *args: str, check: bool = True) -> subprocess.CompletedProcess:
@@ -367,8 +368,13 @@ def test_above_normal_is_demoted_after_its_time_and_back_at_its_level_after_requ
 
 def test_job_ignoring_its_suspend_notice_is_forced_off_after_grace(rules):
     c, log = rules
-    stubborn = sbatch(c, "-N4", "--qos=low", wrap=STUBBORN)
+    mark = c.shared_dir("stubborn") / "trapped"
+    mark.parent.chmod(0o777)
+    stubborn = sbatch(c, "-N4", "--qos=low", wrap=STUBBORN.format(mark=mark))
     running(c, stubborn)
+    # the notice must find the trap set: a job preempted before its step ran died of it at once
+    # (seen on 22.05 under load: ended in under a second, neither forced nor requeued by anyone)
+    wait_for(lambda: len(list(mark.parent.glob("trapped.*"))) == 4, 60, "the step to ignore its notice", 0.2)
     submitted = time.monotonic()
     high = sbatch(c, "-N2", "--qos=high", user=ALICE, wrap="sleep 2")
     c.wait_job(stubborn, lambda j: j.get("PreemptTime", "None") != "None", 20, "the preemption")
