@@ -565,14 +565,15 @@ def lighthouse(listen: str, port: int, state_dir: str, sweep_every: float) -> No
 
 
 def _jobs_over(job_ids: list[int]) -> set[int]:
-    """Those of the jobs that Slurm says ended, or no longer knows. Asked one by one: squeue
-    of one job id is one small RPC (slurm_load_job); of several, squeue loads the whole
-    queue and picks them out. A node holds the memory of one job or a few."""
+    """Those of the jobs that Slurm says ended, or no longer knows; a job array (a job in
+    place) once every task of it ended. Asked one by one: squeue of one job id is one small
+    RPC (slurm_load_job); of several, squeue loads the whole queue and picks them out. A node
+    holds the memory of one job or a few."""
     from ..slurm import backend
     from ..slurm.records import ENDED_STATES
 
     slurm = backend()
-    return {job for job in job_ids if (info := slurm.job(job)) is None or info.state in ENDED_STATES}
+    return {job for job in job_ids if all(info.state in ENDED_STATES for info in slurm.jobs([job]))}
 
 
 def _serve_metrics(port: int, address: str, policy: Policy):

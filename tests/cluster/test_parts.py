@@ -67,6 +67,9 @@ def test_two_parts_leave_for_a_higher_job_the_others_train_on_and_all_end_as_one
         assert hai(live, "status", str(array))["nodes"] == 4
         (out / "hurry").touch()  # the rest of the steps without a pause
         wait_for(lambda: read_final(job_dir), 240, "the job to end", 1.0)
+        # once every task has ended, and only then, the service stops the job's lighthouse
+        wait_for(lambda: not (tmp_path / "lighthouses" / f"{array}.json").exists(), 60,
+                 "the job's lighthouse to stop with its last part", 0.5)
     finally:
         if array is not None:
             live.run(["scancel", str(array)], check=False)
