@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from test_acceptance import events, named, wait_final
 from test_lighthouse import start_service
 from waiting import wait_for
 
@@ -51,8 +52,8 @@ def test_two_parts_leave_for_a_higher_job_the_others_train_on_and_all_end_as_one
 
         high = live.sbatch("-N2", "--qos=high", "-o", "/dev/null", "--wrap", "sleep 15", user="root")
         live.wait_job(high, lambda j: j["JobState"] == "RUNNING", 60, "the HIGH job to take two nodes")
-        left = wait_for(lambda: [e for e in events(job_dir) if e["event"] == "left"] if len(
-            [e for e in events(job_dir) if e["event"] == "left"]) == 2 else None, 60, "two parts to leave", 0.3)
+        left = wait_for(lambda: found if len(found := named(job_dir, "left")) == 2 else None, 60,
+                        "two parts to leave", 0.3)
         gone = {e["part"] for e in left}
         stayed = sorted({0, 1, 2, 3} - gone)
         wait_for(lambda: [r for r in rows(out) if r["event"] == "step" and r.get("parts") == 2 and r["committed"]],
@@ -66,7 +67,7 @@ def test_two_parts_leave_for_a_higher_job_the_others_train_on_and_all_end_as_one
                           and r["t"] > max(e["t"] for e in left)], 120, "the four parts together again", 0.5)
         assert hai(live, "status", str(array))["nodes"] == 4
         (out / "hurry").touch()  # the rest of the steps without a pause
-        wait_for(lambda: read_final(job_dir), 240, "the job to end", 1.0)
+        final = wait_final(job_dir, 240)
         # once every task has ended, and only then, the service stops the job's lighthouse
         wait_for(lambda: not (tmp_path / "lighthouses" / f"{array}.json").exists(), 60,
                  "the job's lighthouse to stop with its last part", 0.5)
@@ -78,7 +79,7 @@ def test_two_parts_leave_for_a_higher_job_the_others_train_on_and_all_end_as_one
         for path in (tmp_path / "lighthouses").glob("*.json"):
             os.kill(json.loads(path.read_text())["pid"], signal.SIGKILL)
 
-    assert read_final(job_dir)["state"] == "succeeded"
+    assert final["state"] == "succeeded"
     all_rows = rows(out)
     # the two that stayed never restarted: one join each, and their steps have no gap but the leave's
     for part in stayed:
@@ -102,16 +103,3 @@ def hai(live, *argv: str):
     """`hai ARGV --json` as the job's user."""
     return json.loads(live.run(["hai", *argv, "--json"], user=ALICE).stdout)
 
-
-def events(job_dir: Path) -> list[dict]:
-    try:
-        return [json.loads(line) for line in (job_dir / "events.jsonl").read_text().splitlines() if line.strip()]
-    except FileNotFoundError:
-        return []
-
-
-def read_final(job_dir: Path) -> dict | None:
-    try:
-        return json.loads((job_dir / "final.json").read_text())
-    except (FileNotFoundError, ValueError):
-        return None
