@@ -14,7 +14,7 @@ from .levels import AUTO, Level
 from .model import Policy
 from .job import Job, place
 from .rules import QUOTA_REASONS, WAITING_FOR_NODES, Snapshot, is_held
-from .tags import DEMOTED as DEMOTED_TAG, YIELD as YIELD_TAG, parse_at
+from .tags import BEHIND as BEHIND_TAG, DEMOTED as DEMOTED_TAG, YIELD as YIELD_TAG, parse_at
 
 
 def _ago(seconds: float) -> str:
@@ -115,6 +115,9 @@ def _why(job: Job, snap: Snapshot, lines: Explainer) -> str:
     if reason in ("Dependency", "DependencyNeverSatisfied"):
         return "waiting for its dependency" if reason == "Dependency" else "its dependency can never be satisfied"
     if reason in WAITING_FOR_NODES and lvl is not None:
+        if BEHIND_TAG in tags:
+            return (f"waiting for {_nodes(job.num_nodes)} at {lvl.name}: gave its nodes to job {tags[BEHIND_TAG]} "
+                    f"and waits behind it ({_position(job, lvl, snap, lines)})")
         return f"{auto}waiting for {_nodes(job.num_nodes)} at {lvl.name} ({_position(job, lvl, snap, lines)})"
     return f"{auto}pending at {name}: {reason}"
 

@@ -18,7 +18,8 @@ for slurm_hai.controller.daemon to carry out:
                   preempt them (their QOS is still ABOVE_NORMAL); later-started jobs of other
                   users of its own level (HAI rule 3: only the same user's jobs are exempt;
                   `fcfs_preempt_levels`). Suspend notice, grace, requeue, held until that job
-                  runs (admin comment `hai-yield=JOB@TIME`);
+                  runs (admin comment `hai-yield=JOB@TIME`), then released behind it: it never
+                  takes that job's nodes back (`hai-behind=JOB`, until it runs again);
 - grow            ask a running elastic job below its MAX to restart on more nodes, when nodes
                   stayed idle `grow_after` seconds and no waiting job of its level or above
                   could use them (policy/elastic.py): tag `hai-grow=SIZE@TIME`, suspend
@@ -49,7 +50,7 @@ from .levels import AUTO, LEVEL_STRIDE, Level, level_base, level_of_qos, parse_q
 from .model import NodeGroup, Policy
 from .placement import Refused, auto_at_submit, auto_levels, grace_of, group_of
 from .sizes import NodeRange, from_tag
-from .tags import (DEMOTED as DEMOTED_TAG, GRACE as GRACE_TAG, GROW as GROW_TAG, LEVEL as LEVEL_TAG,
+from .tags import (BEHIND as BEHIND_TAG, DEMOTED as DEMOTED_TAG, GRACE as GRACE_TAG, GROW as GROW_TAG, LEVEL as LEVEL_TAG,
                    NODES as NODES_TAG, YIELD as YIELD_TAG, parse as parse_tags, parse_at, with_tags)
 
 ACTIVE = ("RUNNING", "SUSPENDED")
@@ -360,10 +361,13 @@ def _running(job: Job, snap: Snapshot, plan: _Plan, replay: bool = False) -> Non
         assert d is not None  # is_demoted: the policy demotes
         plan.update(job.job_id, "demote",
                     f"{d.source} -> {d.target} after {now - job.start_time:.0f} s running (limit {d.after_seconds} s)",
-                    AdminComment=with_tags(job.admin_comment, {DEMOTED_TAG: d.target}))
+                    AdminComment=with_tags(job.admin_comment, {DEMOTED_TAG: d.target}, drop=[BEHIND_TAG]))
     elif not demoted and DEMOTED_TAG in tags:  # requeued and running again since it was demoted
         plan.update(job.job_id, "restore-level", "runs again after a requeue: no longer demoted",
-                    AdminComment=with_tags(job.admin_comment, drop=[DEMOTED_TAG]))
+                    AdminComment=with_tags(job.admin_comment, drop=[DEMOTED_TAG, BEHIND_TAG]))
+    elif BEHIND_TAG in tags:
+        plan.update(job.job_id, "yield", f"runs again: no longer behind job {tags[BEHIND_TAG]}",
+                    AdminComment=with_tags(job.admin_comment, drop=[BEHIND_TAG]))
 
 
 def _pending(job: Job, snap: Snapshot, plan: _Plan, level_changes: set[int]) -> None:
@@ -384,17 +388,21 @@ def _pending(job: Job, snap: Snapshot, plan: _Plan, level_changes: set[int]) -> 
             if not is_held(job):
                 plan.add(Action("hold", jid, "yield", f"requeued for job {waiting}: held until that job runs"))
             return
+        behind: dict[str, str] = {}
         if other is None:
             why = f"job {waiting} is gone"
         elif other.state != "PENDING":
-            why = f"job {waiting} got its nodes"
+            # It waits behind that job from now on, even where its place in line comes first
+            # (a demoted job back at its level): taking the nodes back would undo the yield.
+            why = f"job {waiting} got its nodes; waits behind it"
+            behind = {BEHIND_TAG: str(waiting)}
         else:
             why = f"job {waiting} still waits {YIELD_TIMEOUT} s after the grace time: stop yielding"
         # Released before the tag goes: the tag is what marks the hold as ours, so a daemon
         # killed between the two must find the tag still there (or the job already free).
         if is_held(job) and job.reason == "JobHeldAdmin":
             plan.add(Action("release", jid, "yield", f"released: it yielded to job {waiting}"))
-        plan.update(jid, "yield", why, AdminComment=with_tags(job.admin_comment, drop=[YIELD_TAG, DEMOTED_TAG]))
+        plan.update(jid, "yield", why, AdminComment=with_tags(job.admin_comment, behind, drop=[YIELD_TAG, DEMOTED_TAG]))
         return
     if DEMOTED_TAG in tags:
         plan.update(jid, "restore-level", "requeued: no longer demoted",
@@ -524,6 +532,7 @@ def _yield(snap: Snapshot, plan: _Plan, idle_nodes: Mapping[str, int] | None, le
             if h is None or (-lvl.value, place(j)) < (-h[1].value, place(h[0])):
                 heads[part] = (j, lvl)
     for part, (head, hl) in sorted(heads.items()):
+        behind = snap.tags[head.job_id].get(BEHIND_TAG)
         for_demoted = src is not None and tgt is not None and tgt.value < hl.value <= src.value
         in_line = policy.fcfs_preempts(hl.name)
         if part in busy or head.reason not in WAITING_FOR_NODES or not (for_demoted or in_line):
@@ -537,7 +546,7 @@ def _yield(snap: Snapshot, plan: _Plan, idle_nodes: Mapping[str, int] | None, le
         for j in candidates:
             lvl = snap.level[j.job_id]
             assert lvl is not None  # candidates all have a level
-            if j.partition != part:
+            if j.partition != part or str(j.job_id) == behind:  # never the job it yielded to
                 continue
             if snap.is_demoted(j):
                 if for_demoted and lvl.value >= hl.value:

@@ -12,6 +12,9 @@ Admin comment (only slurmctld's job_submit.lua, root and SlurmUser can write it:
     hai-demoted=NAME      the policy daemon demoted the running job to NAME
     hai-yield=JOB@EPOCH   the daemon asked the job to give way to JOB at EPOCH (a demoted job,
                           or a later job of another user at the level of JOB, earlier in line)
+    hai-behind=JOB        the job yielded to JOB and was released once JOB ran: it waits behind
+                          JOB and never takes its nodes back by its place in line; dropped when
+                          the job runs again
     hai-grow=SIZE@EPOCH   the daemon asked the elastic job at EPOCH to restart on SIZE nodes,
                           into nodes that stayed idle (policy/elastic.py)
 Job comment (written by hai-submit, editable by the job's owner: a hint, never trusted):
@@ -34,6 +37,7 @@ GRACE = "hai-grace"
 NODES = "hai-nodes"
 DEMOTED = "hai-demoted"
 YIELD = "hai-yield"
+BEHIND = "hai-behind"
 GROW = "hai-grow"
 DIR = "hai-dir"
 PARTS = "hai-parts"

@@ -352,8 +352,9 @@ def test_above_normal_is_demoted_after_its_time_and_back_at_its_level_after_requ
     running(c, waiting, DEMOTE_AFTER + GRACE + 30, "bob's ABOVE_NORMAL job to take the demoted job's nodes")
     info = c.wait_job(demoted, lambda j: j["Restarts"] == "1" and j["Reason"] != "JobHeldAdmin"
                       and "hai-yield" not in j["AdminComment"], 20, "the demoted job to be requeued and released")
-    # back at its submit-time level, no longer demoted, waiting for nodes
-    assert info["QOS"] == "above_normal" and info["AdminComment"].split() == ["hai-level=ABOVE_NORMAL", "hai-grace=5"], info
+    # back at its submit-time level, no longer demoted, waiting for nodes behind bob's job
+    assert info["QOS"] == "above_normal" and info["AdminComment"].split() == [
+        "hai-level=ABOVE_NORMAL", "hai-grace=5", f"hai-behind={waiting}"], info
     assert info["JobState"] == "PENDING"
     assert state(c, blocker) == "RUNNING"
     text = log()
@@ -361,6 +362,12 @@ def test_above_normal_is_demoted_after_its_time_and_back_at_its_level_after_requ
     # a requeued job whose level was changed gets its submit-time level back
     c.run(["scontrol", "update", f"JobId={demoted}", "QOS=low"])
     c.wait_job(demoted, lambda j: j["QOS"] == "above_normal", 15, "the submit-time level back")
+    # earlier in line at ABOVE_NORMAL again, it still never takes back the nodes it gave bob's
+    # job (the two traded them every DEMOTE_AFTER seconds before): a cycle decides nothing for it
+    dry = admin(c, "daemon", "--policy", str(policy_file), "--once", "--dry-run",
+                "--lock", str(policy_file.parent / "dry-run.lock"), check=False)
+    assert not daemon_lines(dry.stdout + dry.stderr, waiting, "yield"), dry.stdout + dry.stderr
+    assert state(c, waiting) == "RUNNING" and "hai-yield" not in c.job(waiting)["AdminComment"]
 
 
 # ----------------------------------------------------------------- rule 7

@@ -251,7 +251,28 @@ def test_yielding_job_is_requeued_after_grace_and_held_until_the_waiting_job_run
     running = replace(jobs[2], state="RUNNING", reason="None", start_time=NOW + 5)
     actions = decide([jobs[0], held, running], p, NOW + 6)
     assert [(a.kind, a.job_id) for a in actions] == [("release", 2), ("update", 2)]  # release first: see _pending
-    assert fields(actions, 2)["AdminComment"] == "hai-level=ABOVE_NORMAL"
+    assert fields(actions, 2)["AdminComment"] == "hai-level=ABOVE_NORMAL hai-behind=3"
+
+
+def test_a_released_job_waits_behind_the_job_it_yielded_to_and_never_takes_its_nodes_back():
+    # job 2 (demoted) gave its 2 nodes to carol's job 3 (1 node) and was released: back at
+    # ABOVE_NORMAL it is earlier in line than job 3, but taking its nodes back would undo the
+    # yield, and after the demotion time the two would trade the nodes forever
+    p, jobs = demoted_scene()
+    released = replace(jobs[1], state="PENDING", reason="Resources", restart_count=1, start_time=NOW - 60,
+                       priority=BASE["ABOVE_NORMAL"], admin_comment="hai-level=ABOVE_NORMAL hai-behind=3")
+    taker = replace(jobs[2], state="RUNNING", reason="None", num_nodes=1, start_time=NOW - 50)
+    other = job(4, "RUNNING", "above_normal", user="hai-bob", start_time=NOW - 40, admin_comment="hai-level=ABOVE_NORMAL")
+    scene = [released, taker]
+    assert not [a for a in decide(scene, p, NOW, idle_nodes={"gpu": 1}) if a.kind == "signal"]
+    assert explain(released, scene, p, NOW).startswith(
+        "waiting for 2 nodes at ABOVE_NORMAL: gave its nodes to job 3 and waits behind it")
+    # a later job it did not yield to is still taken, as for any job earlier in line
+    actions = decide([*scene, other], p, NOW, idle_nodes={"gpu": 1})
+    assert [a.job_id for a in actions if a.kind == "signal"] == [4]
+    # running again, the tag goes: the next yield starts afresh
+    again = replace(released, state="RUNNING", reason="None", start_time=NOW - 1)
+    assert fields(decide([again, taker], p, NOW), 2) == {"AdminComment": "hai-level=ABOVE_NORMAL"}
 
 
 def test_yielding_job_that_died_of_the_notice_is_requeued():
@@ -437,8 +458,8 @@ def test_no_loop_the_suspended_job_waits_held_until_the_earlier_one_runs():
     ran = replace(head, state="RUNNING", reason="None", start_time=NOW + 8)
     actions = decide([ran, held], POLICY, NOW + 9, idle_nodes={"gpu": 0})
     assert [(a.kind, a.job_id) for a in actions] == [("release", 30), ("update", 30)]
-    assert fields(actions, 30) == {"AdminComment": "hai-level=NORMAL"}
-    waiting = replace(held, reason="Resources", priority=BASE["NORMAL"], admin_comment="hai-level=NORMAL")
+    assert fields(actions, 30) == {"AdminComment": "hai-level=NORMAL hai-behind=10"}
+    waiting = replace(held, reason="Resources", priority=BASE["NORMAL"], admin_comment="hai-level=NORMAL hai-behind=10")
     assert signals(decide([ran, waiting], POLICY, NOW + 10, idle_nodes={"gpu": 0})) == []
     assert not needs_idle_nodes([ran, waiting], POLICY, NOW + 10)
 
