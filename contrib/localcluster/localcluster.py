@@ -29,6 +29,7 @@ Used through the `up`, `down` and `status` scripts beside this file.
 from __future__ import annotations
 
 import contextlib
+import json
 import dataclasses
 import os
 import pwd
@@ -185,7 +186,18 @@ class Cluster:
     @property
     def ports(self) -> dict[str, int]:
         b = self.port_base
-        return {"mysql": b, "slurmdbd": b + 1, "slurmctld": b + 2}
+        return {"mysql": b, "slurmdbd": b + 1, "slurmctld": b + 2, "lighthouse": b + 3}
+
+    @property
+    def runs_lighthouse(self) -> bool:
+        """Whether `up` runs the lighthouse service of elastic jobs in place (docs/elastic-in-place.md)
+        and the cluster's policy names it: on the loopback layout once slurm-hai is installed
+        (`make setup`). Not in site mode (slurm-hai not installed) or the netns layout."""
+        return HAI_ADMIN.exists() and not self.site and not self.netns
+
+    @property
+    def lighthouse_url(self) -> str:
+        return f"http://{self.addr}:{self.ports['lighthouse']}"
 
     @property
     def nodes(self) -> list[Node]:
@@ -323,7 +335,38 @@ def daemons(c: Cluster) -> list[Daemon]:
     out += [node_holder(c, n) for n in c.nodes]
     out += [slurmd(c, n) for n in c.nodes]
     out += [persist_agent(c, n) for n in c.nodes]
+    if c.runs_lighthouse:
+        out.append(lighthouse_service(c))
     return out
+
+
+def lighthouse_service(c: Cluster) -> Daemon:
+    """`hai-admin lighthouse` as a site runs it (contrib/systemd/hai-lighthouse.service): the
+    torchft lighthouse of each elastic job in place, outliving the job's parts. Its log is its
+    console; each job's lighthouse is recorded in `lighthouse/<job>.json`."""
+    return Daemon("lighthouse", c.state / "run" / "lighthouse.pid", c.state / "log" / "lighthouse.console",
+                  "python3", c.ports["lighthouse"])
+
+
+def start_lighthouse(c: Cluster) -> None:
+    d = lighthouse_service(c)
+    start(d, ["sh", "-c", 'echo $$ > "$1" && shift && exec "$@"', "sh", str(d.pidfile), str(HAI_ADMIN), "lighthouse",
+              "--listen", c.addr, "--port", str(d.port), "--state-dir", str(c.state / "lighthouse"),
+              "--sweep-every", "5"], c, foreground=True)
+
+
+def stop_lighthouses(c: Cluster) -> list[str]:
+    """The jobs' lighthouses the service left running (each in a session of its own, they
+    outlive it by design): what `down` stops after the service."""
+    stopped = []
+    for record in (c.state / "lighthouse").glob("*.json"):
+        with contextlib.suppress(OSError, ValueError, KeyError, ProcessLookupError):
+            pid = int(json.loads(record.read_text())["pid"])
+            if b"slurm_hai.controller.lighthouse" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                os.kill(pid, signal.SIGKILL)
+                stopped.append(f"lighthouse of job {record.stem}")
+            record.unlink()
+    return stopped
 
 
 def backup_controller(c: Cluster) -> Daemon:
@@ -747,10 +790,22 @@ def render_configs(c: Cluster) -> bool:
     if c.site:
         write_if_changed(etc / "env", f"export SLURM_CONF={c.slurm_conf}\n{path}")
     else:
-        write_if_changed(etc / "policy.toml", POLICY_FILE.read_text())
+        write_if_changed(etc / "policy.toml", cluster_policy(c))
         write_if_changed(etc / "env", f"export SLURM_CONF={c.slurm_conf}\nexport HAI_POLICY={etc / 'policy.toml'}\n{path}")
     write_if_changed(c.prefix_file, f"{c.prefix or ''}\n")
     return changed
+
+
+def cluster_policy(c: Cluster) -> str:
+    """The cluster's policy file: POLICY_FILE, naming the cluster's lighthouse service when
+    it runs one (its address depends on the cluster's ports)."""
+    text = POLICY_FILE.read_text()
+    if not c.runs_lighthouse:
+        return text
+    line = f'lighthouse_service = "{c.lighthouse_url}"\n'
+    if "\n[elastic]\n" not in text:
+        return f"{text}\n[elastic]\n{line}"
+    return text.replace("\n[elastic]\n", f"\n[elastic]\n{line}", 1)
 
 
 def write_once(path: Path, text: str) -> bool:
@@ -920,6 +975,8 @@ def up(source: str | None = None, prefix: str | None = None, site: bool = False,
         start(backup_controller(c), backup_controller_argv(c), c)
     for node in c.nodes:
         start_node(c, node)
+    if c.runs_lighthouse:
+        start_lighthouse(c)
     if was_running and changed:
         run(["scontrol", "reconfigure"], c)
     wait_for("slurmctld answering", lambda: run(["scontrol", "ping"], c, check=False).returncode == 0, 30, ds[3])
@@ -1012,7 +1069,7 @@ def strays(c: Cluster) -> list[tuple[int, str]]:
 
 def down() -> None:
     c = cluster_from_env()
-    stopped = [d.name for d in reversed(daemons(c)) if stop(d)]
+    stopped = [d.name for d in reversed(daemons(c)) if stop(d)] + stop_lighthouses(c)
     for pid, exe in strays(c):
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)

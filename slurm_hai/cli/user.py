@@ -369,7 +369,14 @@ def _check_logs_readable(job_id: int, job: JobInfo | None) -> None:
 
 
 def _check_rank(job_id: int, job: JobInfo | None, jobdir: JobDir, rank: int) -> None:
-    nodes = job.num_nodes if job else int(jobdir.request().get("nodes", 0) or 0)
+    """A node rank of the job; for an elastic job in place, a part (one per node, each part's
+    output in the rank log of its number, runtime/part_task.py), running or not."""
+    request = jobdir.request()
+    parts = int(request.get("parts") or 0)
+    if parts and not 0 <= rank < parts:
+        raise click.ClickException(f"job {job_id} has no part {rank}: it runs as {parts} parts, 0 to {parts - 1} "
+                                   "(--rank P shows part P)")
+    nodes = parts or (job.num_nodes if job else int(request.get("nodes", 0) or 0))
     if nodes and not 0 <= rank < nodes:
         raise click.ClickException(f"job {job_id} has no rank {rank}: it runs on {nodes} node(s), "
                                    f"ranks 0 to {nodes - 1}")

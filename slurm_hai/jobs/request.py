@@ -134,7 +134,7 @@ def validate(req: JobRequest, policy: Policy) -> dict:
     return {
         "name": name, "nodes": nodes.min, "node_range": str(nodes), "slurm_nodes": nodes.slurm(),
         "nodes_tag": f";{NODES_TAG}={nodes.tag()}" if nodes.elastic and not in_place else "",
-        "in_place": in_place,
+        "in_place": in_place, "parts": in_place["parts"] if in_place else None,
         "gpus": req.gpus_per_node, "qos": qos, "level": level_name,
         "partition": req.group, "time": req.time, "grace": grace, "retries": req.retries,
         "notice_signal": policy.notice_signal, "notice_seconds": grace + NOTICE_MARGIN, "dir_tag": DIR_TAG, "grace_tag": GRACE_TAG,

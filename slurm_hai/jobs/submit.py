@@ -33,7 +33,8 @@ class Prepared:
 
 
 # What a job asked for, as job.json records it and `hai-submit --dry-run --json` shows it.
-REQUEST_FIELDS = ("name", "nodes", "node_range", "gpus", "level", "partition", "time", "grace", "retries",
+# `parts`: an elastic job in place runs MAX parts, one per node (null for any other job).
+REQUEST_FIELDS = ("name", "nodes", "node_range", "parts", "gpus", "level", "partition", "time", "grace", "retries",
                   "workdir", "command")
 
 

@@ -7,8 +7,10 @@ The job directory is the array's, shared by its parts; events carry the part (th
 and its run (the task's restart count). The part runs as a job step, so that Slurm's
 preemption signals it (not this script): it dies of the notice (runtime/parts.py,
 `leave_on`), and its task is requeued: by Slurm as this script ends (24.05 and later), or
-by this script (before 24.05 Slurm would end it FAILED). The first part that ends its
-training writes the job's end (final.json); a task that starts after that runs nothing.
+by this script (before 24.05 Slurm would end it FAILED). The part's output goes to the job's
+rank log of its number (`logs/rank-<part>.log`: `hai logs JOB --rank P`). The first part that ends its
+training writes the job's end (final.json) and cancels the parts that wait in the queue; a
+task that starts after that runs nothing.
 """
 
 from __future__ import annotations
@@ -16,12 +18,17 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import threading
+import time
 
 from ..jobs.jobdir import JobDir
 from ..slurm import SlurmError, backend
 from .batch import wait_to_be_requeued
 from .contract import restart_count
-from .parts import job_and_part
+from .parts import SERVICE_ENV, PartError, ask, job_and_part
+
+# How often each part's task asks the lighthouse service whether the job's lighthouse lives.
+LIGHTHOUSE_WATCH_EVERY = 2.0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -31,7 +38,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("cmd", nargs=argparse.REMAINDER)
     args = ap.parse_args(argv)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
-    _, part = job_and_part(os.environ)
+    array, part = job_and_part(os.environ)
     run = restart_count(os.environ)
     token = os.environ.get("HAI_SUBMIT_TOKEN")
     jobdir = JobDir(args.job_dir).claim(token) if token else JobDir(args.job_dir).create()
@@ -42,31 +49,91 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     node = os.environ.get("SLURM_JOB_NODELIST", "")
     jobdir.event("start", run=run, part=part, nodes=node, size=1, host=os.uname().nodename)
-    print(f"slurm-hai: part {part} run {run} on {node}", flush=True)
+    print(f"slurm-hai: part {part} run {run} on {node}; its output: {jobdir.rank_log(part)}", flush=True)
+    _output_to_rank_log(jobdir, run, part)
     ending: list[int] = []
     signal.signal(signal.SIGTERM, lambda s, f: ending.append(s))  # Slurm ends the task: its step gets it too
     slurm = backend()
-    rc = slurm.run_step(cmd, 1, args.gpus, os.environ.get("SLURM_JOB_NAME", "hai"))
+    job_id = int(os.environ["SLURM_JOB_ID"])
+    lost, done = threading.Event(), threading.Event()
+    service = os.environ.get(SERVICE_ENV)
+    if service:
+        threading.Thread(target=_watch_lighthouse, args=(service, array, slurm, job_id, lost, done),
+                         daemon=True).start()
+    try:
+        rc = slurm.run_step(cmd, 1, args.gpus, os.environ.get("SLURM_JOB_NAME", "hai"))
+    finally:
+        done.set()
     if rc == 0:
         if jobdir.final() is None:
             jobdir.set_final("succeeded", 0)
             jobdir.event("finished", run=run, part=part, state="succeeded", exit_code=0)
+        # Parts that left and wait for nodes would start only to find the job ended, and until
+        # then hold its place in line (and could take a later job's nodes for it). Every part
+        # that ends asks, before its own node is free for one of them.
+        try:
+            slurm.cancel_waiting_tasks(array)
+        except SlurmError as e:
+            print(f"slurm-hai: part {part}: the waiting parts of job {array} stay queued ({e}); "
+                  "each ends at its start", flush=True)
         return 0
-    job_id = int(os.environ["SLURM_JOB_ID"])
-    preempted = _preempted(slurm, job_id)
-    jobdir.event("left", run=run, part=part, exit_code=rc, preempted=preempted)
-    print(f"slurm-hai: part {part} run {run} ended (exit {rc}{', preempted' if preempted else ''}); "
-          "the other parts train on", flush=True)
-    if not preempted:
-        return rc  # its own failure: the task ends, the other parts go on
+    if lost.is_set():
+        # every part of the job leaves so: they come back under a new lighthouse, and with no
+        # live peer to heal from they resume from the job's last commit (runtime/parts.py)
+        jobdir.event("left", run=run, part=part, exit_code=rc, preempted=False, lighthouse_lost=True)
+        print(f"slurm-hai: part {part} run {run} ended (exit {rc}): the job's lighthouse was lost; "
+              "its task is requeued", flush=True)
+    else:
+        preempted = _preempted(slurm, job_id)
+        jobdir.event("left", run=run, part=part, exit_code=rc, preempted=preempted)
+        print(f"slurm-hai: part {part} run {run} ended (exit {rc}{', preempted' if preempted else ''}); "
+              "the other parts train on", flush=True)
+        if not preempted:
+            return rc  # its own failure: the task ends, the other parts go on
     try:
-        if slurm.requeued_when_batch_ends(job_id):
+        if not lost.is_set() and slurm.requeued_when_batch_ends(job_id):
             return rc
         slurm.requeue(job_id)
     except SlurmError as e:  # slurmctld away: the policy daemon requeues it (requeue-failed)
         print(f"slurm-hai: part {part}: requeue: {e}", flush=True)
         return rc
     return wait_to_be_requeued(ending)
+
+
+def _watch_lighthouse(service: str, array: int, slurm, job_id: int, lost: threading.Event,
+                      done: threading.Event) -> None:
+    """While the part runs: ask the lighthouse service for the job's lighthouse every
+    LIGHTHOUSE_WATCH_EVERY s. A new address means the one the part uses died (the service
+    never starts a lighthouse again at its address: a new one numbers its quorums from 1,
+    ids the parts have used): end the part (SIGTERM to the task's step) and set `lost`.
+    torchft alone would fail the part only when its quorum times out (60 s)."""
+    first = None
+    while not done.wait(0 if first is None else LIGHTHOUSE_WATCH_EVERY):
+        try:
+            now = ask(service, array)
+        except PartError:
+            continue  # the service is away (or the job is over): the part goes on as it is
+        if first is None:
+            first = now
+        elif now != first:
+            lost.set()
+            try:
+                slurm.cancel(job_id, signal="TERM")
+            except SlurmError as e:
+                print(f"slurm-hai: the job's lighthouse was lost, and the part could not be ended: {e}", flush=True)
+            return
+
+
+def _output_to_rank_log(jobdir: JobDir, run: int, part: int) -> None:
+    """From here on this script's output and its part's (the step's, through srun) go to the
+    rank log of the part's number, the run opened by the launcher's run line: `hai logs JOB
+    --rank P` (and -f) reads part P as it reads a node rank of any job."""
+    fd = os.open(jobdir.rank_log(part), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+    os.write(fd, f"{JobDir.run_line(run, part)}on {os.uname().nodename} at {stamp} ====\n".encode())
+    os.dup2(fd, 1)
+    os.dup2(fd, 2)
+    os.close(fd)
 
 
 def _preempted(slurm, job_id: int) -> bool:

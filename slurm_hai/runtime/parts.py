@@ -1,7 +1,8 @@
 """A part of an elastic job in place (issue 31; docs/elastic-in-place.md): one node's worth of
 training, a torchft replica group that can leave and rejoin while the other parts train on.
 
-    part = join(state_dict=save, load_state_dict=load)   # the job's lighthouse, this part's Manager
+    part = join(state_dict=save, load_state_dict=load,   # the job's lighthouse, this part's Manager
+                checkpoint_dir=DIR)                      # the job's durable checkpoints (optional)
     opt = OptimizerWrapper(part.manager, optimizer)
     while part.manager.current_step() < steps:
         opt.zero_grad()                                  # this step's quorum
@@ -10,6 +11,7 @@ training, a torchft replica group that can leave and rejoin while the other part
             (loss_fn(model(x[share]), y[share]).sum() / batch_size).backward()
         part.sum_gradients(model.parameters())           # over the quorum: the global batch's mean
         opt.step()                                       # commits only if the whole quorum did
+        part.save_every(100)                             # one part commits the job's state
 
 The global batch stays the same at every size: at each step the parts in the quorum split
 it by their participating rank, so the samples of a step, and their sum, are those of an
@@ -22,6 +24,12 @@ every part but one copies that one's state in step 0 (`init_sync`), is off: the 
 copy are counted among the step's participants but compute nothing, so step 0 would sum
 part of its batch. A part dies of the notice at once, wherever it is: a step that it
 leaves half done is not committed by the others, and they take it again without it.
+
+A part that joins a live job copies a peer's state and loads nothing. With `checkpoint_dir`,
+one part (participating rank 0) commits the job's state there every N committed steps
+(`save_every`, slurm_hai.checkpoint: verified, atomic), and a job that comes back with no
+live part (its lighthouse was lost, and every part was requeued) resumes from the newest
+commit: at the first step of a quorum in which every part is at step 0, each part loads it.
 
 torch and torchft load here, in the job's process; the lighthouse comes from the site's
 lighthouse service (`hai-admin lighthouse`, HAI_LIGHTHOUSE_SERVICE) for the job's id.
@@ -87,13 +95,52 @@ class Part:
     index: int
     manager: Any  # torchft.Manager
     store: Any  # its TCPStore, which lives as long as the Manager
+    checkpoints: Any = None  # slurm_hai.checkpoint.CheckpointManager of the job's checkpoint_dir
+    load_state_dict: Callable[[Any], None] | None = None
+    state_dict: Callable[[], Any] | None = None
+    resumed_at: int | None = None  # the step this part resumed from a checkpoint at, if it did
+    _first: bool = True
+    _saved: int = 0  # the step it committed last
 
     def share(self, batch_size: int) -> slice | None:
-        """This part's rows of the global batch at the current step; None while it heals."""
-        rank = self.manager.participating_rank()
+        """This part's rows of the global batch at the current step; None while it heals. At
+        this process's first step, after the quorum: if every part of it is at step 0 (none
+        was ahead to heal from) and the job has a checkpoint, it resumes from the newest."""
+        rank = self.manager.participating_rank()  # waits for this step's quorum
         if rank is None or not self.manager.is_participating():
+            self._first = False
             return None
+        if self._first:
+            self._first = False
+            self._resume()
         return batch_share(batch_size, rank, self.manager.num_participants())
+
+    def _resume(self) -> None:
+        """Every participant of a step-0 quorum takes this path together: none is ahead, so
+        none heals, and each loads the same newest commit (nothing commits while all are at
+        step 0). The torchft step (the data position) comes back with the job's state."""
+        if self.checkpoints is None or self.manager.current_step() != 0:
+            return
+        state = self.checkpoints.load()  # the newest that verifies; None: the job has none yet
+        if state is None:
+            return
+        assert self.load_state_dict is not None  # join() sets both with the checkpoints
+        self.load_state_dict(state["job"])
+        self.manager.load_state_dict(state["torchft"])
+        self.resumed_at = self.manager.current_step()
+
+    def save_every(self, steps: int) -> bool:
+        """After `opt.step()`: when the step committed and the job's committed steps are a
+        multiple of `steps`, the part of participating rank 0 commits the job's state (the
+        state_dict given to join, and torchft's step) to checkpoint_dir. Whether it saved."""
+        step = self.manager.current_step()
+        if (self.checkpoints is None or steps < 1 or step == 0 or step % steps or step == self._saved
+                or not self.manager.is_participating() or self.manager.participating_rank() != 0):
+            return False
+        assert self.state_dict is not None  # join() sets both with the checkpoints
+        self.checkpoints.save(step, {"job": self.state_dict(), "torchft": self.manager.state_dict()})
+        self._saved = step
+        return True
 
     def sum_gradients(self, params: Iterable[Any]) -> None:
         """Sum the parameters' gradients over the quorum, in one allreduce of a flat buffer (a
@@ -152,10 +199,12 @@ def ask(service_url: str, job: int, timeout: float = 10.0) -> str:
 
 
 def join(state_dict: Callable[[], Any], load_state_dict: Callable[[Any], None], *,
-         service: str | None = None, env: dict[str, str] | os._Environ = os.environ) -> Part:
+         checkpoint_dir: str | os.PathLike[str] | None = None, service: str | None = None,
+         env: dict[str, str] | os._Environ = os.environ) -> Part:
     """This part's torchft Manager under its job's lighthouse (asked of the lighthouse
     service at `service`, default $HAI_LIGHTHOUSE_SERVICE), with a store of its own on this
-    host. One process per part."""
+    host. One process per part. `checkpoint_dir`: the job's durable checkpoints, on a file
+    system every node sees (Part.save_every, and the resume in Part.share)."""
     from torch.distributed import TCPStore
     from torchft import Manager, ProcessGroupGloo
 
@@ -171,4 +220,9 @@ def join(state_dict: Callable[[], Any], load_state_dict: Callable[[Any], None], 
                       replica_id=f"{job}_{index}",
                       lighthouse_addr=lighthouse, store_addr=host, store_port=store.port, rank=0, world_size=1,
                       hostname=host, timeout=STEP_TIMEOUT, quorum_timeout=QUORUM_TIMEOUT)
-    return Part(job, index, manager, store)
+    checkpoints = None
+    if checkpoint_dir is not None:
+        from ..checkpoint import CheckpointManager
+
+        checkpoints = CheckpointManager(checkpoint_dir, keep_last=2)
+    return Part(job, index, manager, store, checkpoints, load_state_dict, state_dict)

@@ -222,6 +222,9 @@ class CliBackend:
             argv.append(f"--signal={signal}")
         _run([*argv, str(job_id)])
 
+    def cancel_waiting_tasks(self, job_id: int) -> None:
+        _run(["scancel", "--state=PENDING", str(job_id)])
+
     def update_job(self, job_id: int, **fields: str) -> None:
         _run(["scontrol", "update", f"JobId={job_id}", *(f"{k}={v}" for k, v in fields.items())])
 

@@ -1,7 +1,7 @@
 """An elastic job in place on the live cluster (issue 31; docs/elastic-in-place.md):
 `hai-submit --in-place -n 2:4` runs examples/parts_train.py as four parts, a job array of
-one-node tasks, under the site's lighthouse service (`hai-admin lighthouse`, started here as
-an admin runs it, and named by the policy). A 2-node HIGH job takes two of its nodes: the
+one-node tasks, under the cluster's lighthouse service (`hai-admin lighthouse`, which `up` starts as a
+site runs it, and which the cluster's policy names). A 2-node HIGH job takes two of its nodes: the
 parts there leave and their tasks wait in the queue, while the other two train on without
 a restart. When HIGH ends, the two start again and heal from a live peer. Every part ends
 bitwise equal to the others and within 1e-9 of one process (float64)."""
@@ -13,10 +13,10 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from test_acceptance import events, named, wait_final
-from test_lighthouse import start_service
 from waiting import wait_for
 
 REPO = Path(__file__).resolve().parents[2]
@@ -34,14 +34,10 @@ def rows(out: Path) -> list[dict]:
 
 def test_two_parts_leave_for_a_higher_job_the_others_train_on_and_all_end_as_one_process(live, tmp_path):
     out = live.shared_dir("parts", owner=ALICE)
-    policy = live.shared_root() / "parts-policy.toml"
-    service, url = start_service(live, tmp_path / "lighthouses", tmp_path / "service.log")
+    lighthouses = live.state / "lighthouse"  # the cluster's service: `up` runs it, its policy names it
     array = None
     try:
-        text = (REPO / "contrib" / "localcluster" / "policy.toml").read_text()
-        policy.write_text(text.replace("[elastic]\n", f'[elastic]\nlighthouse_service = "{url}"\n', 1))
-        policy.chmod(0o644)
-        p = live.run(["env", f"HAI_POLICY={policy}", "hai-submit", "--json", "--in-place", "-n", "2:4", "-p", "LOW",
+        p = live.run(["hai-submit", "--json", "--in-place", "-n", "2:4", "-p", "LOW",
                       str(EXAMPLE), "--steps", str(STEPS), "--step-sleep", "0.2", "--hurry", str(out / "hurry"),
                       "--out", str(out)], user=ALICE)
         submitted = json.loads(p.stdout)
@@ -49,6 +45,7 @@ def test_two_parts_leave_for_a_higher_job_the_others_train_on_and_all_end_as_one
         assert submitted["node_range"] == "2:4" and job_dir.name == str(array)
         wait_for(lambda: any(r.get("parts") == 4 and r["step"] >= 5 for r in rows(out) if r["event"] == "step"),
                  240, "four parts in one quorum", 0.3)
+        assert (lighthouses / f"{array}.json").exists()
 
         high = live.sbatch("-N2", "--qos=high", "-o", "/dev/null", "--wrap", "sleep 15", user="root")
         live.wait_job(high, lambda j: j["JobState"] == "RUNNING", 60, "the HIGH job to take two nodes")
@@ -69,15 +66,11 @@ def test_two_parts_leave_for_a_higher_job_the_others_train_on_and_all_end_as_one
         (out / "hurry").touch()  # the rest of the steps without a pause
         final = wait_final(job_dir, 240)
         # once every task has ended, and only then, the service stops the job's lighthouse
-        wait_for(lambda: not (tmp_path / "lighthouses" / f"{array}.json").exists(), 60,
+        wait_for(lambda: not (lighthouses / f"{array}.json").exists(), 60,
                  "the job's lighthouse to stop with its last part", 0.5)
     finally:
         if array is not None:
             live.run(["scancel", str(array)], check=False)
-        service.send_signal(signal.SIGTERM)
-        service.wait(15)
-        for path in (tmp_path / "lighthouses").glob("*.json"):
-            os.kill(json.loads(path.read_text())["pid"], signal.SIGKILL)
 
     assert final["state"] == "succeeded"
     all_rows = rows(out)
@@ -94,12 +87,96 @@ def test_two_parts_leave_for_a_higher_job_the_others_train_on_and_all_end_as_one
     subprocess.run([sys.executable, str(EXAMPLE), "--steps", str(STEPS), "--reference", str(one)], check=True)
     reference = [float.fromhex(w) for w in json.loads(one.read_text())]
     assert max(abs(float.fromhex(a) - b) for a, b in zip(ends[0], reference)) < 1e-9
+    # each part's output in its rank log, a run per start: `hai logs JOB --rank P`
+    for part in gone:
+        runs = hai(live, "logs", str(array), "--rank", str(part))["runs"]
+        assert [r["run"] for r in runs] == [0, 1] and "preempted" in runs[0]["text"], runs
     starts = [(e["part"], e["run"]) for e in events(job_dir) if e["event"] == "start"]
     assert sorted(starts) == sorted([(p, 0) for p in range(4)] + [(p, 1) for p in gone]), starts
-    assert "Traceback" not in (tmp_path / "service.log").read_text()
+    assert "Traceback" not in (live.log_dir / "lighthouse.console").read_text()
 
 
 def hai(live, *argv: str):
     """`hai ARGV --json` as the job's user."""
     return json.loads(live.run(["hai", *argv, "--json"], user=ALICE).stdout)
 
+
+
+def test_the_jobs_lighthouse_lost_every_part_is_requeued_and_the_job_resumes_from_its_last_commit(live, tmp_path):
+    # kill -9 of the job's lighthouse on the service's host: each task's script sees the service
+    # hand out a new one and ends its part; the four come back under it, nobody is ahead to
+    # heal from, and they resume from the job's last commit (one part commits every 20 steps)
+    out = live.shared_dir("parts-lost", owner=ALICE)
+    ckpt = out / "ckpt"
+    array = None
+    try:
+        p = live.run(["hai-submit", "--json", "--in-place", "-n", "2:4", "-p", "LOW", str(EXAMPLE), "--steps",
+                      str(STEPS), "--step-sleep", "0.2", "--hurry", str(out / "hurry"), "--out", str(out),
+                      "--checkpoint-dir", str(ckpt), "--save-every", "20"], user=ALICE)
+        array, job_dir = json.loads(p.stdout)["job_id"], Path(json.loads(p.stdout)["job_dir"])
+        wait_for(lambda: len([r for r in rows(out) if r["event"] == "saved"]) >= 2, 240, "two commits", 0.3)
+        record = live.state / "lighthouse" / f"{array}.json"
+        os.kill(json.loads(record.read_text())["pid"], signal.SIGKILL)
+        killed = time.time()
+        left = wait_for(lambda: found if len(found := named(job_dir, "left")) == 4 else None, 60,
+                        "every part to leave", 0.3)
+        assert all(e["lighthouse_lost"] for e in left) and max(e["t"] for e in left) - killed < 10, left
+        resumed = wait_for(lambda: found if len(found := [r for r in rows(out) if r["event"] == "resumed"]) >= 1
+                           else None, 120, "the job to resume", 0.3)
+        (out / "hurry").touch()
+        final = wait_final(job_dir, 240)
+    finally:
+        if array is not None:
+            live.run(["scancel", str(array)], check=False)
+    assert final["state"] == "succeeded"
+    all_rows = rows(out)
+    last = max(r["step"] for r in all_rows if r["event"] == "saved" and r["t"] < killed)
+    assert {r["step"] for r in resumed} == {last}, resumed  # the commit before the loss
+    ends = {p: json.loads((out / f"part{p}.json").read_text()) for p in range(4)}
+    assert ends[0] == ends[1] == ends[2] == ends[3]  # bitwise
+    one = tmp_path / "one.json"
+    subprocess.run([sys.executable, str(EXAMPLE), "--steps", str(STEPS), "--reference", str(one)], check=True)
+    reference = [float.fromhex(w) for w in json.loads(one.read_text())]
+    assert max(abs(float.fromhex(a) - b) for a, b in zip(ends[0], reference)) < 1e-9
+
+
+WAIT_FOR_FILE = """import pathlib, sys, time
+done = pathlib.Path(sys.argv[1])
+while not done.exists():
+    time.sleep(0.2)
+"""
+
+
+def test_the_parts_that_wait_for_nodes_are_cancelled_once_the_job_has_ended(live):
+    # a HIGH job holds two nodes: two parts run, two wait; the two end the job, and the two
+    # waiting never start (they would only find the job over, and hold its place in line)
+    out = live.shared_dir("parts-end", owner=ALICE)
+    script, done = out / "wait_for_file.py", out / "done"
+    script.write_text(WAIT_FOR_FILE)
+    high = live.sbatch("-N2", "--qos=high", "-o", "/dev/null", "--wrap", "sleep 600", user="root")
+    array = None
+    try:
+        live.wait_job(high, lambda j: j["JobState"] == "RUNNING", 60, "the HIGH job to run")
+        p = live.run(["hai-submit", "--json", "--in-place", "-n", "1:4", "-p", "LOW", str(script), str(done)],
+                     user=ALICE)
+        array, job_dir = json.loads(p.stdout)["job_id"], Path(json.loads(p.stdout)["job_dir"])
+        wait_for(lambda: len(named(job_dir, "start")) == 2, 60, "two parts to start", 0.3)
+        assert sorted(tasks(live, array).values()).count("PENDING") == 2, tasks(live, array)
+        done.touch()
+        final = wait_final(job_dir, 60)
+        wait_for(lambda: "PENDING" not in tasks(live, array).values(), 30, "the waiting parts to be cancelled", 0.3)
+        assert final["state"] == "succeeded"
+        assert len(named(job_dir, "start")) == 2 and live.job(high)["JobState"] == "RUNNING"
+        assert not named(job_dir, "rerun_skipped")  # never started
+        ended = live.run(["sacct", "-n", "-X", "-j", str(array), "-o", "JobID%30,State%20"]).stdout.split("\n")
+        states = [line.split()[1] for line in ended if line.strip()]  # the never-started tasks: one line
+        assert states.count("COMPLETED") == 2 and set(states) == {"COMPLETED", "CANCELLED"}, ended
+        assert hai(live, "status", str(array))["state"] == "finished-succeeded"
+    finally:
+        live.run(["scancel", str(high), *([str(array)] if array else [])], check=False)
+
+
+def tasks(live, array: int) -> dict[str, str]:
+    """The array's tasks still in squeue: task -> state (pending ones listed one by one)."""
+    lines = live.run(["squeue", "-h", "-r", "-j", str(array), "-o", "%K %T"]).stdout.split("\n")
+    return dict(line.split() for line in lines if line.strip())

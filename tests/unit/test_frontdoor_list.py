@@ -87,6 +87,19 @@ def test_a_rank_the_job_does_not_have_is_no_such_rank(world):
     assert r.exit_code == 1 and "has no rank 1" in r.output and "no output yet" not in r.output
 
 
+def test_the_ranks_of_a_job_in_place_are_its_parts_running_or_not(world, tmp_path):
+    # job 11 runs on one node now, as one of its 4 parts: parts 0-3 are its ranks
+    jobdir = JobDir.for_job(11, tmp_path / "mine").create()
+    (jobdir.path / "job.json").write_text(json.dumps({"nodes": 2, "node_range": "2:4", "parts": 4}))
+    jobdir.rank_log(3).write_text(f"{JobDir.run_line(0, 3)}on n4 ====\nstep 1\n{JobDir.run_line(1, 3)}on n2 ====\n")
+    r = CliRunner().invoke(user.main, ["logs", "11", "--rank", "3", "--json"])
+    assert r.exit_code == 0, r.output
+    assert [run["run"] for run in json.loads(r.output)["runs"]] == [0, 1]
+    r = CliRunner().invoke(user.main, ["logs", "11", "--rank", "4"])
+    assert r.exit_code == 1 and r.output.strip() == (
+        "Error: job 11 has no part 4: it runs as 4 parts, 0 to 3 (--rank P shows part P)")
+
+
 def test_list_state_filter_and_a_mistyped_state(world):
     r = CliRunner().invoke(user.main, ["list", "--all", "--state", "waiting", "--json"])
     assert [row["job_id"] for row in json.loads(r.output)] == [13]

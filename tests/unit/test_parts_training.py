@@ -47,14 +47,18 @@ def save():
     return {"model": model.state_dict(), "opt": inner.state_dict()}
 def load(state):
     model.load_state_dict(state["model"]); inner.load_state_dict(state["opt"]); note(event="healed")
-part = join(save, load)
+ckpt, save_every = os.environ.get("CKPT"), int(os.environ.get("SAVE_EVERY", "0"))
+part = join(save, load, checkpoint_dir=ckpt)
 opt = OptimizerWrapper(part.manager, inner)
 note(event="joined")
+resumed = False
 while part.manager.current_step() < steps:
     while os.path.exists(os.path.join(out, "hold")):  # the test's pause: no quorum asked meanwhile
         time.sleep(0.02)
     opt.zero_grad()
     share = part.share(batch)  # after this step's quorum (and a heal): the step is the quorum's
+    if part.resumed_at is not None and not resumed:
+        resumed = note(event="resumed", step=part.resumed_at) or True
     step = part.manager.current_step()
     x, y = X[step * batch:(step + 1) * batch], Y[step * batch:(step + 1) * batch]
     if share is not None:
@@ -64,6 +68,8 @@ while part.manager.current_step() < steps:
         os.kill(os.getpid(), 9)
     part.sum_gradients(model.parameters())
     opt.step()
+    if save_every and part.save_every(save_every):
+        note(event="saved", step=part.manager.current_step())
     note(event="step", step=step, n=part.manager.num_participants(), healing=share is None,
          committed=part.manager.current_step() > step)
     time.sleep(0.02)
@@ -201,6 +207,48 @@ def test_a_part_leaves_the_others_train_on_it_heals_and_all_end_as_one_process(p
         # three if its share had gone out before it died
         tries = [(r["n"], r["committed"]) for r in rows if r["event"] == "step" and r["part"] == 0 and r["step"] == 8]
         assert tries in ([(3, False), (2, True)], [(3, True)]), tries
+
+
+def test_a_lost_lighthouse_every_part_leaves_and_the_job_resumes_from_its_last_commit_exact(parts, tmp_path):
+    """The job's lighthouse dies. Its parts leave (on a cluster each task's script sees the
+    service hand out a new lighthouse and ends its part: runtime/part_task.py; here the test
+    sends that SIGTERM). Started again, the parts get a new lighthouse, meet at step 0 with
+    nobody ahead, resume from the last commit (one part commits every 10 steps) and end as
+    one process would, bitwise equal."""
+    out, ckpt = parts.out, tmp_path / "ckpt"
+    env = {"CKPT": str(ckpt), "SAVE_EVERY": "10"}
+    (out / "hold").touch()
+    procs = [parts(i, **env) for i in range(3)]
+    try:
+        wait_for("the three to join", lambda: sum(r["event"] == "joined" for r in records(out)) == 3, procs)
+        (out / "hold").unlink()
+        wait_for("two commits", lambda: len([r for r in records(out) if r["event"] == "saved"]) >= 2, procs)
+        lighthouse = json.loads(next((tmp_path / "lighthouses").glob("*.json")).read_text())["pid"]
+        os.kill(lighthouse, signal.SIGKILL)
+        for p in procs:
+            p.send_signal(signal.SIGTERM)
+            assert p.wait(30) == -signal.SIGTERM
+        rows = records(out)
+        last = max(r["step"] for r in rows if r["event"] == "saved")
+        done = max(r["step"] for r in rows if r["event"] == "step" and r["committed"]) + 1
+        assert not [r for r in rows if r["event"] == "end"] and last % 10 == 0 and last <= done
+        (out / "hold").touch()
+        procs = [parts(i, **env) for i in range(3)]
+        wait_for("the three to join again", lambda: sum(r["event"] == "joined" for r in records(out)) == 6, procs)
+        (out / "hold").unlink()
+        for p in procs:
+            assert p.wait(180) == 0
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n" + "\n".join((out / f"stderr{i}").read_text()[-3000:] for i in range(3))) from None
+    rows = records(out)
+    assert sorted(r["part"] for r in rows if r["event"] == "resumed" and r["step"] == last) == [0, 1, 2]
+    for part in range(3):  # the second run takes up at the commit, not at step 0
+        mine = [r for r in rows if r["part"] == part]
+        second = mine[[i for i, r in enumerate(mine) if r["event"] == "joined"][1]:]
+        assert [r["step"] for r in second if r["event"] == "step"][0] == last
+    ends = {r["part"]: [float.fromhex(w) for w in r["weights"]] for r in rows if r["event"] == "end"}
+    assert ends[0] == ends[1] == ends[2]  # bitwise
+    assert max(abs(a - b) for a, b in zip(ends[0], reference())) < 1e-9
 
 
 def test_parts_that_start_from_different_weights_stop_at_step_0(parts):
