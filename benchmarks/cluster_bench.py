@@ -29,12 +29,13 @@ job events and Slurm's log lines; --sched-cost N what a SchedulerParameters leve
 slurmctld with N held jobs (sdiag); --soak (issue 18) the goodput of a 4-node LOW training
 job while a 2-node HIGH job takes nodes for --hold s every --period s, against the same job
 undisturbed in the same run, and what each preemption costs beyond the HIGH job's hold and
-its own run (--with-elastic: the same job as an elastic 2:4 job too). See docs/benchmarks.md.
+its own run (--with-elastic: the same job as an elastic 2:4 job too; --with-in-place: an elastic job
+in place, hai-submit --in-place -n 2:4, against itself undisturbed). See docs/benchmarks.md.
 
     .venv/bin/python benchmarks/cluster_bench.py --latency --repeats 7 --lever before-19
     .venv/bin/python benchmarks/cluster_bench.py --latency --repeats 7 --lever conf=Epilog=/bin/true
     .venv/bin/python benchmarks/cluster_bench.py --sched-cost 3000 --lever sched=+defer_batch
-    .venv/bin/python benchmarks/cluster_bench.py --soak --with-elastic --minutes 10 [--period 60 --hold 10]
+    .venv/bin/python benchmarks/cluster_bench.py --soak --with-elastic --with-in-place --minutes 10 [--period 60 --hold 10]
 
 Uses $HAI_CLUSTER_DIR (default /var/lib/slurm-hai/localcluster) or $SLURM_CONF; needs the
 cluster idle, as root.
@@ -817,6 +818,13 @@ def soak_main(args) -> None:
             print(f"soak, -n {nodes}: HIGH for {args.hold:g} s every {args.period:g} s", flush=True)
             soaks[nodes] = soak_job(seconds, args.step, args.period, args.hold, nodes)
             print(f"  {soaks[nodes]['useful']} samples; runs on {soaks[nodes]['sizes']}", flush=True)
+        if args.with_in_place:
+            print(f"baseline: the job in place alone for {args.minutes:g} min", flush=True)
+            in_place_base = in_place_job(seconds, args.step, None, args.hold)
+            print(f"  {in_place_base['useful']} samples", flush=True)
+            print(f"soak, -n 2:4 --in-place: HIGH for {args.hold:g} s every {args.period:g} s", flush=True)
+            in_place = in_place_job(seconds, args.step, args.period, args.hold)
+            print(f"  {in_place['useful']} samples", flush=True)
     finally:
         stop_daemon(daemon)
     load_after = os.getloadavg()
@@ -848,6 +856,21 @@ def soak_main(args) -> None:
                 else f"same, LOW job elastic {nodes} (runs on {', '.join(map(str, soak['sizes']))})")
         print(f"| {name} | {soak['useful']} | {soak['computed']} | {soak['runs']} | {n} | {goodput:.3f} "
               f"| {ceiling:.3f} | {goodput / ceiling:.3f} | {overhead:.2f} s{gaps} | {own_cell} |")
+    if args.with_in_place:
+        n = in_place["preemptions"]
+        ceiling = 1 - n * args.hold * 0.5 / seconds
+        goodput = in_place["useful"] / in_place_base["useful"]
+        print(f"| same job in place, undisturbed (its own baseline) | {in_place_base['useful']} "
+              f"| {in_place_base['computed']} | 1 | 0 | 1 | 1 | - | - | - |")
+        print(f"| job in place (-n 2:4 --in-place), HIGH {args.hold:g} s every {args.period:g} s "
+              f"| {in_place['useful']} | {in_place['computed']} | - | {n} | {goodput:.3f} | {ceiling:.3f} "
+              f"| {goodput / ceiling:.3f} | - | - |")
+        print(f"\njob in place: a step as 4 parts {in_place['step']:.3f} s; per preemption, the parts that "
+              f"stayed lost (longest gap less a step as 4, twice) median {nan_median(in_place['lost']):.2f} s (all: "
+              f"{', '.join(f'{x:.2f}' for x in in_place['lost'])}); HIGH ended -> the first step as 4 again: median "
+              f"{nan_median(in_place['rejoin']):.2f} s (all: {', '.join(f'{x:.2f}' for x in in_place['rejoin'])}); "
+              f"HIGH submitted -> HIGH running: median {nan_median(in_place['latency']):.2f} s against the "
+              f"fixed job's {nan_median([p['HIGH script running'] for p in soaks['4']['phases']]):.2f} s")
     ph = soaks["4"]["phases"]
     print(f"\neach preemption of the 4-node job: HIGH command at 0; median time of each mark (and the phase since "
           f"the previous mark), {len(ph)} preemptions\n| mark | at | phase |\n|---|---|---|")
@@ -857,6 +880,104 @@ def soak_main(args) -> None:
     print(f"time lost per preemption (LOW last step -> first step again, less one step): median "
           f"{nan_median(soaks['4']['lost']):.2f} s; all: {', '.join(f'{x:.2f}' for x in soaks['4']['lost'])}; "
           f"the HIGH job's own runs: {', '.join(f'{x:.2f}' for x in soaks['4']['own'])}")
+
+
+# --with-in-place (issue 31): the same soak of an elastic job in place (hai-submit --in-place
+# -n 2:4), against the same job undisturbed in the same run. Each part is a torchft replica
+# group (slurm_hai.runtime.parts); a step is a global batch of 4 rows, STEP_S seconds of sleep
+# per row a part computes (one row per node at full size, two at half), so samples = steps x 4
+# and a part's rate matches the LOW job's per node. The job's clock starts when its first part
+# starts. Nothing is lost at a leave: the job's step is its samples so far.
+SOAK_PARTS = """
+import os, sys, time
+step_s, seconds, out = float(sys.argv[1]), float(sys.argv[2]), sys.argv[3]
+from slurm_hai.runtime.parts import join, leave_on
+leave_on()
+import torch
+from torchft.optim import OptimizerWrapper
+index, run = os.environ["SLURM_ARRAY_TASK_ID"], os.environ.get("SLURM_RESTART_COUNT", "0")
+clock = os.path.join(out, "deadline")
+try:  # the job's clock: the first part to start sets it, atomically
+    tmp = f"{clock}.{index}.{run}"
+    with open(tmp, "w") as f:
+        f.write(f"{time.time() + seconds}")
+    os.link(tmp, clock)
+except FileExistsError:
+    pass
+deadline = float(open(clock).read())
+w = torch.nn.Parameter(torch.zeros(1, dtype=torch.float64))
+inner = torch.optim.SGD([w], lr=0.0)
+part = join(lambda: {"w": w.detach().clone()}, lambda s: w.data.copy_(s["w"]))
+opt = OptimizerWrapper(part.manager, inner)
+print(f"run {run} part {index} t {time.time():.3f}", flush=True)
+print("ready", flush=True)
+while time.time() < deadline:
+    opt.zero_grad()
+    share = part.share(4)
+    time.sleep(step_s * (0 if share is None else share.stop - share.start))
+    w.grad = torch.zeros_like(w)
+    part.sum_gradients([w])
+    step = part.manager.current_step()
+    opt.step()
+    if part.manager.current_step() > step:
+        print(f"s {step + 1} {time.time():.3f} {part.manager.num_participants()}", flush=True)
+print(f"final {part.manager.current_step()}", flush=True)
+"""
+
+
+def part_steps(job_dir: Path) -> list[tuple[int, float, int]]:
+    """(step, epoch, parts) of every committed step any part logged, the first record of each."""
+    seen: dict[int, tuple[int, float, int]] = {}
+    for log in (job_dir / "logs").glob("rank-*.log"):
+        for line in read_text(log).splitlines():
+            f = line.split()
+            if line.startswith("s ") and len(f) == 4:
+                step = int(f[1])
+                if step not in seen or float(f[2]) < seen[step][1]:
+                    seen[step] = (step, float(f[2]), int(f[3]))
+    return sorted(seen.values())
+
+
+def in_place_job(seconds: float, step_s: float, period: float | None, hold: float) -> dict:
+    """One elastic job in place; the HIGH job cycling when period is given."""
+    out = WORK / f"in-place-{time.time():.0f}"
+    out.mkdir(mode=0o755)
+    script = WORK / "bench_parts.py"
+    script.write_text(SOAK_PARTS)
+    info = json.loads(run(["hai-submit", "--json", "--in-place", "-n", "2:4", "-p", "LOW", "--gpus-per-node", "8",
+                           "--name", "bench-in-place", str(script), "--", str(step_s), str(seconds), str(out)]).stdout)
+    array, job_dir = int(info["job_id"]), Path(info["job_dir"])
+    t0 = wait_for("the parts' clock", lambda: read_text(out / "deadline"), 180, 0.2)
+    t0 = float(t0) - seconds
+    highs = []
+    k = 0
+    while period and t0 + (k + 0.5) * period < t0 + seconds:
+        time.sleep(max(0.0, t0 + (k + 0.5) * period - time.time()))
+        highs.append(submit_high(2, hold))
+        print(f"  HIGH {k + 1} submitted at {highs[-1][0] - t0:.1f} s", flush=True)
+        k += 1
+    wait_for("a part's final step", lambda: any("final " in read_text(f) for f in (job_dir / "logs").glob("rank-*.log")),
+             seconds + 600, 1.0)
+    time.sleep(2)  # the other parts' last steps
+    steps = part_steps(job_dir)
+    drain([array] + [h[1] for h in highs])
+    normal = statistics.median(b[1] - a[1] for a, b in zip(steps, steps[1:]) if a[2] == b[2] == 4) if steps else 0
+    lost, rejoin, latency = [], [], []
+    for t_sub, _high, hdir in highs:
+        started, ended = event_time(hdir, "start", run=0), event_time(hdir, "finished", run=0)
+        if started:
+            latency.append(started - t_sub)
+        # the parts that stayed: the longest gap between two steps from the HIGH command to
+        # the first step as 2, less a step as 4 at full size (each of the two computes 2 rows)
+        around = [x for x in steps if x[1] >= t_sub - 1]
+        first_two = next((i for i, x in enumerate(around) if x[2] == 2), None)
+        if first_two:
+            lost.append(max(b[1] - a[1] for a, b in zip(around[:first_two], around[1:first_two + 1])) - 2 * normal)
+        back = next((x[1] for x in steps if ended and x[1] > ended and x[2] == 4), None)
+        if ended and back:
+            rejoin.append(back - ended)
+    return {"useful": 4 * len(steps), "computed": 4 * len(steps), "preemptions": len(highs), "lost": lost, "rejoin": rejoin, "latency": latency, "step": normal,
+            "sizes": sorted({x[2] for x in steps})}
 
 
 # ------------------------------------------------------------------ elastic (issue 11)
@@ -966,6 +1087,9 @@ def main() -> None:
     ap.add_argument("--minutes", type=float, default=10.0, help="with --soak: minutes of each run")
     ap.add_argument("--with-elastic", action="store_true",
                     help="with --soak: also soak the LOW job as an elastic 2:4 job (it runs on beside HIGH)")
+    ap.add_argument("--with-in-place", action="store_true",
+                    help="with --soak: also soak an elastic job in place (hai-submit --in-place -n 2:4, issue 31) "
+                         "against the same job undisturbed")
     ap.add_argument("--period", type=float, default=60.0, help="with --soak: seconds between HIGH jobs")
     ap.add_argument("--hold", type=float, default=10.0, help="with --soak, --elastic: seconds each HIGH job runs (issue 11 asks for 60)")
     ap.add_argument("--step", type=float, default=0.1, help="with --soak, --elastic: seconds of one training step")
