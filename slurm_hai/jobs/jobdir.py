@@ -228,8 +228,36 @@ class JobDir:
             return {}
 
 
+# Changes of a job in place's size closer together than this are one change (its parts'
+# tasks start, and leave for one higher job, within a second or two of each other).
+SIZE_SETTLE_S = 5.0
+
+
 def run_sizes(events: Iterable[dict]) -> list[int]:
     """The nodes of each run, from the `start` events (runs before slurm-hai recorded a size:
-    none; a part of a job in place, whose start is its task's: none)."""
-    return [int(e["size"]) for e in events
-            if e.get("event") == "start" and "part" not in e and str(e.get("size", "")).isdigit()]
+    none). For a job in place, its size over time instead: the parts running after each
+    change (a part's start or leave, up to the job's end), changes within SIZE_SETTLE_S
+    taken as one."""
+    events = list(events)
+    if not any(e.get("event") == "start" and "part" in e for e in events):
+        return [int(e["size"]) for e in events if e.get("event") == "start" and str(e.get("size", "")).isdigit()]
+    running: set[int] = set()
+    sizes: list[int] = []
+    last = float("-inf")
+    for e in sorted(events, key=lambda e: float(e.get("t", 0))):
+        kind, part, t = e.get("event"), e.get("part"), float(e.get("t", 0))
+        if kind == "finished":
+            break  # the job's end: the parts still running end with it
+        if not isinstance(part, int) or kind not in ("start", "left"):
+            continue
+        running.add(part) if kind == "start" else running.discard(part)
+        if sizes and t - last < SIZE_SETTLE_S:
+            sizes[-1] = len(running)
+        else:
+            sizes.append(len(running))
+        last = t
+    out: list[int] = []
+    for n in sizes:
+        if n and (not out or out[-1] != n):
+            out.append(n)
+    return out

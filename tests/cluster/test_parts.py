@@ -87,6 +87,8 @@ def test_two_parts_leave_for_a_higher_job_the_others_train_on_and_all_end_as_one
     subprocess.run([sys.executable, str(EXAMPLE), "--steps", str(STEPS), "--reference", str(one)], check=True)
     reference = [float.fromhex(w) for w in json.loads(one.read_text())]
     assert max(abs(float.fromhex(a) - b) for a, b in zip(ends[0], reference)) < 1e-9
+    # its size over time, from its parts' starts and leaves
+    assert hai(live, "status", str(array))["sizes"] == [4, 2, 4]
     # each part's output in its rank log, a run per start: `hai logs JOB --rank P`
     for part in gone:
         runs = hai(live, "logs", str(array), "--rank", str(part))["runs"]

@@ -9,6 +9,7 @@ import pytest
 
 from slurm_hai.jobs.status import (as_one_job, history, level_name, marker, notice_cause, preemptor, reason_in_words, status,
                                    why_notice)
+from slurm_hai.jobs.jobdir import run_sizes
 from slurm_hai.policy.levels import DEFAULT_LADDER as HAI, Level
 from slurm_hai.slurm.records import JobInfo
 
@@ -249,3 +250,18 @@ def test_the_parts_of_a_job_in_place_are_one_job_running_on_its_running_parts():
     assert as_one_job([other, *tasks])[0] is other  # every other record as it is
     (waiting,) = as_one_job([tasks[2], tasks[3]])  # no part runs: it waits, on no node
     assert (waiting.job_id, waiting.state, waiting.reason, waiting.num_nodes) == (100, "PENDING", "Resources", 0)
+
+
+def test_a_job_in_place_shows_its_size_over_time_from_its_parts_starts_and_leaves():
+    def ev(kind: str, part: int, t: float, **more) -> dict:
+        return {"event": kind, "part": part, "run": more.pop("run", 0), "t": NOW + t, **more}
+
+    events = [{"event": "submit", "t": NOW - 1},
+              *(ev("start", p, 0.1 * p) for p in range(4)),  # the four start together: one change
+              ev("left", 2, 30, preempted=True), ev("left", 0, 30.2, preempted=True),  # a 2-node HIGH job
+              ev("start", 2, 52, run=1), ev("start", 0, 60, run=1),  # back one by one
+              ev("left", 1, 80, exit_code=1), ev("finished", 3, 99), ev("left", 0, 99.5)]  # the end
+    assert run_sizes(events) == [4, 2, 3, 4, 3]
+    me = replace(job(100, "RUNNING", "low", start_time=int(NOW)), num_nodes=3,
+                 admin_comment="hai-level=LOW hai-grace=5", comment="hai-dir=/tmp/x;hai-parts=2:4")
+    assert status(100, me, None, {"node_range": "2:4", "parts": 4}, 0, events=events).sizes == [4, 2, 3, 4, 3]
