@@ -759,19 +759,24 @@ def kept_samples(runs: dict[int, dict]) -> tuple[int, int]:
     return kept, computed
 
 
+def cycle_high(t0: float, seconds: float, period: float | None, hold: float) -> list[tuple[float, int, Path]]:
+    """A 2-node HIGH job holding its nodes `hold` s at the middle of every `period` from t0 to
+    t0 + seconds (none without a period): each one's (submitted at, job id, job dir)."""
+    highs: list[tuple[float, int, Path]] = []
+    while period and t0 + (len(highs) + 0.5) * period < t0 + seconds:
+        time.sleep(max(0.0, t0 + (len(highs) + 0.5) * period - time.time()))
+        highs.append(submit_high(2, hold))
+        print(f"  HIGH {len(highs)} submitted at {highs[-1][0] - t0:.1f} s", flush=True)
+    return highs
+
+
 def soak_job(seconds: float, step_s: float, period: float | None, hold: float, nodes: str = "4") -> dict:
     """One soak job (4 nodes, or an elastic range), with the HIGH job cycling when period is given."""
     LOGS.mark()
     low, ldir = submit_coop(nodes, "LOW", SOAK_LOW, (step_s, seconds), "bench-soak")
     log = ldir / "logs" / "rank-0.log"
     t0 = soak_runs(log)[0]["deadline"] - seconds
-    highs = []
-    k = 0
-    while period and t0 + (k + 0.5) * period < t0 + seconds:
-        time.sleep(max(0.0, t0 + (k + 0.5) * period - time.time()))
-        highs.append(submit_high(2, hold))
-        print(f"  HIGH {k + 1} submitted at {highs[-1][0] - t0:.1f} s", flush=True)
-        k += 1
+    highs = cycle_high(t0, seconds, period, hold)
     runs = wait_for("the soak job's final step", lambda: (r := soak_runs(log)) and any("final" in x for x in r.values())
                     and r, seconds + 600, 1.0)
     time.sleep(1)  # the last slurmctld lines
@@ -949,13 +954,7 @@ def in_place_job(seconds: float, step_s: float, period: float | None, hold: floa
     array, job_dir = int(info["job_id"]), Path(info["job_dir"])
     t0 = wait_for("the parts' clock", lambda: read_text(out / "deadline"), 180, 0.2)
     t0 = float(t0) - seconds
-    highs = []
-    k = 0
-    while period and t0 + (k + 0.5) * period < t0 + seconds:
-        time.sleep(max(0.0, t0 + (k + 0.5) * period - time.time()))
-        highs.append(submit_high(2, hold))
-        print(f"  HIGH {k + 1} submitted at {highs[-1][0] - t0:.1f} s", flush=True)
-        k += 1
+    highs = cycle_high(t0, seconds, period, hold)
     wait_for("a part's final step", lambda: any("final " in read_text(f) for f in (job_dir / "logs").glob("rank-*.log")),
              seconds + 600, 1.0)
     time.sleep(2)  # the other parts' last steps

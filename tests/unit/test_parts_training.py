@@ -8,6 +8,7 @@ different weights stop at step 0 (StartedApart). tests/cluster will run parts as
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -103,6 +104,21 @@ def records(out: Path) -> list[dict]:
     return rows
 
 
+def second_run(rows: list[dict], part: int) -> list[dict]:
+    """The records of `part` from its second join on."""
+    mine = [r for r in rows if r["part"] == part]
+    return mine[[i for i, r in enumerate(mine) if r["event"] == "joined"][1]:]
+
+
+@contextlib.contextmanager
+def stderr_on_failure(out: Path):
+    """A failed assertion inside shows the parts' stderr tails."""
+    try:
+        yield
+    except AssertionError as e:
+        raise AssertionError(f"{e}\n" + "\n".join((out / f"stderr{i}").read_text()[-3000:] for i in range(3))) from None
+
+
 def wait_for(what, cond, procs, timeout=120.0):
     deadline = time.monotonic() + timeout
     while not (value := cond()):
@@ -164,7 +180,7 @@ def test_a_part_leaves_the_others_train_on_it_heals_and_all_end_as_one_process(p
     out = parts.out
     (out / "hold").touch()  # the three start step 0 together (the first to join would train alone)
     procs = [parts(0), parts(1), parts(2, **({"KILL_AT": "8"} if leaves == "killed in an allreduce" else {}))]
-    try:
+    with stderr_on_failure(out):
         def steps_of(part: int, n: int) -> list[int]:
             return [r["step"] for r in records(out) if r["event"] == "step" and r["part"] == part and r["n"] == n]
 
@@ -186,14 +202,11 @@ def test_a_part_leaves_the_others_train_on_it_heals_and_all_end_as_one_process(p
         (out / "hold").unlink()
         for p in procs:
             assert p.wait(180) == 0
-    except AssertionError as e:
-        raise AssertionError(f"{e}\n" + "\n".join((out / f"stderr{i}").read_text()[-3000:] for i in range(3))) from None
 
     rows = records(out)
     assert any(r["event"] == "healed" and r["part"] == 2 for r in rows)  # from a live peer's state
     # part 2's second run: its first step heals (the two compute it), then it is one of three
-    mine = [r for r in rows if r["part"] == 2]
-    again = [r for r in mine[[i for i, r in enumerate(mine) if r["event"] == "joined"][1]:] if r["event"] == "step"]
+    again = [r for r in second_run(rows, 2) if r["event"] == "step"]
     assert again[0]["healing"] and again[0]["n"] == 2 and again[0]["step"] == max(steps_of(0, 2))
     assert {(r["n"], r["healing"]) for r in again[1:]} == {(3, False)}
     ends = {r["part"]: [float.fromhex(w) for w in r["weights"]] for r in rows if r["event"] == "end"}
@@ -219,7 +232,7 @@ def test_a_lost_lighthouse_every_part_leaves_and_the_job_resumes_from_its_last_c
     env = {"CKPT": str(ckpt), "SAVE_EVERY": "10"}
     (out / "hold").touch()
     procs = [parts(i, **env) for i in range(3)]
-    try:
+    with stderr_on_failure(out):
         wait_for("the three to join", lambda: sum(r["event"] == "joined" for r in records(out)) == 3, procs)
         (out / "hold").unlink()
         wait_for("two commits", lambda: len([r for r in records(out) if r["event"] == "saved"]) >= 2, procs)
@@ -238,14 +251,10 @@ def test_a_lost_lighthouse_every_part_leaves_and_the_job_resumes_from_its_last_c
         (out / "hold").unlink()
         for p in procs:
             assert p.wait(180) == 0
-    except AssertionError as e:
-        raise AssertionError(f"{e}\n" + "\n".join((out / f"stderr{i}").read_text()[-3000:] for i in range(3))) from None
     rows = records(out)
     assert sorted(r["part"] for r in rows if r["event"] == "resumed" and r["step"] == last) == [0, 1, 2]
     for part in range(3):  # the second run takes up at the commit, not at step 0
-        mine = [r for r in rows if r["part"] == part]
-        second = mine[[i for i, r in enumerate(mine) if r["event"] == "joined"][1]:]
-        assert [r["step"] for r in second if r["event"] == "step"][0] == last
+        assert [r["step"] for r in second_run(rows, part) if r["event"] == "step"][0] == last
     ends = {r["part"]: [float.fromhex(w) for w in r["weights"]] for r in rows if r["event"] == "end"}
     assert ends[0] == ends[1] == ends[2]  # bitwise
     assert max(abs(a - b) for a, b in zip(ends[0], reference())) < 1e-9
