@@ -107,8 +107,9 @@ def _watch_lighthouse(service: str, array: int, slurm, job_id: int, lost: thread
     never starts a lighthouse again at its address: a new one numbers its quorums from 1,
     ids the parts have used): end the part (SIGTERM to the task's step) and set `lost`.
     torchft alone would fail the part only when its quorum times out (60 s)."""
-    first = None
-    while not done.wait(0 if first is None else LIGHTHOUSE_WATCH_EVERY):
+    first, pause = None, 0.0
+    while not done.wait(pause):
+        pause = LIGHTHOUSE_WATCH_EVERY
         try:
             now = ask(service, array)
         except PartError:
