@@ -189,6 +189,18 @@ class Service:
         self.children.clear()
 
 
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address) -> None:
+        """A part that went away before its answer (its task ended while it asked) is no
+        error; anything else is logged, with its traceback, once."""
+        if isinstance(sys.exc_info()[1], ConnectionError):  # a broken pipe, a reset
+            log.debug("%s went away before its answer", client_address[0])
+        else:
+            log.exception("a request from %s failed", client_address[0])
+
+
 def serve(service: Service, listen: str, port: int, sweep_every: float,
           ready: Callable[[int], None] | None = None, stop: threading.Event | None = None) -> None:
     """Answer the parts' asks on listen:port and sweep every `sweep_every` seconds until
@@ -220,10 +232,9 @@ def serve(service: Service, listen: str, port: int, sweep_every: float,
             log.debug("%s %s", self.address_string(), format % args)
 
     try:
-        httpd = ThreadingHTTPServer((listen, port), Handler)
+        httpd = _Server((listen, port), Handler)
     except OSError as e:
         raise LighthouseError(f"cannot listen on {listen}:{port}: {e.strerror or e}; give another --port") from None
-    httpd.daemon_threads = True
     threading.Thread(target=httpd.serve_forever, name="lighthouse-http", daemon=True).start()
     log.info("lighthouse service on %s:%d, state in %s", listen, httpd.server_address[1], service.state_dir)
     if ready:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
+import struct
 import threading
 import time
 import urllib.error
@@ -181,3 +183,31 @@ def test_parts_ask_over_http_and_get_one_line_answers(state):
         server.join(timeout=10)
     with pytest.raises(PartError, match="no lighthouse service there"):
         ask(url, 12, timeout=2)
+
+
+def test_a_part_that_goes_away_before_its_answer_leaves_no_traceback(state, capfd, caplog):
+    # a part's task ends while its lighthouse watch asks (runtime/part_task.py): the service
+    # answers into a closed connection, and says nothing of it above debug
+    class Slow(Service):
+        def address(self, job):
+            time.sleep(0.3)  # the part is gone by then
+            return "http://lighthouse:1"
+
+    port: list[int] = []
+    stop = threading.Event()
+    server = threading.Thread(target=serve, args=(Slow(state, ended=lambda ids: set()), "127.0.0.1", 0, 60.0),
+                              kwargs={"ready": port.append, "stop": stop}, daemon=True)
+    server.start()
+    wait_for("the service", lambda: port)
+    try:
+        for _ in range(3):
+            with socket.create_connection(("127.0.0.1", port[0])) as s:
+                s.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))  # a reset at close
+                s.sendall(b"GET /v1/jobs/12 HTTP/1.1\r\nHost: x\r\n\r\n")
+        time.sleep(0.6)  # the answers' writes fail meanwhile
+        assert ask(f"http://127.0.0.1:{port[0]}", 12) == "http://lighthouse:1"  # it serves on
+    finally:
+        stop.set()
+        server.join(timeout=10)
+    assert "Traceback" not in capfd.readouterr().err
+    assert not [r for r in caplog.records if r.levelno > 10], caplog.records
