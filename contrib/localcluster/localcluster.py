@@ -350,9 +350,14 @@ def lighthouse_service(c: Cluster) -> Daemon:
 
 def start_lighthouse(c: Cluster) -> None:
     d = lighthouse_service(c)
-    start(d, ["sh", "-c", 'echo $$ > "$1" && shift && exec "$@"', "sh", str(d.pidfile), str(HAI_ADMIN), "lighthouse",
-              "--listen", c.addr, "--port", str(d.port), "--state-dir", str(c.state / "lighthouse"),
-              "--sweep-every", "5"], c, foreground=True)
+    start(d, writing_pidfile(d, [str(HAI_ADMIN), "lighthouse", "--listen", c.addr, "--port", str(d.port),
+                                 "--state-dir", str(c.state / "lighthouse"), "--sweep-every", "5"]), c, foreground=True)
+
+
+def writing_pidfile(d: Daemon, argv: list[str]) -> list[str]:
+    """`argv` for a daemon that writes no pid file of its own: a shell writes its pid to d's
+    pid file and execs it (the pid stays)."""
+    return ["sh", "-c", 'echo $$ > "$1" && shift && exec "$@"', "sh", str(d.pidfile), *argv]
 
 
 def stop_lighthouses(c: Cluster) -> list[str]:
@@ -469,8 +474,8 @@ def start_node(c: Cluster, n: Node) -> None:
     if fresh and running_pid(agent):
         stop(agent)
     if HAI_ADMIN.exists() and not c.site:  # not before `make setup` has installed the project
-        start(agent, ["sh", "-c", 'echo $$ > "$1" && shift && exec "$@"', "sh", str(agent.pidfile), *enter,
-                      str(HAI_ADMIN), "persist-agent", "--sweep-every", "5"], c, foreground=True)
+        start(agent, writing_pidfile(agent, [*enter, str(HAI_ADMIN), "persist-agent", "--sweep-every", "5"]), c,
+              foreground=True)
 
 
 def running_pid(d: Daemon) -> int | None:

@@ -207,6 +207,15 @@ class JobDir:
         """How the launcher opens run `run` in rank `rank`'s log (then "on HOST at TIME ====")."""
         return f"==== slurm-hai run {run} rank {rank} "
 
+    def open_run_log(self, run: int, rank: int) -> int:
+        """Rank `rank`'s log, opened to append run `run`'s output, the run's line written first
+        (`hai logs` cuts the log into runs at these lines; `launched` looks for them). The
+        caller owns the returned file descriptor."""
+        fd = os.open(self.rank_log(rank), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
+        os.write(fd, f"{self.run_line(run, rank)}on {os.uname().nodename} at {stamp} ====\n".encode())
+        return fd
+
     def launched(self, run: int, ranks: int) -> set[int]:
         """Which of the node ranks 0..ranks-1 started run `run`: the launcher's first act on
         a node is the run's "==== slurm-hai run K rank R" line in that rank's log, or, when

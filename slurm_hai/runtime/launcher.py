@@ -166,10 +166,7 @@ class NodeRun:
             self.env["HAI_SUSPEND_FLAG"] = str(self.flag)
         else:
             self.env.pop("HAI_SUSPEND_FLAG", None)
-        log_path = self.jobdir.rank_log(self.rank)
-        log = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-        os.write(log, f"{JobDir.run_line(self.run, self.rank)}on {os.uname().nodename} at {stamp} ====\n".encode())
+        log = self.jobdir.open_run_log(self.run, self.rank)
         try:
             self.child = subprocess.Popen(self.cmd, env=self.env, stdin=subprocess.DEVNULL, stdout=log,
                                           stderr=subprocess.STDOUT, start_new_session=True,

@@ -19,7 +19,6 @@ import argparse
 import os
 import signal
 import threading
-import time
 
 from ..jobs.jobdir import JobDir
 from ..slurm import SlurmError, backend
@@ -129,9 +128,7 @@ def _output_to_rank_log(jobdir: JobDir, run: int, part: int) -> None:
     """From here on this script's output and its part's (the step's, through srun) go to the
     rank log of the part's number, the run opened by the launcher's run line: `hai logs JOB
     --rank P` (and -f) reads part P as it reads a node rank of any job."""
-    fd = os.open(jobdir.rank_log(part), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    stamp = time.strftime("%Y-%m-%d %H:%M:%S")
-    os.write(fd, f"{JobDir.run_line(run, part)}on {os.uname().nodename} at {stamp} ====\n".encode())
+    fd = jobdir.open_run_log(run, part)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
