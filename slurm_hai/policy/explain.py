@@ -82,7 +82,7 @@ def _why(job: Job, snap: Snapshot, lines: Explainer) -> str:
         if snap.is_demoted(job):
             d = policy.demotion
             assert d is not None  # is_demoted: the policy demotes
-            return (f"running at {d.source} for {_ago(now - job.start_time)}: counts as {d.target} "
+            return (f"running at {d.source} for {_ago(snap.run_time(job))}: counts as {d.target} "
                     f"(demoted after {_ago(d.after_seconds)}), so a {d.source} job may take its nodes")
         return f"running at {name} on {_nodes(job.num_nodes)} for {_ago(now - job.start_time)}"
     if job.state != "PENDING":

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from .tags import PARTS, parse
+
 
 class Job(Protocol):
     """Read-only members: a frozen dataclass (JobInfo) or any object with these attributes."""
@@ -43,6 +45,8 @@ class Job(Protocol):
     @property
     def priority(self) -> int: ...
     @property
+    def comment(self) -> str: ...  # the job's comment: its owner's, a hint (policy/tags.py)
+    @property
     def admin_comment(self) -> str: ...
     @property
     def array_job_id(self) -> int: ...  # its job array's id; for a job of no array its own id
@@ -53,3 +57,11 @@ def place(job: Job) -> tuple[int, int]:
     task of an array (a task that starts gets an id of its own, later than jobs submitted
     after the array), then its own id."""
     return job.array_job_id, job.job_id
+
+
+def run_of(job: Job) -> int:
+    """The run the job's run belongs to, for the clock of its demotion. An elastic job in place
+    (`hai-parts` in its comment: a job array, one part per task) runs on while its parts leave
+    and rejoin: one run, its array's. Any other job, a task of a plain array too, is its own run.
+    The tag is its owner's to write: it can only make the owner's own tasks demoted sooner."""
+    return job.array_job_id if PARTS in parse(job.comment) else job.job_id

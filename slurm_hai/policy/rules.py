@@ -45,7 +45,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Collection, Mapping, Sequence
 
-from .job import Job, place
+from .job import Job, place, run_of
 from .levels import AUTO, LEVEL_STRIDE, Level, level_base, level_of_qos, parse_qos
 from .model import NodeGroup, Policy
 from .placement import Refused, auto_at_submit, auto_levels, grace_of, group_of
@@ -120,6 +120,7 @@ class Snapshot:
         self.level: dict[int, Level | None] = {}
         self.tags: dict[int, dict[str, str]] = {}
         self.used: dict[tuple[str, str], int] = defaultdict(int)
+        self._run_start: dict[int, int] = {}  # policy.job.run_of -> its earliest running start
         demotion = policy.demotion
         self.demoted_level = policy.level(demotion.target) if demotion else None
         for j in jobs:
@@ -130,6 +131,9 @@ class Snapshot:
             self.tags[j.job_id] = parse_tags(j.admin_comment)
             if j.state in ACTIVE and lvl is not None:
                 self.used[(j.user, lvl.name)] += j.num_nodes
+            if j.state in ACTIVE and j.start_time > 0:
+                r = run_of(j)
+                self._run_start[r] = min(self._run_start.get(r, j.start_time), j.start_time)
 
     def submit_level(self, job: Job) -> str | None:
         """The level the job was submitted at (AUTO for AUTO), from job_submit.lua's stamp."""
@@ -147,11 +151,18 @@ class Snapshot:
         except Refused:  # stamped under another policy: not this one's to honour
             return self.policy.grace_seconds
 
+    def run_time(self, job: Job) -> float:
+        """How long the job has been running, 0 if it is not: for a part of an elastic job in
+        place, since the first of the job's running parts started (policy.job.run_of)."""
+        if job.state not in ACTIVE or job.start_time <= 0:
+            return 0.0
+        return self.now - self._run_start.get(run_of(job), job.start_time)
+
     def is_demoted(self, job: Job) -> bool:
         d = self.policy.demotion
         lvl = self.level[job.job_id]
         return (d is not None and lvl is not None and lvl.name == d.source and job.state in ACTIVE
-                and job.start_time > 0 and self.now - job.start_time >= d.after_seconds)
+                and job.start_time > 0 and self.run_time(job) >= d.after_seconds)
 
     def group_of(self, job: Job) -> NodeGroup | None:
         return group_of(self.policy, job.partition)
@@ -360,7 +371,7 @@ def _running(job: Job, snap: Snapshot, plan: _Plan, replay: bool = False) -> Non
         d = policy.demotion
         assert d is not None  # is_demoted: the policy demotes
         plan.update(job.job_id, "demote",
-                    f"{d.source} -> {d.target} after {now - job.start_time:.0f} s running (limit {d.after_seconds} s)",
+                    f"{d.source} -> {d.target} after {snap.run_time(job):.0f} s running (limit {d.after_seconds} s)",
                     AdminComment=with_tags(job.admin_comment, {DEMOTED_TAG: d.target}, drop=[BEHIND_TAG]))
     elif not demoted and DEMOTED_TAG in tags:  # requeued and running again since it was demoted
         plan.update(job.job_id, "restore-level", "runs again after a requeue: no longer demoted",
@@ -551,7 +562,7 @@ def _yield(snap: Snapshot, plan: _Plan, idle_nodes: Mapping[str, int] | None, le
             if snap.is_demoted(j):
                 if for_demoted and lvl.value >= hl.value:
                     assert tgt is not None  # for_demoted: the policy demotes
-                    victims.append((0, j, f"demoted to {tgt.name} after {now - j.start_time:.0f} s; job "
+                    victims.append((0, j, f"demoted to {tgt.name} after {snap.run_time(j):.0f} s; job "
                                           f"{head.job_id} ({hl.name}) needs its nodes"))
             elif in_line and lvl.value == hl.value and place(j) > place(head) and j.user != head.user:
                 victims.append((1, j, f"job {head.job_id} of {head.user}, earlier in line at {hl.name}, "

@@ -187,6 +187,23 @@ def test_above_normal_is_marked_demoted_after_its_time():
     assert decide([young, marked], p, NOW) == []
 
 
+def test_the_parts_of_an_elastic_job_in_place_are_demoted_by_the_jobs_first_start():
+    """A part that rejoined 5 s ago belongs to a run of 61 s (its peers ran on): demoted with
+    them. The tasks of a plain array are jobs of their own: each by its own start."""
+    p = replace(POLICY, demotion=replace(POLICY.demotion, after_seconds=60))
+    part = dict(qos="above_normal", array_job_id=8, comment="hai-dir=/x hai-parts=2:3")
+    parts = [job(31, "RUNNING", start_time=NOW - 61, **part), job(32, "RUNNING", start_time=NOW - 5, **part),
+             job(8, "PENDING", restart_count=1, **part)]
+    actions = decide(parts, p, NOW)
+    assert sorted(a.job_id for a in by_rule(actions, "demote")) == [31, 32]
+    assert "ABOVE_NORMAL -> NORMAL after 61 s running" in by_rule(actions, "demote")[1].why
+    plain = [replace(j, comment="") for j in parts[:2]]
+    assert [a.job_id for a in by_rule(decide(plain, p, NOW), "demote")] == [31]
+    # the whole job suspended and started again: a new run, a new clock
+    again = [replace(j, start_time=NOW - 5) for j in parts[:2]]
+    assert by_rule(decide(again, p, NOW), "demote") == []
+
+
 def test_demoted_mark_is_dropped_after_a_requeue():
     p = replace(POLICY, demotion=replace(POLICY.demotion, after_seconds=60))
     pending = job(1, qos="above_normal", restart_count=1, admin_comment="hai-level=ABOVE_NORMAL hai-demoted=NORMAL")
