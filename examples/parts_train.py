@@ -17,6 +17,9 @@ again, copy a live peer's state and train with the others.
 4. The data position is the step (`manager.current_step()`), which a healing part receives.
 5. With `--checkpoint-dir`, one part commits the job's state every `--save-every` steps; a
    job whose parts all left (its lighthouse was lost) comes back and resumes from there.
+6. No part trains below the job's MIN: the first parts wait for MIN, and parts left below
+   MIN for `--quorum-timeout` seconds commit the job's state and leave; the job waits in the
+   queue for MIN nodes and resumes from that commit.
 
 In float64 every part ends bitwise equal to the others and within 1e-9 of one process
 (`--reference`): only the order of the sums differs (tests/cluster/test_parts.py). Each part
@@ -78,10 +81,14 @@ def main() -> None:
     ap.add_argument("--reference", type=Path, help="run on one process (no cluster) and write its weights here")
     ap.add_argument("--checkpoint-dir", type=Path, help="the job's durable checkpoints (a directory every node sees)")
     ap.add_argument("--save-every", type=int, default=50, help="steps between two commits there")
+    ap.add_argument("--quorum-timeout", type=float, default=60.0,
+                    help="seconds a part waits for the job's MIN parts before it leaves")
     args = ap.parse_args()
     if args.reference:
         args.reference.write_text(json.dumps(one_process(args.steps)))
         return
+
+    from datetime import timedelta
 
     from slurm_hai.runtime.parts import join, leave_on
 
@@ -106,7 +113,7 @@ def main() -> None:
         model.load_state_dict(state["model"])
         inner.load_state_dict(state["opt"])
 
-    part = join(save, load, checkpoint_dir=args.checkpoint_dir)
+    part = join(save, load, checkpoint_dir=args.checkpoint_dir, quorum_timeout=timedelta(seconds=args.quorum_timeout))
     opt = OptimizerWrapper(part.manager, inner)
     note(event="joined", run=int(os.environ.get("SLURM_RESTART_COUNT", "0")))
     first = True

@@ -284,6 +284,8 @@ ONE_VERSION = {
     # script is test_parts.py's first test on Slurm before 24.05 (this one passed on 25.11.7
     # and 26.05.3 by hand, 2026-11-27).
     "test_parts.py::test_the_jobs_lighthouse_lost_every_part_is_requeued_and_the_job_resumes_from_its_last_commit",
+    # Below MIN: the same requeue by the task's own script, and the resume (torchft's and ours)
+    "test_parts.py::test_below_min_the_last_part_commits_and_leaves_and_the_job_resumes_from_that_commit",
 }
 
 

@@ -1,9 +1,10 @@
 """The lighthouse service: one torchft lighthouse per elastic job, outliving the job's parts
 (issue 31; docs/elastic-in-place.md, "Who coordinates").
 
-`hai-admin lighthouse` answers `GET /v1/jobs/<job id>` (a part's `ask`, runtime/parts.py) with
-the job's lighthouse, ``{"job": 123, "address": "http://host:port"}``: started at the first
-ask while Slurm holds the job, the same one after; 404 once the job has ended. A sweep ends
+`hai-admin lighthouse` answers `GET /v1/jobs/<job id>?min=<MIN>` (a part's `ask`,
+runtime/parts.py) with the job's lighthouse, ``{"job": 123, "address": "http://host:port"}``:
+started at the first ask while Slurm holds the job, its quorums of at least MIN parts (the
+job's own MIN; 1 without `min`), the same one after; 404 once the job has ended. A sweep ends
 the lighthouses of jobs that ended.
 
 Each lighthouse is a process of its own (`python -m slurm_hai.controller.lighthouse`) that
@@ -53,7 +54,7 @@ HEARTBEAT_TIMEOUT_MS = 500
 JOIN_TIMEOUT_MS = 60_000
 QUORUM_TICK_MS = 100  # torchft_lighthouse's: how often a waiting quorum is looked at again
 MODULE = "slurm_hai.controller.lighthouse"
-JOB_PATH = re.compile(rf"^{re.escape(JOBS_PATH)}([1-9][0-9]{{0,9}})$")
+JOB_PATH = re.compile(rf"^{re.escape(JOBS_PATH)}([1-9][0-9]{{0,9}})(?:\?min=([1-9][0-9]{{0,4}}))?$")
 log = logging.getLogger("hai-lighthouse")
 
 
@@ -125,8 +126,9 @@ class Service:
     def _path(self, job: int) -> Path:
         return self.state_dir / f"{job}.json"
 
-    def address(self, job: int) -> str | None:
-        """The job's lighthouse address, started now if it has none; None if the job ended."""
+    def address(self, job: int, min_parts: int = 1) -> str | None:
+        """The job's lighthouse address, started now if it has none (its quorums of at least
+        `min_parts` parts); None if the job ended."""
         with self.lock:
             known = self.lighthouses.get(job)
             if known and known.alive():
@@ -136,12 +138,12 @@ class Service:
                 self._forget(job)
             if job in self.ended([job]):
                 return None
-            started = self._start(job)
+            started = self._start(job, min_parts)
             self.lighthouses[job] = started
             return started.address
 
-    def _start(self, job: int) -> Lighthouse:
-        argv = [sys.executable, "-m", MODULE, "--job", str(job), "--heartbeat-timeout-ms",
+    def _start(self, job: int, min_parts: int) -> Lighthouse:
+        argv = [sys.executable, "-m", MODULE, "--job", str(job), "--min-parts", str(min_parts), "--heartbeat-timeout-ms",
                 str(self.heartbeat_timeout_ms), "--extension", str(torchft_extension())]
         # torchft logs each quorum at INFO: its warnings and errors go to <job>.log
         env = {**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")}
@@ -156,7 +158,8 @@ class Service:
         found = Lighthouse(job=job, pid=proc.pid, address=line, started=time.time())
         write_atomic(self._path(job), json.dumps(asdict(found)) + "\n")
         self.children[job] = proc
-        log.info("job %d: lighthouse started at %s (pid %d)", job, found.address, proc.pid)
+        log.info("job %d: lighthouse started at %s (pid %d), quorums of %d part(s) or more", job, found.address,
+                 proc.pid, min_parts)
         return found
 
     def _forget(self, job: int) -> None:
@@ -210,10 +213,10 @@ def serve(service: Service, listen: str, port: int, sweep_every: float,
         def do_GET(self) -> None:  # noqa: N802 - http.server's name
             m = JOB_PATH.match(self.path)
             if not m:
-                return self._reply(400, {"error": f"ask GET {JOBS_PATH}<job id>"})
+                return self._reply(400, {"error": f"ask GET {JOBS_PATH}<job id>[?min=<parts>]"})
             job = int(m.group(1))
             try:
-                address = service.address(job)
+                address = service.address(job, int(m.group(2) or 1))
             except LighthouseError as e:
                 return self._reply(503, {"error": str(e)})
             if address is None:
@@ -256,7 +259,7 @@ def serve(service: Service, listen: str, port: int, sweep_every: float,
         log.info("lighthouse service stopped; %d lighthouses run on", len(service.lighthouses))
 
 
-def run_one(extension: Path, heartbeat_timeout_ms: int) -> None:
+def run_one(extension: Path, min_parts: int, heartbeat_timeout_ms: int) -> None:
     """One lighthouse, torch-free: print its address, serve until SIGTERM."""
     loader = importlib.machinery.ExtensionFileLoader("torchft._torchft", str(extension))
     spec = importlib.util.spec_from_file_location("torchft._torchft", str(extension), loader=loader)
@@ -264,7 +267,7 @@ def run_one(extension: Path, heartbeat_timeout_ms: int) -> None:
         raise LighthouseError(f"{extension}: not a loadable extension")
     ext = importlib.util.module_from_spec(spec)
     loader.exec_module(ext)
-    server = ext.LighthouseServer(bind="[::]:0", min_replicas=1, join_timeout_ms=JOIN_TIMEOUT_MS,
+    server = ext.LighthouseServer(bind="[::]:0", min_replicas=min_parts, join_timeout_ms=JOIN_TIMEOUT_MS,
                                   quorum_tick_ms=QUORUM_TICK_MS, heartbeat_timeout_ms=heartbeat_timeout_ms)
     print(server.address(), flush=True)
     signal.sigwait({signal.SIGTERM, signal.SIGINT})
@@ -276,10 +279,11 @@ def main(argv: list[str] | None = None) -> None:
                                  "(started by hai-admin lighthouse)")
     ap.add_argument("--job", type=int, required=True)
     ap.add_argument("--extension", type=Path, required=True)
+    ap.add_argument("--min-parts", type=int, default=1)
     ap.add_argument("--heartbeat-timeout-ms", type=int, default=HEARTBEAT_TIMEOUT_MS)
     args = ap.parse_args(argv)
     signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})  # for sigwait
-    run_one(args.extension, args.heartbeat_timeout_ms)
+    run_one(args.extension, args.min_parts, args.heartbeat_timeout_ms)
 
 
 if __name__ == "__main__":

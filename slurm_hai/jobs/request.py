@@ -156,7 +156,7 @@ def _in_place(req: JobRequest, nodes: NodeRange, policy: Policy) -> dict:
                            "node, without --torchrun")
     if req.time is not None or req.retries:
         raise RequestError("--in-place jobs take no --time or --retries yet; submit without them")
-    return {"parts": nodes.max, "tag": f";{PARTS_TAG}={nodes.min}:{nodes.max}",
+    return {"parts": nodes.max, "min": nodes.min, "tag": f";{PARTS_TAG}={nodes.min}:{nodes.max}",
             "lighthouse_service": policy.lighthouse_service}
 
 

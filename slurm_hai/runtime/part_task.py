@@ -7,7 +7,9 @@ The job directory is the array's, shared by its parts; events carry the part (th
 and its run (the task's restart count). The part runs as a job step, so that Slurm's
 preemption signals it (not this script): it dies of the notice (runtime/parts.py,
 `leave_on`), and its task is requeued: by Slurm as this script ends (24.05 and later), or
-by this script (before 24.05 Slurm would end it FAILED). The part's output goes to the job's
+by this script (before 24.05 Slurm would end it FAILED). A part that leaves because fewer
+than the job's MIN parts could train (runtime/parts.py, EXIT_BELOW_MIN) is requeued by this
+script on every version. The part's output goes to the job's
 rank log of its number (`logs/rank-<part>.log`: `hai logs JOB --rank P`). The first part that ends its
 training writes the job's end (final.json) and cancels the parts that wait in the queue; a
 task that starts after that runs nothing.
@@ -24,7 +26,7 @@ from ..jobs.jobdir import JobDir
 from ..slurm import SlurmError, backend
 from .batch import wait_to_be_requeued
 from .contract import restart_count
-from .parts import SERVICE_ENV, PartError, ask, job_and_part
+from .parts import EXIT_BELOW_MIN, SERVICE_ENV, PartError, ask, job_and_part, min_parts
 
 # How often each part's task asks the lighthouse service whether the job's lighthouse lives.
 LIGHTHOUSE_WATCH_EVERY = 2.0
@@ -57,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     lost, done = threading.Event(), threading.Event()
     service = os.environ.get(SERVICE_ENV)
     if service:
-        threading.Thread(target=_watch_lighthouse, args=(service, array, slurm, job_id, lost, done),
+        threading.Thread(target=_watch_lighthouse, args=(service, array, min_parts(), slurm, job_id, lost, done),
                          daemon=True).start()
     try:
         rc = slurm.run_step(cmd, 1, args.gpus, os.environ.get("SLURM_JOB_NAME", "hai"))
@@ -76,11 +78,18 @@ def main(argv: list[str] | None = None) -> int:
             print(f"slurm-hai: part {part}: the waiting parts of job {array} stay queued ({e}); "
                   "each ends at its start", flush=True)
         return 0
+    requeue = lost.is_set() or rc == EXIT_BELOW_MIN  # not Slurm's preemption: Slurm would end it
     if lost.is_set():
         # every part of the job leaves so: they come back under a new lighthouse, and with no
         # live peer to heal from they resume from the job's last commit (runtime/parts.py)
         jobdir.event("left", run=run, part=part, exit_code=rc, preempted=False, lighthouse_lost=True)
         print(f"slurm-hai: part {part} run {run} ended (exit {rc}): the job's lighthouse was lost; "
+              "its task is requeued", flush=True)
+    elif rc == EXIT_BELOW_MIN:
+        # every part that is left leaves so: the job waits in the queue for MIN nodes, as a job
+        # suspended whole does, and resumes from the commit the parts made as they left
+        jobdir.event("left", run=run, part=part, exit_code=rc, preempted=False, below_min=True)
+        print(f"slurm-hai: part {part} run {run} ended: fewer than the job's MIN parts could train; "
               "its task is requeued", flush=True)
     else:
         preempted = _preempted(slurm, job_id)
@@ -90,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
         if not preempted:
             return rc  # its own failure: the task ends, the other parts go on
     try:
-        if not lost.is_set() and slurm.requeued_when_batch_ends(job_id):
+        if not requeue and slurm.requeued_when_batch_ends(job_id):
             return rc
         slurm.requeue(job_id)
     except SlurmError as e:  # slurmctld away: the policy daemon requeues it (requeue-failed)
@@ -99,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
     return wait_to_be_requeued(ending)
 
 
-def _watch_lighthouse(service: str, array: int, slurm, job_id: int, lost: threading.Event,
+def _watch_lighthouse(service: str, array: int, least: int, slurm, job_id: int, lost: threading.Event,
                       done: threading.Event) -> None:
     """While the part runs: ask the lighthouse service for the job's lighthouse every
     LIGHTHOUSE_WATCH_EVERY s. A new address means the one the part uses died (the service
@@ -110,7 +119,7 @@ def _watch_lighthouse(service: str, array: int, slurm, job_id: int, lost: thread
     while not done.wait(pause):
         pause = LIGHTHOUSE_WATCH_EVERY
         try:
-            now = ask(service, array)
+            now = ask(service, array, least)
         except PartError:
             continue  # the service is away (or the job is over): the part goes on as it is
         if first is None:

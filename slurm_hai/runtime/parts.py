@@ -25,6 +25,12 @@ copy are counted among the step's participants but compute nothing, so step 0 wo
 part of its batch. A part dies of the notice at once, wherever it is: a step that it
 leaves half done is not committed by the others, and they take it again without it.
 
+No part trains below the job's MIN (HAI_PARTS_MIN): a quorum needs MIN parts. The first
+parts to start wait for MIN (the job starts as MIN parts together); parts that find fewer
+than MIN for the quorum timeout (a higher level took the others' nodes) commit the job's
+state and leave (`Part.below_min`, exit EXIT_BELOW_MIN): their tasks are requeued, and the
+job waits in the queue as a job suspended whole does, and resumes from that commit.
+
 A part that joins a live job copies a peer's state and loads nothing. With `checkpoint_dir`,
 one part (participating rank 0) commits the job's state there every N committed steps
 (`save_every`, slurm_hai.checkpoint: verified, atomic), and a job that comes back with no
@@ -41,17 +47,23 @@ import json
 import os
 import signal
 import socket
+import sys
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, NoReturn
 
 SERVICE_ENV = "HAI_LIGHTHOUSE_SERVICE"
-JOBS_PATH = "/v1/jobs/"  # the lighthouse service's: GET /v1/jobs/<job id>
+MIN_ENV = "HAI_PARTS_MIN"  # the job's MIN: the fewest parts that train (hai-submit -n MIN:MAX)
+JOBS_PATH = "/v1/jobs/"  # the lighthouse service's: GET /v1/jobs/<job id>?min=<MIN>
 # a step's collectives; a quorum waits for every part that still heartbeats (torchft's default)
 STEP_TIMEOUT = timedelta(seconds=30)
+# How long a part waits for a quorum of MIN parts: then it leaves with EXIT_BELOW_MIN
 QUORUM_TIMEOUT = timedelta(seconds=60)
+# A part that found fewer than MIN parts for QUORUM_TIMEOUT exits so (EX_TEMPFAIL): its task
+# is requeued (runtime/part_task.py), and the job waits in the queue for MIN nodes
+EXIT_BELOW_MIN = 75
 
 
 class PartError(RuntimeError):
@@ -82,6 +94,14 @@ def job_and_part(env: dict[str, str] | os._Environ = os.environ) -> tuple[int, i
             from None
 
 
+def min_parts(env: dict[str, str] | os._Environ = os.environ) -> int:
+    """The job's MIN (HAI_PARTS_MIN, which its batch script sets; 1 if unset)."""
+    value = env.get(MIN_ENV, "1")
+    if not value.isdigit() or int(value) < 1:
+        raise PartError(f"{MIN_ENV}={value!r}: the fewest parts that train, a whole number of at least 1")
+    return int(value)
+
+
 def leave_on(signum: int = signal.SIGTERM) -> None:
     """At the notice, leave: die of the signal at once, as Slurm expects of a preempted task
     (a part that exits 0 ends its task COMPLETED, and nothing requeues it), in the middle of
@@ -99,14 +119,20 @@ class Part:
     load_state_dict: Callable[[Any], None] | None = None
     state_dict: Callable[[], Any] | None = None
     resumed_at: int | None = None  # the step this part resumed from a checkpoint at, if it did
+    min_parts: int = 1
+    quorum_timeout: timedelta = QUORUM_TIMEOUT
     _first: bool = True
     _saved: int = 0  # the step it committed last
 
     def share(self, batch_size: int) -> slice | None:
         """This part's rows of the global batch at the current step; None while it heals. At
         this process's first step, after the quorum: if every part of it is at step 0 (none
-        was ahead to heal from) and the job has a checkpoint, it resumes from the newest."""
-        rank = self.manager.participating_rank()  # waits for this step's quorum
+        was ahead to heal from) and the job has a checkpoint, it resumes from the newest.
+        No quorum of MIN parts within the quorum timeout: the part leaves (below_min)."""
+        try:
+            rank = self.manager.participating_rank()  # waits for this step's quorum
+        except TimeoutError:
+            self.below_min()
         if rank is None or not self.manager.is_participating():
             self._first = False
             return None
@@ -128,6 +154,23 @@ class Part:
         self.load_state_dict(state["job"])
         self.manager.load_state_dict(state["torchft"])
         self.resumed_at = self.manager.current_step()
+
+    def below_min(self) -> NoReturn:
+        """Fewer than MIN parts for the quorum timeout: the job cannot train, and this part
+        leaves so that the job waits in the queue instead of holding nodes. With a checkpoint
+        directory it first commits its state, the job's last committed step (every part that
+        leaves so holds the same one: the store keeps the first commit of a step), unless that
+        step is committed already or is step 0. Exits EXIT_BELOW_MIN; its task is requeued."""
+        step = self.manager.current_step()
+        saved = ""
+        if self.checkpoints is not None and step > 0 and step != self._saved:
+            assert self.state_dict is not None  # join() sets both with the checkpoints
+            if not self.checkpoints.save(step, {"job": self.state_dict(), "torchft": self.manager.state_dict()}).skipped:
+                saved = f"; committed step {step}"
+        print(f"slurm-hai: part {self.index} of job {self.job}: fewer than {self.min_parts} parts for "
+              f"{self.quorum_timeout.total_seconds():.0f} s{saved}; it leaves, and the job waits for "
+              f"{self.min_parts} nodes", file=sys.stderr, flush=True)
+        os._exit(EXIT_BELOW_MIN)  # as at its notice: no clean-up of torchft's threads to wait for
 
     def save_every(self, steps: int) -> bool:
         """After `opt.step()`: when the step committed and the job's committed steps are a
@@ -181,10 +224,10 @@ class Part:
                                "initialization (torch.manual_seed) or load one checkpoint in every part")
 
 
-def ask(service_url: str, job: int, timeout: float = 10.0) -> str:
+def ask(service_url: str, job: int, min_parts: int = 1, timeout: float = 10.0) -> str:
     """A part's ask: the address of `job`'s lighthouse from the service at `service_url`
-    (http://host:port)."""
-    url = f"{service_url.rstrip('/')}{JOBS_PATH}{job}"
+    (http://host:port). The first ask starts it: a quorum there needs `min_parts` parts."""
+    url = f"{service_url.rstrip('/')}{JOBS_PATH}{job}?min={min_parts}"
     try:
         with urllib.request.urlopen(url, timeout=timeout) as reply:
             return json.load(reply)["address"]
@@ -200,29 +243,33 @@ def ask(service_url: str, job: int, timeout: float = 10.0) -> str:
 
 def join(state_dict: Callable[[], Any], load_state_dict: Callable[[Any], None], *,
          checkpoint_dir: str | os.PathLike[str] | None = None, service: str | None = None,
-         env: dict[str, str] | os._Environ = os.environ) -> Part:
+         quorum_timeout: timedelta = QUORUM_TIMEOUT, env: dict[str, str] | os._Environ = os.environ) -> Part:
     """This part's torchft Manager under its job's lighthouse (asked of the lighthouse
     service at `service`, default $HAI_LIGHTHOUSE_SERVICE), with a store of its own on this
     host. One process per part. `checkpoint_dir`: the job's durable checkpoints, on a file
-    system every node sees (Part.save_every, and the resume in Part.share)."""
+    system every node sees (Part.save_every, and the resume in Part.share). A quorum needs
+    the job's MIN parts (HAI_PARTS_MIN): the first parts of a job wait for MIN, and a part
+    that waits longer than `quorum_timeout` leaves (Part.below_min)."""
     from torch.distributed import TCPStore
     from torchft import Manager, ProcessGroupGloo
 
     job, index = job_and_part(env)
+    least = min_parts(env)
     service = service or env.get(SERVICE_ENV)
     if not service:
         raise PartError(f"no lighthouse service: set {SERVICE_ENV}=http://HOST:PORT (hai-admin lighthouse)")
-    lighthouse = ask(service, job)
+    lighthouse = ask(service, job, least)
     host = socket.gethostname()
     store = TCPStore(host, 0, is_master=True, wait_for_workers=False)
     manager = Manager(pg=ProcessGroupGloo(timeout=STEP_TIMEOUT), load_state_dict=load_state_dict,
-                      state_dict=state_dict, min_replica_size=1, init_sync=False,
+                      state_dict=state_dict, min_replica_size=least, init_sync=False,
                       replica_id=f"{job}_{index}",
                       lighthouse_addr=lighthouse, store_addr=host, store_port=store.port, rank=0, world_size=1,
-                      hostname=host, timeout=STEP_TIMEOUT, quorum_timeout=QUORUM_TIMEOUT)
+                      hostname=host, timeout=STEP_TIMEOUT, quorum_timeout=quorum_timeout)
     checkpoints = None
     if checkpoint_dir is not None:
         from ..checkpoint import CheckpointManager
 
         checkpoints = CheckpointManager(checkpoint_dir, keep_last=2)
-    return Part(job, index, manager, store, checkpoints, load_state_dict, state_dict)
+    return Part(job, index, manager, store, checkpoints, load_state_dict, state_dict, min_parts=least,
+                quorum_timeout=quorum_timeout)

@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Iterable
 
 from test_acceptance import events, named, wait_final
 from waiting import wait_for
@@ -95,10 +96,10 @@ def test_two_parts_leave_for_a_higher_job_the_others_train_on_and_all_end_as_one
     assert b"Traceback" not in console.read_bytes()[seen:]
 
 
-def assert_ends_as_one_process(out: Path, tmp_path: Path) -> None:
+def assert_ends_as_one_process(out: Path, tmp_path: Path, parts: Iterable[int] = range(4)) -> None:
     """Every part's final weights bitwise equal, and within 1e-9 of one process (float64)."""
-    ends = {p: json.loads((out / f"part{p}.json").read_text()) for p in range(4)}
-    assert ends[0] == ends[1] == ends[2] == ends[3]  # bitwise
+    ends = [json.loads((out / f"part{p}.json").read_text()) for p in parts]
+    assert all(end == ends[0] for end in ends)  # bitwise
     one = tmp_path / "one.json"
     subprocess.run([sys.executable, str(EXAMPLE), "--steps", str(STEPS), "--reference", str(one)], check=True)
     reference = [float.fromhex(w) for w in json.loads(one.read_text())]
@@ -142,6 +143,42 @@ def test_the_jobs_lighthouse_lost_every_part_is_requeued_and_the_job_resumes_fro
     last = max(r["step"] for r in all_rows if r["event"] == "saved" and r["t"] < killed)
     assert {r["step"] for r in resumed} == {last}, resumed  # the commit before the loss
     assert_ends_as_one_process(out, tmp_path)
+
+
+def test_below_min_the_last_part_commits_and_leaves_and_the_job_resumes_from_that_commit(live, tmp_path):
+    # -n 2:3 at LOW: a 3-node NORMAL job takes two parts' nodes (and the idle fourth); the part left
+    # alone is below MIN: it trains no step, and after its quorum timeout (8 s here) commits
+    # the job's state and leaves, its task requeued by its script. The job waits whole; when
+    # NORMAL ends, the first MIN parts to start resume from that commit together (a third that
+    # starts later heals from them, or finds the job ended), and the job ends as one process would
+    out = live.shared_dir("parts-min", owner=ALICE)
+    array = higher = None
+    try:
+        p = live.run(["hai-submit", "--json", "--in-place", "-n", "2:3", "-p", "LOW", str(EXAMPLE), "--steps",
+                      str(STEPS), "--step-sleep", "0.2", "--hurry", str(out / "hurry"), "--out", str(out),
+                      "--checkpoint-dir", str(out / "ckpt"), "--save-every", "20", "--quorum-timeout", "8"],
+                     user=ALICE)
+        array, job_dir = json.loads(p.stdout)["job_id"], Path(json.loads(p.stdout)["job_dir"])
+        wait_for(lambda: any(r["event"] == "saved" for r in rows(out)), 240, "a commit of the three", 0.3)
+        higher = live.sbatch("-N3", "--qos=normal", "-o", "/dev/null", "--wrap", "sleep 600", user="root")
+        below = wait_for(lambda: [e for e in named(job_dir, "left") if e.get("below_min")], 90,
+                         "two parts to leave for the NORMAL job, and the third below MIN", 0.3)
+        left = named(job_dir, "left")
+        assert len(below) == 1 and len(left) == 3 and below[0]["t"] == max(e["t"] for e in left), left
+        done = max(r["step"] for r in rows(out) if r["event"] == "step" and r["committed"]) + 1
+        live.run(["scancel", str(higher)])
+        resumed = wait_for(lambda: found if len(found := [r for r in rows(out) if r["event"] == "resumed"]) >= 2
+                           else None, 120, "MIN parts to resume together", 0.3)
+        (out / "hurry").touch()
+        final = wait_final(job_dir, 240)
+    finally:
+        live.run(["scancel", *[str(j) for j in (higher, array) if j]], check=False)
+    assert final["state"] == "succeeded"
+    assert {r["step"] for r in resumed} == {done}, resumed  # the commit of the part that left
+    assert not [r for r in rows(out) if r["event"] == "step" and r["parts"] < 2]  # never below MIN
+    ended = {r["part"] for r in rows(out) if r["event"] == "end"}
+    assert len(ended) >= 2, ended
+    assert_ends_as_one_process(out, tmp_path, ended)
 
 
 WAIT_FOR_FILE = """import pathlib, sys, time

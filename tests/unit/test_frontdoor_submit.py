@@ -196,7 +196,7 @@ def test_in_place_is_a_job_array_of_one_node_parts_under_the_sites_lighthouse_se
     lines = out.splitlines()
     for line in ("#SBATCH --array=0-1", "#SBATCH --nodes=1", "#SBATCH --requeue",
                  "#SBATCH --comment=hai-dir=" + str(tmp_path / "hai" / "jobs") + ";hai-grace=5;hai-parts=1:2",
-                 "export HAI_LIGHTHOUSE_SERVICE=http://ctl:29510"):
+                 "export HAI_LIGHTHOUSE_SERVICE=http://ctl:29510", "export HAI_PARTS_MIN=1"):
         assert line in lines, line
     assert not [ln for ln in lines if ln.startswith("#SBATCH --signal") or "hai-nodes" in ln]  # the notice: SIGTERM
     argv = exec_line(out)

@@ -168,14 +168,18 @@ def test_parts_ask_over_http_and_get_one_line_answers(state):
     try:
         address = ask(url, 12)
         assert address.startswith("http://") and ask(url, 12) == address
-        with pytest.raises(PartError, match=r"/v1/jobs/11: job 11 is not running or waiting in Slurm$"):
+        with pytest.raises(PartError, match=r"/v1/jobs/11\?min=1: job 11 is not running or waiting in Slurm$"):
             ask(url, 11)
-        with pytest.raises(PartError, match=r"/v1/jobs/13: cannot ask Slurm whether a job ended: slurmctld is down$"):
+        with pytest.raises(PartError, match=r"/v1/jobs/13\?min=1: cannot ask Slurm whether a job ended: slurmctld is down$"):
             ask(url, 13)
         assert not (state / "13.json").exists()
         with pytest.raises(urllib.error.HTTPError) as bad:
             urllib.request.urlopen(f"{url}/v1/jobs/x1", timeout=5)
-        assert bad.value.code == 400 and json.load(bad.value) == {"error": "ask GET /v1/jobs/<job id>"}
+        assert bad.value.code == 400 and json.load(bad.value) == {"error": "ask GET /v1/jobs/<job id>[?min=<parts>]"}
+        # a job's MIN reaches its lighthouse at the first ask: quorums of MIN parts or more
+        ask(url, 14, min_parts=3)
+        argv = Path(f"/proc/{json.loads((state / '14.json').read_text())['pid']}/cmdline").read_bytes().split(b"\0")
+        assert argv[argv.index(b"--min-parts") + 1] == b"3"
         over.add(12)
         wait_for("the sweep to stop job 12's lighthouse", lambda: not (state / "12.json").exists())
     finally:
@@ -189,7 +193,7 @@ def test_a_part_that_goes_away_before_its_answer_leaves_no_traceback(state, capf
     # a part's task ends while its lighthouse watch asks (runtime/part_task.py): the service
     # answers into a closed connection, and says nothing of it above debug
     class Slow(Service):
-        def address(self, job):
+        def address(self, job, min_parts=1):
             time.sleep(0.3)  # the part is gone by then
             return "http://lighthouse:1"
 

@@ -21,12 +21,13 @@ from pathlib import Path
 import pytest
 
 from slurm_hai.controller.lighthouse import Service, serve
-from slurm_hai.runtime.parts import batch_share
+from slurm_hai.runtime.parts import EXIT_BELOW_MIN, batch_share
 
 STEPS, BATCH, FEATURES = 120, 12, 6
 
 PART = r'''
 import json, os, sys, time
+from datetime import timedelta
 import torch
 from torchft.optim import OptimizerWrapper
 from slurm_hai.runtime.parts import join, leave_on
@@ -49,7 +50,7 @@ def save():
 def load(state):
     model.load_state_dict(state["model"]); inner.load_state_dict(state["opt"]); note(event="healed")
 ckpt, save_every = os.environ.get("CKPT"), int(os.environ.get("SAVE_EVERY", "0"))
-part = join(save, load, checkpoint_dir=ckpt)
+part = join(save, load, checkpoint_dir=ckpt, quorum_timeout=timedelta(seconds=float(os.environ.get("QUORUM_S", "60"))))
 opt = OptimizerWrapper(part.manager, inner)
 note(event="joined")
 resumed = False
@@ -116,7 +117,7 @@ def stderr_on_failure(out: Path):
     try:
         yield
     except AssertionError as e:
-        raise AssertionError(f"{e}\n" + "\n".join((out / f"stderr{i}").read_text()[-3000:] for i in range(3))) from None
+        raise AssertionError(f"{e}\n" + "\n".join(f.read_text()[-3000:] for f in sorted(out.glob("stderr*")))) from None
 
 
 def wait_for(what, cond, procs, timeout=120.0):
@@ -257,6 +258,37 @@ def test_a_lost_lighthouse_every_part_leaves_and_the_job_resumes_from_its_last_c
         assert [r["step"] for r in second_run(rows, part) if r["event"] == "step"][0] == last
     ends = {r["part"]: [float.fromhex(w) for w in r["weights"]] for r in rows if r["event"] == "end"}
     assert ends[0] == ends[1] == ends[2]  # bitwise
+    assert max(abs(a - b) for a, b in zip(ends[0], reference())) < 1e-9
+
+
+def test_below_min_no_part_trains_and_the_job_resumes_from_the_commit_of_the_part_that_left(parts, tmp_path):
+    """MIN 2 of 2. Part 0 starts alone and waits: its first step is one of two. After two
+    commits part 1 leaves at its notice; part 0, below MIN, waits out its quorum timeout,
+    commits the job's last committed step and exits EXIT_BELOW_MIN (its task would be
+    requeued). Both start again, resume from that commit and end as one process would."""
+    out, ckpt = parts.out, tmp_path / "ckpt"
+    env = {"CKPT": str(ckpt), "SAVE_EVERY": "10", "HAI_PARTS_MIN": "2", "QUORUM_S": "30"}
+    with stderr_on_failure(out):
+        procs = [parts(0, **env)]
+        wait_for("part 0 to join", lambda: any(r["event"] == "joined" for r in records(out)), procs)
+        procs.append(parts(1, **env))
+        wait_for("two commits", lambda: len([r for r in records(out) if r["event"] == "saved"]) >= 2, procs)
+        first = [r for r in records(out) if r["event"] == "step" and r["part"] == 0]
+        assert first[0]["step"] == 0 and {r["n"] for r in first} == {2}  # never alone
+        procs[1].send_signal(signal.SIGTERM)
+        assert procs[1].wait(30) == -signal.SIGTERM
+        assert procs[0].wait(120) == EXIT_BELOW_MIN
+        done = max(r["step"] for r in records(out) if r["event"] == "step" and r["committed"]) + 1
+        assert "slurm-hai: part 0 of job 7: fewer than 2 parts for 30 s" in (out / "stderr0").read_text()
+        assert not [r for r in records(out) if r["event"] == "end"]
+        procs = [parts(0, **env), parts(1, **env)]
+        for p in procs:
+            assert p.wait(180) == 0
+    rows = records(out)
+    # the commit of the part that left, or the same step's periodic one: nothing lost, nothing twice
+    assert sorted(r["part"] for r in rows if r["event"] == "resumed" and r["step"] == done) == [0, 1]
+    ends = {r["part"]: [float.fromhex(w) for w in r["weights"]] for r in rows if r["event"] == "end"}
+    assert ends[0] == ends[1]  # bitwise
     assert max(abs(a - b) for a, b in zip(ends[0], reference())) < 1e-9
 
 
