@@ -15,7 +15,6 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Iterable
 
 from test_acceptance import events, named, wait_final
 from waiting import wait_for
@@ -84,7 +83,7 @@ def test_two_parts_leave_for_a_higher_job_the_others_train_on_and_all_end_as_one
     for part in gone:
         assert [r["run"] for r in all_rows if r["event"] == "joined" and r["part"] == part] == [0, 1], part
         assert any(r["event"] == "healed" and r["part"] == part for r in all_rows), part
-    assert_ends_as_one_process(out, tmp_path)
+    assert_ends_as_one_process(out, tmp_path, least=4)
     # its size over time, from its parts' starts and leaves
     assert hai(live, "status", str(array))["sizes"] == [4, 2, 4]
     # each part's output in its rank log, a run per start: `hai logs JOB --rank P`
@@ -96,9 +95,12 @@ def test_two_parts_leave_for_a_higher_job_the_others_train_on_and_all_end_as_one
     assert b"Traceback" not in console.read_bytes()[seen:]
 
 
-def assert_ends_as_one_process(out: Path, tmp_path: Path, parts: Iterable[int] = range(4)) -> None:
-    """Every part's final weights bitwise equal, and within 1e-9 of one process (float64)."""
-    ends = [json.loads((out / f"part{p}.json").read_text()) for p in parts]
+def assert_ends_as_one_process(out: Path, tmp_path: Path, least: int) -> None:
+    """The final weights of every part that ended its training (at least `least` parts; one
+    that was healing as the others ended writes none) bitwise equal, and within 1e-9 of one
+    process (float64)."""
+    ends = [json.loads(f.read_text()) for f in out.glob("part*.json")]
+    assert len(ends) >= least, sorted(f.name for f in out.glob("part*.json"))
     assert all(end == ends[0] for end in ends)  # bitwise
     one = tmp_path / "one.json"
     subprocess.run([sys.executable, str(EXAMPLE), "--steps", str(STEPS), "--reference", str(one)], check=True)
@@ -115,7 +117,8 @@ def hai(live, *argv: str):
 def test_the_jobs_lighthouse_lost_every_part_is_requeued_and_the_job_resumes_from_its_last_commit(live, tmp_path):
     # kill -9 of the job's lighthouse on the service's host: each task's script sees the service
     # hand out a new one and ends its part; the four come back under it, nobody is ahead to
-    # heal from, and they resume from the job's last commit (one part commits every 20 steps)
+    # heal from, and the first MIN (2) to start resume from the job's last commit together (one
+    # part commits every 20 steps); a later one heals from them, or finds the job over
     out = live.shared_dir("parts-lost", owner=ALICE)
     ckpt = out / "ckpt"
     array = None
@@ -131,8 +134,8 @@ def test_the_jobs_lighthouse_lost_every_part_is_requeued_and_the_job_resumes_fro
         left = wait_for(lambda: found if len(found := named(job_dir, "left")) == 4 else None, 60,
                         "every part to leave", 0.3)
         assert all(e["lighthouse_lost"] for e in left) and max(e["t"] for e in left) - killed < 10, left
-        resumed = wait_for(lambda: found if len(found := [r for r in rows(out) if r["event"] == "resumed"]) >= 1
-                           else None, 120, "the job to resume", 0.3)
+        resumed = wait_for(lambda: found if len(found := [r for r in rows(out) if r["event"] == "resumed"]) >= 2
+                           else None, 120, "MIN parts to resume together", 0.3)
         (out / "hurry").touch()
         final = wait_final(job_dir, 240)
     finally:
@@ -142,7 +145,7 @@ def test_the_jobs_lighthouse_lost_every_part_is_requeued_and_the_job_resumes_fro
     all_rows = rows(out)
     last = max(r["step"] for r in all_rows if r["event"] == "saved" and r["t"] < killed)
     assert {r["step"] for r in resumed} == {last}, resumed  # the commit before the loss
-    assert_ends_as_one_process(out, tmp_path)
+    assert_ends_as_one_process(out, tmp_path, least=2)
 
 
 def test_below_min_the_last_part_commits_and_leaves_and_the_job_resumes_from_that_commit(live, tmp_path):
@@ -176,9 +179,7 @@ def test_below_min_the_last_part_commits_and_leaves_and_the_job_resumes_from_tha
     assert final["state"] == "succeeded"
     assert {r["step"] for r in resumed} == {done}, resumed  # the commit of the part that left
     assert not [r for r in rows(out) if r["event"] == "step" and r["parts"] < 2]  # never below MIN
-    ended = {r["part"] for r in rows(out) if r["event"] == "end"}
-    assert len(ended) >= 2, ended
-    assert_ends_as_one_process(out, tmp_path, ended)
+    assert_ends_as_one_process(out, tmp_path, least=2)
 
 
 WAIT_FOR_FILE = """import pathlib, sys, time
