@@ -183,7 +183,11 @@ def earlier_and_later(c: LiveCluster, later_user: str) -> tuple[int, int, int]:
     first = sbatch(c, "-N3", "--hold", "--qos=normal", user=ALICE)
     later = sbatch(c, "-N1", "--qos=normal", user=later_user)
     running(c, later, 75, "the later job")
-    high = sbatch(c, "-N2", "--qos=very_high", user="root")
+    # on the two nodes nobody holds: Slurm 25.11 and 26.05 (CI) once preempted `later` for it
+    # though both were idle, a second after an earlier test's jobs had left them
+    held = {c.job(blocker)["NodeList"], c.job(later)["NodeList"]}
+    free = [n for n in c.run(["sinfo", "-h", "-N", "-o", "%N"]).stdout.split() if n not in held]
+    high = sbatch(c, "-N2", f"--nodelist={','.join(free)}", "--qos=very_high", user="root")
     running(c, high, 75, "the VERY_HIGH job")
     c.run(["scontrol", "release", str(first)])
     c.wait_job(first, lambda j: j["JobState"] == "PENDING" and j["Reason"] in ("Resources", "Priority"), 30,
