@@ -132,6 +132,16 @@ class PolicyDaemon:
         run_ends = self.run_ends(jobs, now)
         actions = decide(jobs, self.policy, now, idle_nodes=idle, steady_idle=steady, replay=self._replay,
                          run_ends=run_ends, suspend_asked=self.suspend_asked(jobs))
+        if idle is not None and any(a.kind == "signal" and a.rule == "yield" for a in actions):
+            # The idle nodes were read after the queue: a job Slurm started in between is
+            # waiting in `jobs` and its nodes are busy in `idle`, and a job would give way for
+            # nothing (seen on 25.11: a job array's task). A yield is decided on a queue read
+            # after the idle nodes.
+            jobs = self.backend.jobs()
+            now = self.clock()
+            run_ends = self.run_ends(jobs, now)
+            actions = decide(jobs, self.policy, now, idle_nodes=idle, steady_idle=steady, replay=self._replay,
+                             run_ends=run_ends, suspend_asked=self.suspend_asked(jobs))
         self._replay = False
         failed = 0
         for action in actions:

@@ -434,3 +434,27 @@ def test_a_failed_job_whose_run_had_asked_to_be_suspended_is_requeued_once_by_it
     slurm.calls.clear()
     d.cycle()
     assert slurm.calls == []
+
+
+def test_a_yield_is_decided_on_a_queue_read_after_the_idle_nodes():
+    """bob's array task 8 waits for a node and root's later job 12 runs; Slurm starts the task
+    on the last idle node between the daemon's queue read and its idle-node read. The first
+    read alone would have root's job give way for nothing; the read after the idle nodes
+    sees the task running, and nobody yields. With the task still waiting there, root's job does."""
+    task = job(8, user="hai-bob", qos="normal.u.hai-bob", reason="Resources", array_job_id=8)
+    later = job(12, user="root", state="RUNNING", reason="None", start_time=NOW - 100)
+
+    class Racing(FakeSlurm):
+        def __init__(self, started):
+            super().__init__([task, later])
+            self.started = started
+
+        def idle_nodes(self):  # read after the queue: the task took the node meanwhile
+            if self.started:
+                self.queue = [replace(task, state="RUNNING", reason="None", start_time=NOW), later]
+            return {"gpu": 0}
+
+    for started in (True, False):
+        slurm = Racing(started)
+        PolicyDaemon(slurm, policy=load_policy(LOCAL), clock=lambda: NOW).cycle()
+        assert bool([c for c in slurm.calls if c[:2] == ("signal", 12)]) is not started, slurm.calls
