@@ -18,7 +18,7 @@ import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 import filelock
 
@@ -129,19 +129,14 @@ class PolicyDaemon:
         else:
             self.idle_history.record(now, idle)
             steady = self.idle_history.steady(now, self.policy.grow_after_seconds)
-        run_ends = self.run_ends(jobs, now)
-        actions = decide(jobs, self.policy, now, idle_nodes=idle, steady_idle=steady, replay=self._replay,
-                         run_ends=run_ends, suspend_asked=self.suspend_asked(jobs))
+        actions, run_ends = self._decide(jobs, now, idle, steady)
         if idle is not None and any(a.kind == "signal" and a.rule == "yield" for a in actions):
             # The idle nodes were read after the queue: a job Slurm started in between is
             # waiting in `jobs` and its nodes are busy in `idle`, and a job would give way for
             # nothing (seen on 25.11: a job array's task). A yield is decided on a queue read
             # after the idle nodes.
-            jobs = self.backend.jobs()
-            now = self.clock()
-            run_ends = self.run_ends(jobs, now)
-            actions = decide(jobs, self.policy, now, idle_nodes=idle, steady_idle=steady, replay=self._replay,
-                             run_ends=run_ends, suspend_asked=self.suspend_asked(jobs))
+            jobs, now = self.backend.jobs(), self.clock()
+            actions, run_ends = self._decide(jobs, now, idle, steady)
         self._replay = False
         failed = 0
         for action in actions:
@@ -165,6 +160,13 @@ class PolicyDaemon:
         if self.metrics is not None:  # after the actions, so they never wait for it
             self.metrics.observe_cycle(jobs, result.seconds, failed)
         return result
+
+    def _decide(self, jobs: Sequence[JobInfo], now: float, idle: Mapping[str, int] | None,
+                steady: Mapping[str, int] | None) -> tuple[list[Action], dict[int, str]]:
+        """The policy's actions on this queue, and how its held-back jobs' last runs ended."""
+        run_ends = self.run_ends(jobs, now)
+        return decide(jobs, self.policy, now, idle_nodes=idle, steady_idle=steady, replay=self._replay,
+                      run_ends=run_ends, suspend_asked=self.suspend_asked(jobs)), run_ends
 
     def run_ends(self, jobs: Sequence[Job], now: float) -> dict[int, str]:
         """How the last run of each requeued job that Slurm holds back ended (slurmdbd), asked

@@ -129,11 +129,12 @@ class Snapshot:
             lvl = cache[j.qos]
             self.level[j.job_id] = lvl
             self.tags[j.job_id] = parse_tags(j.admin_comment)
-            if j.state in ACTIVE and lvl is not None:
-                self.used[(j.user, lvl.name)] += j.num_nodes
-            if j.state in ACTIVE and j.start_time > 0:
-                r = run_of(j)
-                self._run_start[r] = min(self._run_start.get(r, j.start_time), j.start_time)
+            if j.state in ACTIVE:
+                if lvl is not None:
+                    self.used[(j.user, lvl.name)] += j.num_nodes
+                if j.start_time > 0:
+                    r = run_of(j)
+                    self._run_start[r] = min(self._run_start.get(r, j.start_time), j.start_time)
 
     def submit_level(self, job: Job) -> str | None:
         """The level the job was submitted at (AUTO for AUTO), from job_submit.lua's stamp."""
@@ -161,8 +162,8 @@ class Snapshot:
     def is_demoted(self, job: Job) -> bool:
         d = self.policy.demotion
         lvl = self.level[job.job_id]
-        return (d is not None and lvl is not None and lvl.name == d.source and job.state in ACTIVE
-                and job.start_time > 0 and self.run_time(job) >= d.after_seconds)
+        # run_time is 0 for a job that is not running, and after_seconds at least 1
+        return d is not None and lvl is not None and lvl.name == d.source and self.run_time(job) >= d.after_seconds
 
     def group_of(self, job: Job) -> NodeGroup | None:
         return group_of(self.policy, job.partition)

@@ -163,10 +163,8 @@ class Part:
         step is committed already or is step 0. Exits EXIT_BELOW_MIN; its task is requeued."""
         step = self.manager.current_step()
         saved = ""
-        if self.checkpoints is not None and step > 0 and step != self._saved:
-            assert self.state_dict is not None  # join() sets both with the checkpoints
-            if not self.checkpoints.save(step, {"job": self.state_dict(), "torchft": self.manager.state_dict()}).skipped:
-                saved = f"; committed step {step}"
+        if self.checkpoints is not None and step > 0 and step != self._saved and self._commit(step):
+            saved = f"; committed step {step}"
         print(f"slurm-hai: part {self.index} of job {self.job}: fewer than {self.min_parts} parts for "
               f"{self.quorum_timeout.total_seconds():.0f} s{saved}; it leaves, and the job waits for "
               f"{self.min_parts} nodes", file=sys.stderr, flush=True)
@@ -180,10 +178,16 @@ class Part:
         if (self.checkpoints is None or steps < 1 or step == 0 or step % steps or step == self._saved
                 or not self.manager.is_participating() or self.manager.participating_rank() != 0):
             return False
-        assert self.state_dict is not None  # join() sets both with the checkpoints
-        self.checkpoints.save(step, {"job": self.state_dict(), "torchft": self.manager.state_dict()})
-        self._saved = step
+        self._commit(step)
         return True
+
+    def _commit(self, step: int) -> bool:
+        """Commit the job's state (the state_dict given to join, and torchft's step: the data
+        position) as `step`; False if that step was committed already (by another part)."""
+        assert self.checkpoints is not None and self.state_dict is not None  # join() sets both
+        handle = self.checkpoints.save(step, {"job": self.state_dict(), "torchft": self.manager.state_dict()})
+        self._saved = step
+        return not handle.skipped
 
     def sum_gradients(self, params: Iterable[Any]) -> None:
         """Sum the parameters' gradients over the quorum, in one allreduce of a flat buffer (a
