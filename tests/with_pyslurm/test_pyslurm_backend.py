@@ -233,15 +233,20 @@ def test_config_partitions_nodes_and_hostlists_match_the_commands(lc):
 
 def test_requeue_hold_release_priority_and_start_time_really_happen(lc):
     pb = PyslurmBackend()
+    # the blocker and `run` hold the 4 nodes, and at most one is free while `run` is requeued:
+    # `pend` (2 nodes) stays pending. (A 4-node blocker submitted after the requeue raced the
+    # requeued job, which Slurm starts again ~10 s later: on 25.11, with nodes an earlier
+    # test's cancel left unusable for a while, the requeued job won and the blocker never ran.)
+    blocker = submit(lc, "-N", "3")
     run = submit(lc, "--requeue")
-    wait_for(lambda: state(lc, run) == "RUNNING", 60, "job to run")
+    for job in (blocker, run):
+        # 90 s: nodes a cancel left unusable come back within ~40 s
+        wait_for(lambda: state(lc, job) == "RUNNING", 90, f"job {job} to run")
     pb.requeue(run)
     info = lc.wait_job(run, lambda j: j["JobState"] == "PENDING", 30, "requeue")
     assert info["Restarts"] == "1"
 
-    blocker = submit(lc, "-N", "4")  # keeps the next one pending
-    wait_for(lambda: state(lc, blocker) == "RUNNING", 60, "blocker to run")
-    pend = submit(lc)
+    pend = submit(lc, "-N", "2")
     pb.update_job(pend, Priority="0")  # the daemon's hold
     info = lc.wait_job(pend, lambda j: j["Priority"] == "0", 10, "hold")
     assert info["Reason"] == "JobHeldAdmin"
