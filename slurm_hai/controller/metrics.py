@@ -16,6 +16,12 @@ contrib/grafana/ draws them):
     hai_preemption_latency_seconds{level,cause}   notice -> that run ended, requeued (nodes free)
     hai_restart_latency_seconds{level}            run ended by a suspend -> the next run started
     hai_suspend_checkpoint_seconds{level}         notice -> go_suspend(): the job's checkpoint commit
+    hai_part_departures_total{level,cause}        parts of elastic jobs in place that left while
+                                                  their job went on; cause: preempted, below_min
+                                                  (the job waits whole for MIN nodes),
+                                                  lighthouse_lost, failed (the part's own failure)
+    hai_part_rejoins_total{level}                 parts that started again after they left
+    hai_part_rejoin_latency_seconds{level}        a part left -> that part started again
   from the daemon itself:
     hai_daemon_cycle_seconds                      one cycle: read the queue, decide, act
     hai_daemon_errors_total{kind}                 slurm: a cycle that could not read the queue;
@@ -23,7 +29,10 @@ contrib/grafana/ draws them):
 
 Each event is counted once, by the daemon that saw it appear: the daemon remembers how far
 it read each job's file, and events older than the daemon's start are read (to pair a
-notice with the end of its run) but not counted (a daemon before it counted them).
+notice with the end of its run) but not counted (a daemon before it counted them). An
+elastic job in place is one job (policy.job.job_of): its parts, each a task of its array,
+share its directory, read once a cycle; a part's runs are its own (its events say which
+part), and its start after it left counts as a rejoin, not as the job's restart.
 """
 
 from __future__ import annotations
@@ -42,10 +51,13 @@ from prometheus_client.core import GaugeMetricFamily
 from ..jobs.jobdir import JobDir, owned, user_uid
 from ..jobs.status import level_name
 from ..policy import tags
+from ..policy.job import job_of
 from ..policy.levels import Level
 from ..slurm.records import JobInfo
 
 CAUSES = ("preempted", "user", "time_limit", "unknown")  # jobs.status.notice_cause's words
+# why a part of a job in place left (its `left` event, runtime/part_task.py)
+PART_CAUSES = ("preempted", "below_min", "lighthouse_lost", "failed")
 NO_NOTICE = "none"
 HOLDING_NODES = ("RUNNING", "CONFIGURING", "COMPLETING")
 # A job's file is read at most this much per cycle (the file is the user's: never trusted).
@@ -70,6 +82,7 @@ class _Followed:
     offset: int = 0
     notices: dict[int, tuple[float, str]] = field(default_factory=dict)  # run -> (t, cause)
     suspended: dict[int, float] = field(default_factory=dict)  # run -> when it ended by a suspend
+    left: dict[tuple[int, int], float] = field(default_factory=dict)  # (part, run) -> when it left
     last_seen: float = 0.0  # when the job was last in the queue
 
 
@@ -87,13 +100,16 @@ class EventFollower:
     def new_events(self, jobs: Sequence[JobInfo], now: float) -> list[tuple[JobInfo, _Followed, dict]]:
         """(job, what is known of its runs, event) for each whole new line of the jobs' files."""
         out = []
+        read: set[int] = set()
         for job in jobs:
             root = job.tags.get(tags.DIR)
-            if not root or (job.state == "PENDING" and job.restart_count == 0):
+            key = job_of(job)  # the parts of a job in place: one directory, read once
+            if not root or (job.state == "PENDING" and job.restart_count == 0) or key in read:
                 continue
-            f = self._jobs.get(job.job_id)
+            read.add(key)
+            f = self._jobs.get(key)
             if f is None:
-                f = self._jobs[job.job_id] = _Followed(JobDir.for_job(job.job_id, root).path / "events.jsonl")
+                f = self._jobs[key] = _Followed(JobDir.for_job(key, root).path / "events.jsonl")
             f.last_seen = now
             out += [(job, f, event) for event in self._read(f, user_uid(job.user))]
         # Forgotten a while after it left the queue, not at once: a job left out of one
@@ -120,6 +136,7 @@ class EventFollower:
                     f.inode, f.offset = st.st_ino, 0
                     f.notices.clear()
                     f.suspended.clear()
+                    f.left.clear()
                 fh.seek(f.offset)
                 data = fh.read(min(st.st_size - f.offset, MAX_READ))
         except OSError:  # replaced meanwhile, a stale NFS handle, ...: tried again next cycle
@@ -138,10 +155,11 @@ class EventFollower:
         return events
 
 
-def _run(event: dict) -> int:
+def _number(value: object) -> int:
+    """A run's or a part's number as an event gives it (the user's file: anything), else 0."""
     try:
-        return int(event.get("run", 0) or 0)
-    except (TypeError, ValueError):
+        return int(value or 0)  # type: ignore[call-overload]
+    except (TypeError, ValueError, OverflowError):  # OverflowError: Infinity
         return 0
 
 
@@ -174,6 +192,13 @@ class DaemonMetrics:
         self.checkpoint = Histogram(
             "hai_suspend_checkpoint_seconds", "Suspend notice -> go_suspend(): the job's checkpoint commit",
             ["level"], buckets=CHECKPOINT_BUCKETS, registry=r)
+        self.part_departures = Counter("hai_part_departures", "Parts of elastic jobs in place that left "
+                                       "while their job went on, by cause", ["level", "cause"], registry=r)
+        self.part_rejoins = Counter("hai_part_rejoins", "Parts of elastic jobs in place that started again "
+                                    "after they left", ["level"], registry=r)
+        self.part_rejoin_latency = Histogram(
+            "hai_part_rejoin_latency_seconds", "A part of a job in place left -> that part started again",
+            ["level"], buckets=RESTART_BUCKETS, registry=r)
         self.cycle_seconds = Histogram("hai_daemon_cycle_seconds", "Policy daemon cycle: read the queue, "
                                        "decide, act", buckets=CYCLE_BUCKETS, registry=r)
         self.errors = Counter("hai_daemon_errors", "Policy daemon errors: slurm (a cycle could not read the "
@@ -184,6 +209,9 @@ class DaemonMetrics:
                 self.suspensions.labels(lvl.name, cause)
             self.forced.labels(lvl.name)
             self.restarts.labels(lvl.name)
+            for cause in PART_CAUSES:
+                self.part_departures.labels(lvl.name, cause)
+            self.part_rejoins.labels(lvl.name)
         for kind in ("slurm", "action"):
             self.errors.labels(kind)
         self.queue = _QueueCollector()
@@ -214,9 +242,11 @@ class DaemonMetrics:
             self._on_event(level_name(job), followed, event)
 
     def _on_event(self, level: str, f: _Followed, e: dict) -> None:
-        kind, run, t = e.get("event"), _run(e), e["t"]
+        kind, run, t = e.get("event"), _number(e.get("run")), e["t"]
         new = t >= self.since
-        if kind == "notice":
+        if "part" in e:
+            self._on_part_event(level, f, e, kind, run, t, new)
+        elif kind == "notice":
             cause = e["cause"] if e.get("cause") in CAUSES else "unknown"
             f.notices.setdefault(run, (t, cause))  # the first notice of a run is the one that counts
         elif kind == "go_suspend" and run in f.notices and new:
@@ -234,6 +264,21 @@ class DaemonMetrics:
             self.restarts.labels(level).inc()
             if run - 1 in f.suspended:
                 self.restart_latency.labels(level).observe(max(0.0, t - f.suspended[run - 1]))
+
+    def _on_part_event(self, level: str, f: _Followed, e: dict, kind: object, run: int, t: float,
+                       new: bool) -> None:
+        """An event of one part of a job in place: its runs are the task's own."""
+        part = _number(e.get("part"))
+        if kind == "left":
+            f.left[(part, run)] = t
+            cause = next((c for c in ("below_min", "lighthouse_lost") if e.get(c) is True),
+                         "preempted" if e.get("preempted") is True else "failed")
+            if new:
+                self.part_departures.labels(level, cause).inc()
+        elif kind == "start" and run > 0 and new:
+            self.part_rejoins.labels(level).inc()
+            if (part, run - 1) in f.left:
+                self.part_rejoin_latency.labels(level).observe(max(0.0, t - f.left[(part, run - 1)]))
 
 
 class _QueueCollector:

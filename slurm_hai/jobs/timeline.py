@@ -3,7 +3,9 @@
 `build` is pure: Slurm's accounting records (one per run of a job: `sacct --duplicates`
 keeps a requeued run as its own record, with its nodes, start and end) and the jobs'
 events.jsonl -> one `Interval` per node and run, and `Mark`s where a run was suspended
-(by go_suspend() or by force), restarted, shrunk or grown. `collect` is the use case: one
+(by go_suspend() or by force), restarted, shrunk or grown. An elastic job in place is one job
+(policy.job.job_of: its array's id, its parts the array's tasks, one node each): each part's
+runs are its intervals, and a part that left or rejoined has its mark on its node. `collect` is the use case: one
 accounting read, then each job's events (`read_events`; the files belong to the jobs' users
 and are read with care). `page` renders templates/timeline/timeline.html.j2: one
 self-contained HTML file (inline SVG, CSS and JS; it loads nothing) drawn by the browser.
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 from ..policy import tags
+from ..policy.job import job_of
 from ..policy.levels import Level, level_of_qos
 from ..slurm.base import Backend
 from ..policy.hostlist import expand
@@ -31,7 +34,7 @@ from ..slurm.records import JobInfo
 from .jobdir import JobDir, default_root
 from .status import clock, why_notice
 
-MARK_KINDS = ("suspend", "forced-suspend", "restart", "shrink", "grow")
+MARK_KINDS = ("suspend", "forced-suspend", "restart", "shrink", "grow", "part-left", "part-rejoin")
 # An event counts for a run that started at most this long after it (the batch script writes
 # `start` a moment after Slurm records the run's start).
 START_SLACK = 5.0
@@ -44,11 +47,12 @@ class Interval:
     """One node held by one run of a job, from `start` to `end` (epoch seconds)."""
 
     node: str
-    job_id: int
+    job_id: int  # an elastic job in place's: its array's (its part's own Slurm id is in `text`)
     user: str
     name: str
     level: str
     run: int | None  # the run's number (SLURM_RESTART_COUNT) when its start event says it
+    part: int | None  # the part of an elastic job in place when its start event says it
     start: float
     end: float
     state: str  # Slurm's state of that run: REQUEUED, PREEMPTED, COMPLETED, RUNNING, ...
@@ -111,11 +115,11 @@ def _duration(seconds: float) -> str:
     return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s" if m else f"{s}s"
 
 
-def _run_of(events: Sequence[dict], start: float, end: float) -> int | None:
-    """The run number of the `start` event written during [start, end + slack], if any."""
-    runs = [int(e.get("run", 0) or 0) for e in events
-            if e.get("event") == "start" and start - START_SLACK <= float(e.get("t", 0)) <= end + START_SLACK]
-    return runs[0] if runs else None
+def _start_of(events: Sequence[dict], start: float, end: float, part_on: str | None = None) -> dict | None:
+    """The `start` event written during [start - slack, end + slack], if any; for a part of
+    a job in place, that of the part on node `part_on` (the parts start together)."""
+    return next((e for e in events if e.get("event") == "start" and start - START_SLACK <= e["t"] <= end + START_SLACK
+                 and (part_on is None or ("part" in e and e.get("nodes") == part_on))), None)
 
 
 def _started_before(events: Sequence[dict], end: float) -> float:
@@ -136,7 +140,8 @@ def build(records: Iterable[JobInfo], events: Mapping[int, Sequence[dict]], sinc
     intervals: list[Interval] = []
     runs_of: dict[int, list[tuple[float, float, tuple[str, ...], str]]] = {}  # job -> (start, end, nodes, level)
     for rec in sorted(records, key=lambda r: (r.job_id, r.start_time)):
-        job_events = events.get(rec.job_id, ())
+        job = job_of(rec)
+        job_events = events.get(job, ())
         start = float(rec.start_time or _started_before(job_events, rec.end_time))
         if not start or not rec.node_list or rec.node_list == "None assigned":
             continue  # never started (pending, or cancelled while waiting)
@@ -147,14 +152,17 @@ def build(records: Iterable[JobInfo], events: Mapping[int, Sequence[dict]], sinc
         lvl = level_of_qos(rec.qos, tuple(ladder))
         level = lvl.name if lvl else OTHER_LEVEL
         held = tuple(expand(rec.node_list))
-        run = _run_of(job_events, start, end)
-        runs_of.setdefault(rec.job_id, []).append((start, end, held, level))
-        text = (f"job {rec.job_id} {rec.name} ({rec.user}), {level}"
+        begun = _start_of(job_events, start, end, held[0] if job != rec.job_id and len(held) == 1 else None)
+        run = begun.get("run", 0) if begun else None
+        part = begun.get("part") if begun else None
+        runs_of.setdefault(job, []).append((start, end, held, level))
+        text = (f"job {job} {rec.name} ({rec.user}), {level}"
+                + (f", part {part if part is not None else '?'} (Slurm job {rec.job_id})" if job != rec.job_id else "")
                 + (f", run {run}" if run is not None else "")
                 + f"\n{clock(start, until)} to {'now' if running else clock(end, until)}"
                 + f" ({_duration(end - start)}), {rec.state.lower()}"
                 + f"\nnodes {rec.node_list}")
-        intervals += [Interval(node, rec.job_id, rec.user, rec.name, level, run, start, end,
+        intervals += [Interval(node, job, rec.user, rec.name, level, run, part, start, end,
                                rec.state, running, text) for node in held]
     marks = [m for job_id, job_events in sorted(events.items())
              for m in job_marks(job_id, job_events, runs_of.get(job_id, [])) if since <= m.t <= until]
@@ -167,8 +175,10 @@ def job_marks(job_id: int, events: Sequence[dict], runs: Sequence[tuple[float, f
               ) -> list[Mark]:
     """The marks of one job: each run ended by a suspend (go_suspend() or forced), each
     restart, shrink and grow, on the nodes the job held then (the run that started last
-    before the event: a suspend is written just after its run ended)."""
+    before the event: a suspend is written just after its run ended); for an elastic job in
+    place, each part that left and rejoined, on the part's node (its last start's)."""
     notices: dict[int, dict] = {}
+    part_nodes: dict[int, tuple[str, ...]] = {}
     marks = []
     for e in events:
         kind, run, t = e.get("event"), int(e.get("run", 0) or 0), float(e.get("t", 0))
@@ -179,6 +189,9 @@ def job_marks(job_id: int, events: Sequence[dict], runs: Sequence[tuple[float, f
         if not held:
             continue
         _, _, nodes, level = held[-1]
+        if "part" in e:
+            marks += _part_mark(job_id, level, e, part_nodes)
+            continue
         head = f"job {job_id} ({level}) run {run}"
         if kind == "suspended":
             forced = e.get("how") == "forced"
@@ -195,6 +208,25 @@ def job_marks(job_id: int, events: Sequence[dict], runs: Sequence[tuple[float, f
                               f"{head} {'shrank' if kind == 'shrink' else 'grew'} at {clock(t)}"
                               + (f": {detail}" if detail else "")))
     return marks
+
+
+def _part_mark(job_id: int, level: str, e: dict, part_nodes: dict[int, tuple[str, ...]]) -> list[Mark]:
+    """The mark of an event of one part of a job in place (runtime/part_task.py writes them):
+    it rejoined (a start after its first), or it left, and why."""
+    kind, part, run, t = e["event"], e["part"], e["run"], e["t"]
+    head = f"job {job_id} ({level}) part {part} run {run}"
+    if kind == "start":
+        node = e.get("nodes")  # a part's one node (its file is its user's: a name or anything)
+        part_nodes[part] = (node,) if isinstance(node, str) and node else ()
+        return [Mark("part-rejoin", job_id, t, part_nodes[part], f"{head} rejoined at {clock(t)} on "
+                     f"{', '.join(part_nodes[part]) or 'a node'}")] if run > 0 else []
+    if kind != "left":
+        return []
+    why = ("preempted: the other parts trained on" if e.get("preempted") is True
+           else "fewer than the job's MIN parts could train: the job waits whole" if e.get("below_min") is True
+           else "the job's lighthouse was lost: every part left" if e.get("lighthouse_lost") is True
+           else f"it failed (exit {e.get('exit_code')})")
+    return [Mark("part-left", job_id, t, part_nodes.get(part, ()), f"{head} left at {clock(t)}: {why}")]
 
 
 def owned_events(path: Path, uid: int) -> list[dict]:
@@ -215,7 +247,9 @@ def owned_events(path: Path, uid: int) -> list[dict]:
         try:
             e = json.loads(line)
             e["t"], e["run"] = float(e["t"]), int(e.get("run", 0) or 0)
-        except (ValueError, TypeError, KeyError, AttributeError):
+            if "part" in e:
+                e["part"] = int(e["part"])
+        except (ValueError, TypeError, KeyError, AttributeError, OverflowError):  # Overflow: Infinity
             continue
         if math.isfinite(e["t"]) and isinstance(e.get("event"), str):
             events.append(e)
@@ -223,18 +257,20 @@ def owned_events(path: Path, uid: int) -> list[dict]:
 
 
 def read_events(records: Iterable[JobInfo], me: str) -> dict[int, list[dict]]:
-    """Each job's events, from its directory (`job_root`), owned by the job's user."""
+    """Each job's events, from its directory (`job_root`), owned by the job's user; an
+    elastic job in place's once, under its array's id (policy.job.job_of)."""
     found: dict[int, list[dict]] = {}
     for rec in records:
-        if rec.job_id in found:
+        job = job_of(rec)
+        if job in found:
             continue
         root = job_root(rec, me)
         try:
             uid = pwd.getpwnam(rec.user).pw_uid
         except KeyError:
             uid = None
-        found[rec.job_id] = [] if root is None or uid is None else owned_events(
-            JobDir.for_job(rec.job_id, root).path / "events.jsonl", uid)
+        found[job] = [] if root is None or uid is None else owned_events(
+            JobDir.for_job(job, root).path / "events.jsonl", uid)
     return found
 
 

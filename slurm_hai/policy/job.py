@@ -59,9 +59,12 @@ def place(job: Job) -> tuple[int, int]:
     return job.array_job_id, job.job_id
 
 
-def run_of(job: Job) -> int:
-    """The run the job's run belongs to, for the clock of its demotion. An elastic job in place
-    (`hai-parts` in its comment: a job array, one part per task) runs on while its parts leave
-    and rejoin: one run, its array's. Any other job, a task of a plain array too, is its own run.
-    The tag is its owner's to write: it can only make the owner's own tasks demoted sooner."""
-    return job.array_job_id if PARTS in parse(job.comment) else job.job_id
+def job_of(job: Job) -> int:
+    """The job a Slurm job is of, as its user sees it. An elastic job in place (`hai-parts` in
+    its comment, and in its admin comment by job_submit.lua: a job array, one part per task)
+    is one job, its array's, while its parts leave and rejoin: one run for the clock of its
+    demotion, one job directory (named by the array's id), one job in the metrics and the
+    timeline (which read accounting: the admin comment). Any other job, a task of a plain
+    array too, is its own. The comment's tag is its owner's to write: it can only make the
+    owner's own tasks demoted sooner, or their events read as one job's."""
+    return job.array_job_id if PARTS in parse(job.comment, job.admin_comment) else job.job_id

@@ -353,6 +353,7 @@ def template_context(policy: Policy, slurm: SlurmVersion | None = None) -> dict[
         "level_tag": tags.LEVEL,
         "grace_tag": tags.GRACE,
         "nodes_tag": tags.NODES,
+        "parts_tag": tags.PARTS,
         "variant_sep": VARIANT_SEP,
         # the 8-GPU rule: GPUs per node by node group (partition), the top-level value for others
         "min_gpus": policy.min_gpus,

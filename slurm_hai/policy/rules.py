@@ -45,7 +45,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Collection, Mapping, Sequence
 
-from .job import Job, place, run_of
+from .job import Job, job_of, place
 from .levels import AUTO, LEVEL_STRIDE, Level, level_base, level_of_qos, parse_qos
 from .model import NodeGroup, Policy
 from .placement import Refused, auto_at_submit, auto_levels, grace_of, group_of
@@ -120,7 +120,7 @@ class Snapshot:
         self.level: dict[int, Level | None] = {}
         self.tags: dict[int, dict[str, str]] = {}
         self.used: dict[tuple[str, str], int] = defaultdict(int)
-        self._run_start: dict[int, int] = {}  # policy.job.run_of -> its earliest running start
+        self._run_start: dict[int, int] = {}  # policy.job.job_of -> its earliest running start
         demotion = policy.demotion
         self.demoted_level = policy.level(demotion.target) if demotion else None
         for j in jobs:
@@ -133,7 +133,7 @@ class Snapshot:
                 if lvl is not None:
                     self.used[(j.user, lvl.name)] += j.num_nodes
                 if j.start_time > 0:
-                    r = run_of(j)
+                    r = job_of(j)
                     self._run_start[r] = min(self._run_start.get(r, j.start_time), j.start_time)
 
     def submit_level(self, job: Job) -> str | None:
@@ -154,10 +154,10 @@ class Snapshot:
 
     def run_time(self, job: Job) -> float:
         """How long the job has been running, 0 if it is not: for a part of an elastic job in
-        place, since the first of the job's running parts started (policy.job.run_of)."""
+        place, since the first of the job's running parts started (policy.job.job_of)."""
         if job.state not in ACTIVE or job.start_time <= 0:
             return 0.0
-        return self.now - self._run_start.get(run_of(job), job.start_time)
+        return self.now - self._run_start.get(job_of(job), job.start_time)
 
     def is_demoted(self, job: Job) -> bool:
         d = self.policy.demotion

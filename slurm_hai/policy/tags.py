@@ -9,6 +9,9 @@ Admin comment (only slurmctld's job_submit.lua, root and SlurmUser can write it:
                           an elastic job's node range (job_submit.lua, from --nodes=MIN-MAX and
                           the step hai-submit asks for): the job's own node count in Slurm is
                           what the policy daemon changes when it resizes the job
+    hai-parts=MIN:MAX     an elastic job in place: the tag of its comment, well formed
+                          (job_submit.lua), which accounting keeps (it keeps no job comment
+                          unless AccountingStoreFlags=job_comment)
     hai-demoted=NAME      the policy daemon demoted the running job to NAME
     hai-yield=JOB@EPOCH   the daemon asked the job to give way to JOB at EPOCH (a demoted job,
                           or a later job of another user at the level of JOB, earlier in line)

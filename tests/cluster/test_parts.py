@@ -93,6 +93,20 @@ def test_two_parts_leave_for_a_higher_job_the_others_train_on_and_all_end_as_one
         assert [r["run"] for r in runs] == [0, 1] and "preempted" in runs[0]["text"], runs
     starts = [(e["part"], e["run"]) for e in events(job_dir) if e["event"] == "start"]
     assert sorted(starts) == sorted([(p, 0) for p in range(4)] + [(p, 1) for p in gone]), starts
+    # the timeline (accounting's records of the tasks, and the job's events): one job, each
+    # part's runs on its node, a mark where each of the two left and where it rejoined
+    def drawn():
+        tl = hai(live, "timeline")
+        mine = [i for i in tl["intervals"] if i["job_id"] >= array]
+        return tl if len(mine) >= 6 and all(i["part"] is not None for i in mine) else None
+    tl = wait_for(drawn, 60, "accounting's records of the parts' six runs", 1)
+    mine = [i for i in tl["intervals"] if i["job_id"] >= array]
+    assert {i["job_id"] for i in mine} == {array}, mine  # not a job per task
+    assert sorted((i["part"], i["run"]) for i in mine) == sorted(starts) and len({i["node"] for i in mine}) == 4, mine
+    node = {(i["part"], i["run"]): [i["node"]] for i in mine}
+    marks = sorted((m["kind"], m["nodes"]) for m in tl["marks"] if m["job_id"] == array)
+    assert marks == sorted([("part-left", node[p, 0]) for p in gone] + [("part-rejoin", node[p, 1]) for p in gone]), \
+        tl["marks"]
     assert b"Traceback" not in console.read_bytes()[seen:]
 
 

@@ -23,9 +23,9 @@ from test_policy_daemon import LOCAL, NOW, FakeSlurm, job
 ME = pwd.getpwuid(os.getuid()).pw_name
 
 
-def hai_job(job_id: int, root: Path, **kw):
+def hai_job(job_id: int, root: Path, more_tags: str = "", **kw):
     """A job submitted by hai-submit: its comment names its directory's root."""
-    return job(job_id, user=ME, comment=f"hai-dir={root}", **kw)
+    return job(job_id, user=ME, comment=f"hai-dir={root} {more_tags}".strip(), **kw)
 
 
 def write_events(root: Path, job_id: int, *events: dict, partial: str = "") -> Path:
@@ -46,6 +46,23 @@ PREEMPTED = ({"t": 100.0, "event": "start", "run": 0},
              {"t": 111.5, "event": "go_suspend", "run": 0},
              {"t": 113.0, "event": "suspended", "run": 0, "how": "go_suspend"},
              {"t": 116.0, "event": "start", "run": 1})
+
+
+# An elastic job in place (array 10, parts 0-2): part 1 preempted and back, part 2 failed,
+# then the two left below MIN.
+IN_PLACE = (*({"t": 100.0 + p, "event": "start", "run": 0, "part": p} for p in range(3)),
+            {"t": 150.0, "event": "left", "run": 0, "part": 1, "exit_code": 143, "preempted": True},
+            {"t": 150.5, "event": "left", "run": 0, "part": 2, "exit_code": 1, "preempted": False},
+            {"t": 158.0, "event": "start", "run": 1, "part": 1},
+            {"t": 170.0, "event": "left", "run": 0, "part": 0, "exit_code": 75, "preempted": False,
+             "below_min": True},
+            {"t": 171.0, "event": "left", "run": 1, "part": 1, "exit_code": 75, "preempted": False,
+             "below_min": True})
+
+
+def in_place(task_id: int, root: Path, array: int = 10):
+    """A running part (a task of array `array`) of an elastic job in place of hai-submit."""
+    return hai_job(task_id, root, "hai-parts=2:3", state="RUNNING", qos="low", array_job_id=array, restart_count=1)
 
 
 def test_queue_gauges_count_nodes_held_by_level_and_user_and_pending_jobs_by_reason():
@@ -100,6 +117,28 @@ def test_a_preemption_counts_once_with_its_latencies_from_the_job_events(tmp_pat
     assert value(m, "hai_forced_suspensions_total", level="LOW") == 1
     assert value(m, "hai_preemption_latency_seconds_sum", level="LOW", cause="user") == 6.0
     assert value(m, "hai_suspend_checkpoint_seconds_count", level="LOW") == 1  # no go_suspend that time
+
+
+def test_a_job_in_place_is_one_job_its_parts_leave_and_rejoin(tmp_path):
+    """Three parts (tasks 11-13 of array 10) share the array's directory: each event counts
+    once however many parts are in the queue; a part's start after it left is a rejoin (its
+    run is the task's own), never the job's restart."""
+    write_events(tmp_path, 10, *IN_PLACE)
+    parts = [in_place(10 + p, tmp_path) for p in (1, 2, 3)]
+    m = DaemonMetrics(DEFAULT_LADDER, since=0)
+    for _ in range(2):
+        m.observe_cycle(parts, 0.1, 0)
+    assert value(m, "hai_part_departures_total", level="LOW", cause="preempted") == 1
+    assert value(m, "hai_part_departures_total", level="LOW", cause="failed") == 1
+    assert value(m, "hai_part_departures_total", level="LOW", cause="below_min") == 2
+    assert value(m, "hai_part_rejoins_total", level="LOW") == 1
+    assert value(m, "hai_part_rejoin_latency_seconds_sum", level="LOW") == 8.0  # left 150 -> back 158
+    assert value(m, "hai_restarts_total", level="LOW") == 0
+    assert value(m, "hai_suspensions_total", level="LOW", cause="none") == 0
+    # a task of a plain array is a job of its own: its own directory, not the array's
+    write_events(tmp_path, 21, {"t": 200.0, "event": "start", "run": 1})
+    m.observe_cycle([hai_job(21, tmp_path, state="RUNNING", qos="low", array_job_id=20, restart_count=1)], 0.1, 0)
+    assert value(m, "hai_restarts_total", level="LOW") == 1
 
 
 def test_events_from_before_the_daemon_started_pair_but_do_not_count(tmp_path):
@@ -245,8 +284,10 @@ PROMQL_WORDS = {"by"}
 def exported(tmp_path: Path) -> tuple[set[str], set[str]]:
     """The sample names and label names of a scrape after a cycle that fed every series."""
     write_events(tmp_path, 1, *PREEMPTED)
+    write_events(tmp_path, 10, *IN_PLACE)
     m = DaemonMetrics(DEFAULT_LADDER, since=0)
-    m.observe_cycle([hai_job(1, tmp_path, state="RUNNING", qos="low", restart_count=1), job(2)], 0.1, 0)
+    m.observe_cycle([hai_job(1, tmp_path, state="RUNNING", qos="low", restart_count=1), job(2),
+                     in_place(11, tmp_path)], 0.1, 0)
     samples = [s for fam in m.registry.collect() for s in fam.samples if not s.name.endswith("_created")]
     return {s.name for s in samples}, {label for s in samples for label in s.labels}
 

@@ -27,12 +27,14 @@ import subprocess
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
 from slurm_hai.jobs.request import JobRequest, RequestError, render_script, validate
 from slurm_hai.policy import tags
+from slurm_hai.policy.job import job_of
 from slurm_hai.policy.ladder import ClusterState, desired_qos, offline_access_changes, plan_changes, template_context
 from slurm_hai.policy.levels import AUTO, level_of_qos
 from slurm_hai.policy.model import Policy, parse_policy
@@ -505,6 +507,23 @@ def test_a_site_ladder_is_taken_by_hai_submit_and_job_submit_lua():
     with pytest.raises(RequestError, match=r"unknown priority level 'HIGH'; use one of GOLD\(30\), SILVER\(10\), "
                                            r"BRONZE\(0\) or AUTO"):
         hai_submit(METALS, priority="HIGH")
+
+
+@needs_lua
+def test_a_job_in_place_has_its_parts_tag_in_the_admin_comment_a_malformed_one_is_left_out():
+    """Accounting keeps the admin comment, not the job's: the timeline finds the parts by it."""
+    metals = parse_policy({"levels": {"GOLD": 30, "SILVER": 10, "BRONZE": 0}, "default_level": "SILVER",
+                           "elastic": {"lighthouse_service": "http://head:29600"}})
+    options = hai_submit(metals, nodes="2:4", in_place=True)
+    assert options["array"] == "0-3"
+    got = lua_one(metals, user_name="alice", qos=options["qos"], comment=options["comment"])
+    assert got == (0, "silver", f"{tags.LEVEL}=SILVER {tags.GRACE}=5 {tags.PARTS}=2:4", None)
+    task = SimpleNamespace(job_id=12, array_job_id=10, comment="")  # as accounting has it: no job comment
+    assert job_of(SimpleNamespace(**vars(task), admin_comment=got[2])) == 10
+    for bad in ("4:2", "0:2", "2", "a:b", "2:4:1"):
+        got = lua_one(metals, user_name="alice", comment=f"{tags.PARTS}={bad}")
+        assert got[2] == f"{tags.LEVEL}=SILVER {tags.GRACE}=5", bad
+    assert job_of(SimpleNamespace(**vars(task), admin_comment=got[2])) == 12  # a task of a plain array
 
 
 @needs_lua

@@ -76,6 +76,59 @@ def test_a_suspend_is_marked_where_the_job_was_with_the_notice_cause_and_a_resta
     assert "job 10 (LOW) run 1 restarted" in restart.text and "n[3-4]" in restart.text
 
 
+def part_record(task: int, start: int, end: int, node: str, state: str = "COMPLETED") -> JobInfo:
+    """One run of a part of the elastic job in place 30 (array 30, tasks 30-33): accounting
+    keeps the admin comment's parts tag (job_submit.lua), not the job's comment."""
+    return dataclasses.replace(run_record(task, start, end, node, state=state, name="train"), array_job_id=30,
+                               admin_comment="hai-level=LOW hai-grace=5 hai-parts=2:4")
+
+
+# Parts 0-3 of job 30 on n1-n4; parts 2 and 3 preempted at 150 (job 40 takes n3, n4), back at
+# 252 when it ended; they all end at 400.
+IN_PLACE = [part_record(30 + p, 100, 400, f"n{p + 1}") for p in (0, 1)] + [
+    part_record(30 + p, 100, 150, f"n{p + 1}", state="REQUEUED") for p in (2, 3)] + [
+    part_record(30 + p, 251, 400, f"n{p + 1}") for p in (2, 3)] + [run_record(40, 151, 250, "n[3-4]", qos="high")]
+IN_PLACE_EVENTS = {
+    30: [*(ev("start", 101, run=0, part=p, nodes=f"n{p + 1}") for p in range(4)),
+         ev("left", 150.5, run=0, part=2, exit_code=143, preempted=True),
+         ev("left", 150.6, run=0, part=3, exit_code=143, preempted=True),
+         ev("start", 252, run=1, part=2, nodes="n3"), ev("start", 252.2, run=1, part=3, nodes="n4"),
+         ev("finished", 400, run=0, part=0, state="succeeded", exit_code=0)],
+}
+
+
+def test_a_job_in_place_is_one_job_its_parts_runs_on_their_nodes_and_marks_where_parts_left_and_rejoined():
+    tl = build(IN_PLACE, IN_PLACE_EVENTS, since=0, until=1000, ladder=DEFAULT_LADDER)
+    assert tl.job_ids == [30, 40]
+    got = sorted((i.node, i.job_id, i.part, i.run, i.start, i.end) for i in tl.intervals if i.job_id == 30)
+    assert got == [("n1", 30, 0, 0, 100, 400), ("n2", 30, 1, 0, 100, 400),
+                   ("n3", 30, 2, 0, 100, 150), ("n3", 30, 2, 1, 251, 400),
+                   ("n4", 30, 3, 0, 100, 150), ("n4", 30, 3, 1, 251, 400)]
+    third = next(i for i in tl.intervals if i.node == "n3" and i.run == 1)
+    assert "job 30 train (alice), LOW, part 2 (Slurm job 32), run 1" in third.text
+    assert [(m.kind, m.job_id, m.t, m.nodes) for m in tl.marks] == [
+        ("part-left", 30, 150.5, ("n3",)), ("part-left", 30, 150.6, ("n4",)),
+        ("part-rejoin", 30, 252, ("n3",)), ("part-rejoin", 30, 252.2, ("n4",))]
+    assert "job 30 (LOW) part 2 run 0 left at" in tl.marks[0].text and "preempted" in tl.marks[0].text
+    assert "part 3 run 1 rejoined at" in tl.marks[3].text and tl.marks[3].text.endswith("on n4")
+    # without the tag (a plain job array), each task is a job of its own, with its own events
+    plain = [dataclasses.replace(r, admin_comment="hai-level=LOW") for r in IN_PLACE]
+    assert build(plain, IN_PLACE_EVENTS, since=0, until=1000, ladder=DEFAULT_LADDER).job_ids == [30, 31, 32, 33, 40]
+
+
+def test_why_a_part_left_is_in_its_marks_text():
+    events = {30: [ev("start", 101, run=0, part=0, nodes="n1"),
+                   ev("left", 110, run=0, part=0, exit_code=75, preempted=False, below_min=True),
+                   ev("start", 120, run=1, part=0, nodes="n1"),
+                   ev("left", 130, run=1, part=0, exit_code=1, preempted=False, lighthouse_lost=True),
+                   ev("start", 140, run=2, part=0, nodes="n1"), ev("left", 150, run=2, part=0, exit_code=3,
+                                                                    preempted=False)]}
+    tl = build([part_record(30, 100, 160, "n1")], events, since=0, until=1000, ladder=DEFAULT_LADDER)
+    left = [m.text for m in tl.marks if m.kind == "part-left"]
+    assert ["MIN parts" in left[0], "lighthouse was lost" in left[1], left[2].endswith("it failed (exit 3)")] == [
+        True, True, True]
+
+
 def test_a_run_that_accounting_keeps_without_a_start_is_drawn_from_the_jobs_start_event():
     # Seen on 22.05: a run requeued a second after it started has Start=None in sacct.
     records = [run_record(10, 0, 200, "n[1-2]", state="REQUEUED"), run_record(10, 260, 400, "n[3-4]")]
@@ -203,6 +256,15 @@ def test_events_are_read_from_each_jobs_directory_and_only_what_is_an_event(tmp_
     assert [(e["event"], e["run"]) for e in found[80]] == [("start", 0), ("start", 2)]
     assert found[81] == found[82] == found[84] == found[85] == []
     assert found[83] == ([] if os.getuid() == 0 else [{"t": 1.0, "event": "start", "run": 0}])
+    # the parts of a job in place: the array's directory, once, under the array's id
+    JobDir.for_job(90).create()
+    JobDir.for_job(90).event("start", run=0, part=1, nodes="n2")
+    with open(JobDir.for_job(90).path / "events.jsonl", "a") as f:
+        f.write('{"t": 9, "event": "start", "part": "two"}\n{"t": 9, "event": "start", "run": Infinity}\n')
+    parts = [dataclasses.replace(run_record(j, 1, 2, "n1", owner=me), array_job_id=90, admin_comment="hai-parts=1:2")
+             for j in (90, 91)]
+    found = read_events(parts, me)
+    assert list(found) == [90] and [(e["run"], e["part"]) for e in found[90]] == [(0, 1)]
 
 
 def test_a_jobs_root_is_its_comments_hai_dir_else_its_users_home(tmp_path, monkeypatch):
