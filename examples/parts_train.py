@@ -140,6 +140,7 @@ def main() -> None:
             time.sleep(args.step_sleep)
     (args.out / f"part{index}.json").write_text(json.dumps(hexes(model)))
     note(event="end")
+    part.exit()  # out before the interpreter's clean-up, in which torchft's threads may abort
 
 
 if __name__ == "__main__":

@@ -152,12 +152,13 @@ def build(records: Iterable[JobInfo], events: Mapping[int, Sequence[dict]], sinc
         lvl = level_of_qos(rec.qos, tuple(ladder))
         level = lvl.name if lvl else OTHER_LEVEL
         held = tuple(expand(rec.node_list))
-        begun = _start_of(job_events, start, end, held[0] if job != rec.job_id and len(held) == 1 else None)
+        is_part = tags.PARTS in rec.tags  # as job_of tells (the array's own task has the array's id)
+        begun = _start_of(job_events, start, end, held[0] if is_part and len(held) == 1 else None)
         run = begun.get("run", 0) if begun else None
         part = begun.get("part") if begun else None
         runs_of.setdefault(job, []).append((start, end, held, level))
         text = (f"job {job} {rec.name} ({rec.user}), {level}"
-                + (f", part {part if part is not None else '?'} (Slurm job {rec.job_id})" if job != rec.job_id else "")
+                + (f", part {part if part is not None else '?'} (Slurm job {rec.job_id})" if is_part else "")
                 + (f", run {run}" if run is not None else "")
                 + f"\n{clock(start, until)} to {'now' if running else clock(end, until)}"
                 + f" ({_duration(end - start)}), {rec.state.lower()}"

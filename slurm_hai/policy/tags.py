@@ -68,3 +68,12 @@ def parse_at(value: str) -> tuple[int, int] | None:
     """`JOB@EPOCH` (hai-yield) or `SIZE@EPOCH` (hai-grow) -> (job id or size, epoch)."""
     job, _, at = value.partition("@")
     return (int(job), int(at)) if job.isdigit() and at.isdigit() else None
+
+
+def parse_parts(value: str | None) -> tuple[int, int] | None:
+    """`MIN:MAX` (hai-parts) -> (MIN, MAX), 1 <= MIN <= MAX; None for none or a malformed one
+    (job_submit.lua copies only a well-formed one into the admin comment)."""
+    low, sep, high = (value or "").partition(":")
+    if not (sep and low.isdigit() and high.isdigit()):
+        return None
+    return (int(low), int(high)) if 1 <= int(low) <= int(high) else None

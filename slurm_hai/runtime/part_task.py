@@ -1,7 +1,13 @@
 """The batch script of one part of an elastic job in place (`hai-submit --in-place`;
 docs/elastic-in-place.md): one task of the job's array, one node.
 
-    python -m slurm_hai.runtime.part_task --job-dir=ROOT/$SLURM_ARRAY_JOB_ID -- CMD...
+    python -m slurm_hai.runtime.part_task [--job-dir=ROOT/$SLURM_ARRAY_JOB_ID] -- CMD...
+
+hai-submit's script sets everything; a plain sbatch script (docs/elastic-in-place.md) may
+leave out the job directory (default: the user's job root, $HAI_HOME/jobs or ~/.hai/jobs,
+and the array's id), the lighthouse service (HAI_LIGHTHOUSE_SERVICE, default the policy's
+[elastic] lighthouse_service) and the job's MIN (HAI_PARTS_MIN, default the MIN of the
+job's `hai-parts=MIN:MAX` comment, which it must carry: it makes the array one job).
 
 The job directory is the array's, shared by its parts; events carry the part (the task id)
 and its run (the task's restart count). The part runs as a job step, so that Slurm's
@@ -20,13 +26,16 @@ from __future__ import annotations
 import argparse
 import os
 import signal
+import sys
 import threading
 
-from ..jobs.jobdir import JobDir
+from ..jobs.jobdir import JobDir, default_root
+from ..policy.model import PolicyError, find_policy
+from ..policy.tags import PARTS, parse_parts
 from ..slurm import SlurmError, backend
 from .batch import wait_to_be_requeued
 from .contract import restart_count
-from .parts import EXIT_BELOW_MIN, SERVICE_ENV, PartError, ask, job_and_part, min_parts
+from .parts import EXIT_BELOW_MIN, MIN_ENV, SERVICE_ENV, PartError, ask, job_and_part, min_parts
 
 # How often each part's task asks the lighthouse service whether the job's lighthouse lives.
 LIGHTHOUSE_WATCH_EVERY = 2.0
@@ -34,15 +43,24 @@ LIGHTHOUSE_WATCH_EVERY = 2.0
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m slurm_hai.runtime.part_task")
-    ap.add_argument("--job-dir", required=True)
+    ap.add_argument("--job-dir", help="the job's directory, which its parts share (default: the user's job "
+                    "root, $HAI_HOME/jobs or ~/.hai/jobs, and the array's id)")
     ap.add_argument("--gpus", type=int, default=0)
     ap.add_argument("cmd", nargs=argparse.REMAINDER)
     args = ap.parse_args(argv)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
-    array, part = job_and_part(os.environ)
+    slurm = backend()
+    job_id = int(os.environ.get("SLURM_JOB_ID", "0") or 0)
+    try:
+        array, part = job_and_part(os.environ)
+        _settings(slurm, job_id, array)
+    except (PartError, PolicyError, SlurmError) as e:
+        print(f"slurm-hai: {e}", file=sys.stderr, flush=True)
+        return 2
     run = restart_count(os.environ)
     token = os.environ.get("HAI_SUBMIT_TOKEN")
-    jobdir = JobDir(args.job_dir).claim(token) if token else JobDir(args.job_dir).create()
+    job_dir = args.job_dir or default_root() / str(array)
+    jobdir = JobDir(job_dir).claim(token) if token else JobDir(job_dir).create()
     final = jobdir.final()
     if final:
         print(f"slurm-hai: part {part}: the job already ended ({final['state']}); not running it again", flush=True)
@@ -54,8 +72,6 @@ def main(argv: list[str] | None = None) -> int:
     _output_to_rank_log(jobdir, run, part)
     ending: list[int] = []
     signal.signal(signal.SIGTERM, lambda s, f: ending.append(s))  # Slurm ends the task: its step gets it too
-    slurm = backend()
-    job_id = int(os.environ["SLURM_JOB_ID"])
     lost, done = threading.Event(), threading.Event()
     service = os.environ.get(SERVICE_ENV)
     if service:
@@ -141,6 +157,26 @@ def _output_to_rank_log(jobdir: JobDir, run: int, part: int) -> None:
     os.dup2(fd, 1)
     os.dup2(fd, 2)
     os.close(fd)
+
+
+def _settings(slurm, job_id: int, array: int) -> None:
+    """What a plain sbatch script may leave out, found as hai-submit's script would set it
+    and exported for the part's step: the lighthouse service (the policy's) and the job's
+    MIN (its `hai-parts` tag, from Slurm's record of this task)."""
+    if not os.environ.get(SERVICE_ENV):
+        service = find_policy().lighthouse_service
+        if not service:
+            raise PartError(f"no lighthouse service: set {SERVICE_ENV}=http://HOST:PORT, or the policy's [elastic] "
+                            "lighthouse_service (hai-admin lighthouse)")
+        os.environ[SERVICE_ENV] = service
+    if MIN_ENV not in os.environ:
+        job = slurm.job(job_id)
+        parts = parse_parts(job.tags.get(PARTS)) if job is not None else None
+        if parts is None:
+            raise PartError(f"job {array} is no elastic job in place: submit it with --comment={PARTS}=MIN:MAX "
+                            "(the fewest parts that train, and the array's size; docs/elastic-in-place.md)")
+        os.environ[MIN_ENV] = str(parts[0])
+    min_parts()  # a malformed HAI_PARTS_MIN stops the part here, in one line
 
 
 def _preempted(slurm, job_id: int) -> bool:

@@ -204,9 +204,11 @@ while not done.exists():
 """
 
 
-def test_the_parts_that_wait_for_nodes_are_cancelled_once_the_job_has_ended(live):
-    # a HIGH job holds two nodes: two parts run, two wait; the two end the job, and the two
-    # waiting never start (they would only find the job over, and hold its place in line)
+def test_a_plain_sbatch_job_in_place_whose_parts_end_cancels_its_parts_that_wait_for_nodes(live):
+    # examples/parts.sbatch (docs/elastic-in-place.md), submitted with plain sbatch, MIN 1 on
+    # the command line: a HIGH job holds two nodes: two parts run, two wait; the two end the
+    # job, and the two waiting never start (they would only find the job over, and hold its
+    # place in line); `hai status` knows the job as hai-submit's
     out = live.shared_dir("parts-end", owner=ALICE)
     script, done = out / "wait_for_file.py", out / "done"
     script.write_text(WAIT_FOR_FILE)
@@ -214,9 +216,10 @@ def test_the_parts_that_wait_for_nodes_are_cancelled_once_the_job_has_ended(live
     array = None
     try:
         live.wait_job(high, lambda j: j["JobState"] == "RUNNING", 60, "the HIGH job to run")
-        p = live.run(["hai-submit", "--json", "--in-place", "-n", "1:4", "-p", "LOW", str(script), str(done)],
-                     user=ALICE)
-        array, job_dir = json.loads(p.stdout)["job_id"], Path(json.loads(p.stdout)["job_dir"])
+        array = live.sbatch("--comment=hai-parts=1:4", str(REPO / "examples" / "parts.sbatch"), str(script),
+                            str(done), user=ALICE)
+        job_dir = Path(hai(live, "status", str(array))["job_dir"])
+        assert live.job(array)["QOS"] == "low" and "hai-parts=1:4" in live.job(array)["AdminComment"]
         wait_for(lambda: len(named(job_dir, "start")) == 2, 60, "two parts to start", 0.3)
         assert sorted(tasks(live, array).values()).count("PENDING") == 2, tasks(live, array)
         done.touch()

@@ -30,3 +30,8 @@ def test_the_readme_job_example_runs_and_resumes_after_a_suspend(tmp_path):
     assert "run 0 starts at step 0" in log and suspended and "done at step 300" in log
     assert f"run 1 starts at step {suspended.group(1)}" in log  # resumed from the suspend's checkpoint
     assert int(suspended.group(1)) > 0  # the notice came in the loop, not while torch was imported
+
+
+def test_the_user_guides_plain_sbatch_job_in_place_is_examples_parts_sbatch_verbatim():
+    guide = (REPO / "docs" / "user-guide.md").read_text()
+    assert (REPO / "examples" / "parts.sbatch").read_text() in re.findall(r"```bash\n(.*?)```", guide, flags=re.S)

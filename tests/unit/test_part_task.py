@@ -6,28 +6,37 @@ the job's MIN has its task requeued by the script; a part that fails on its own 
 from __future__ import annotations
 
 import json
+import os
 import threading
+from types import SimpleNamespace
 
 import pytest
 
+from slurm_hai.policy.model import parse_policy
 from slurm_hai.runtime import part_task
-from slurm_hai.runtime.parts import EXIT_BELOW_MIN, PartError
+from slurm_hai.runtime.parts import EXIT_BELOW_MIN, MIN_ENV, SERVICE_ENV, PartError
 
 
 class Slurm:
-    def __init__(self, step_rc: int = 0) -> None:
+    def __init__(self, step_rc: int = 0, comment: str = "") -> None:
         self.cancels: list[tuple[int, str | None]] = []
         self.requeues: list[int] = []
         self.step_rc = step_rc
+        self.comment = comment
+        self.steps: list[tuple[list[str], dict[str, str]]] = []
 
     def cancel(self, job_id, signal=None):
         self.cancels.append((job_id, signal))
 
     def run_step(self, cmd, nodes, gpus, name):
+        self.steps.append((cmd, {k: os.environ.get(k, "") for k in (SERVICE_ENV, MIN_ENV)}))
         return self.step_rc
 
-    def job(self, job_id):
-        return None  # not preempted by Slurm
+    def job(self, job_id):  # this task's record: its tags; never preempted by Slurm
+        return SimpleNamespace(tags={"hai-parts": self.comment} if self.comment else {}, start_time=0, preempt_time=0)
+
+    def cancel_waiting_tasks(self, job_id):
+        self.cancels.append((job_id, "waiting"))
 
     def requeued_when_batch_ends(self, job_id):
         return True  # 24.05 and later: for Slurm's own preemption only
@@ -86,7 +95,8 @@ def test_a_part_that_leaves_below_min_is_requeued_one_that_fails_is_not(monkeypa
     for key, value in {"SLURM_ARRAY_JOB_ID": "7", "SLURM_ARRAY_TASK_ID": "1", "SLURM_JOB_ID": "71",
                        "SLURM_RESTART_COUNT": "0", "HAI_PARTS_MIN": "2"}.items():
         monkeypatch.setenv(key, value)
-    monkeypatch.delenv("HAI_LIGHTHOUSE_SERVICE", raising=False)
+    monkeypatch.setenv("HAI_LIGHTHOUSE_SERVICE", "http://svc:1")
+    monkeypatch.setattr(part_task, "ask", away)
     monkeypatch.delenv("HAI_SUBMIT_TOKEN", raising=False)
     code = part_task.main([f"--job-dir={tmp_path / '7'}", "--", "python", "train.py"])
     assert slurm.requeues == ([71] if requeued else [])
@@ -94,3 +104,53 @@ def test_a_part_that_leaves_below_min_is_requeued_one_that_fails_is_not(monkeypa
     left = [e for e in map(json.loads, (tmp_path / "7" / "events.jsonl").read_text().splitlines())
             if e.get("event") == "left"]
     assert len(left) == 1 and left[0]["part"] == 1 and left[0].get("below_min", False) == requeued
+
+
+def away(service, job, min_parts):
+    raise PartError("the service is away")
+
+
+def plain_sbatch(monkeypatch, tmp_path, **env: str) -> None:
+    """A task of a plain sbatch script: Slurm's variables only (and `env`); the policy names
+    the lighthouse service; the user's job root under tmp_path."""
+    for key in ("HAI_LIGHTHOUSE_SERVICE", "HAI_PARTS_MIN", "HAI_SUBMIT_TOKEN"):
+        monkeypatch.delenv(key, raising=False)
+    for key, value in {"SLURM_ARRAY_JOB_ID": "7", "SLURM_ARRAY_TASK_ID": "1", "SLURM_JOB_ID": "71",
+                       "SLURM_RESTART_COUNT": "0", "HAI_HOME": str(tmp_path), **env}.items():
+        monkeypatch.setenv(key, value)
+    policy = parse_policy({"elastic": {"lighthouse_service": "http://head:29600"}})
+    monkeypatch.setattr(part_task, "find_policy", lambda: policy)
+    monkeypatch.setattr(part_task, "ask", away)
+    monkeypatch.setattr(part_task, "_output_to_rank_log", lambda jobdir, run, part: None)
+
+
+def test_a_plain_sbatch_part_takes_the_policys_service_its_jobs_min_and_the_users_job_root(monkeypatch, tmp_path):
+    plain_sbatch(monkeypatch, tmp_path)
+    slurm = Slurm(comment="2:4")
+    monkeypatch.setattr(part_task, "backend", lambda: slurm)
+    assert part_task.main(["--", "python", "train.py"]) == 0
+    # the part's step has what hai-submit's script exports
+    assert slurm.steps == [(["python", "train.py"], {SERVICE_ENV: "http://head:29600", MIN_ENV: "2"})]
+    events = [json.loads(line) for line in (tmp_path / "jobs" / "7" / "events.jsonl").read_text().splitlines()]
+    assert [(e["event"], e.get("part")) for e in events] == [("start", 1), ("finished", 1)]
+    assert slurm.cancels == [(7, "waiting")]
+
+
+@pytest.mark.parametrize("env, comment, policy_service, said", [
+    ({"SLURM_ARRAY_JOB_ID": "", "SLURM_ARRAY_TASK_ID": ""}, "2:4", True, "a part runs as a task of a Slurm job array"),
+    ({}, "", True, "job 7 is no elastic job in place: submit it with --comment=hai-parts=MIN:MAX"),
+    ({}, "4:2", True, "job 7 is no elastic job in place"),
+    ({}, "2:4", False, "no lighthouse service: set HAI_LIGHTHOUSE_SERVICE=http://HOST:PORT, or the policy's"),
+    ({"HAI_PARTS_MIN": "0"}, "2:4", True, "HAI_PARTS_MIN='0': the fewest parts that train"),
+])
+def test_what_a_plain_sbatch_part_lacks_is_one_line_and_runs_nothing(monkeypatch, tmp_path, capsys, env, comment,
+                                                                     policy_service, said):
+    plain_sbatch(monkeypatch, tmp_path, **env)
+    if not policy_service:
+        monkeypatch.setattr(part_task, "find_policy", lambda: parse_policy({}))
+    slurm = Slurm(comment=comment)
+    monkeypatch.setattr(part_task, "backend", lambda: slurm)
+    assert part_task.main(["--", "python", "train.py"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"slurm-hai: {said}") and err.count("\n") == 1, err
+    assert not slurm.steps and not (tmp_path / "jobs").exists()

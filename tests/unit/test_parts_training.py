@@ -77,6 +77,7 @@ while part.manager.current_step() < steps:
     time.sleep(0.02)
 weights = torch.cat([p.detach().flatten() for p in model.parameters()])
 note(event="end", weights=[w.hex() for w in weights.tolist()])
+part.exit()
 '''
 
 

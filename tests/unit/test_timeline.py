@@ -83,13 +83,14 @@ def part_record(task: int, start: int, end: int, node: str, state: str = "COMPLE
                                admin_comment="hai-level=LOW hai-grace=5 hai-parts=2:4")
 
 
-# Parts 0-3 of job 30 on n1-n4; parts 2 and 3 preempted at 150 (job 40 takes n3, n4), back at
-# 252 when it ended; they all end at 400.
+# Parts 0-3 of job 30 on n1-n4 (part 0's task has the array's id, as in Slurm: the last task
+# split off the array keeps it); parts 2 and 3 preempted at 150 (job 40 takes n3, n4), back at
+# 252 when it ended; they all end at 400. Parts start in any order.
 IN_PLACE = [part_record(30 + p, 100, 400, f"n{p + 1}") for p in (0, 1)] + [
     part_record(30 + p, 100, 150, f"n{p + 1}", state="REQUEUED") for p in (2, 3)] + [
     part_record(30 + p, 251, 400, f"n{p + 1}") for p in (2, 3)] + [run_record(40, 151, 250, "n[3-4]", qos="high")]
 IN_PLACE_EVENTS = {
-    30: [*(ev("start", 101, run=0, part=p, nodes=f"n{p + 1}") for p in range(4)),
+    30: [*(ev("start", 101, run=0, part=p, nodes=f"n{p + 1}") for p in (3, 1, 2, 0)),
          ev("left", 150.5, run=0, part=2, exit_code=143, preempted=True),
          ev("left", 150.6, run=0, part=3, exit_code=143, preempted=True),
          ev("start", 252, run=1, part=2, nodes="n3"), ev("start", 252.2, run=1, part=3, nodes="n4"),
