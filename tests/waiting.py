@@ -7,6 +7,12 @@ from typing import Callable, TypeVar
 
 T = TypeVar("T")
 
+# How long the first job of a test may take to start on idle nodes: a job an earlier test
+# cancelled while Slurm was still launching it keeps its nodes from the main scheduler for up
+# to ~40 s though sinfo shows them idle (seen in slurmctld.log on 22.05, where
+# LiveCluster.settle also reconfigures; 25.11 and 26.05 too, in CI).
+FIRST_START = 75.0
+
 
 def wait_for(predicate: Callable[[], T], timeout: float, what: str, interval: float = 0.3) -> T:
     """Poll `predicate` until it returns something true; fail the test after `timeout` s."""

@@ -6,6 +6,8 @@ import time
 
 import pytest
 
+from waiting import FIRST_START
+
 
 def test_batch_job_runs_on_two_nodes_with_gpus(live, tmp_path):
     out = live.shared_dir("two-nodes")
@@ -50,7 +52,7 @@ def test_higher_qos_preempts_lower_which_is_requeued_and_runs_again(short_low_gr
     low = live.sbatch("-N4", "--qos=low", "--gres=gpu:8", "--requeue", "--open-mode=append",
                       f"--output={out}/low.out",
                       "--wrap", "echo run=${SLURM_RESTART_COUNT:-0}; srun sleep 600; sleep 600")
-    live.wait_job(low, lambda j: j["JobState"] == "RUNNING", 30, "the low job to run")
+    live.wait_job(low, lambda j: j["JobState"] == "RUNNING", FIRST_START, "the low job to run")
     high = live.sbatch("-N2", "--qos=high", "--gres=gpu:8", f"--output={out}/high.out", "--wrap", "sleep 2")
     live.wait_job(high, lambda j: j["JobState"] in ("RUNNING", "COMPLETED"), 90, "the high job to start")
     # The low job is requeued, not cancelled: same id, restart count 1, and it runs again.
@@ -67,7 +69,7 @@ def test_higher_qos_preempts_lower_which_is_requeued_and_runs_again(short_low_gr
 
 def test_same_qos_never_preempts(live):
     first = live.sbatch("-N4", "--qos=normal", "--gres=gpu:8", "--wrap", "srun sleep 600")
-    live.wait_job(first, lambda j: j["JobState"] == "RUNNING", 30, "the first job to run")
+    live.wait_job(first, lambda j: j["JobState"] == "RUNNING", FIRST_START, "the first job to run")
     second = live.sbatch("-N1", "--qos=normal", "--gres=gpu:8", "--wrap", "true")
     time.sleep(8)  # longer than grace + a scheduling pass
     assert live.job(first)["JobState"] == "RUNNING"

@@ -13,7 +13,7 @@ import textwrap
 import time
 from pathlib import Path
 
-from waiting import wait_for
+from waiting import FIRST_START, wait_for
 
 ALICE = "hai-alice"
 PROBE = """
@@ -82,7 +82,7 @@ def test_sbatch_nodes_range_with_the_spank_plugin_is_elastic_and_quotas_cap_it(l
     # plain sbatch with a Slurm range: job_submit.lua keeps it
     _all_idle(live)
     job = live.sbatch("--nodes=2-4", "--hai-priority=LOW", "-o", "/dev/null", "--wrap", "sleep 30", user=ALICE)
-    live.wait_job(job, lambda j: j["JobState"] == "RUNNING", 30, "the sbatch range job to run")
+    live.wait_job(job, lambda j: j["JobState"] == "RUNNING", FIRST_START, "the sbatch range job to run")
     assert "hai-nodes=2:4:1" in live.job(job)["AdminComment"] and live.job(job)["NumNodes"] == "4"
     rows = json.loads(live.run(["hai", "list", "--json"], user=ALICE).stdout)
     assert [(r["nodes"], r["node_range"]) for r in rows if r["job_id"] == job] == [(4, "2:4")]
@@ -101,7 +101,7 @@ def test_a_count_the_step_does_not_allow_is_cut_and_the_other_node_given_back(li
     # Last in this file: for a few seconds after a job gives nodes back, Slurm 22.05's main
     # scheduler offers a range job one node fewer than are idle (not 25.11: measured by hand).
     blocker = live.sbatch("-N1", "--qos=normal", "-o", "/dev/null", "--wrap", "sleep 300", user=ALICE)
-    live.wait_job(blocker, lambda j: j["JobState"] == "RUNNING", 30, "a 1-node job to hold one node")
+    live.wait_job(blocker, lambda j: j["JobState"] == "RUNNING", FIRST_START, "a 1-node job to hold one node")
     out, script = _probe(live, "elastic-step")
     job, job_dir = _submit(live, script, out, "-n", "2:4:2", "-p", "LOW")
     wait_for(lambda: len(_ranks(out)) == 2, 60, "2 ranks to run")

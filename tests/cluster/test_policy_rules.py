@@ -19,7 +19,7 @@ import pytest
 
 from slurm_hai.policy.tags import parse
 from slurm_hai.slurm.version import SlurmVersion
-from waiting import wait_for
+from waiting import FIRST_START, wait_for
 
 if TYPE_CHECKING:  # the fixtures come from tests/conftest.py
     from conftest import LiveCluster
@@ -92,10 +92,7 @@ def state(c: LiveCluster, job: int) -> str:
     return c.job(job).get("JobState", "")
 
 
-def running(c: LiveCluster, job: int, timeout: float = 75, what: str = "to run") -> dict[str, str]:
-    # 75 s: a job the previous test's clean-up cancelled while Slurm 22.05 was still launching
-    # it keeps its nodes from the main scheduler for up to ~40 s, though sinfo shows them idle
-    # (seen in slurmctld.log: the next 4-node job started by backfill only then)
+def running(c: LiveCluster, job: int, timeout: float = FIRST_START, what: str = "to run") -> dict[str, str]:
     return c.wait_job(job, lambda j: j["JobState"] == "RUNNING", timeout, what)
 
 

@@ -38,7 +38,7 @@ from slurm_hai.slurm import SlurmError  # noqa: E402
 from slurm_hai.slurm.cli import CliBackend  # noqa: E402
 from slurm_hai.slurm.pyslurm_backend import JOB_ATTRS, PyslurmBackend, _record  # noqa: E402
 from slurm_hai.slurm.records import PYSLURM, job_from_record, pyslurm_exact  # noqa: E402
-from waiting import wait_for  # noqa: E402  (tests/waiting.py, shared with tests/cluster)
+from waiting import FIRST_START, wait_for  # noqa: E402  (tests/waiting.py, shared with tests/cluster)
 
 pytestmark = pytest.mark.cluster
 
@@ -240,8 +240,7 @@ def test_requeue_hold_release_priority_and_start_time_really_happen(lc):
     blocker = submit(lc, "-N", "3")
     run = submit(lc, "--requeue")
     for job in (blocker, run):
-        # 90 s: nodes a cancel left unusable come back within ~40 s
-        wait_for(lambda: state(lc, job) == "RUNNING", 90, f"job {job} to run")
+        wait_for(lambda: state(lc, job) == "RUNNING", FIRST_START, f"job {job} to run")
     pb.requeue(run)
     info = lc.wait_job(run, lambda j: j["JobState"] == "PENDING", 30, "requeue")
     assert info["Restarts"] == "1"
