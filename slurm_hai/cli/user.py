@@ -16,7 +16,7 @@ from .. import __version__
 from ..jobs.jobdir import JobDir, default_root
 from ..jobs.status import HaiStatus, as_one_job, back_estimate, clock, marker
 from ..jobs.status import status as hai_status
-from ..policy import tags
+from ..policy.job import in_place
 from ..policy.explain import Explainer
 from ..policy.rules import is_held
 from ..slurm.records import JobInfo
@@ -112,7 +112,7 @@ def _status_of(job_id: int) -> tuple[HaiStatus, JobInfo | None, JobDir]:
     from ..policy.model import find_policy
 
     job, jobdir = lookup(job_id)
-    if job is not None and tags.PARTS in job.tags:  # a job in place: its parts, as one job
+    if job is not None and in_place(job):  # a job in place: its parts, as one job
         job = next(iter(as_one_job(backend().jobs([job_id]))), job)
     if job is None or job.state not in LIVE or _has_ended(job_id):
         return job_status(job_id, job, jobdir), job, jobdir

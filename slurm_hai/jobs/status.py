@@ -13,7 +13,7 @@ from typing import Iterable, Sequence
 
 from ..policy import sizes, tags
 from ..policy.elastic import shrink_target
-from ..policy.job import place
+from ..policy.job import in_place, place
 from ..policy.levels import Level, level_of_qos, parse_qos
 from ..policy.tags import GRACE as GRACE_TAG
 from ..slurm.records import ENDED_STATES, JobInfo
@@ -95,7 +95,7 @@ def as_one_job(records: Sequence[JobInfo]) -> list[JobInfo]:
     out: list[JobInfo] = []
     arrays: dict[int, list[JobInfo]] = {}
     for j in records:
-        if tags.PARTS in j.tags:
+        if in_place(j):
             arrays.setdefault(j.array_job_id, []).append(j)
         else:
             out.append(j)

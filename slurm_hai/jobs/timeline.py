@@ -3,11 +3,11 @@
 `build` is pure: Slurm's accounting records (one per run of a job: `sacct --duplicates`
 keeps a requeued run as its own record, with its nodes, start and end) and the jobs'
 events.jsonl -> one `Interval` per node and run, and `Mark`s where a run was suspended
-(by go_suspend() or by force), restarted, shrunk or grown. An elastic job in place is one job
-(policy.job.job_of: its array's id, its parts the array's tasks, one node each): each part's
-runs are its intervals, and a part that left or rejoined has its mark on its node. `collect` is the use case: one
-accounting read, then each job's events (`read_events`; the files belong to the jobs' users
-and are read with care). `page` renders templates/timeline/timeline.html.j2: one
+(by go_suspend() or by force), restarted, shrunk or grown. An elastic job in place is one
+job (policy.job.job_of: its array's id, its parts the array's tasks, one node each): each
+part's runs are its intervals, and a part that left or rejoined has its mark on its node.
+`collect` is the use case: one accounting read, then each job's events (`read_events`; the
+files belong to the jobs' users and are read with care). `page` renders templates/timeline/timeline.html.j2: one
 self-contained HTML file (inline SVG, CSS and JS; it loads nothing) drawn by the browser.
 """
 
@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import Iterable, Mapping, Sequence
 
 from ..policy import tags
-from ..policy.job import job_of
+from ..policy.job import in_place, job_of
 from ..policy.levels import Level, level_of_qos
 from ..slurm.base import Backend
 from ..policy.hostlist import expand
@@ -152,7 +152,7 @@ def build(records: Iterable[JobInfo], events: Mapping[int, Sequence[dict]], sinc
         lvl = level_of_qos(rec.qos, tuple(ladder))
         level = lvl.name if lvl else OTHER_LEVEL
         held = tuple(expand(rec.node_list))
-        is_part = tags.PARTS in rec.tags  # as job_of tells (the array's own task has the array's id)
+        is_part = in_place(rec)  # the array's own task too, whose id is the job's
         begun = _start_of(job_events, start, end, held[0] if is_part and len(held) == 1 else None)
         run = begun.get("run", 0) if begun else None
         part = begun.get("part") if begun else None

@@ -59,6 +59,13 @@ def place(job: Job) -> tuple[int, int]:
     return job.array_job_id, job.job_id
 
 
+def in_place(job: Job) -> bool:
+    """Whether the job is a part of an elastic job in place: a task of a job array with the
+    `hai-parts` tag (hai-submit --in-place writes it in the comment, job_submit.lua copies it
+    into the admin comment)."""
+    return PARTS in parse(job.comment, job.admin_comment)
+
+
 def job_of(job: Job) -> int:
     """The job a Slurm job is of, as its user sees it. An elastic job in place (`hai-parts` in
     its comment, and in its admin comment by job_submit.lua: a job array, one part per task)
@@ -67,4 +74,4 @@ def job_of(job: Job) -> int:
     timeline (which read accounting: the admin comment). Any other job, a task of a plain
     array too, is its own. The comment's tag is its owner's to write: it can only make the
     owner's own tasks demoted sooner, or their events read as one job's."""
-    return job.array_job_id if PARTS in parse(job.comment, job.admin_comment) else job.job_id
+    return job.array_job_id if in_place(job) else job.job_id
