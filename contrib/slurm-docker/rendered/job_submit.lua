@@ -19,7 +19,10 @@
 --    ("hai-nodes=MIN:MAX:STEP"; the step from "hai-nodes=MIN:MAX:STEP" in the job's comment, which
 --    hai-submit writes, when its MIN and MAX are the job's), since the job's own node count
 --    is what the policy daemon changes when it resizes it. Quotas count MIN here (the job
---    can start on MIN); Slurm caps the nodes it gets at the QOS limits.
+--    can start on MIN); Slurm caps the nodes it gets at the QOS limits;
+--  * an elastic job in place (hai-submit --in-place: a job array, "hai-parts=MIN:MAX" in its
+--    comment): the tag, copied into admin_comment, so that accounting (which keeps no job
+--    comment by default) knows the array's tasks as one job's parts (the timeline).
 
 local NO_VAL = 4294967294
 local NO_VAL16 = 65534
@@ -32,6 +35,7 @@ local min_grace = 1
 local max_grace = 5
 local grace_tag = "hai-grace"
 local nodes_tag = "hai-nodes"
+local parts_tag = "hai-parts"
 local choices = "EXTREME_HIGH(50), VERY_HIGH(40), HIGH(30), ABOVE_NORMAL(20), NORMAL(10), UNDER_NORMAL(8), BELOW_NORMAL(5), LOW(0)"
 -- what a refused job is told (printf formats, the same words hai-submit says)
 local refusal = {
@@ -137,6 +141,14 @@ local function node_range(job_desc)
     if a == lo and b == hi and s ~= nil and s >= 1 and (hi - lo) % s == 0 then step = s end
   end
   return string.format(" %s=%d:%d:%d", nodes_tag, lo, hi, step)
+end
+
+-- " parts_tag=MIN:MAX" for an elastic job in place (the tag of its comment, well formed), else ""
+local function parts_range(job_desc)
+  local lo, hi = string.match(comment_tag(job_desc.comment, parts_tag) or "", "^(%d+):(%d+)$")
+  lo, hi = tonumber(lo), tonumber(hi)
+  if lo == nil or hi == nil or lo < 1 or hi < lo then return "" end
+  return string.format(" %s=%d:%d", parts_tag, lo, hi)
 end
 
 -- the grace the job asked for, in whole seconds; nil and the refusal when it may not have it
@@ -308,6 +320,7 @@ function slurm_job_submit(job_desc, part_list, submit_uid)
   end
   job_desc.qos = qos
   job_desc.admin_comment = "hai-level=" .. wanted .. " " .. grace_tag .. "=" .. grace .. node_range(job_desc)
+    .. parts_range(job_desc)
   return slurm.SUCCESS
 end
 
