@@ -168,7 +168,7 @@ class Part:
         print(f"slurm-hai: part {self.index} of job {self.job}: fewer than {self.min_parts} parts for "
               f"{self.quorum_timeout.total_seconds():.0f} s{saved}; it leaves, and the job waits for "
               f"{self.min_parts} nodes", file=sys.stderr, flush=True)
-        os._exit(EXIT_BELOW_MIN)  # as at its notice: no clean-up of torchft's threads to wait for
+        self.exit(EXIT_BELOW_MIN)  # as at its notice: no clean-up of torchft's threads to wait for
 
     def exit(self, code: int = 0) -> NoReturn:
         """End this part's process once its training is over and its results are written:
