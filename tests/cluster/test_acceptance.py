@@ -24,7 +24,6 @@ import os
 import pwd
 import re
 import signal
-import socket
 import subprocess
 import sys
 import textwrap
@@ -35,12 +34,13 @@ from pathlib import Path
 
 import pytest
 
+import uninterrupted
 import waiting
+from uninterrupted import TRAIN, free_port  # noqa: F401 (free_port: for the modules that import it from here)
 
 pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[2]
-TRAIN = REPO / "examples" / "train.py"
 STEPS = 240
 # 2 nodes x 2 processes = world size 4; a short sleep per step so suspends land mid-run.
 TRAIN_ARGS = ["--nprocs", "2", "--steps", str(STEPS), "--step-sleep", "0.03"]
@@ -107,12 +107,6 @@ def same_weights(a: Path, b: Path) -> bool:
     return wa.keys() == wb.keys() and all(wa[k].numpy().tobytes() == wb[k].numpy().tobytes() for k in wa)
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def job_pids(job_dir: Path, run: int | None = None) -> list[int]:
     """The user's processes of a job (train.py and its spawned ranks, on every node); of its
     run `run` alone, if given."""
@@ -136,18 +130,12 @@ def job_pids(job_dir: Path, run: int | None = None) -> list[int]:
 
 
 @pytest.fixture(scope="module")
-def reference(cluster, tmp_path_factory) -> Path:
+def reference(cluster) -> Path:
     """The uninterrupted run of TRAIN_ARGS, world size 4 (1 node x 4 processes here; the
     same global ranks and collectives as 2 nodes x 2, which `make demo` shows on Slurm)."""
-    d = tmp_path_factory.mktemp("reference")
     args = [a for a in TRAIN_ARGS if a not in ("--step-sleep", "0.03")]
     args[args.index("--nprocs") + 1] = "4"
-    env = {**os.environ, "MASTER_PORT": str(free_port()), "RANK": "0", "WORLD_SIZE": "1"}
-    env.pop("HAI_JOB_DIR", None)
-    p = subprocess.run([sys.executable, str(TRAIN), *args, "--ckpt-dir", str(d / "ckpt"), "--out",
-                        str(d / "final.safetensors")], env=env, text=True, capture_output=True, timeout=300)
-    assert p.returncode == 0, p.stdout + p.stderr
-    return d / "final.safetensors"
+    return uninterrupted.weights(args)
 
 
 @contextmanager

@@ -22,7 +22,6 @@ with the weights of an uninterrupted run: nothing lost, nothing run twice, no ch
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
@@ -31,8 +30,10 @@ from pathlib import Path
 
 import pytest
 
+import uninterrupted
 import waiting
-from test_acceptance import (committed_steps, events, free_port, job_pids, named, running_daemon, same_weights,
+from uninterrupted import TRAIN
+from test_acceptance import (committed_steps, events, job_pids, named, running_daemon, same_weights,
                              start_nows, wait_final)
 
 from slurm_hai.checkpoint import verify_checkpoint
@@ -43,7 +44,6 @@ pytestmark = [pytest.mark.cluster, pytest.mark.netns]
 
 REPO = Path(__file__).resolve().parents[2]
 NETDELAY = REPO / "tests" / "netdelay.py"
-TRAIN = REPO / "examples" / "train.py"
 STEPS = 400
 LATENCY = 0.2  # seconds, between any two of slurmctld and the nodes
 # 2 nodes x 1 process; slow enough that the old run is still training when the new run starts
@@ -173,29 +173,23 @@ def hostnames(live, start: dict) -> list[str]:
     return live.run(["scontrol", "show", "hostnames", start["nodes"]]).stdout.split()
 
 
-def uninterrupted(d: Path, train_args: list[str]) -> Path:
+def reference_of(train_args: list[str]) -> Path:
     """The weights of `train_args`' job run uninterrupted, world size 2 (1 node x 2
     processes: the same ranks and collectives as 2 nodes x 1), without its step sleep."""
     args = [a for a in train_args if a not in ("--step-sleep", "0.25")]
     args[args.index("--nprocs") + 1] = "2"
-    env = {**os.environ, "MASTER_PORT": str(free_port()), "RANK": "0", "WORLD_SIZE": "1"}
-    for key in ("HAI_JOB_DIR", "SLURM_JOB_ID"):
-        env.pop(key, None)
-    p = subprocess.run([sys.executable, str(TRAIN), *args, "--ckpt-dir", str(d / "ckpt"), "--out",
-                        str(d / "final.safetensors")], env=env, text=True, capture_output=True, timeout=600)
-    assert p.returncode == 0, p.stdout + p.stderr
-    return d / "final.safetensors"
+    return uninterrupted.weights(args)
 
 
 @pytest.fixture(scope="module")
-def reference(cluster, tmp_path_factory) -> Path:
-    return uninterrupted(tmp_path_factory.mktemp("reference"), TRAIN_ARGS)
+def reference(cluster) -> Path:
+    return reference_of(TRAIN_ARGS)
 
 
 @pytest.fixture(scope="module")
-def short_reference(cluster, tmp_path_factory) -> Path:
+def short_reference(cluster) -> Path:
     """For the tests whose faults come in a job's first steps: less training after them."""
-    return uninterrupted(tmp_path_factory.mktemp("short-reference"), SHORT_ARGS)
+    return reference_of(SHORT_ARGS)
 
 
 def test_nodes_cut_off_from_the_controller_mid_run_are_fenced_and_the_job_ends_exact(live, daemon, reference):

@@ -40,7 +40,6 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import sys
 import textwrap
@@ -49,6 +48,8 @@ from typing import TYPE_CHECKING
 
 import pytest
 
+import uninterrupted
+from uninterrupted import TRAIN
 from waiting import wait_for
 
 if TYPE_CHECKING:  # the fixtures come from tests/conftest.py
@@ -59,7 +60,6 @@ pytestmark = pytest.mark.cluster
 REPO = Path(__file__).resolve().parents[2]
 SITE_POLICY = REPO / "tests" / "fixtures" / "site_policy.toml"
 LOCAL_POLICY = REPO / "contrib" / "localcluster" / "policy.toml"
-TRAIN = REPO / "examples" / "train.py"
 ADMIN = [sys.executable, "-m", "slurm_hai.cli.admin"]
 ALICE, BOB = "hai-alice", "hai-bob"
 # The files of the cluster's etc/ that a site install replaces (policy.toml: the policy beside
@@ -213,30 +213,14 @@ def on_site(site: Site, live: LiveCluster) -> Site:
 
 
 @pytest.fixture(scope="module")
-def reference(cluster: LiveCluster, tmp_path_factory):
+def reference(cluster: LiveCluster):
     """train.py uninterrupted, world size 4 (1 process x 4 here; 4 nodes x 1 on the cluster),
     run beside the cluster jobs: the fixture gives a function that waits for its weights."""
-    d = tmp_path_factory.mktemp("reference")
     args = [a for a in TRAIN_ARGS if a not in ("--step-sleep", "0.05")]
     args[args.index("--nprocs") + 1] = "4"
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    env = {**os.environ, "MASTER_PORT": str(port), "RANK": "0", "WORLD_SIZE": "1"}
-    env.pop("HAI_JOB_DIR", None)
-    log = (d / "log").open("w")
-    proc = subprocess.Popen([sys.executable, str(TRAIN), *args, "--ckpt-dir", str(d / "ckpt"), "--out",
-                             str(d / "final.safetensors")], env=env, stdout=log, stderr=subprocess.STDOUT)
-    log.close()
-
-    def weights() -> Path:
-        assert proc.wait(300) == 0, (d / "log").read_text()
-        return d / "final.safetensors"
-
-    yield weights
-    if proc.poll() is None:
-        proc.kill()
-        proc.wait()
+    run = uninterrupted.Run(args, timeout=300)
+    yield run.weights
+    run.stop()
 
 
 # ----------------------------------------------------------------------------- helpers
