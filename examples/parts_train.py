@@ -17,9 +17,10 @@ again, copy a live peer's state and train with the others.
 4. The data position is the step (`manager.current_step()`), which a healing part receives.
 5. With `--checkpoint-dir`, one part commits the job's state every `--save-every` steps; a
    job whose parts all left (its lighthouse was lost) comes back and resumes from there.
-6. No part trains below the job's MIN: the first parts wait for MIN, and parts left below
-   MIN for `--quorum-timeout` seconds commit the job's state and leave; the job waits in the
-   queue for MIN nodes and resumes from that commit.
+6. No part trains below the job's MIN: the first parts wait for MIN (up to `--quorum-timeout`
+   seconds), and parts left below MIN (Slurm runs fewer than MIN of the job's parts) commit
+   the job's state and leave; the job waits in the queue for MIN nodes and resumes from that
+   commit.
 
 In float64 every part ends bitwise equal to the others and within 1e-9 of one process
 (`--reference`): only the order of the sums differs (tests/cluster/test_parts.py). Each part
@@ -82,7 +83,7 @@ def main() -> None:
     ap.add_argument("--checkpoint-dir", type=Path, help="the job's durable checkpoints (a directory every node sees)")
     ap.add_argument("--save-every", type=int, default=50, help="steps between two commits there")
     ap.add_argument("--quorum-timeout", type=float, default=60.0,
-                    help="seconds a part waits for the job's MIN parts before it leaves")
+                    help="seconds a part waits for a quorum of the job's MIN parts before it leaves")
     args = ap.parse_args()
     if args.reference:
         args.reference.write_text(json.dumps(one_process(args.steps)))

@@ -26,10 +26,12 @@ part of its batch. A part dies of the notice at once, wherever it is: a step tha
 leaves half done is not committed by the others, and they take it again without it.
 
 No part trains below the job's MIN (HAI_PARTS_MIN): a quorum needs MIN parts. The first
-parts to start wait for MIN (the job starts as MIN parts together); parts that find fewer
-than MIN for the quorum timeout (a higher level took the others' nodes) commit the job's
-state and leave (`Part.below_min`, exit EXIT_BELOW_MIN): their tasks are requeued, and the
-job waits in the queue as a job suspended whole does, and resumes from that commit.
+parts to start wait for MIN (the job starts as MIN parts together), for as long as the
+quorum timeout. Parts that trained and then wait for a quorum ask Slurm how many of the
+job's parts it runs; when a higher level took the others' nodes and fewer than MIN run, they
+commit the job's state and leave at once (`Part.below_min`, exit EXIT_BELOW_MIN), or after
+the quorum timeout when Slurm cannot be asked: their tasks are requeued, and the job waits
+in the queue as a job suspended whole does, and resumes from that commit.
 
 A part that joins a live job copies a peer's state and loads nothing. With `checkpoint_dir`,
 one part (participating rank 0) commits the job's state there every N committed steps
@@ -48,9 +50,11 @@ import os
 import signal
 import socket
 import sys
+import threading
+import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Callable, Iterable, NoReturn
 
@@ -61,9 +65,17 @@ JOBS_PATH = "/v1/jobs/"  # the lighthouse service's: GET /v1/jobs/<job id>?min=<
 STEP_TIMEOUT = timedelta(seconds=30)
 # How long a part waits for a quorum of MIN parts: then it leaves with EXIT_BELOW_MIN
 QUORUM_TIMEOUT = timedelta(seconds=60)
-# A part that found fewer than MIN parts for QUORUM_TIMEOUT exits so (EX_TEMPFAIL): its task
-# is requeued (runtime/part_task.py), and the job waits in the queue for MIN nodes
+# A part that found fewer than MIN parts exits so (EX_TEMPFAIL): its task is requeued
+# (runtime/part_task.py), and the job waits in the queue for MIN nodes
 EXIT_BELOW_MIN = 75
+# A part that trained and has waited this long for a quorum asks Slurm how many of the job's
+# parts run, and again every BELOW_MIN_CHECK s while it waits. With MIN parts alive a quorum
+# forms within about a second (the lighthouse's heartbeat timeout and tick); a part that is
+# starting runs in Slurm already, so the parts wait for it instead of leaving.
+BELOW_MIN_AFTER = 2.0
+BELOW_MIN_CHECK = 1.0
+# Slurm's states of a task whose part runs or is starting
+RUNNING_STATES = frozenset({"RUNNING", "CONFIGURING"})
 
 
 class PartError(RuntimeError):
@@ -102,6 +114,20 @@ def min_parts(env: dict[str, str] | os._Environ = os.environ) -> int:
     return int(value)
 
 
+def running_parts(job: int, own: int) -> int | None:
+    """How many of `job`'s parts (its array's tasks) Slurm runs, as squeue says; None when
+    that cannot be told: Slurm cannot be asked, or its answer does not have the asking part's
+    own task (`own`, its SLURM_JOB_ID) running."""
+    from ..slurm import SlurmError, backend
+
+    try:
+        tasks = backend().jobs([job])
+    except (SlurmError, OSError):
+        return None
+    running = {t.job_id for t in tasks if t.array_job_id == job and t.state in RUNNING_STATES}
+    return len(running) if own in running else None
+
+
 def leave_on(signum: int = signal.SIGTERM) -> None:
     """At the notice, leave: die of the signal at once, as Slurm expects of a preempted task
     (a part that exits 0 ends its task COMPLETED, and nothing requeues it), in the middle of
@@ -121,18 +147,23 @@ class Part:
     resumed_at: int | None = None  # the step this part resumed from a checkpoint at, if it did
     min_parts: int = 1
     quorum_timeout: timedelta = QUORUM_TIMEOUT
+    # how many of the job's parts Slurm runs (None: it cannot tell); None: never asked
+    running: Callable[[], int | None] | None = None
     _first: bool = True
     _saved: int = 0  # the step it committed last
+    # Between the main thread, which waits for quorums, and the thread that asks Slurm while
+    # it waits: when a wait began (None: not waiting), and whether one of them is leaving.
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+    _waiting_since: float | None = None
+    _leaving: bool = False
+    _watcher: threading.Thread | None = None
 
     def share(self, batch_size: int) -> slice | None:
         """This part's rows of the global batch at the current step; None while it heals. At
         this process's first step, after the quorum: if every part of it is at step 0 (none
         was ahead to heal from) and the job has a checkpoint, it resumes from the newest.
-        No quorum of MIN parts within the quorum timeout: the part leaves (below_min)."""
-        try:
-            rank = self.manager.participating_rank()  # waits for this step's quorum
-        except TimeoutError:
-            self.below_min()
+        Fewer than MIN parts: the part leaves (below_min)."""
+        rank = self._quorum_rank()
         if rank is None or not self.manager.is_participating():
             self._first = False
             return None
@@ -140,6 +171,48 @@ class Part:
             self._first = False
             self._resume()
         return batch_share(batch_size, rank, self.manager.num_participants())
+
+    def _quorum_rank(self) -> int | None:
+        """Wait for this step's quorum; this part's participating rank in it. Once the part
+        has been in a quorum, a thread asks Slurm while it waits (_watch): fewer than MIN
+        parts running, and it leaves at once. No quorum within the quorum timeout: it leaves."""
+        watch = not self._first and self.running is not None
+        if watch:
+            if self._watcher is None:
+                self._watcher = threading.Thread(target=self._watch, name="hai-below-min", daemon=True)
+                self._watcher.start()
+            with self._lock:
+                self._waiting_since = time.monotonic()
+        try:
+            return self.manager.participating_rank()
+        except TimeoutError:
+            self.below_min(f"for {self.quorum_timeout.total_seconds():.0f} s")
+        finally:
+            with self._lock:
+                self._waiting_since = None
+                leaving = self._leaving
+            if leaving:
+                threading.Event().wait()  # the watcher commits and ends the process
+
+    def _watch(self) -> None:
+        """While the main thread has waited BELOW_MIN_AFTER s for a quorum, ask Slurm every
+        BELOW_MIN_CHECK s how many of the job's parts run: fewer than MIN, leave. The state it
+        commits then is the last committed step's: the main thread waits in the quorum, after
+        zero_grad, and does not go on while this thread leaves."""
+        assert self.running is not None
+        while True:
+            time.sleep(BELOW_MIN_CHECK)
+            with self._lock:
+                since = self._waiting_since
+            if since is None or time.monotonic() - since < BELOW_MIN_AFTER:
+                continue
+            running = self.running()
+            if running is None or running >= self.min_parts:
+                continue
+            with self._lock:
+                if self._waiting_since is None:
+                    continue  # the quorum came meanwhile
+            self.below_min(f"(Slurm runs {running} of the job's parts)")
 
     def _resume(self) -> None:
         """Every participant of a step-0 quorum takes this path together: none is ahead, so
@@ -155,19 +228,23 @@ class Part:
         self.manager.load_state_dict(state["torchft"])
         self.resumed_at = self.manager.current_step()
 
-    def below_min(self) -> NoReturn:
-        """Fewer than MIN parts for the quorum timeout: the job cannot train, and this part
-        leaves so that the job waits in the queue instead of holding nodes. With a checkpoint
-        directory it first commits its state, the job's last committed step (every part that
-        leaves so holds the same one: the store keeps the first commit of a step), unless that
-        step is committed already or is step 0. Exits EXIT_BELOW_MIN; its task is requeued."""
+    def below_min(self, why: str) -> NoReturn:
+        """Fewer than MIN parts (`why` says how it was found): the job cannot train, and this
+        part leaves so that the job waits in the queue instead of holding nodes. With a
+        checkpoint directory it first commits its state, the job's last committed step (every
+        part that leaves so holds the same one: the store keeps the first commit of a step),
+        unless that step is committed already or is step 0. Exits EXIT_BELOW_MIN; its task is
+        requeued. The first of the part's threads to call it leaves; another waits for that."""
+        with self._lock:
+            leaving, self._leaving = self._leaving, True
+        if leaving:
+            threading.Event().wait()
         step = self.manager.current_step()
         saved = ""
         if self.checkpoints is not None and step > 0 and step != self._saved and self._commit(step):
             saved = f"; committed step {step}"
-        print(f"slurm-hai: part {self.index} of job {self.job}: fewer than {self.min_parts} parts for "
-              f"{self.quorum_timeout.total_seconds():.0f} s{saved}; it leaves, and the job waits for "
-              f"{self.min_parts} nodes", file=sys.stderr, flush=True)
+        print(f"slurm-hai: part {self.index} of job {self.job}: fewer than {self.min_parts} parts {why}{saved}; "
+              f"it leaves, and the job waits for {self.min_parts} nodes", file=sys.stderr, flush=True)
         self.exit(EXIT_BELOW_MIN)  # as at its notice: no clean-up of torchft's threads to wait for
 
     def exit(self, code: int = 0) -> NoReturn:
@@ -263,8 +340,9 @@ def join(state_dict: Callable[[], Any], load_state_dict: Callable[[Any], None], 
     service at `service`, default $HAI_LIGHTHOUSE_SERVICE), with a store of its own on this
     host. One process per part. `checkpoint_dir`: the job's durable checkpoints, on a file
     system every node sees (Part.save_every, and the resume in Part.share). A quorum needs
-    the job's MIN parts (HAI_PARTS_MIN): the first parts of a job wait for MIN, and a part
-    that waits longer than `quorum_timeout` leaves (Part.below_min)."""
+    the job's MIN parts (HAI_PARTS_MIN): the first parts of a job wait for MIN, a part that
+    waits longer than `quorum_timeout` leaves, and so does one that trained when Slurm runs
+    fewer than MIN of the job's parts (Part.below_min)."""
     from torch.distributed import TCPStore
     from torchft import Manager, ProcessGroupGloo
 
@@ -286,5 +364,6 @@ def join(state_dict: Callable[[], Any], load_state_dict: Callable[[Any], None], 
         from ..checkpoint import CheckpointManager
 
         checkpoints = CheckpointManager(checkpoint_dir, keep_last=2)
+    own = int(env.get("SLURM_JOB_ID") or 0)
     return Part(job, index, manager, store, checkpoints, load_state_dict, state_dict, min_parts=least,
-                quorum_timeout=quorum_timeout)
+                quorum_timeout=quorum_timeout, running=lambda: running_parts(job, own))

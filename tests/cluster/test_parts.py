@@ -165,8 +165,9 @@ def test_the_jobs_lighthouse_lost_every_part_is_requeued_and_the_job_resumes_fro
 
 def test_below_min_the_last_part_commits_and_leaves_and_the_job_resumes_from_that_commit(live, tmp_path):
     # -n 2:3 at LOW: a 3-node NORMAL job takes two parts' nodes (and the idle fourth); the part left
-    # alone is below MIN: it trains no step, and after its quorum timeout (8 s here) commits
-    # the job's state and leaves, its task requeued by its script. The job waits whole; when
+    # alone is below MIN: it trains no step, finds that Slurm runs one of the job's parts and
+    # at once (not after its quorum timeout, 60 s) commits the job's state and leaves, its
+    # task requeued by its script. The job waits whole; when
     # NORMAL ends, the first MIN parts to start resume from that commit together (a third that
     # starts later heals from them, or finds the job ended), and the job ends as one process would
     out = live.shared_dir("parts-min", owner=ALICE)
@@ -174,7 +175,7 @@ def test_below_min_the_last_part_commits_and_leaves_and_the_job_resumes_from_tha
     try:
         p = live.run(["hai-submit", "--json", "--in-place", "-n", "2:3", "-p", "LOW", str(EXAMPLE), "--steps",
                       str(STEPS), "--step-sleep", "0.2", "--hurry", str(out / "hurry"), "--out", str(out),
-                      "--checkpoint-dir", str(out / "ckpt"), "--save-every", "20", "--quorum-timeout", "8"],
+                      "--checkpoint-dir", str(out / "ckpt"), "--save-every", "20"],
                      user=ALICE)
         array, job_dir = json.loads(p.stdout)["job_id"], Path(json.loads(p.stdout)["job_dir"])
         wait_for(lambda: any(r["event"] == "saved" for r in rows(out)), 240, "a commit of the three", 0.3)
@@ -183,6 +184,7 @@ def test_below_min_the_last_part_commits_and_leaves_and_the_job_resumes_from_tha
                          "two parts to leave for the NORMAL job, and the third below MIN", 0.3)
         left = named(job_dir, "left")
         assert len(below) == 1 and len(left) == 3 and below[0]["t"] == max(e["t"] for e in left), left
+        assert below[0]["t"] - min(e["t"] for e in left) < 20, left  # at once, not after 60 s
         done = max(r["step"] for r in rows(out) if r["event"] == "step" and r["committed"]) + 1
         live.run(["scancel", str(higher)])
         resumed = wait_for(lambda: found if len(found := [r for r in rows(out) if r["event"] == "resumed"]) >= 2

@@ -32,7 +32,9 @@ def render(argv: Sequence[str], rows: Sequence[dict[str, str]]) -> str:
     fields, sep = asked(argv)
     wanted = [a.split("=", 1)[1].split(",") for a in argv if a.startswith("--jobs=")]
     users = [a.split("=", 1)[1] for a in argv if a.startswith("--user=")]
-    rows = [r for r in rows if (not wanted or r["JobId"] in wanted[0]) and (not users or r["UserName"] in users)]
+    # --jobs=ID: that job, or every task of the array of that id
+    rows = [r for r in rows if (not wanted or r["JobId"] in wanted[0] or r.get("ArrayJobID") in wanted[0])
+            and (not users or r["UserName"] in users)]
     # a job of no array: squeue prints its own id as ArrayJobID (rows recorded before
     # slurm-hai asked for that field have none)
     return "".join("".join(row.get(f, row.get("JobId", "") if f == "ArrayJobID" else "") + sep for f in fields) + "\n"

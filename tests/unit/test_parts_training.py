@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from slurm_hai.controller.lighthouse import Service, serve
+from squeue_text import fake_squeue, recorded_rows
 from slurm_hai.runtime.parts import EXIT_BELOW_MIN, batch_share
 
 STEPS, BATCH, FEATURES = 120, 12, 6
@@ -262,15 +263,30 @@ def test_a_lost_lighthouse_every_part_leaves_and_the_job_resumes_from_its_last_c
     assert max(abs(a - b) for a, b in zip(ends[0], reference())) < 1e-9
 
 
-def test_below_min_no_part_trains_and_the_job_resumes_from_the_commit_of_the_part_that_left(parts, tmp_path):
+def in_slurm(bin_dir: Path, running: int, pending: int) -> dict[str, str]:
+    """A fake squeue on PATH for the parts, in which Slurm runs job 7's tasks 1007.. (the
+    first is the part given SLURM_JOB_ID=1007) and holds the rest pending."""
+    (row,) = [r for r in recorded_rows("22.05.8") if r["State"] == "RUNNING"][:1]
+    rows = [{**row, "JobId": str(1007 + k), "ArrayJobID": "7", "State": "RUNNING" if k < running else "PENDING"}
+            for k in range(running + pending)]
+    bin_dir.mkdir()
+    fake_squeue(bin_dir, rows)
+    return {"PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "1007", "HAI_SLURM_BACKEND": "cli"}
+
+
+@pytest.mark.parametrize("found", ["in Slurm", "by its quorum timeout"])
+def test_below_min_no_part_trains_and_the_job_resumes_from_the_commit_of_the_part_that_left(parts, tmp_path, found):
     """MIN 2 of 2. Part 0 starts alone and waits: its first step is one of two. After two
-    commits part 1 leaves at its notice; part 0, below MIN, waits out its quorum timeout,
-    commits the job's last committed step and exits EXIT_BELOW_MIN (its task would be
-    requeued). Both start again, resume from that commit and end as one process would."""
+    commits part 1 leaves at its notice; part 0, below MIN, commits the job's last committed
+    step and exits EXIT_BELOW_MIN (its task would be requeued): at once when Slurm says that
+    it runs one of the job's parts (a fake squeue here; its quorum timeout is 60 s), else
+    after its quorum timeout (20 s). Both start again, resume from that commit and end as one
+    process would."""
     out, ckpt = parts.out, tmp_path / "ckpt"
-    env = {"CKPT": str(ckpt), "SAVE_EVERY": "10", "HAI_PARTS_MIN": "2", "QUORUM_S": "30"}
+    env = {"CKPT": str(ckpt), "SAVE_EVERY": "10", "HAI_PARTS_MIN": "2", "QUORUM_S": "20"}
+    slurm = in_slurm(tmp_path / "bin", running=1, pending=1) if found == "in Slurm" else {}
     with stderr_on_failure(out):
-        procs = [parts(0, **env)]
+        procs = [parts(0, **{**env, **slurm, "QUORUM_S": "60" if slurm else "20"})]
         wait_for("part 0 to join", lambda: any(r["event"] == "joined" for r in records(out)), procs)
         procs.append(parts(1, **env))
         wait_for("two commits", lambda: len([r for r in records(out) if r["event"] == "saved"]) >= 2, procs)
@@ -278,9 +294,16 @@ def test_below_min_no_part_trains_and_the_job_resumes_from_the_commit_of_the_par
         assert first[0]["step"] == 0 and {r["n"] for r in first} == {2}  # never alone
         procs[1].send_signal(signal.SIGTERM)
         assert procs[1].wait(30) == -signal.SIGTERM
+        left = time.monotonic()
         assert procs[0].wait(120) == EXIT_BELOW_MIN
+        waited = time.monotonic() - left
         done = max(r["step"] for r in records(out) if r["event"] == "step" and r["committed"]) + 1
-        assert "slurm-hai: part 0 of job 7: fewer than 2 parts for 30 s" in (out / "stderr0").read_text()
+        said = (out / "stderr0").read_text()
+        if slurm:
+            assert "slurm-hai: part 0 of job 7: fewer than 2 parts (Slurm runs 1 of the job's parts)" in said
+            assert waited < 15, waited  # not its quorum timeout
+        else:
+            assert "slurm-hai: part 0 of job 7: fewer than 2 parts for 20 s" in said and waited >= 19
         assert not [r for r in records(out) if r["event"] == "end"]
         procs = [parts(0, **env), parts(1, **env)]
         for p in procs:
