@@ -405,7 +405,9 @@ class CheckpointManager:
         fast_error: CheckpointError | None = None
         for store in targets:
             try:
-                known = self._write_tier(store, step, staged, known)
+                known, committed = self._write_tier(store, step, staged, known)
+                if store is self.durable and not committed:
+                    handle.skipped = True  # another writer committed the step first: it is kept
             except CheckpointError as exc:
                 if store is not self.fast:
                     raise
@@ -441,17 +443,19 @@ class CheckpointManager:
 
     def _write_tier(
         self, store: CheckpointStore, step: int, staged: list[StagedFile], known: dict[str, FileEntry]
-    ) -> dict[str, FileEntry]:
+    ) -> tuple[dict[str, FileEntry], bool]:
+        """Write and commit the step to one tier: the files' entries, and whether this commit
+        made it (False: the step was committed there meanwhile, and that one is kept)."""
         staging = store.new_staging(step)
         self._active_staging.add(staging)
         try:
             entries = self._write_files(staging, staged, known)
-            store.commit(staging, self._single_manifest(step, entries))
+            committed = store.commit(staging, self._single_manifest(step, entries)) is not None
         except OSError as exc:
             raise describe_os_error(exc, f"writing step {step} to {store.root}") from exc
         finally:
             self._active_staging.release(store, staging)
-        return entries
+        return entries, committed
 
     def housekeeping(self, stores: list[CheckpointStore]) -> None:
         """Retention and stale-staging cleanup; never fails a save, only logs."""

@@ -15,7 +15,8 @@ preemption signals it (not this script): it dies of the notice (runtime/parts.py
 `leave_on`), and its task is requeued: by Slurm as this script ends (24.05 and later), or
 by this script (before 24.05 Slurm would end it FAILED). A part that leaves because fewer
 than the job's MIN parts could train (runtime/parts.py, EXIT_BELOW_MIN) is requeued by this
-script on every version. The part's output goes to the job's
+script on every version, and so is one that leaves because its lighthouse cannot be reached
+(EXIT_LIGHTHOUSE_LOST), as when this script finds the lighthouse lost. The part's output goes to the job's
 rank log of its number (`logs/rank-<part>.log`: `hai logs JOB --rank P`). The first part that ends its
 training writes the job's end (final.json) and cancels the parts that wait in the queue; a
 task that starts after that runs nothing.
@@ -35,7 +36,7 @@ from ..policy.tags import PARTS, parse_parts
 from ..slurm import SlurmError, backend
 from .batch import wait_to_be_requeued
 from .contract import restart_count
-from .parts import EXIT_BELOW_MIN, MIN_ENV, SERVICE_ENV, PartError, ask, job_and_part, min_parts
+from .parts import EXIT_BELOW_MIN, EXIT_LIGHTHOUSE_LOST, MIN_ENV, SERVICE_ENV, PartError, ask, job_and_part, min_parts
 
 # How often each part's task asks the lighthouse service whether the job's lighthouse lives.
 LIGHTHOUSE_WATCH_EVERY = 2.0
@@ -94,6 +95,8 @@ def main(argv: list[str] | None = None) -> int:
             print(f"slurm-hai: part {part}: the waiting parts of job {array} stay queued ({e}); "
                   "each ends at its start", flush=True)
         return 0
+    if rc == EXIT_LIGHTHOUSE_LOST:  # the part found it so itself (the service may be away)
+        lost.set()
     requeue = lost.is_set() or rc == EXIT_BELOW_MIN  # not Slurm's preemption: Slurm would end it
     if lost.is_set():
         # every part of the job leaves so: they come back under a new lighthouse, and with no

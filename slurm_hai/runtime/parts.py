@@ -53,6 +53,7 @@ import sys
 import threading
 import time
 import urllib.error
+import urllib.parse
 import urllib.request
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -68,12 +69,16 @@ QUORUM_TIMEOUT = timedelta(seconds=60)
 # A part that found fewer than MIN parts exits so (EX_TEMPFAIL): its task is requeued
 # (runtime/part_task.py), and the job waits in the queue for MIN nodes
 EXIT_BELOW_MIN = 75
-# A part that trained and has waited this long for a quorum asks Slurm how many of the job's
-# parts run, and again every BELOW_MIN_CHECK s while it waits. With MIN parts alive a quorum
-# forms within about a second (the lighthouse's heartbeat timeout and tick); a part that is
-# starting runs in Slurm already, so the parts wait for it instead of leaving.
-BELOW_MIN_AFTER = 2.0
-BELOW_MIN_CHECK = 1.0
+# A part whose lighthouse cannot be reached exits so (EX_UNAVAILABLE): its task is requeued,
+# and the job comes back under a new lighthouse
+EXIT_LIGHTHOUSE_LOST = 69
+# A part that trained and has waited this long for a quorum looks whether its lighthouse can
+# be reached and asks Slurm how many of the job's parts run, and again every WATCH_EVERY s
+# while it waits. With MIN parts alive a quorum forms within about a second (the
+# lighthouse's heartbeat timeout and tick); a part that is starting runs in Slurm already,
+# so the parts wait for it instead of leaving.
+WATCH_AFTER = 2.0
+WATCH_EVERY = 1.0
 # Slurm's states of a task whose part runs or is starting
 RUNNING_STATES = frozenset({"RUNNING", "CONFIGURING"})
 
@@ -128,6 +133,16 @@ def running_parts(job: int, own: int) -> int | None:
     return len(running) if own in running else None
 
 
+def reachable(address: str, timeout: float = 1.0) -> bool:
+    """Whether a lighthouse at `address` (http://host:port) takes a TCP connection."""
+    url = urllib.parse.urlsplit(address)
+    try:
+        with socket.create_connection((url.hostname, url.port), timeout=timeout):
+            return True
+    except (OSError, ValueError):
+        return False
+
+
 def leave_on(signum: int = signal.SIGTERM) -> None:
     """At the notice, leave: die of the signal at once, as Slurm expects of a preempted task
     (a part that exits 0 ends its task COMPLETED, and nothing requeues it), in the middle of
@@ -147,6 +162,7 @@ class Part:
     resumed_at: int | None = None  # the step this part resumed from a checkpoint at, if it did
     min_parts: int = 1
     quorum_timeout: timedelta = QUORUM_TIMEOUT
+    lighthouse: str = ""  # the address of the job's lighthouse (http://host:port)
     # how many of the job's parts Slurm runs (None: it cannot tell); None: never asked
     running: Callable[[], int | None] | None = None
     _first: bool = True
@@ -174,19 +190,22 @@ class Part:
 
     def _quorum_rank(self) -> int | None:
         """Wait for this step's quorum; this part's participating rank in it. Once the part
-        has been in a quorum, a thread asks Slurm while it waits (_watch): fewer than MIN
-        parts running, and it leaves at once. No quorum within the quorum timeout: it leaves."""
-        watch = not self._first and self.running is not None
-        if watch:
+        has been in a quorum, a thread watches while it waits (_watch): its lighthouse gone,
+        or fewer than MIN parts running, and it leaves at once. No quorum within the quorum
+        timeout: it leaves too."""
+        if not self._first:
             if self._watcher is None:
-                self._watcher = threading.Thread(target=self._watch, name="hai-below-min", daemon=True)
+                self._watcher = threading.Thread(target=self._watch, name="hai-part-watch", daemon=True)
                 self._watcher.start()
             with self._lock:
                 self._waiting_since = time.monotonic()
         try:
             return self.manager.participating_rank()
         except TimeoutError:
+            if not reachable(self.lighthouse):
+                self.lighthouse_lost()
             self.below_min(f"for {self.quorum_timeout.total_seconds():.0f} s")
+            raise  # not reached: either leaves the process
         finally:
             with self._lock:
                 self._waiting_since = None
@@ -195,24 +214,23 @@ class Part:
                 threading.Event().wait()  # the watcher commits and ends the process
 
     def _watch(self) -> None:
-        """While the main thread has waited BELOW_MIN_AFTER s for a quorum, ask Slurm every
-        BELOW_MIN_CHECK s how many of the job's parts run: fewer than MIN, leave. The state it
-        commits then is the last committed step's: the main thread waits in the quorum, after
-        zero_grad, and does not go on while this thread leaves."""
-        assert self.running is not None
+        """While the main thread has waited WATCH_AFTER s for a quorum, look every WATCH_EVERY
+        s: the lighthouse cannot be reached (it died; the lighthouse service, which would
+        hand out a new one, may be away too), or Slurm runs fewer than MIN of the job's parts:
+        leave. The state committed then is the last committed step's: the main thread waits
+        in the quorum, after zero_grad, and does not go on while this thread leaves."""
         while True:
-            time.sleep(BELOW_MIN_CHECK)
+            time.sleep(WATCH_EVERY)
             with self._lock:
                 since = self._waiting_since
-            if since is None or time.monotonic() - since < BELOW_MIN_AFTER:
+            if since is None or time.monotonic() - since < WATCH_AFTER:
                 continue
-            running = self.running()
-            if running is None or running >= self.min_parts:
+            if not reachable(self.lighthouse):
+                self.lighthouse_lost(while_waiting=True)
                 continue
-            with self._lock:
-                if self._waiting_since is None:
-                    continue  # the quorum came meanwhile
-            self.below_min(f"(Slurm runs {running} of the job's parts)")
+            running = self.running() if self.running is not None else None
+            if running is not None and running < self.min_parts:
+                self.below_min(f"(Slurm runs {running} of the job's parts)", while_waiting=True)
 
     def _resume(self) -> None:
         """Every participant of a step-0 quorum takes this path together: none is ahead, so
@@ -228,14 +246,30 @@ class Part:
         self.manager.load_state_dict(state["torchft"])
         self.resumed_at = self.manager.current_step()
 
-    def below_min(self, why: str) -> NoReturn:
+    def below_min(self, why: str, while_waiting: bool = False) -> None:
         """Fewer than MIN parts (`why` says how it was found): the job cannot train, and this
-        part leaves so that the job waits in the queue instead of holding nodes. With a
-        checkpoint directory it first commits its state, the job's last committed step (every
-        part that leaves so holds the same one: the store keeps the first commit of a step),
-        unless that step is committed already or is step 0. Exits EXIT_BELOW_MIN; its task is
-        requeued. The first of the part's threads to call it leaves; another waits for that."""
+        part leaves (_leave) so that the job waits in the queue instead of holding nodes.
+        Exits EXIT_BELOW_MIN; its task is requeued."""
+        self._leave(EXIT_BELOW_MIN, f"fewer than {self.min_parts} parts {why}",
+                    f"the job waits for {self.min_parts} nodes", while_waiting)
+
+    def lighthouse_lost(self, while_waiting: bool = False) -> None:
+        """The job's lighthouse cannot be reached: no quorum can form under it, and this
+        part leaves (_leave), as every part of the job does. Exits EXIT_LIGHTHOUSE_LOST; its
+        task is requeued, and the job comes back under a new lighthouse, from the last commit."""
+        self._leave(EXIT_LIGHTHOUSE_LOST, f"its lighthouse {self.lighthouse} cannot be reached",
+                    "the job comes back under a new one", while_waiting)
+
+    def _leave(self, code: int, why: str, then: str, while_waiting: bool) -> None:
+        """Leave the job: with a checkpoint directory, first commit this part's state, the
+        job's last committed step (every part that leaves holds the same one: the store
+        keeps the first commit of a step), unless that step is committed already or is step
+        0; then exit with `code`. The first of the part's threads to call it leaves (another
+        then waits for that); `while_waiting`: only while the main thread still waits for its
+        quorum (returns if the quorum came)."""
         with self._lock:
+            if while_waiting and self._waiting_since is None:
+                return
             leaving, self._leaving = self._leaving, True
         if leaving:
             threading.Event().wait()
@@ -243,9 +277,9 @@ class Part:
         saved = ""
         if self.checkpoints is not None and step > 0 and step != self._saved and self._commit(step):
             saved = f"; committed step {step}"
-        print(f"slurm-hai: part {self.index} of job {self.job}: fewer than {self.min_parts} parts {why}{saved}; "
-              f"it leaves, and the job waits for {self.min_parts} nodes", file=sys.stderr, flush=True)
-        self.exit(EXIT_BELOW_MIN)  # as at its notice: no clean-up of torchft's threads to wait for
+        print(f"slurm-hai: part {self.index} of job {self.job}: {why}{saved}; it leaves, and {then}",
+              file=sys.stderr, flush=True)
+        self.exit(code)  # as at its notice: no clean-up of torchft's threads to wait for
 
     def exit(self, code: int = 0) -> NoReturn:
         """End this part's process once its training is over and its results are written:
@@ -366,4 +400,4 @@ def join(state_dict: Callable[[], Any], load_state_dict: Callable[[Any], None], 
         checkpoints = CheckpointManager(checkpoint_dir, keep_last=2)
     own = int(env.get("SLURM_JOB_ID") or 0)
     return Part(job, index, manager, store, checkpoints, load_state_dict, state_dict, min_parts=least,
-                quorum_timeout=quorum_timeout, running=lambda: running_parts(job, own))
+                quorum_timeout=quorum_timeout, lighthouse=lighthouse, running=lambda: running_parts(job, own))

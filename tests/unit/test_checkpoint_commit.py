@@ -53,6 +53,18 @@ def test_commit_publishes_only_complete_immutable_step_dirs(tmp_path):
     assert (step_dir / "state.safetensors").read_bytes() == before
 
 
+def test_a_step_another_writer_commits_first_is_kept_and_the_later_save_says_skipped(tmp_path, monkeypatch):
+    # Two writers of the same step (the parts of an elastic job that leave together): both
+    # found it missing and wrote it; the one whose commit comes second keeps the first.
+    first, second = CheckpointManager(tmp_path), CheckpointManager(tmp_path)
+    monkeypatch.setattr(second, "_stores_missing", lambda step: [second.durable])  # it looked before `first` committed
+    assert not first.save(3, state_for(3)).skipped
+    before = (tmp_path / step_dir_name(3) / "state.safetensors").read_bytes()
+    assert second.save(3, state_for(99)).skipped
+    assert (tmp_path / step_dir_name(3) / "state.safetensors").read_bytes() == before
+    assert steps_on_disk(tmp_path) == [3]
+
+
 def test_directories_are_0700_and_files_0600(tmp_path):
     root = tmp_path / "ckpt"
     mgr = CheckpointManager(root, fast_dir=tmp_path / "fast")

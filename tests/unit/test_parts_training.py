@@ -22,7 +22,7 @@ import pytest
 
 from slurm_hai.controller.lighthouse import Service, serve
 from squeue_text import fake_squeue, recorded_rows
-from slurm_hai.runtime.parts import EXIT_BELOW_MIN, batch_share
+from slurm_hai.runtime.parts import EXIT_BELOW_MIN, EXIT_LIGHTHOUSE_LOST, batch_share
 
 STEPS, BATCH, FEATURES = 120, 12, 6
 
@@ -144,19 +144,31 @@ def test_a_batch_is_shared_whole_in_order(rows, parts):
 @pytest.fixture
 def parts(tmp_path):
     """start(index, **env): a part of job 7 as a process, under the job's lighthouse from a
-    lighthouse service in this process; the parts' records are in `start.out`."""
+    lighthouse service in this process; the parts' records are in `start.out`;
+    `start.service(False)` stops the service, `start.service(True)` starts it again."""
     state, out = tmp_path / "lighthouses", tmp_path / "out"
     out.mkdir()
     script = tmp_path / "part.py"
     script.write_text(PART)
     service = Service(state, ended=lambda ids: set())
     port: list[int] = []
-    stop = threading.Event()
-    threading.Thread(target=serve, args=(service, "127.0.0.1", 0, 60.0), kwargs={"ready": port.append, "stop": stop},
-                     daemon=True).start()
-    deadline = time.monotonic() + 10
-    while not port and time.monotonic() < deadline:
-        time.sleep(0.02)
+    stop = [threading.Event()]
+    thread: list[threading.Thread] = []
+
+    def serving(on: bool) -> None:
+        if not on:  # stopped, and its port closed
+            stop[0].set()
+            thread.pop().join(10)
+            return
+        stop[0] = threading.Event()
+        ready = threading.Event()
+        thread.append(threading.Thread(target=serve, args=(service, "127.0.0.1", port[0] if port else 0, 60.0),
+                                       kwargs={"ready": lambda p: (port[:1] or port.append(p), ready.set()),
+                                               "stop": stop[0]}, daemon=True))
+        thread[0].start()
+        assert ready.wait(10), "the lighthouse service did not start"
+
+    serving(True)
     env = {**os.environ, "HAI_LIGHTHOUSE_SERVICE": f"http://127.0.0.1:{port[0]}", "SLURM_ARRAY_JOB_ID": "7"}
     started: list[subprocess.Popen] = []
 
@@ -167,15 +179,17 @@ def parts(tmp_path):
         return started[-1]
 
     start.out = out  # type: ignore[attr-defined]
+    start.service = serving  # type: ignore[attr-defined]
     try:
         yield start
     finally:
-        stop.set()
+        stop[0].set()
         for p in started:
             if p.poll() is None:
                 p.kill()
         for path in state.glob("*.json"):
-            os.kill(json.loads(path.read_text())["pid"], signal.SIGKILL)
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(json.loads(path.read_text())["pid"], signal.SIGKILL)
 
 
 @pytest.mark.parametrize("leaves", ["at its notice", "killed in an allreduce"])
@@ -226,11 +240,14 @@ def test_a_part_leaves_the_others_train_on_it_heals_and_all_end_as_one_process(p
 
 
 def test_a_lost_lighthouse_every_part_leaves_and_the_job_resumes_from_its_last_commit_exact(parts, tmp_path):
-    """The job's lighthouse dies. Its parts leave (on a cluster each task's script sees the
-    service hand out a new lighthouse and ends its part: runtime/part_task.py; here the test
-    sends that SIGTERM). Started again, the parts get a new lighthouse, meet at step 0 with
-    nobody ahead, resume from the last commit (one part commits every 10 steps) and end as
-    one process would, bitwise equal."""
+    """The job's lighthouse dies while the lighthouse service is away too (were it there,
+    each task's script would end its part as the service hands out a new lighthouse:
+    runtime/part_task.py, tests/cluster/test_parts.py). The parts find it cannot be reached
+    as they wait for their next quorum (their quorum timeout is 60 s): each commits the job's
+    last committed step and leaves with EXIT_LIGHTHOUSE_LOST (on a cluster its task is
+    requeued). Started again with the service back, the parts get a new lighthouse, meet at
+    step 0 with nobody ahead, resume from that commit and end as one process would, bitwise
+    equal."""
     out, ckpt = parts.out, tmp_path / "ckpt"
     env = {"CKPT": str(ckpt), "SAVE_EVERY": "10"}
     (out / "hold").touch()
@@ -239,15 +256,21 @@ def test_a_lost_lighthouse_every_part_leaves_and_the_job_resumes_from_its_last_c
         wait_for("the three to join", lambda: sum(r["event"] == "joined" for r in records(out)) == 3, procs)
         (out / "hold").unlink()
         wait_for("two commits", lambda: len([r for r in records(out) if r["event"] == "saved"]) >= 2, procs)
+        parts.service(False)
         lighthouse = json.loads(next((tmp_path / "lighthouses").glob("*.json")).read_text())["pid"]
         os.kill(lighthouse, signal.SIGKILL)
+        lost = time.monotonic()
         for p in procs:
-            p.send_signal(signal.SIGTERM)
-            assert p.wait(30) == -signal.SIGTERM
+            assert p.wait(60) == EXIT_LIGHTHOUSE_LOST
+        assert time.monotonic() - lost < 20  # not their quorum timeout
         rows = records(out)
-        last = max(r["step"] for r in rows if r["event"] == "saved")
         done = max(r["step"] for r in rows if r["event"] == "step" and r["committed"]) + 1
-        assert not [r for r in rows if r["event"] == "end"] and last % 10 == 0 and last <= done
+        said = [(out / f"stderr{i}").read_text() for i in range(3)]
+        assert all("cannot be reached" in text and "it leaves, and the job comes back under a new one" in text
+                   for text in said)
+        assert sum(f"committed step {done};" in text for text in said) <= 1  # or the periodic commit had it
+        assert not [r for r in rows if r["event"] == "end"]
+        parts.service(True)
         (out / "hold").touch()
         procs = [parts(i, **env) for i in range(3)]
         wait_for("the three to join again", lambda: sum(r["event"] == "joined" for r in records(out)) == 6, procs)
@@ -255,9 +278,9 @@ def test_a_lost_lighthouse_every_part_leaves_and_the_job_resumes_from_its_last_c
         for p in procs:
             assert p.wait(180) == 0
     rows = records(out)
-    assert sorted(r["part"] for r in rows if r["event"] == "resumed" and r["step"] == last) == [0, 1, 2]
+    assert sorted(r["part"] for r in rows if r["event"] == "resumed" and r["step"] == done) == [0, 1, 2]
     for part in range(3):  # the second run takes up at the commit, not at step 0
-        assert [r["step"] for r in second_run(rows, part) if r["event"] == "step"][0] == last
+        assert [r["step"] for r in second_run(rows, part) if r["event"] == "step"][0] == done
     ends = {r["part"]: [float.fromhex(w) for w in r["weights"]] for r in rows if r["event"] == "end"}
     assert ends[0] == ends[1] == ends[2]  # bitwise
     assert max(abs(a - b) for a, b in zip(ends[0], reference())) < 1e-9
