@@ -11,7 +11,7 @@ system every node of the job sees (by default ~/.hai/jobs/<job id>):
     threads               threads per process of every run, fixed by the first (runtime/launcher.py)
     submit_token          which submission owns this directory (see JobDir.claim)
     suspend.<K>           run K ended by a suspend (go_suspend or forced), not a failure
-    retries_used          how many --retries were spent
+    retries_used          how many --retries were spent (retries_used.lock: one at a time)
     final.json            the job ended for good: {"state": succeeded|failed|stopped, ...}
 
 The batch script's own output (Slurm's --output) is `<root>/batch-<job id>.log`, beside the
@@ -20,6 +20,7 @@ job directory: Slurm opens it before the directory exists.
 
 from __future__ import annotations
 
+import fcntl
 import functools
 import json
 import os
@@ -179,14 +180,23 @@ class JobDir:
             write_atomic(self.path / "final.json",
                          json.dumps({"state": state, "exit_code": exit_code, "reason": reason, "t": time.time()}))
 
-    def retries_used(self) -> int:
+    def take_retry(self, allowed: int) -> int | None:
+        """Spend one of the job's `allowed` retries: the number of the retry taken, None
+        when all are spent. One at a time (an flock on retries_used.lock): the parts of a
+        job in place that fail together share one count."""
+        fd = os.open(self.path / "retries_used.lock", os.O_WRONLY | os.O_CREAT, 0o600)
         try:
-            return int((self.path / "retries_used").read_text())
-        except (FileNotFoundError, ValueError):
-            return 0
-
-    def set_retries_used(self, n: int) -> None:
-        write_atomic(self.path / "retries_used", str(n))
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                used = int((self.path / "retries_used").read_text())
+            except (FileNotFoundError, ValueError):
+                used = 0
+            if used >= allowed:
+                return None
+            write_atomic(self.path / "retries_used", str(used + 1))
+            return used + 1
+        finally:
+            os.close(fd)
 
     # -- whole-life state ---------------------------------------------------------
     def whole_life_state(self) -> int:

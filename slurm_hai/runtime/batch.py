@@ -189,11 +189,10 @@ def main(argv: list[str] | None = None) -> int:
     if ending:
         jobdir.event("killed", run=run, exit_code=rc)
         return rc
-    used = jobdir.retries_used()
-    if used < args.retries:
-        jobdir.set_retries_used(used + 1)
-        jobdir.event("retry", run=run, exit_code=rc, retry=used + 1, of=args.retries)
-        print(f"slurm-hai: run {run} failed (exit {rc}); retry {used + 1} of {args.retries}", flush=True)
+    retry = jobdir.take_retry(args.retries)
+    if retry is not None:
+        jobdir.event("retry", run=run, exit_code=rc, retry=retry, of=args.retries)
+        print(f"slurm-hai: run {run} failed (exit {rc}); retry {retry} of {args.retries}", flush=True)
         slurm.requeue(job_id)
         return wait_to_be_requeued(ending)
     jobdir.set_final("failed", rc, reason=failure_reason(jobdir, run, rc))

@@ -47,6 +47,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--job-dir", help="the job's directory, which its parts share (default: the user's job "
                     "root, $HAI_HOME/jobs or ~/.hai/jobs, and the array's id)")
     ap.add_argument("--gpus", type=int, default=0)
+    ap.add_argument("--retries", type=int, default=0, help="how many times the job's parts may fail on their own "
+                    "and be requeued, all parts together (hai-submit --retries)")
     ap.add_argument("cmd", nargs=argparse.REMAINDER)
     args = ap.parse_args(argv)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
@@ -116,7 +118,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"slurm-hai: part {part} run {run} ended (exit {rc}{', preempted' if preempted else ''}); "
               "the other parts train on", flush=True)
         if not preempted:
-            return rc  # its own failure: the task ends, the other parts go on
+            # its own failure (not Slurm ending the task: a cancel signals this script too):
+            # requeued while the job has retries left, else the task ends; the others go on
+            retry = None if ending else jobdir.take_retry(args.retries)
+            if retry is None:
+                return rc
+            jobdir.event("retry", run=run, part=part, exit_code=rc, retry=retry, of=args.retries)
+            print(f"slurm-hai: part {part} run {run} failed (exit {rc}); retry {retry} of {args.retries}", flush=True)
+            requeue = True
     try:
         if not requeue and slurm.requeued_when_batch_ends(job_id):
             return rc

@@ -191,7 +191,7 @@ def test_in_place_is_a_job_array_of_one_node_parts_under_the_sites_lighthouse_se
     assert rc == 2 and "--in-place: this cluster runs no lighthouse service (the policy's [elastic] lighthouse_service)" \
         in out, out
     (tmp_path / "policy.toml").write_text('[elastic]\nlighthouse_service = "http://ctl:29510"\n')
-    rc, out = dry_run("--in-place", "-n", "1:2", str(script), "--lr", "0.1")
+    rc, out = dry_run("--in-place", "-n", "1:2", "--retries", "3", str(script), "--lr", "0.1")
     assert rc == 0, out
     lines = out.splitlines()
     for line in ("#SBATCH --array=0-1", "#SBATCH --nodes=1", "#SBATCH --requeue",
@@ -201,9 +201,10 @@ def test_in_place_is_a_job_array_of_one_node_parts_under_the_sites_lighthouse_se
     assert not [ln for ln in lines if ln.startswith("#SBATCH --signal") or "hai-nodes" in ln]  # the notice: SIGTERM
     argv = exec_line(out)
     assert argv[2:5] == ["-m", "slurm_hai.runtime.part_task", f"--job-dir={tmp_path / 'hai' / 'jobs'}/$SLURM_ARRAY_JOB_ID"]
+    assert "--retries=3" in argv[:argv.index(str(script))]  # the job's retries, which its parts share
     assert argv[argv.index(str(script)) + 1:] == ["--lr", "0.1"]
     for argv, needle in ((["-n", "2"], "--in-place needs a node range MIN:MAX (one part per node), got -n 2"),
                          (["-n", "1:2", "--torchrun"], "--in-place runs a Python script of parts"),
-                         (["-n", "1:2", "--time", "10"], "--in-place jobs take no --time or --retries yet")):
+                         (["-n", "1:2", "--time", "10"], "--in-place jobs take no --time yet")):
         rc, out = dry_run("--in-place", *argv, str(script))
         assert rc == 2 and needle in out and "Traceback" not in out, (argv, out)

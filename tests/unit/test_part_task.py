@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import threading
 from types import SimpleNamespace
 
@@ -104,6 +105,37 @@ def test_a_part_that_leaves_below_min_is_requeued_one_that_fails_is_not(monkeypa
     left = [e for e in map(json.loads, (tmp_path / "7" / "events.jsonl").read_text().splitlines())
             if e.get("event") == "left"]
     assert len(left) == 1 and left[0]["part"] == 1 and left[0].get("below_min", False) == requeued
+
+
+def test_a_part_that_fails_on_its_own_is_requeued_while_the_job_has_retries_left(monkeypatch, tmp_path):
+    # --retries 2 for the whole job: two failures of its parts are requeued (events `left` and
+    # `retry`), the third ends its task; a part that Slurm ends (a cancel: this script gets
+    # SIGTERM too) spends none
+    monkeypatch.setattr(part_task, "wait_to_be_requeued", lambda ending: 0)
+    monkeypatch.setattr(part_task, "_output_to_rank_log", lambda jobdir, run, part: None)
+    monkeypatch.setattr(part_task, "ask", away)
+    monkeypatch.delenv("HAI_SUBMIT_TOKEN", raising=False)
+    monkeypatch.setenv("HAI_LIGHTHOUSE_SERVICE", "http://svc:1")
+    codes, requeued = [], []
+    pytests = signal.getsignal(signal.SIGTERM)  # the part task sets its own; pytest gets its own back
+    try:
+        for task, cancelled in ((71, True), (72, False), (73, False), (71, False)):
+            for key, value in {"SLURM_ARRAY_JOB_ID": "7", "SLURM_ARRAY_TASK_ID": str(task - 71),
+                               "SLURM_JOB_ID": str(task), "SLURM_RESTART_COUNT": "0", "HAI_PARTS_MIN": "1"}.items():
+                monkeypatch.setenv(key, value)
+            slurm = Slurm(step_rc=3)
+            if cancelled:  # Slurm ends the task as its part fails: the script gets SIGTERM too
+                slurm.run_step = lambda *a, slurm=slurm: (os.kill(os.getpid(), signal.SIGTERM), 3)[1]
+            monkeypatch.setattr(part_task, "backend", lambda slurm=slurm: slurm)
+            codes.append(part_task.main([f"--job-dir={tmp_path / '7'}", "--retries=2", "--", "python", "train.py"]))
+            requeued.append(slurm.requeues)
+    finally:
+        signal.signal(signal.SIGTERM, pytests)
+    assert codes == [3, 0, 0, 3] and requeued == [[], [72], [73], []]
+    events = [json.loads(line) for line in (tmp_path / "7" / "events.jsonl").read_text().splitlines()]
+    assert [(e["part"], e["retry"], e["of"]) for e in events if e["event"] == "retry"] == [(1, 1, 2), (2, 2, 2)]
+    assert len([e for e in events if e["event"] == "left" and not e["preempted"]]) == 4
+    assert (tmp_path / "7" / "retries_used").read_text() == "2"
 
 
 def away(service, job, min_parts):
