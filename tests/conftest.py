@@ -286,6 +286,8 @@ ONE_VERSION = {
     "test_parts.py::test_the_jobs_lighthouse_lost_every_part_is_requeued_and_the_job_resumes_from_its_last_commit",
     # Below MIN: the same requeue by the task's own script, and the resume (torchft's and ours)
     "test_parts.py::test_below_min_the_last_part_commits_and_leaves_and_the_job_resumes_from_that_commit",
+    # A part's retry: the same requeue by the task's own script, and the heal (torchft's)
+    "test_parts.py::test_a_part_that_fails_on_its_own_is_requeued_with_retries_and_rejoins_from_a_live_peer",
 }
 
 

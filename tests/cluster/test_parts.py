@@ -204,6 +204,51 @@ def test_below_min_the_last_part_commits_and_leaves_and_the_job_resumes_from_tha
     assert_ends_as_one_process(out, tmp_path, least=2)
 
 
+# examples/parts_train.py, whose part 1 fails (exit 3) in its first run once it has trained 10
+# steps with the others
+FAILS_ONCE = """import json, os, pathlib, runpy, sys, threading, time
+example, out = sys.argv[1], pathlib.Path(sys.argv[sys.argv.index("--out") + 1])
+if os.environ["SLURM_ARRAY_TASK_ID"] == "1" and os.environ.get("SLURM_RESTART_COUNT", "0") == "0":
+    def fail():
+        log = out / "part1.log"
+        while sum('"step"' in line for line in (log.read_text().splitlines() if log.exists() else [])) < 10:
+            time.sleep(0.1)
+        os._exit(3)
+    threading.Thread(target=fail, daemon=True).start()
+sys.argv = sys.argv[1:]
+runpy.run_path(example, run_name="__main__")
+"""
+
+
+def test_a_part_that_fails_on_its_own_is_requeued_with_retries_and_rejoins_from_a_live_peer(live, tmp_path):
+    # --retries 1: part 1 fails (exit 3) once it trained 10 steps with the others; its task is
+    # requeued (one retry spent), it rejoins and heals from a live peer while the other three
+    # never stop, and all end as one process would
+    out = live.shared_dir("parts-retry", owner=ALICE)
+    script = out / "fails_once.py"
+    script.write_text(FAILS_ONCE)
+    array = None
+    try:
+        p = live.run(["hai-submit", "--json", "--in-place", "-n", "2:4", "-p", "LOW", "--retries", "1", str(script),
+                      str(EXAMPLE), "--steps", str(STEPS), "--step-sleep", "0.2", "--hurry", str(out / "hurry"),
+                      "--out", str(out)], user=ALICE)
+        array, job_dir = json.loads(p.stdout)["job_id"], Path(json.loads(p.stdout)["job_dir"])
+        (retry,) = wait_for(lambda: named(job_dir, "retry"), 240, "part 1 to fail and be retried", 0.3)
+        healed = wait_for(lambda: [r for r in rows(out) if r["event"] == "healed" and r["part"] == 1
+                                   and r["t"] > retry["t"]], 120, "part 1 to rejoin and heal", 0.3)
+        (out / "hurry").touch()
+        final = wait_final(job_dir, 240)
+    finally:
+        if array is not None:
+            live.run(["scancel", str(array)], check=False)
+    assert (retry["part"], retry["exit_code"], retry["retry"], retry["of"]) == (1, 3, 1, 1)
+    (left,) = named(job_dir, "left")
+    assert left["part"] == 1 and left["exit_code"] == 3 and not left["preempted"]
+    assert final["state"] == "succeeded" and healed
+    assert [e["run"] for e in named(job_dir, "start") if e["part"] == 1] == [0, 1]
+    assert_ends_as_one_process(out, tmp_path, least=3)
+
+
 WAIT_FOR_FILE = """import pathlib, sys, time
 done = pathlib.Path(sys.argv[1])
 while not done.exists():
