@@ -34,7 +34,7 @@ from ..jobs.jobdir import JobDir, default_root
 from ..policy.model import PolicyError, find_policy
 from ..policy.tags import PARTS, parse_parts
 from ..slurm import SlurmError, backend
-from .batch import wait_to_be_requeued
+from .batch import requeued_by_slurm, wait_to_be_requeued
 from .contract import restart_count
 from .parts import EXIT_BELOW_MIN, EXIT_LIGHTHOUSE_LOST, MIN_ENV, SERVICE_ENV, PartError, ask, job_and_part, min_parts
 
@@ -118,9 +118,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"slurm-hai: part {part} run {run} ended (exit {rc}{', preempted' if preempted else ''}); "
               "the other parts train on", flush=True)
         if not preempted:
-            # its own failure (not Slurm ending the task: a cancel signals this script too):
-            # requeued while the job has retries left, else the task ends; the others go on
-            retry = None if ending else jobdir.take_retry(args.retries)
+            # its own failure (not Slurm ending the task: a cancel signals this script too, and
+            # Slurm's record says so first): requeued while the job has retries left, else the
+            # task ends; the others go on
+            ended = ending or requeued_by_slurm(slurm, job_id, run)
+            retry = None if ended else jobdir.take_retry(args.retries)
             if retry is None:
                 return rc
             jobdir.event("retry", run=run, part=part, exit_code=rc, retry=retry, of=args.retries)

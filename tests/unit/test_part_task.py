@@ -19,7 +19,8 @@ from slurm_hai.runtime.parts import EXIT_BELOW_MIN, MIN_ENV, SERVICE_ENV, PartEr
 
 
 class Slurm:
-    def __init__(self, step_rc: int = 0, comment: str = "") -> None:
+    def __init__(self, step_rc: int = 0, comment: str = "", state: str = "RUNNING") -> None:
+        self.state = state
         self.cancels: list[tuple[int, str | None]] = []
         self.requeues: list[int] = []
         self.step_rc = step_rc
@@ -33,8 +34,9 @@ class Slurm:
         self.steps.append((cmd, {k: os.environ.get(k, "") for k in (SERVICE_ENV, MIN_ENV)}))
         return self.step_rc
 
-    def job(self, job_id):  # this task's record: its tags; never preempted by Slurm
-        return SimpleNamespace(tags={"hai-parts": self.comment} if self.comment else {}, start_time=0, preempt_time=0)
+    def job(self, job_id):  # this task's record: its tags and state; never preempted by Slurm
+        return SimpleNamespace(tags={"hai-parts": self.comment} if self.comment else {}, start_time=0, preempt_time=0,
+                               state=self.state, restart_count=0)
 
     def cancel_waiting_tasks(self, job_id):
         self.cancels.append((job_id, "waiting"))
@@ -110,7 +112,7 @@ def test_a_part_that_leaves_below_min_is_requeued_one_that_fails_is_not(monkeypa
 def test_a_part_that_fails_on_its_own_is_requeued_while_the_job_has_retries_left(monkeypatch, tmp_path):
     # --retries 2 for the whole job: two failures of its parts are requeued (events `left` and
     # `retry`), the third ends its task; a part that Slurm ends (a cancel: this script gets
-    # SIGTERM too) spends none
+    # SIGTERM too, and Slurm's record is no longer RUNNING) spends none
     monkeypatch.setattr(part_task, "wait_to_be_requeued", lambda ending: 0)
     monkeypatch.setattr(part_task, "_output_to_rank_log", lambda jobdir, run, part: None)
     monkeypatch.setattr(part_task, "ask", away)
@@ -119,22 +121,22 @@ def test_a_part_that_fails_on_its_own_is_requeued_while_the_job_has_retries_left
     codes, requeued = [], []
     pytests = signal.getsignal(signal.SIGTERM)  # the part task sets its own; pytest gets its own back
     try:
-        for task, cancelled in ((71, True), (72, False), (73, False), (71, False)):
+        for task, cancelled in ((71, "SIGTERM"), (72, "in Slurm"), (73, ""), (74, ""), (71, "")):
             for key, value in {"SLURM_ARRAY_JOB_ID": "7", "SLURM_ARRAY_TASK_ID": str(task - 71),
                                "SLURM_JOB_ID": str(task), "SLURM_RESTART_COUNT": "0", "HAI_PARTS_MIN": "1"}.items():
                 monkeypatch.setenv(key, value)
-            slurm = Slurm(step_rc=3)
-            if cancelled:  # Slurm ends the task as its part fails: the script gets SIGTERM too
+            slurm = Slurm(step_rc=3, state="CANCELLED" if cancelled == "in Slurm" else "RUNNING")
+            if cancelled == "SIGTERM":  # Slurm ends the task as its part fails: the script gets SIGTERM too
                 slurm.run_step = lambda *a, slurm=slurm: (os.kill(os.getpid(), signal.SIGTERM), 3)[1]
             monkeypatch.setattr(part_task, "backend", lambda slurm=slurm: slurm)
             codes.append(part_task.main([f"--job-dir={tmp_path / '7'}", "--retries=2", "--", "python", "train.py"]))
             requeued.append(slurm.requeues)
     finally:
         signal.signal(signal.SIGTERM, pytests)
-    assert codes == [3, 0, 0, 3] and requeued == [[], [72], [73], []]
+    assert codes == [3, 3, 0, 0, 3] and requeued == [[], [], [73], [74], []]
     events = [json.loads(line) for line in (tmp_path / "7" / "events.jsonl").read_text().splitlines()]
-    assert [(e["part"], e["retry"], e["of"]) for e in events if e["event"] == "retry"] == [(1, 1, 2), (2, 2, 2)]
-    assert len([e for e in events if e["event"] == "left" and not e["preempted"]]) == 4
+    assert [(e["part"], e["retry"], e["of"]) for e in events if e["event"] == "retry"] == [(2, 1, 2), (3, 2, 2)]
+    assert len([e for e in events if e["event"] == "left" and not e["preempted"]]) == 5
     assert (tmp_path / "7" / "retries_used").read_text() == "2"
 
 
