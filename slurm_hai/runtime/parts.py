@@ -266,7 +266,8 @@ class Part:
         keeps the first commit of a step), unless that step is committed already or is step
         0; then exit with `code`. The first of the part's threads to call it leaves (another
         then waits for that); `while_waiting`: only while the main thread still waits for its
-        quorum (returns if the quorum came)."""
+        quorum (returns if the quorum came). A commit that fails is said, and it leaves all the
+        same (a thread that died of it would leave the main thread waiting for it)."""
         with self._lock:
             if while_waiting and self._waiting_since is None:
                 return
@@ -275,8 +276,14 @@ class Part:
             threading.Event().wait()
         step = self.manager.current_step()
         saved = ""
-        if self.checkpoints is not None and step > 0 and step != self._saved and self._commit(step):
-            saved = f"; committed step {step}"
+        if self.checkpoints is not None and step > 0 and step != self._saved:
+            from ..checkpoint import CheckpointError
+
+            try:
+                if self._commit(step):
+                    saved = f"; committed step {step}"
+            except CheckpointError as e:  # it leaves all the same: the job resumes from an earlier commit
+                saved = f"; step {step} could not be committed ({e})"
         print(f"slurm-hai: part {self.index} of job {self.job}: {why}{saved}; it leaves, and {then}",
               file=sys.stderr, flush=True)
         self.exit(code)  # as at its notice: no clean-up of torchft's threads to wait for

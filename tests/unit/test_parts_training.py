@@ -22,7 +22,8 @@ import pytest
 
 from slurm_hai.controller.lighthouse import Service, serve
 from squeue_text import fake_squeue, recorded_rows
-from slurm_hai.runtime.parts import EXIT_BELOW_MIN, EXIT_LIGHTHOUSE_LOST, batch_share
+from slurm_hai.checkpoint import CheckpointError
+from slurm_hai.runtime.parts import EXIT_BELOW_MIN, EXIT_LIGHTHOUSE_LOST, Part, batch_share
 
 STEPS, BATCH, FEATURES = 120, 12, 6
 
@@ -139,6 +140,34 @@ def test_a_batch_is_shared_whole_in_order(rows, parts):
     assert max(len(range(rows)[s]) for s in shares) - min(len(range(rows)[s]) for s in shares) <= 1
     with pytest.raises(ValueError):
         batch_share(rows, parts, parts)
+
+
+def test_a_part_whose_leaving_commit_fails_says_so_and_leaves_all_the_same(capsys):
+    """A full disk as a part leaves below MIN (or with its lighthouse lost): one line, and the
+    exit that requeues its task; the job resumes from an earlier commit."""
+    class Manager:
+        def current_step(self):
+            return 5
+
+        def state_dict(self):
+            return {}
+
+    class FullDisk:
+        def save(self, step, state):
+            raise CheckpointError(f"writing step {step}: no space left on device")
+
+    part = Part(7, 1, Manager(), None, FullDisk(), state_dict=lambda: {}, min_parts=2, lighthouse="http://h:1")
+
+    def exit(code=0):
+        raise SystemExit(code)
+
+    part.exit = exit  # type: ignore[method-assign]
+    with pytest.raises(SystemExit) as left:
+        part.below_min("(Slurm runs 1 of the job's parts)")
+    assert left.value.code == EXIT_BELOW_MIN
+    assert capsys.readouterr().err == (
+        "slurm-hai: part 1 of job 7: fewer than 2 parts (Slurm runs 1 of the job's parts); step 5 could not be "
+        "committed (writing step 5: no space left on device); it leaves, and the job waits for 2 nodes\n")
 
 
 @pytest.fixture
