@@ -137,7 +137,10 @@ class Agent:
         for entry in os.scandir(self.spool):
             if entry.name.startswith((".", "failed-")) or entry.name == AGENT_PIDFILE or not entry.name.endswith(".json"):
                 continue
-            st = entry.stat(follow_symlinks=False)
+            try:
+                st = entry.stat(follow_symlinks=False)
+            except FileNotFoundError:
+                continue  # done between the listing and now: the persist child removes its request
             if not stat.S_ISREG(st.st_mode):
                 continue
             if os.geteuid() != 0 and st.st_uid != os.geteuid():

@@ -159,6 +159,24 @@ def suspended_after_one_durable_save(base: Path) -> tuple[Path, Path]:
     return durable, part
 
 
+def test_a_request_done_between_the_agents_listing_and_its_look_is_forgotten(one_node, monkeypatch):
+    # the persist child removes its request once committed; the agent's next scan may list
+    # the file and find it gone a moment later (seen under load: the agent died of it)
+    agent = start_agent(one_node, "n1")
+    request = agent.spool / "0-000000000002-d558a316-0.json"
+    request.write_text("{}")
+    listing = os.scandir
+
+    def listed_then_done(path):
+        entries = list(listing(path))
+        request.unlink()
+        return iter(entries)
+
+    monkeypatch.setattr(os, "scandir", listed_then_done)
+    agent.scan()
+    assert agent.requests == {}
+
+
 def test_an_agent_killed_while_copying_leaves_the_previous_checkpoint_and_finishes_on_restart(one_node, monkeypatch):
     durable, part = suspended_after_one_durable_save(one_node)
     real = memory._copy_checked
