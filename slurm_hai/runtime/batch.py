@@ -227,10 +227,19 @@ def slurmd_timeout(slurm) -> float:
 def requeued_by_slurm(slurm, job_id: int, run: int) -> bool:
     """Whether Slurm has already decided to end or requeue this run (it is no longer the
     running run `run`); a Slurm that does not answer counts as no."""
+    return run_over(slurm_record(slurm, job_id), run)
+
+
+def slurm_record(slurm, job_id: int):
+    """Slurm's record of the job; None when Slurm has none or does not answer."""
     try:
-        job = slurm.job(job_id)
+        return slurm.job(job_id)
     except SlurmError:
-        return False
+        return None
+
+
+def run_over(job, run: int) -> bool:
+    """Whether Slurm's record `job` (None: none) says that run `run` no longer runs."""
     return job is not None and (job.restart_count > run or job.state != "RUNNING")
 
 

@@ -34,7 +34,7 @@ from ..jobs.jobdir import JobDir, default_root
 from ..policy.model import PolicyError, find_policy
 from ..policy.tags import PARTS, parse_parts
 from ..slurm import SlurmError, backend
-from .batch import requeued_by_slurm, wait_to_be_requeued
+from .batch import run_over, slurm_record, wait_to_be_requeued
 from .contract import restart_count
 from .parts import EXIT_BELOW_MIN, EXIT_LIGHTHOUSE_LOST, MIN_ENV, SERVICE_ENV, PartError, ask, job_and_part, min_parts
 
@@ -113,7 +113,8 @@ def main(argv: list[str] | None = None) -> int:
         print(f"slurm-hai: part {part} run {run} ended: fewer than the job's MIN parts could train; "
               "its task is requeued", flush=True)
     else:
-        preempted = _preempted(slurm, job_id)
+        record = slurm_record(slurm, job_id)  # read once: whether Slurm preempted the run, or ended it
+        preempted = _preempted(record)
         jobdir.event("left", run=run, part=part, exit_code=rc, preempted=preempted)
         print(f"slurm-hai: part {part} run {run} ended (exit {rc}{', preempted' if preempted else ''}); "
               "the other parts train on", flush=True)
@@ -121,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
             # its own failure (not Slurm ending the task: a cancel signals this script too, and
             # Slurm's record says so first): requeued while the job has retries left, else the
             # task ends; the others go on
-            ended = ending or requeued_by_slurm(slurm, job_id, run)
+            ended = ending or run_over(record, run)
             retry = None if ended else jobdir.take_retry(args.retries)
             if retry is None:
                 return rc
@@ -193,12 +194,9 @@ def _settings(slurm, job_id: int, array: int) -> None:
     min_parts()  # a malformed HAI_PARTS_MIN stops the part here, in one line
 
 
-def _preempted(slurm, job_id: int) -> bool:
-    """Whether Slurm chose this task's run for preemption (its notice)."""
-    try:
-        job = slurm.job(job_id)
-    except SlurmError:
-        return False
+def _preempted(job) -> bool:
+    """Whether Slurm's record of this task (None: none) says Slurm chose its run for
+    preemption (its notice)."""
     return job is not None and job.start_time > 0 and job.preempt_time >= job.start_time
 
 

@@ -36,7 +36,7 @@ import pytest
 
 import uninterrupted
 import waiting
-from uninterrupted import TRAIN, free_port  # noqa: F401 (free_port: for the modules that import it from here)
+from uninterrupted import TRAIN
 
 pytestmark = pytest.mark.cluster
 

@@ -20,7 +20,8 @@ import sys
 import time
 from pathlib import Path
 
-from test_acceptance import daemon, free_port, named, submit, wait_final  # noqa: F401 (fixture)
+from test_acceptance import daemon, named, submit, wait_final  # noqa: F401 (fixture)
+from uninterrupted import free_port
 from test_elastic import ALICE, _all_idle
 from waiting import wait_for
 
