@@ -10,7 +10,10 @@ output goes to /var/cache/slurm-hai/background-build.log. The test run after it 
 a build still in flight (each build holds a lock) instead of starting its own, and builds
 whatever the background build did not (e.g. after it failed: then it says why).
 
-For each `slurm-*.tar.gz` in DIR, oldest first:
+For each `slurm-*.tar.gz` in DIR, all at once (each version's clusters, ports, job ids and
+node namespaces are its own, and cluster tests mostly wait on Slurm, so the versions share the
+cores well; each version's output goes to /var/cache/slurm-hai/tests-<version>.log and is
+printed whole when it is done):
 1. its own local cluster: state dir /var/lib/slurm-hai/localcluster-<version>, its own
    ports and job ids (job directories never meet those of another version's run), Slurm
    built once from the tarball (contrib/localcluster/slurm_build.py caches
@@ -19,7 +22,7 @@ For each `slurm-*.tar.gz` in DIR, oldest first:
    tests/conftest.py's ONE_VERSION, which ran once with Debian's Slurm, as the unit tests did);
 3. where PyPI has a pyslurm for that release (25.11), a virtualenv with pyslurm built
    against it (cached as a wheel), and the pyslurm backend's own tests in it;
-4. that cluster is stopped again (`down`), so one version runs at a time.
+4. that cluster is stopped again (`down`).
 Prints one line per version, and exits non-zero if any version failed.
 """
 
@@ -134,7 +137,27 @@ def tarballs_in(directory: str) -> list[Path]:
     return tarballs
 
 
+def test_one(tarball: Path, pytest_args: list[str]) -> int:
+    """Steps 1-4 for one tarball; its exit status."""
+    release = release_of(tarball)
+    k = release_slot(release)
+    env = {**os.environ, "HAI_CLUSTER_DIR": f"/var/lib/slurm-hai/localcluster-{release}",
+           "HAI_CLUSTER_PORT_BASE": str(17000 + 100 * k), "HAI_CLUSTER_FIRST_JOB_ID": str(100_000 * (k + 1)),
+           "HAI_SLURM_SOURCE": str(tarball.resolve())}
+    env.pop("HAI_SLURM_PREFIX", None)
+    rc = run([str(LOCALCLUSTER / "up")], env)
+    if rc == 0:
+        rc = run([sys.executable, "-m", "pytest", "tests/cluster", "-m", "slurm_boundary", *pytest_args], env)
+    if rc == 0 and pyslurm_requirement(tarball):
+        py = pyslurm_python(pyslurm_requirement(tarball), slurm_build.built_prefix(tarball))
+        rc = run([str(py), "-m", "pytest", *PYSLURM_TESTS, *pytest_args], env)
+    run([str(LOCALCLUSTER / "down")], env)
+    return rc
+
+
 def main(argv: list[str]) -> int:
+    if argv[1:2] == ["--one"]:  # one version's run, a child of the run of all
+        return test_one(Path(argv[2]), argv[3:])
     if argv[1:2] == ["--build"]:  # the detached child of --build-in-background
         try:
             return build_all([Path(t) for t in argv[2:]])
@@ -151,23 +174,26 @@ def main(argv: list[str]) -> int:
     tarballs = tarballs_in(argv[1])
     if background:
         return build_in_background(tarballs)
-    results = []
+    running = []
     for tarball in tarballs:
-        release = release_of(tarball)
-        k = release_slot(release)
-        env = {**os.environ, "HAI_CLUSTER_DIR": f"/var/lib/slurm-hai/localcluster-{release}",
-               "HAI_CLUSTER_PORT_BASE": str(17000 + 100 * k), "HAI_CLUSTER_FIRST_JOB_ID": str(100_000 * (k + 1)),
-               "HAI_SLURM_SOURCE": str(tarball.resolve())}
-        env.pop("HAI_SLURM_PREFIX", None)
-        t0 = time.monotonic()
-        rc = run([str(LOCALCLUSTER / "up")], env)
-        if rc == 0:
-            rc = run([sys.executable, "-m", "pytest", "tests/cluster", "-m", "slurm_boundary", *argv[2:]], env)
-        if rc == 0 and pyslurm_requirement(tarball):
-            py = pyslurm_python(pyslurm_requirement(tarball), slurm_build.built_prefix(tarball))
-            rc = run([str(py), "-m", "pytest", *PYSLURM_TESTS, *argv[2:]], env)
-        run([str(LOCALCLUSTER / "down")], env)
-        results.append((release, rc, time.monotonic() - t0))
+        log = slurm_build.CACHE / f"tests-{release_of(tarball)}.log"
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("wb") as out:
+            running.append((release_of(tarball), log, time.monotonic(),
+                            subprocess.Popen([sys.executable, __file__, "--one", str(tarball), *argv[2:]], cwd=REPO,
+                                             stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT)))
+    print(f"testing Slurm {', '.join(r for r, *_ in running)} at once; each one's output follows when it is done",
+          flush=True)
+    results = []
+    while running:
+        for entry in [e for e in running if e[3].poll() is not None]:
+            running.remove(entry)
+            release, log, t0, proc = entry
+            results.append((release, proc.returncode, time.monotonic() - t0))
+            print(f"\n===== Slurm {release} ({log}) =====", flush=True)
+            sys.stdout.buffer.write(log.read_bytes())
+            sys.stdout.flush()
+        time.sleep(1)
     print("\nSlurm versions tested:")
     for release, rc, seconds in results:
         print(f"  Slurm {release}: {'passed' if rc == 0 else f'FAILED (exit {rc})'} in {seconds:.0f} s")

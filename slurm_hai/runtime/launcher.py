@@ -44,7 +44,7 @@ from typing import Callable
 from .contract import node_contract
 from .multiprocessing import default_nprocs
 from ..jobs.jobdir import JobDir
-from ..policy.limits import NOTICE_SIGNALS
+from ..policy.limits import NOTICE_MARGIN, NOTICE_SIGNALS
 
 TERM_TO_KILL_SECONDS = 3.0
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
@@ -141,9 +141,10 @@ class NodeRun:
 
     def __init__(self, cmd: list[str], env: dict[str, str], jobdir: JobDir, run: int, rank: int, grace: float,
                  notices: frozenset[signal.Signals], force_suspend: Callable[[], object], flag: Path | None,
-                 why_notice: Callable[[], dict] | None = None) -> None:
+                 why_notice: Callable[[], dict] | None = None, notice_lost: Callable[[], bool] | None = None) -> None:
         self.cmd, self.env, self.jobdir, self.run, self.rank = cmd, env, jobdir, run, rank
         self.why_notice = why_notice  # the notice's cause (preempted, user, time_limit), for `hai status`
+        self.notice_lost = notice_lost  # whether Slurm's time-limit notice may have come before the handlers
         self.grace, self.notices, self.force_suspend, self.flag = grace, notices, force_suspend, flag
         self.term_is_notice = signal.SIGTERM in notices  # until the first SIGTERM: later ones end the step
         self.noticed_at: float | None = None
@@ -254,6 +255,8 @@ class NodeRun:
             signal.signal(sig, lambda s, _f: self.pending.append(s))
         if self.flag is not None and self._suspend_requested_before_handlers():
             self.notice("signal")
+        elif self.flag is not None and self.notice_lost is not None and self.notice_lost():
+            self.notice("time_limit_at_start")
         assert self.child is not None  # start() came first (it exits if the command cannot start)
         try:
             while True:
@@ -286,6 +289,35 @@ def could_not_start(jobdir: JobDir, run: int, rank: int, why: str) -> int:
     return 127
 
 
+# Slurm sends a time limit's --signal from a check it makes every SLURM_PERIODIC_S, as soon as
+# the job has at most its notice time + SLURM_PERIODIC_S left, to the job's steps alone
+# (src/slurmctld/job_mgr.c, send_job_warn_signal). For a job whose limit is that short, the
+# check at its start sends it before the step (or the launcher's handlers) is there, and it
+# is lost: seen on 26.05 under load, a 60 s job with a 35 s notice killed at its limit.
+SLURM_PERIODIC_S = 30
+# How long from the job's start to the launcher's handlers, at most (Python's start on a
+# loaded node included).
+HANDLERS_WITHIN_S = 15
+
+
+def notice_lost_at_start(job, grace: float) -> bool:
+    """Whether Slurm's record `job` (None: none) says the run's time-limit notice was due
+    before its launcher could take it: a limit of at most the notice time (grace +
+    NOTICE_MARGIN) + SLURM_PERIODIC_S + HANDLERS_WITHIN_S."""
+    return (job is not None and job.start_time > 0 and job.end_time > 0
+            and job.end_time - job.start_time <= grace + NOTICE_MARGIN + SLURM_PERIODIC_S + HANDLERS_WITHIN_S)
+
+
+def _notice_lost(slurm, job_id: int, grace: float) -> bool:
+    """notice_lost_at_start by Slurm's record of the job (one query; none: not lost)."""
+    from ..slurm import SlurmError
+
+    try:
+        return notice_lost_at_start(slurm.job(job_id), grace)
+    except SlurmError:
+        return False
+
+
 def _why_notice(slurm, job_id: int, jobdir: JobDir, grace: float) -> dict:
     """Ask Slurm why the notice came (one squeue call, after the flag is set). A SIGTERM
     notice reaches every process of the step, an squeue started by it too (seen on 25.11
@@ -311,7 +343,7 @@ def _why_notice(slurm, job_id: int, jobdir: JobDir, grace: float) -> dict:
         ladder, error = find_policy().ladder, {}
     except PolicyError as e:  # the cause is for people: told without the preemptor, and why
         ladder, error = (), {"cause_error": str(e)}
-    return notice_cause(me, queue, ladder, jobdir.events(), time.time(), grace + 30) | error
+    return notice_cause(me, queue, ladder, jobdir.events(), time.time(), grace + NOTICE_MARGIN) | error
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -348,7 +380,8 @@ def main(argv: list[str] | None = None) -> int:
     node = NodeRun(cmd, env, jobdir, run, rank, args.grace, notices,
                    force_suspend=lambda: slurm.requeue_run(int(job_id)),
                    flag=flag,
-                   why_notice=lambda: _why_notice(slurm, int(job_id), jobdir, args.grace))
+                   why_notice=lambda: _why_notice(slurm, int(job_id), jobdir, args.grace),
+                   notice_lost=lambda: _notice_lost(slurm, int(job_id), args.grace))
     node.start()
     rc = node.wait()
     if rc == 0 and node.noticed_at is None and memory is not None and not any(memory.glob("parts/*")):

@@ -25,7 +25,8 @@ from slurm_hai.jobs.request import JobRequest, render_script, validate
 from slurm_hai.policy.limits import NOTICE_SIGNALS
 from slurm_hai.policy.model import parse_policy
 from slurm_hai.runtime.batch import launcher_argv
-from slurm_hai.runtime.launcher import NodeRun, notice_signals
+from slurm_hai.runtime.launcher import NodeRun, notice_lost_at_start, notice_signals
+from slurm_hai.slurm.records import JobInfo
 
 
 def rendered(sig: str, term_is_notice: bool = False) -> tuple[dict, str]:
@@ -169,6 +170,31 @@ def test_where_term_is_the_notice_the_first_sigterm_is_the_notice_and_a_later_on
         if node.child.poll() is None:
             node.child.kill()
             node.child.wait()
+
+
+def test_a_time_limit_notice_due_at_the_jobs_start_is_taken_when_the_launcher_listens(tmp_path):
+    """Slurm sends a short limit's notice at the job's start, to steps that are not there yet
+    (seen on 26.05: a 60 s job, notice 35 s before its end, killed at its limit): the rank-0
+    launcher takes the notice itself once its handlers are in place. A job of a longer limit
+    waits for Slurm's signal."""
+    def job(limit: float) -> JobInfo:
+        return JobInfo(job_id=7, name="x", user="u", state="RUNNING", reason="None", qos="LOW", partition="p",
+                       num_nodes=1, node_list="n1", restart_count=0, submit_time=1000, start_time=1000,
+                       eligible_time=1000, priority=1, end_time=int(1000 + limit))
+
+    assert notice_lost_at_start(job(60), grace=5) and notice_lost_at_start(job(80), grace=5)
+    assert not notice_lost_at_start(job(81), grace=5) and not notice_lost_at_start(job(3600), grace=5)
+    assert not notice_lost_at_start(None, grace=5)
+    for lost, expected in ((True, ["notice"]), (False, [])):
+        jobdir = JobDir(tmp_path / str(lost)).create()
+        node = NodeRun([sys.executable, "-c", "pass"], {**os.environ, "OMP_NUM_THREADS": "1"}, jobdir, 0, 0, 30.0,
+                       notice_signals("USR1", False), force_suspend=lambda: None, flag=tmp_path / f"flag-{lost}",
+                       notice_lost=lambda lost=lost: lost)
+        node.start()
+        assert node.wait() == 0
+        notices = [e for e in jobdir.events() if e["event"] == "notice"]
+        assert [e["event"] for e in notices] == expected
+        assert all(e["source"] == "time_limit_at_start" for e in notices)
 
 
 @pytest.mark.parametrize("sig", NOTICE_SIGNALS)
