@@ -335,6 +335,7 @@ def daemons(c: Cluster) -> list[Daemon]:
     out += [node_holder(c, n) for n in c.nodes]
     out += [slurmd(c, n) for n in c.nodes]
     out += [persist_agent(c, n) for n in c.nodes]
+    out += [warm_start(c, n) for n in c.nodes]
     if c.runs_lighthouse:
         out.append(lighthouse_service(c))
     return out
@@ -401,6 +402,16 @@ def persist_agent(c: Cluster, n: Node) -> Daemon:
                   c.state / "log" / f"persist-{n.name}.log", "python3", 0)
 
 
+def warm_start(c: Cluster, n: Node) -> Daemon:
+    """Node `n`'s warm-start service (`hai-admin warm-start`): forks the Python processes of
+    job steps that ask (an elastic job's parts) from one that imported torch and torchft
+    once. Runs inside the node's namespace; its socket is in the node's own /dev/shm."""
+    return Daemon(f"warm-{n.name}", c.state / "run" / f"warm-{n.name}.pid",
+                  c.state / "log" / f"warm-{n.name}.log", "python3", 0)
+
+
+# What the local cluster's warm-start services import once: what a part imports
+WARM_PRELOAD = "torch,torchft,slurm_hai.runtime.parts"
 HAI_ADMIN = Path(sys.executable).with_name("hai-admin")  # the project's venv (make setup)
 
 
@@ -475,6 +486,12 @@ def start_node(c: Cluster, n: Node) -> None:
         stop(agent)
     if HAI_ADMIN.exists() and not c.site:  # not before `make setup` has installed the project
         start(agent, writing_pidfile(agent, [*enter, str(HAI_ADMIN), "persist-agent", "--sweep-every", "5"]), c,
+              foreground=True)
+    warm = warm_start(c, n)
+    if fresh and running_pid(warm):
+        stop(warm)
+    if HAI_ADMIN.exists() and not c.site:
+        start(warm, writing_pidfile(warm, [*enter, str(HAI_ADMIN), "warm-start", "--preload", WARM_PRELOAD]), c,
               foreground=True)
 
 

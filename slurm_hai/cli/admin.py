@@ -523,6 +523,40 @@ def persist_agent(spool: str | None, once: bool, sweep_every: float) -> None:
     Agent(where, jobs_over=_jobs_over, sweep_s=sweep_every).serve(once=once)
 
 
+@main.command("warm-start")
+@click.option("--socket", "socket_path", metavar="PATH", default=None,
+              help="Where the jobs' steps ask. [default: $HAI_WARM_SOCKET, else /dev/shm/slurm-hai-warm.sock]")
+@click.option("--preload", metavar="MODULES", default="torch", show_default=True,
+              help="The modules imported once, before any start, comma-separated (e.g. torch,torchft).")
+@one_line_errors
+def warm_start(socket_path: str | None, preload: str) -> None:
+    """Start jobs' Python processes warm on this node (run one per node, as root).
+
+    \b
+    A step run as `python -m slurm_hai.runtime.warm -- PYTHON SCRIPT ARGS` (an elastic job
+    in place's parts are) asks this service, which has imported --preload once, to fork the
+    process: it takes the step's control groups, limits, ids, environment and descriptors,
+    then runs SCRIPT, and skips Python's start and torch's import. A start it cannot make
+    warm (another Python, no service) is made cold by the step itself, with one line.
+    docs/elastic-in-place.md ("Warm starts"); contrib/systemd/ has a unit file.
+    """
+    from ..runtime.warm import DEFAULT_SOCKET, SOCKET_ENV
+    from ..runtime.warm_service import Service
+
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    if os.geteuid() != 0:
+        raise click.ClickException("the warm-start service takes each job's user's ids: run it as root")
+    service = Service(socket_path or os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET,
+                      [m.strip() for m in preload.split(",") if m.strip()])
+    try:
+        server = service.listen()
+    except ImportError as e:
+        raise click.ClickException(f"--preload: {e}") from None
+    except OSError as e:
+        raise click.ClickException(f"{service.path}: {e.strerror}") from None
+    service.serve(server)
+
+
 @main.command()
 @click.option("--listen", metavar="ADDR", default="0.0.0.0", show_default=True,
               help="The address the jobs' parts ask on.")
@@ -651,8 +685,8 @@ def timeline(policy_file: str | None, since: str, until: str | None, out: str, a
 # copies): name -> (place in the package, what it holds).
 SHARED = {
     "spank": ("share/spank", "the SPANK plugin's sources: `hai-admin spank install` builds and installs it"),
-    "systemd": ("share/systemd", "hai-policyd.service (slurmctld hosts), slurm-hai-persist.service (every node), "
-                           "hai-lighthouse.service (one host)"),
+    "systemd": ("share/systemd", "hai-policyd.service (slurmctld hosts), slurm-hai-persist.service and "
+                           "slurm-hai-warm.service (every node), hai-lighthouse.service (one host)"),
     "grafana": ("share/grafana", "slurm-hai.json: a Grafana dashboard of the daemon's metrics (--metrics-port)"),
     "slurm-docker": ("share/slurm-docker", "slurm-hai on giovtorres/slurm-docker-cluster (its README.md)"),
     "templates": ("templates", "the templates `hai-admin render` and `hai-submit` fill in (read-only)"),

@@ -156,6 +156,7 @@ class Part:
     index: int
     manager: Any  # torchft.Manager
     store: Any  # its TCPStore, which lives as long as the Manager
+    pg: Any = None  # the Manager's torchft ProcessGroupGloo
     checkpoints: Any = None  # slurm_hai.checkpoint.CheckpointManager of the job's checkpoint_dir
     load_state_dict: Callable[[Any], None] | None = None
     state_dict: Callable[[], Any] | None = None
@@ -334,6 +335,12 @@ class Part:
             self._check_same_start(params)
         flat = torch.cat([p.grad.flatten() for p in params])
         self.manager.allreduce(flat, reduce_op=ReduceOp.SUM).wait()
+        if self.manager.errored() is not None and self.pg is not None:
+            # A peer left in the middle of the allreduce. This part's connections close now:
+            # in gloo's ring a part that still waits on this one (not on the one that left)
+            # would otherwise wait out the step timeout (30 s, seen on the cluster), and the
+            # next quorum, which needs it, with it. The next quorum makes a new group.
+            self.pg.abort()
         for p, summed in zip(params, flat.split([p.numel() for p in params])):
             p.grad.copy_(summed.view_as(p.grad))
 
@@ -395,7 +402,8 @@ def join(state_dict: Callable[[], Any], load_state_dict: Callable[[Any], None], 
     lighthouse = ask(service, job, least)
     host = socket.gethostname()
     store = TCPStore(host, 0, is_master=True, wait_for_workers=False)
-    manager = Manager(pg=ProcessGroupGloo(timeout=STEP_TIMEOUT), load_state_dict=load_state_dict,
+    pg = ProcessGroupGloo(timeout=STEP_TIMEOUT)
+    manager = Manager(pg=pg, load_state_dict=load_state_dict,
                       state_dict=state_dict, min_replica_size=least, init_sync=False,
                       replica_id=f"{job}_{index}",
                       lighthouse_addr=lighthouse, store_addr=host, store_port=store.port, rank=0, world_size=1,
@@ -406,5 +414,5 @@ def join(state_dict: Callable[[], Any], load_state_dict: Callable[[Any], None], 
 
         checkpoints = CheckpointManager(checkpoint_dir, keep_last=2)
     own = int(env.get("SLURM_JOB_ID") or 0)
-    return Part(job, index, manager, store, checkpoints, load_state_dict, state_dict, min_parts=least,
+    return Part(job, index, manager, store, pg, checkpoints, load_state_dict, state_dict, min_parts=least,
                 quorum_timeout=quorum_timeout, lighthouse=lighthouse, running=lambda: running_parts(job, own))

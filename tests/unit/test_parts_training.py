@@ -38,7 +38,7 @@ out, steps, batch, features = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), i
 index = int(os.environ["SLURM_ARRAY_TASK_ID"])
 log = open(os.path.join(out, f"part{index}.log"), "a")
 def note(**kw):
-    log.write(json.dumps({"part": index, **kw}) + "\n"); log.flush()
+    log.write(json.dumps({"part": index, "t": time.time(), **kw}) + "\n"); log.flush()
 leave_on()
 kill_at = int(os.environ.get("KILL_AT", "-1"))  # the step whose allreduce this part dies in
 torch.manual_seed(int(os.environ.get("SEED", "0")))
@@ -156,7 +156,8 @@ def test_a_part_whose_leaving_commit_fails_says_so_and_leaves_all_the_same(capsy
         def save(self, step, state):
             raise CheckpointError(f"writing step {step}: no space left on device")
 
-    part = Part(7, 1, Manager(), None, FullDisk(), state_dict=lambda: {}, min_parts=2, lighthouse="http://h:1")
+    part = Part(7, 1, Manager(), None, checkpoints=FullDisk(), state_dict=lambda: {}, min_parts=2,
+                lighthouse="http://h:1")
 
     def exit(code=0):
         raise SystemExit(code)
@@ -240,7 +241,13 @@ def test_a_part_leaves_the_others_train_on_it_heals_and_all_end_as_one_process(p
         else:
             assert procs[2].wait(120) == -signal.SIGKILL
             assert steps_of(2, 3)[-1] == 7  # it had trained with the others up to the step it died in
+        gone = time.time()
         wait_for("the other two to train on as two", lambda: all(len(steps_of(p, 2)) >= 5 for p in (0, 1)), procs)
+        # within seconds, not the step timeout (30 s): a part whose allreduce failed closes its
+        # connections at once, so the other, which may wait on it in gloo's ring, fails too
+        for part in (0, 1):
+            first = min(r["t"] for r in records(out) if r["event"] == "step" and r["part"] == part and r["n"] == 2)
+            assert first - gone < 10, (part, first - gone)
         (out / "hold").touch()  # hold the two between steps until part 2 has joined again
         procs[2] = parts(2)
         wait_for("part 2 to join again", lambda: sum(r["event"] == "joined" and r["part"] == 2

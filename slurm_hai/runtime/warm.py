@@ -1,0 +1,269 @@
+"""Warm starts: a node's service that has imported torch once forks a job's Python process
+from itself, so a part that rejoins (or any step that asks) skips Python's start and torch's
+import (3-4 s of a part's rejoin on this VM; docs/elastic-in-place.md, "Warm starts").
+
+    hai-admin warm-start [--socket PATH] [--preload torch,torchft,...]   # one per node, as root
+    python -m slurm_hai.runtime.warm -- PYTHON SCRIPT ARGS...             # in the job's step
+    python -m slurm_hai.runtime.warm -- PYTHON -m MODULE ARGS...
+
+The step's process (the client, standard library only) asks the node's service over a Unix
+socket, handing it its standard input, output and error, its environment, working directory
+and umask. The service (root) forks a child that becomes the job's process as a cold start
+would be, before any of the job's code runs:
+- it joins the client's control groups (Slurm's step cgroup: its devices, memory and CPUs),
+  takes the client's resource limits, supplementary groups, gid and uid (in that order), its
+  umask, working directory, environment, ignored and blocked signals, and its stdio;
+- Python's state that a fresh process would not share is renewed: `random`'s and numpy's
+  seeds, sys.argv and sys.path, the standard streams; torch's thread count is what a cold
+  process computes (OMP_NUM_THREADS, else the CPUs it may run on);
+- then it runs SCRIPT (or MODULE) as __main__, and exits as the interpreter would (atexit,
+  non-daemon threads, SystemExit, an uncaught exception's traceback, KeyboardInterrupt).
+The client relays every signal it gets to the child (Slurm signals the step's processes,
+the child is not one of them under proctrack/linuxproc) and exits as the child did: with
+its code, or of its signal. A client that dies takes the child with it (the service kills
+it when the connection closes).
+
+A start the service cannot make warm is made cold, by the client exec'ing the command as it
+stands, with one line on stderr saying why: no service on the node (or one not run by
+root), another interpreter than the service's, a dynamic loader's environment other than
+the service's (LD_PRELOAD, LD_LIBRARY_PATH: libraries are loaded at a process's start),
+PYTHONHASHSEED or PYTHONHOME set (fixed at an interpreter's start), the client in other
+namespaces than the service's, a control group that cannot be joined.
+
+Modules preloaded by the service were imported with its environment: a job that sets a
+variable those modules read at import (TORCH_*, say) sees it only in a cold start; such a
+job sets HAI_WARM=0 (the client then starts cold at once).
+"""
+
+from __future__ import annotations
+
+import array
+import json
+import os
+import shutil
+import signal
+import socket
+import struct
+import sys
+
+SOCKET_ENV = "HAI_WARM_SOCKET"
+# Per node: /dev/shm is each node's own (a local cluster's node namespaces too). The client
+# checks that the service listening there is root's.
+DEFAULT_SOCKET = "/dev/shm/slurm-hai-warm.sock"
+OFF_ENV = "HAI_WARM"  # "0": start cold
+# Fixed at an interpreter's or a process's start: a job that sets them other than the service
+# starts cold.
+START_ONLY = ("LD_PRELOAD", "LD_LIBRARY_PATH", "PYTHONHASHSEED", "PYTHONHOME")
+# The signals a client relays to its child: every one a process may catch that Slurm, srun
+# or a user may send to a step.
+RELAYED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2,
+           signal.SIGCONT, signal.SIGALRM, signal.SIGXCPU)
+HEADER = struct.Struct("!I")
+MAX_REQUEST = 8 << 20
+
+
+class Refused(Exception):
+    """The service cannot start this command warm; the message says why."""
+
+
+# --- the wire: one request (length-prefixed JSON, the client's fds 0-2 alongside), then
+# --- replies of one JSON line each: {"pid": N}, then {"status": WAITSTATUS}; or {"refused": WHY}
+
+def send_request(sock: socket.socket, request: dict) -> None:
+    body = json.dumps(request).encode()
+    sock.sendmsg([HEADER.pack(len(body)) + body],
+                 [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [0, 1, 2]))])
+
+
+def receive_request(sock: socket.socket) -> tuple[dict, list[int]]:
+    """A request and the three descriptors that came with it (the caller owns them)."""
+    fds = array.array("i")
+    data, ancdata, _flags, _addr = sock.recvmsg(1 << 16, socket.CMSG_LEN(3 * fds.itemsize))
+    for level, kind, payload in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
+    try:
+        if len(data) < HEADER.size or len(fds) != 3:
+            raise Refused("a request without its length or its three descriptors")
+        (size,) = HEADER.unpack_from(data)
+        if size > MAX_REQUEST:
+            raise Refused(f"a request of {size} bytes")
+        body = data[HEADER.size:]
+        while len(body) < size:
+            more = sock.recv(size - len(body))
+            if not more:
+                raise Refused("the request ended early")
+            body += more
+        return json.loads(body), list(fds)
+    except BaseException:
+        for fd in fds:
+            os.close(fd)
+        raise
+
+
+def reply(sock: socket.socket, message: dict) -> None:
+    sock.sendall(json.dumps(message).encode() + b"\n")
+
+
+# --- the client: in the job's step, standard library only
+
+def command_form(cmd: list[str]) -> tuple[str, list[str]] | None:
+    """(python, argv) of `PYTHON SCRIPT ARGS...` or `PYTHON -m MODULE ARGS...` (argv as
+    sys.argv gets it: the script's path, or "-m" for a module, then ARGS); None for any other."""
+    if len(cmd) >= 2 and not cmd[1].startswith("-"):
+        return cmd[0], cmd[1:]
+    if len(cmd) >= 3 and cmd[1] == "-m" and not cmd[2].startswith("-"):
+        return cmd[0], cmd[1:]
+    return None
+
+
+def run(cmd: list[str], socket_path: str | None = None) -> int:
+    """Start `cmd` warm through the node's service and wait for it; cold (exec) when it
+    cannot be warm. Returns the child's exit code, or dies of its signal."""
+    why = _warm_refusal(cmd)
+    sock = None
+    relay = Relay()  # from before the request: a signal that comes while the child starts waits for it
+    if why is None:
+        try:
+            sock = _connect(socket_path or os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET)
+            python, argv = command_form(cmd)  # type: ignore[misc]  # _warm_refusal checked it
+            send_request(sock, {"python": os.path.abspath(shutil.which(python) or python), "argv": argv, "env": dict(os.environ), "cwd": os.getcwd(),
+                                "umask": _umask()})
+            reader = sock.makefile("rb")
+            first = _read_reply(reader)
+            if "refused" in first:
+                why = str(first["refused"])
+        except Refused as e:
+            why = str(e)
+        except OSError as e:
+            why = f"the service did not answer ({e})"
+    if why is not None:
+        relay.stop()
+        if sock is not None:
+            sock.close()
+        if os.environ.get(OFF_ENV) != "0":
+            print(f"slurm-hai: starting cold: {why}", file=sys.stderr, flush=True)
+        try:
+            os.execvp(cmd[0], cmd)
+        except OSError as e:
+            print(f"slurm-hai: cannot start {cmd[0]!r}: {e}", file=sys.stderr, flush=True)
+            return 127
+    assert sock is not None
+    return _supervise(reader, int(first["pid"]), relay)
+
+
+class Relay:
+    """The client's handlers of the RELAYED signals it does not ignore: each goes to the
+    child, or waits for it (`to`). A signal that came before a cold start is not passed on."""
+
+    def __init__(self) -> None:
+        self.pidfd: int | None = None
+        self.pending: list[int] = []
+        self.signals = [s for s in RELAYED if signal.getsignal(s) is not signal.SIG_IGN]
+        for sig in self.signals:
+            signal.signal(sig, self._handle)
+
+    def _handle(self, sig: int, _frame) -> None:
+        if self.pidfd is None:
+            self.pending.append(sig)
+        else:
+            _relay(self.pidfd, sig)
+
+    def to(self, pidfd: int) -> None:
+        self.pidfd = pidfd
+        while self.pending:
+            _relay(pidfd, self.pending.pop(0))
+
+    def stop(self) -> None:
+        for sig in self.signals:
+            signal.signal(sig, signal.SIG_DFL)
+
+
+def _warm_refusal(cmd: list[str]) -> str | None:
+    if os.environ.get(OFF_ENV) == "0":
+        return f"{OFF_ENV}=0"
+    if command_form(cmd) is None:
+        return "the command is not PYTHON SCRIPT or PYTHON -m MODULE"
+    return None
+
+
+def _connect(path: str) -> socket.socket:
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.connect(path)
+        _pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                             struct.calcsize("3i")))
+        if uid != 0:
+            raise Refused(f"{path} is served by uid {uid}, not root")
+        return sock
+    except (OSError, Refused) as e:
+        sock.close()
+        if isinstance(e, FileNotFoundError | ConnectionRefusedError):
+            raise Refused(f"no warm-start service on this node ({path})") from None
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _read_reply(reader) -> dict:
+    """The service's next reply, from `reader` (the socket's makefile("rb"))."""
+    line = reader.readline()
+    if not line.endswith(b"\n"):
+        raise Refused("the service closed the connection")
+    return json.loads(line)
+
+
+def _supervise(reader, pid: int, relay: Relay) -> int:
+    """Relay signals to the child until the service says how it ended; end as it did."""
+    try:
+        pidfd: int | None = os.pidfd_open(pid)
+    except ProcessLookupError:  # it ended already: its status is on its way
+        pidfd = None
+    if pidfd is not None:
+        relay.to(pidfd)
+    try:
+        status = _read_reply(reader)["status"]
+    except (Refused, OSError, KeyError, ValueError):  # the service went away: the child's end, unknown
+        import select
+
+        if pidfd is not None:
+            select.select([pidfd], [], [])
+        print("slurm-hai: the warm-start service went away; the command's exit status is unknown",
+              file=sys.stderr, flush=True)
+        return 1
+    finally:
+        relay.stop()
+        if pidfd is not None:
+            os.close(pidfd)
+    if os.WIFSIGNALED(status):
+        died_of = os.WTERMSIG(status)
+        if died_of not in (signal.SIGKILL, signal.SIGSTOP):
+            signal.signal(died_of, signal.SIG_DFL)
+        os.kill(os.getpid(), died_of)
+        return 128 + died_of  # not reached for a deadly signal
+    return os.waitstatus_to_exitcode(status)
+
+
+def _relay(pidfd: int, sig: int) -> None:
+    try:
+        signal.pidfd_send_signal(pidfd, sig)
+    except ProcessLookupError:
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if args[:1] == ["--"]:
+        args = args[1:]
+    if not args:
+        print("usage: python -m slurm_hai.runtime.warm -- PYTHON SCRIPT|-m MODULE [ARGS...]", file=sys.stderr)
+        return 2
+    return run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,409 @@
+"""The warm-start service (`hai-admin warm-start`, one per node, as root): it imports the
+modules it preloads once, then forks each job process a client (slurm_hai.runtime.warm, whose
+docstring says what a child takes over and when a start is made cold) asks for.
+
+One thread, one loop: the listening socket, each client's connection and each child's pidfd.
+A request is read whole (with its three descriptors), checked (`refusal`), and forked; the
+child becomes the client's process (`become`) and says so on a pipe before any of the job's
+code runs, or says why it could not, which the client is told as a refusal. When a child
+ends, its client is sent the wait status; when a client's connection closes first (Slurm
+killed the step), its child is killed. A service that stops leaves its children running (they
+are the jobs' processes); their clients then end with exit 1 and a line once they end.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+import os
+import selectors
+import signal
+import socket
+import struct
+import sys
+import time
+from pathlib import Path
+
+from .warm import START_ONLY, Refused, receive_request, reply
+
+log = logging.getLogger("slurm_hai.warm")
+# How long a child may take to become the client's process before the service refuses.
+BECOME_WITHIN_S = 10.0
+
+
+def peer_of(sock: socket.socket) -> tuple[int, int, int]:
+    """(pid, uid, gid) of the process at the other end of `sock`, as the kernel says."""
+    pid, uid, gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    return pid, uid, gid
+
+
+def refusal(request: dict, peer_pid: int, python: str = sys.executable) -> str | None:
+    """Why the service cannot start `request` warm (None: it can)."""
+    if not same_python(request.get("python"), python):
+        return f"the command's Python is {request.get('python')!r}, the service's {python!r}"
+    env = request.get("env")
+    if not isinstance(env, dict) or not all(isinstance(k, str) and isinstance(v, str) for k, v in env.items()):
+        return "no environment"
+    for name in START_ONLY:
+        if env.get(name) != os.environ.get(name):
+            return f"{name} differs from the service's (fixed at a process's start)"
+    argv = request.get("argv")
+    if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv) or not argv or argv == ["-m"]:
+        return "no command"
+    if not isinstance(request.get("cwd"), str) or not isinstance(request.get("umask"), int):
+        return "no working directory or umask"
+    for ns in ("mnt", "net", "pid", "user", "ipc", "uts"):
+        try:
+            if os.stat(f"/proc/{peer_pid}/ns/{ns}").st_ino != os.stat(f"/proc/self/ns/{ns}").st_ino:
+                return f"the step runs in another {ns} namespace than the service"
+        except FileNotFoundError:
+            continue
+    return None
+
+
+def same_python(asked: object, own: str) -> bool:
+    """Whether the interpreter the client names (its path, as PATH found it) is the service's
+    own: the same file in the same directory (python and python3 of one virtualenv are; the
+    python of another virtualenv, a link to the same binary, is not)."""
+    try:
+        return (isinstance(asked, str) and os.path.dirname(asked) == os.path.dirname(own)
+                and os.path.samefile(asked, own))
+    except OSError:
+        return False
+
+
+def _status_ids(pid: int) -> tuple[list[int], list[int], list[int]]:
+    """(uids, gids, groups) of process `pid` (/proc/PID/status)."""
+    fields = {}
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        key, _, value = line.partition(":")
+        fields[key] = value.split()
+    return [int(x) for x in fields["Uid"]], [int(x) for x in fields["Gid"]], [int(x) for x in fields.get("Groups", [])]
+
+
+# /proc/PID/limits' names of the resource limits (prlimit(2) of another user's process needs
+# CAP_SYS_PTRACE, which root in a container may lack; the file is readable by all).
+LIMIT_NAMES = {"Max cpu time": "RLIMIT_CPU", "Max file size": "RLIMIT_FSIZE", "Max data size": "RLIMIT_DATA",
+               "Max stack size": "RLIMIT_STACK", "Max core file size": "RLIMIT_CORE", "Max resident set": "RLIMIT_RSS",
+               "Max processes": "RLIMIT_NPROC", "Max open files": "RLIMIT_NOFILE",
+               "Max locked memory": "RLIMIT_MEMLOCK", "Max address space": "RLIMIT_AS",
+               "Max file locks": "RLIMIT_LOCKS", "Max pending signals": "RLIMIT_SIGPENDING",
+               "Max msgqueue size": "RLIMIT_MSGQUEUE", "Max nice priority": "RLIMIT_NICE",
+               "Max realtime priority": "RLIMIT_RTPRIO", "Max realtime timeout": "RLIMIT_RTTIME"}
+
+
+def _limits(pid: int) -> dict[int, tuple[int, int]]:
+    """Process `pid`'s resource limits, {RLIMIT_*: (soft, hard)}."""
+    import resource
+
+    out = {}
+    for line in Path(f"/proc/{pid}/limits").read_text().splitlines()[1:]:
+        name = next((n for n in LIMIT_NAMES if line.startswith(n)), None)
+        if name is None or not hasattr(resource, LIMIT_NAMES[name]):
+            continue
+        soft, hard = line[len(name):].split()[:2]
+        out[getattr(resource, LIMIT_NAMES[name])] = tuple(resource.RLIM_INFINITY if v == "unlimited" else int(v)
+                                                           for v in (soft, hard))
+    return out  # type: ignore[return-value]
+
+
+def _signal_set(pid: int, field: str) -> set[int]:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            bits = int(line.split()[1], 16)
+            return {n for n in range(1, signal.NSIG) if bits & (1 << (n - 1))}
+    return set()
+
+
+def _join_cgroups(pid: int) -> None:
+    """Move this process into every control group of process `pid` (v2: its one path; v1:
+    each hierarchy's, under /sys/fs/cgroup/<controllers>)."""
+    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
+        hierarchy, controllers, path = line.split(":", 2)
+        if hierarchy == "0" and not controllers:
+            base = Path("/sys/fs/cgroup")
+        else:
+            name = controllers.replace("name=", "") if controllers else ""
+            base = Path("/sys/fs/cgroup") / name
+            if not name or not base.is_dir():
+                continue
+        procs = base / path.lstrip("/") / "cgroup.procs"
+        if procs.parent.is_dir():
+            procs.write_text("0")
+
+
+def become(request: dict, fds: list[int], peer: tuple[int, int, int]) -> None:
+    """In the forked child, as root: become the client's process (module docstring). Raises
+    on anything it cannot take over; the service then refuses, and the client starts cold."""
+    import random
+    import resource
+
+    pid, uid, gid = peer
+    _join_cgroups(pid)
+    for res, limits in _limits(pid).items():
+        resource.setrlimit(res, limits)
+    uids, gids, groups = _status_ids(pid)
+    ignored, blocked = _signal_set(pid, "SigIgn"), _signal_set(pid, "SigBlk")
+    if uids[0] != uid or gids[0] != gid:  # the pid was reused: not the process that connected
+        raise Refused("the client's process is gone")
+    os.setgroups(groups)
+    os.setresgid(gid, gid, gid)
+    os.setresuid(uid, uid, uid)
+    os.umask(request["umask"])
+    os.chdir(request["cwd"])
+    os.environ.clear()
+    os.environ.update(request["env"])
+    for target, fd in enumerate(fds):
+        os.dup2(fd, target)
+    for n in range(1, signal.NSIG):
+        if n in (signal.SIGKILL, signal.SIGSTOP):
+            continue
+        try:
+            default = (signal.default_int_handler if n == signal.SIGINT else
+                       signal.SIG_IGN if n in (signal.SIGPIPE, signal.SIGXFSZ) else signal.SIG_DFL)
+            signal.signal(n, signal.SIG_IGN if n in ignored else default)
+        except (OSError, ValueError):
+            continue
+    signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+    logging.root.handlers.clear()  # the service's logging is not the job's: a fresh root logger
+    logging.root.setLevel(logging.WARNING)
+    random.seed()
+    if "numpy" in sys.modules:
+        sys.modules["numpy"].random.seed()
+    if "torch" in sys.modules:
+        threads = os.environ.get("OMP_NUM_THREADS", "")
+        sys.modules["torch"].set_num_threads(int(threads) if threads.isdigit() and int(threads) > 0
+                                             else len(os.sched_getaffinity(0)))
+
+
+def run_as_main(argv: list[str], base_path: list[str]) -> int:
+    """Run argv (a script's path, or -m MODULE, then its arguments) as __main__, as the
+    interpreter would; the exit code (a KeyboardInterrupt dies of SIGINT)."""
+    import atexit
+    import io
+    import runpy
+    import threading
+    import traceback
+
+    unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
+    sys.stdin = io.TextIOWrapper(io.open(0, "rb", closefd=False), errors="strict")
+    sys.stdout = io.TextIOWrapper(io.open(1, "wb", buffering=0 if unbuffered else -1, closefd=False),
+                                  line_buffering=os.isatty(1), write_through=unbuffered)
+    sys.stderr = io.TextIOWrapper(io.open(2, "wb", buffering=0 if unbuffered else -1, closefd=False),
+                                  line_buffering=True, errors="backslashreplace", write_through=unbuffered)
+    extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+    module = argv[0] == "-m"
+    sys.argv = argv[1:] if module else list(argv)
+    sys.path[:] = [os.getcwd() if module else os.path.dirname(os.path.abspath(argv[0])), *extra, *base_path]
+    code: int = 0
+    try:
+        if module:
+            sys.argv[0] = argv[1]
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(argv[0], run_name="__main__")
+    except SystemExit as e:
+        if e.code is None:
+            code = 0
+        elif isinstance(e.code, int):
+            code = e.code
+        else:
+            print(e.code, file=sys.stderr)
+            code = 1
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        code = -signal.SIGINT
+    except BaseException:  # noqa: BLE001 - as the interpreter: the traceback, exit 1
+        traceback.print_exc()
+        code = 1
+    threading._shutdown()  # type: ignore[attr-defined]  # non-daemon threads, as at the interpreter's exit
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+    if code == -signal.SIGINT:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    return code & 0xFF
+
+
+class Service:
+    """The loop; `serve()` runs it until SIGTERM or SIGINT."""
+
+    def __init__(self, path: str, preload: list[str]) -> None:
+        self.path, self.preload = path, preload
+        self.children: dict[int, tuple[int, socket.socket]] = {}  # pidfd -> (pid, its client)
+        self.sel = selectors.DefaultSelector()
+        self.base_path = list(sys.path[1:])  # the interpreter's own path, without the service's script dir
+
+    def listen(self) -> socket.socket:
+        """Bind the socket, then preload: a step that asks meanwhile waits in the backlog for
+        the imports it would otherwise make itself, beside the service's."""
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+        server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        old = os.umask(0o111)  # every user may connect: the service takes each one's own ids
+        try:
+            server.bind(self.path)
+        finally:
+            os.umask(old)
+        server.listen(64)
+        try:
+            for name in self.preload:
+                t0 = time.monotonic()
+                importlib.import_module(name)
+                log.info("preloaded %s in %.2f s", name, time.monotonic() - t0)
+        except BaseException:
+            server.close()
+            os.unlink(self.path)
+            raise
+        return server
+
+    def serve(self, server: socket.socket) -> None:
+        stop: list[int] = []
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, lambda s, _f: stop.append(s))
+        self.sel.register(server, selectors.EVENT_READ, "accept")
+        log.info("warm-start service on %s (pid %d)", self.path, os.getpid())
+        try:
+            while not stop:
+                for key, _ in self.sel.select(timeout=1.0):
+                    try:
+                        if key.data == "accept":
+                            self._accept(server)
+                        elif key.data[0] == "child":
+                            self._child_ended(key.fd)
+                        else:
+                            self._client_gone(key.data[1])
+                    except Exception:  # noqa: BLE001 - one start's fault is not every later start's
+                        log.exception("while handling %s", key.data)
+        finally:  # the children are the jobs': they run on, their clients learn no exit status
+            for _pid, conn in self.children.values():
+                conn.close()
+            server.close()
+            try:
+                os.unlink(self.path)
+            except FileNotFoundError:
+                pass
+
+    def _accept(self, server: socket.socket) -> None:
+        conn, _ = server.accept()
+        conn.settimeout(1.0)  # a client sends its request at once: one that does not holds up the others
+        peer = peer_of(conn)
+        try:
+            request, fds = receive_request(conn)
+        except (Refused, OSError, ValueError) as e:
+            log.warning("pid %d: %s", peer[0], e)
+            conn.close()
+            return
+        try:
+            why = refusal(request, peer[0])
+            pid = None if why else self._fork(request, fds, peer)
+        except Refused as e:
+            why, pid = str(e), None
+        finally:
+            for fd in fds:
+                os.close(fd)
+        try:
+            if pid is None:
+                log.info("uid %d pid %d: refused: %s", peer[1], peer[0], why)
+                reply(conn, {"refused": why})
+                conn.close()
+                return
+            reply(conn, {"pid": pid})
+        except OSError:
+            _kill(pid) if pid else None
+            conn.close()
+            return
+        conn.settimeout(None)
+        pidfd = os.pidfd_open(pid)
+        self.children[pidfd] = (pid, conn)
+        self.sel.register(pidfd, selectors.EVENT_READ, ("child", pidfd))
+        self.sel.register(conn, selectors.EVENT_READ, ("client", pidfd))
+        log.info("uid %d pid %d: started %s as pid %d", peer[1], peer[0], request["argv"][:2], pid)
+
+    def _fork(self, request: dict, fds: list[int], peer: tuple[int, int, int]) -> int:
+        """Fork the child; its pid once it became the client's process (Refused if not)."""
+        ready_r, ready_w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: never returns into the service's loop
+            code = 1
+            try:
+                os.close(ready_r)
+                self.sel.close()
+                become(request, fds, peer)
+                os.closerange(3, ready_w)  # the service's sockets and every other request's descriptors
+                os.closerange(ready_w + 1, _max_fd())
+                os.write(ready_w, b"ok")
+                os.close(ready_w)
+                code = run_as_main(request["argv"], self.base_path)
+            except BaseException as e:  # noqa: BLE001 - told to the service, which refuses
+                try:
+                    os.write(ready_w, f"error: {type(e).__name__}: {e}".encode()[:4000])
+                except OSError:
+                    pass
+            finally:
+                os._exit(code)
+        os.close(ready_w)
+        try:
+            answer = _read_all(ready_r, BECOME_WITHIN_S)
+        finally:
+            os.close(ready_r)
+        if answer != b"ok":
+            _kill(pid)
+            os.waitpid(pid, 0)
+            raise Refused(answer.decode(errors="replace").removeprefix("error: ") or "the child did not start")
+        return pid
+
+    def _child_ended(self, pidfd: int) -> None:
+        pid, conn = self.children.pop(pidfd)
+        self.sel.unregister(pidfd)
+        if conn.fileno() in self.sel.get_map():  # not when its client went first (_client_gone)
+            self.sel.unregister(conn)
+        os.close(pidfd)
+        _, status = os.waitpid(pid, 0)
+        try:
+            reply(conn, {"status": status})
+        except OSError:
+            pass
+        conn.close()
+
+    def _client_gone(self, pidfd: int) -> None:
+        """The client's connection is readable: it closed (a client sends nothing more)."""
+        pid, conn = self.children[pidfd]
+        self.sel.unregister(conn)
+        log.info("pid %d: its client is gone; killed", pid)
+        _kill(pid)  # _child_ended follows, and finds the connection closed
+
+
+def _kill(pid: int) -> None:
+    try:
+        os.kill(pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+
+
+def _max_fd() -> int:
+    try:
+        return os.sysconf("SC_OPEN_MAX")
+    except (ValueError, OSError):
+        return 65536
+
+
+def _read_all(fd: int, timeout: float) -> bytes:
+    import select
+
+    data = b""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            return data
+        more = os.read(fd, 4096)
+        if not more:
+            return data
+        data += more

@@ -1,0 +1,232 @@
+"""Warm starts (slurm_hai.runtime.warm, hai-admin warm-start): the real service, forking real
+processes, as root, for root and for `nobody`; the client as a step would run it."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import signal
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from slurm_hai.runtime.warm import command_form
+from slurm_hai.runtime.warm_service import same_python
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the service takes other users' ids: root only")
+HAI_ADMIN = Path(sys.executable).with_name("hai-admin")
+NOBODY = pwd.getpwnam("nobody")
+
+
+@pytest.fixture
+def shared():
+    """A directory every user may read (pytest's tmp_path is root's alone)."""
+    d = Path(tempfile.mkdtemp(prefix="hai-warm-"))
+    d.chmod(0o755)
+    yield d
+    subprocess.run(["rm", "-rf", str(d)], check=False)
+
+
+def start_service(sock: Path, preload: str) -> subprocess.Popen:
+    log = open(sock.with_suffix(".log"), "w")
+    service = subprocess.Popen([str(HAI_ADMIN), "warm-start", "--socket", str(sock), "--preload", preload],
+                               stdout=log, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while "warm-start service on" not in sock.with_suffix(".log").read_text():
+        assert service.poll() is None and time.monotonic() < deadline, sock.with_suffix(".log").read_text()
+        time.sleep(0.05)
+    return service
+
+
+@pytest.fixture
+def service(shared):
+    sock = shared / "warm.sock"
+    proc = start_service(sock, "json")
+    yield sock
+    proc.terminate()
+    assert proc.wait(10) == 0, sock.with_suffix(".log").read_text()
+    assert not sock.exists()
+
+
+def client(sock: Path, cmd: list[str], user: str | None = None, **kw) -> subprocess.Popen:
+    env = {**os.environ, "HAI_WARM_SOCKET": str(sock), "HAI_TEST_VAR": "seen"}
+    argv = [sys.executable, "-m", "slurm_hai.runtime.warm", "--", *cmd]
+    if user:
+        argv = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", "--", *argv]
+    return subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            cwd=kw.pop("cwd", None), **kw)
+
+
+def script(d: Path, body: str, name: str = "job.py") -> Path:
+    p = d / name
+    p.write_text(textwrap.dedent(body))
+    p.chmod(0o644)
+    return p
+
+
+def test_the_command_forms_a_warm_start_takes():
+    assert command_form(["py", "s.py", "a"]) == ("py", ["s.py", "a"])
+    assert command_form(["py", "-m", "mod", "a"]) == ("py", ["-m", "mod", "a"])
+    assert command_form(["py", "-u", "s.py"]) is None and command_form(["py", "-c", "pass"]) is None
+    assert command_form(["py"]) is None
+
+
+def test_the_python_of_a_warm_start_is_the_services_own_by_any_of_its_names():
+    venv_bin = Path(sys.executable).parent
+    assert same_python(str(venv_bin / "python3"), sys.executable) and same_python(sys.executable, sys.executable)
+    assert not same_python("/usr/bin/python3", sys.executable)  # the same binary, another environment
+    assert not same_python(str(venv_bin / "pip"), sys.executable) and not same_python(None, sys.executable)
+
+
+def test_a_warm_child_is_the_clients_process_its_user_ids_limits_place_and_streams(service, shared):
+    job = script(shared, """
+        import json, os, resource, sys
+        print(json.dumps({"ids": os.getresuid() + os.getresgid(), "groups": os.getgroups(), "cwd": os.getcwd(),
+                          "argv": sys.argv, "var": os.environ.get("HAI_TEST_VAR"), "umask": os.umask(0),
+                          "nofile": resource.getrlimit(resource.RLIMIT_NOFILE), "path0": sys.path[0],
+                          "main": __name__, "warm": "json" in sys.modules}))
+        print("to stderr", file=sys.stderr)
+        sys.exit(7)
+    """)
+    p = subprocess.run(["sh", "-c", "ulimit -n 321; umask 027; exec \"$@\"", "sh", "setpriv",
+                        f"--reuid={NOBODY.pw_uid}", f"--regid={NOBODY.pw_gid}", "--clear-groups", "--",
+                        sys.executable, "-m", "slurm_hai.runtime.warm", "--", sys.executable, str(job), "x", "y z"],
+                       env={**os.environ, "HAI_WARM_SOCKET": str(service), "HAI_TEST_VAR": "seen"}, cwd=shared,
+                       capture_output=True, text=True, timeout=60)
+    import json
+
+    seen = json.loads(p.stdout)
+    assert p.returncode == 7 and p.stderr == "to stderr\n"
+    assert seen["ids"] == [NOBODY.pw_uid] * 3 + [NOBODY.pw_gid] * 3 and seen["groups"] == []
+    assert seen["cwd"] == str(shared) and seen["argv"] == [str(job), "x", "y z"] and seen["var"] == "seen"
+    assert seen["umask"] == 0o027 and seen["nofile"] == [321, 321] and seen["path0"] == str(shared)
+    assert seen["main"] == "__main__" and seen["warm"]  # json came preloaded: the child is the service's fork
+
+
+def test_a_module_runs_as_main_and_an_uncaught_exception_exits_1_with_its_traceback(service, shared):
+    script(shared, "import sys\nprint('module', sys.argv)\n", "mod_here.py")
+    p = client(service, [sys.executable, "-m", "mod_here", "a"], cwd=shared)
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 0 and out == f"module ['{shared / 'mod_here.py'}', 'a']\n", err
+    bad = script(shared, "raise ValueError('boom')\n", "bad.py")
+    p = client(service, [sys.executable, str(bad)])
+    out, err = p.communicate(timeout=60)
+    assert p.returncode == 1 and "ValueError: boom" in err and "Traceback" in err
+
+
+def test_signals_reach_the_child_and_the_client_ends_as_the_child_did(service, shared):
+    job = script(shared, """
+        import signal, sys, time
+        signal.signal(signal.SIGUSR1, lambda *_: print("usr1", flush=True))
+        signal.signal(signal.SIGTERM, lambda *_: sys.exit(42))
+        print("ready", flush=True)
+        while True:
+            time.sleep(0.1)
+    """)
+    p = client(service, [sys.executable, str(job)], user=str(NOBODY.pw_uid))
+    assert p.stdout.readline() == "ready\n"
+    p.send_signal(signal.SIGUSR1)
+    assert p.stdout.readline() == "usr1\n"
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(30) == 42
+    dies = script(shared, "import os, signal\nos.kill(os.getpid(), signal.SIGKILL)\n", "dies.py")
+    p = client(service, [sys.executable, str(dies)])
+    assert p.wait(30) == -signal.SIGKILL
+
+
+def test_a_client_killed_takes_its_child_with_it(service, shared):
+    job = script(shared, """
+        import os, time
+        print(os.getpid(), flush=True)
+        time.sleep(600)
+    """)
+    p = client(service, [sys.executable, str(job)], user=str(NOBODY.pw_uid))
+    child = int(p.stdout.readline())
+    assert Path(f"/proc/{child}").exists()
+    p.kill()
+    p.wait(10)
+    deadline = time.monotonic() + 10
+    while Path(f"/proc/{child}").exists() and Path(f"/proc/{child}/stat").read_text().split()[2] != "Z":
+        assert time.monotonic() < deadline, "the child outlived its client"
+        time.sleep(0.05)
+
+
+def test_what_cannot_be_warm_starts_cold_with_one_line(service, shared):
+    job = script(shared, "import sys\nprint('ran', 'json' in sys.modules)\n")
+    for cmd, env, why in (
+            (["/usr/bin/python3", str(job)], {}, "the command's Python is '/usr/bin/python3'"),
+            ([sys.executable, str(job)], {"LD_PRELOAD": "libm.so.6"}, "LD_PRELOAD differs from the service's"),
+            ([sys.executable, str(job)], {"HAI_WARM_SOCKET": str(shared / "none.sock")}, "no warm-start service"),
+    ):
+        p = subprocess.run([sys.executable, "-m", "slurm_hai.runtime.warm", "--", *cmd],
+                           env={**os.environ, "HAI_WARM_SOCKET": str(service), **env}, capture_output=True, text=True,
+                           timeout=60)
+        assert p.returncode == 0 and p.stdout == "ran False\n", p.stderr  # a cold process: json not loaded
+        assert p.stderr.startswith("slurm-hai: starting cold: ") and why in p.stderr and p.stderr.count("\n") == 1
+
+
+def test_a_service_that_is_not_roots_is_not_trusted(shared):
+    (shared / "nobody").mkdir()
+    os.chown(shared / "nobody", NOBODY.pw_uid, NOBODY.pw_gid)
+    sock = shared / "nobody" / "fake.sock"
+    fake = subprocess.Popen(["setpriv", f"--reuid={NOBODY.pw_uid}", f"--regid={NOBODY.pw_gid}", "--clear-groups",
+                             sys.executable, "-c", textwrap.dedent(f"""
+        import socket, time
+        s = socket.socket(socket.AF_UNIX); s.bind({str(sock)!r}); s.listen(); print("up", flush=True)
+        while True:
+            c, _ = s.accept(); time.sleep(5)
+    """)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert fake.stdout.readline() == "up\n"
+        job = script(shared, "print('ran')\n")
+        p = subprocess.run([sys.executable, "-m", "slurm_hai.runtime.warm", "--", sys.executable, str(job)],
+                           env={**os.environ, "HAI_WARM_SOCKET": str(sock)}, capture_output=True, text=True, timeout=60)
+        assert p.stdout == "ran\n" and f"is served by uid {NOBODY.pw_uid}, not root" in p.stderr
+    finally:
+        fake.kill()
+        fake.wait()
+
+
+def test_with_torch_preloaded_a_warm_start_computes_as_a_cold_one(shared):
+    sock = shared / "torch.sock"
+    service = start_service(sock, "torch")
+    job = script(shared, """
+        import random, torch
+        torch.manual_seed(0)
+        x = torch.randn(256, 256, dtype=torch.float64)
+        print(torch.get_num_threads(), (x @ x).sum().item().hex(), random.random())
+    """)
+    try:
+        runs = {}
+        for threads in ("1", None):
+            env = {**os.environ, "HAI_WARM_SOCKET": str(sock)}
+            env.pop("OMP_NUM_THREADS", None)
+            if threads:
+                env["OMP_NUM_THREADS"] = threads
+            for how, argv in (("cold", [sys.executable, str(job)]),
+                              ("warm", [sys.executable, "-m", "slurm_hai.runtime.warm", "--", sys.executable, str(job)]),
+                              ("warm again", [sys.executable, "-m", "slurm_hai.runtime.warm", "--", sys.executable,
+                                              str(job)])):
+                p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120)
+                assert p.returncode == 0 and "starting cold" not in p.stderr, p.stderr
+                runs[threads, how] = p.stdout.split()
+        for threads in ("1", None):
+            cold, warm, again = (runs[threads, how] for how in ("cold", "warm", "warm again"))
+            assert warm[:2] == cold[:2] == again[:2]  # the thread count, and the result bit for bit
+            assert warm[2] != again[2]  # random's seed is each process's own
+        assert runs["1", "cold"][0] == "1" and runs[None, "cold"][0] == str(len(os.sched_getaffinity(0)))
+    finally:
+        service.terminate()
+        service.wait(10)
+
+
+def test_the_service_refuses_to_run_as_another_user_than_root(shared):
+    p = subprocess.run(["setpriv", f"--reuid={NOBODY.pw_uid}", f"--regid={NOBODY.pw_gid}", "--clear-groups",
+                        str(HAI_ADMIN), "warm-start", "--socket", str(shared / "x.sock")],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 1 and p.stderr.strip().endswith("run it as root") and p.stderr.count("\n") == 1
