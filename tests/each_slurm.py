@@ -137,7 +137,7 @@ def tarballs_in(directory: str) -> list[Path]:
     return tarballs
 
 
-def test_one(tarball: Path, pytest_args: list[str]) -> int:
+def run_one(tarball: Path, pytest_args: list[str]) -> int:
     """Steps 1-4 for one tarball; its exit status."""
     release = release_of(tarball)
     k = release_slot(release)
@@ -157,7 +157,7 @@ def test_one(tarball: Path, pytest_args: list[str]) -> int:
 
 def main(argv: list[str]) -> int:
     if argv[1:2] == ["--one"]:  # one version's run, a child of the run of all
-        return test_one(Path(argv[2]), argv[3:])
+        return run_one(Path(argv[2]), argv[3:])
     if argv[1:2] == ["--build"]:  # the detached child of --build-in-background
         try:
             return build_all([Path(t) for t in argv[2:]])

@@ -481,18 +481,13 @@ def start_node(c: Cluster, n: Node) -> None:
         stop(daemon)
     enter = node_enter(c, running_pid(holder))
     start(daemon, [*enter, c.tool("slurmd"), "-f", str(c.slurm_conf), "-N", n.name], c)
-    agent = persist_agent(c, n)
-    if fresh and running_pid(agent):
-        stop(agent)
-    if HAI_ADMIN.exists() and not c.site:  # not before `make setup` has installed the project
-        start(agent, writing_pidfile(agent, [*enter, str(HAI_ADMIN), "persist-agent", "--sweep-every", "5"]), c,
-              foreground=True)
-    warm = warm_start(c, n)
-    if fresh and running_pid(warm):
-        stop(warm)
-    if HAI_ADMIN.exists() and not c.site:
-        start(warm, writing_pidfile(warm, [*enter, str(HAI_ADMIN), "warm-start", "--preload", WARM_PRELOAD]), c,
-              foreground=True)
+    # the node's own slurm-hai services, in its namespace
+    for service, args in ((persist_agent(c, n), ["persist-agent", "--sweep-every", "5"]),
+                          (warm_start(c, n), ["warm-start", "--preload", WARM_PRELOAD])):
+        if fresh and running_pid(service):
+            stop(service)
+        if HAI_ADMIN.exists() and not c.site:  # not before `make setup` has installed the project
+            start(service, writing_pidfile(service, [*enter, str(HAI_ADMIN), *args]), c, foreground=True)
 
 
 def running_pid(d: Daemon) -> int | None:

@@ -101,6 +101,12 @@ def receive_request(sock: socket.socket) -> tuple[dict, list[int]]:
         raise
 
 
+def peer_of(sock: socket.socket) -> tuple[int, int, int]:
+    """(pid, uid, gid) of the process at the other end of `sock`, as the kernel says."""
+    pid, uid, gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
+    return pid, uid, gid
+
+
 def reply(sock: socket.socket, message: dict) -> None:
     sock.sendall(json.dumps(message).encode() + b"\n")
 
@@ -191,8 +197,7 @@ def _connect(path: str) -> socket.socket:
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.connect(path)
-        _pid, uid, _gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                                             struct.calcsize("3i")))
+        _pid, uid, _gid = peer_of(sock)
         if uid != 0:
             raise Refused(f"{path} is served by uid {uid}, not root")
         return sock

@@ -19,22 +19,15 @@ import os
 import selectors
 import signal
 import socket
-import struct
 import sys
 import time
 from pathlib import Path
 
-from .warm import START_ONLY, Refused, receive_request, reply
+from .warm import START_ONLY, Refused, peer_of, receive_request, reply
 
 log = logging.getLogger("slurm_hai.warm")
 # How long a child may take to become the client's process before the service refuses.
 BECOME_WITHIN_S = 10.0
-
-
-def peer_of(sock: socket.socket) -> tuple[int, int, int]:
-    """(pid, uid, gid) of the process at the other end of `sock`, as the kernel says."""
-    pid, uid, gid = struct.unpack("3i", sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i")))
-    return pid, uid, gid
 
 
 def refusal(request: dict, peer_pid: int, python: str = sys.executable) -> str | None:
@@ -315,8 +308,10 @@ class Service:
                 conn.close()
                 return
             reply(conn, {"pid": pid})
-        except OSError:
-            _kill(pid) if pid else None
+        except OSError:  # the client went away before it heard of its child
+            if pid:
+                _kill(pid)
+                os.waitpid(pid, 0)
             conn.close()
             return
         conn.settimeout(None)
