@@ -58,8 +58,10 @@ note(event="imported")
 BATCH = 64
 torch.manual_seed(0)
 model = nn.Sequential(nn.Linear(256, 256), nn.ReLU(), nn.Linear(256, 1))
+cpu = time.process_time()
 ballast = torch.zeros(state_mb * 2**18)  # float32: state_mb MiB the heal must copy
 inner = optim.SGD(model.parameters(), lr=0.01)
+note(event="allocated", cpu_s=time.process_time() - cpu, load=os.getloadavg()[0])
 def load(sd):
     t0 = time.time()
     model.load_state_dict(sd["model"]); inner.load_state_dict(sd["opt"]); ballast.copy_(sd["ballast"])
@@ -90,6 +92,7 @@ note(event="end", bits=hashlib.sha256(w.numpy().tobytes()).hexdigest())
 # Each part's process through the warm-start client, as part_task starts it: warm from the
 # node's `hai-admin warm-start` (the local cluster runs one per node), or cold with HAI_WARM=0.
 BATCH = """#!/bin/bash
+echo '{{"event": "task", "part": '$SLURM_ARRAY_TASK_ID', "restart": '${{SLURM_RESTART_COUNT:-0}}', "t": '$(date +%s.%N)'}}' >> {out}/part$SLURM_ARRAY_TASK_ID.log
 srun {python} -m slurm_hai.runtime.warm -- {python} {script} {out} {steps} {state_mb}
 """
 STARTS = ("cold", "warm")
@@ -164,7 +167,7 @@ def one_round(args, n: int, start: str) -> dict:
     service, url, state = start_lighthouse_service(out)
     try:
         batch = BATCH.format(python=sys.executable, script=script, out=out, steps=args.steps, state_mb=args.state_mb)
-        env = f"ALL,HAI_LIGHTHOUSE_SERVICE={url},HAI_WARM={'0' if start == 'cold' else '1'}"
+        env = f"ALL,HAI_LIGHTHOUSE_SERVICE={url},HAI_WARM={'0' if start == 'cold' else '1'},OMP_NUM_THREADS={args.threads}"
         array = int(cb.run(["sbatch", "--parsable", f"--array=0-{PARTS - 1}", "-N1", "--qos=low", "--gres=gpu:8",
                             "--requeue", f"--export={env}", f"--output={out}/slurm-%A_%a.out",
                             "--job-name=bench-parts"], input=batch).stdout.strip().split(";")[0])
@@ -201,7 +204,9 @@ def one_round(args, n: int, start: str) -> dict:
         "left": sorted(left), "median_step": median_step, "longest_around": max(around),
         "lost": max(around) - median_step, "to_quorum_of_survivors": two - t_high,
         "high_start": t_started - t_high, "rejoin": back - t_ended,
-        "rejoin_task_started": min(r["t"] for r in rows if r["event"] == "start" and r["restart"] > 0) - t_ended,
+        "rejoin_task_started": min(r["t"] for r in rows if r["event"] == "task" and r["restart"] > 0) - t_ended,
+        "rejoin_process_started": min(r["t"] for r in rows if r["event"] == "start" and r["restart"] > 0) - t_ended,
+        "rejoin_allocated": last_after(rows, "allocated", t_ended),
         "rejoin_imported": last_after(rows, "imported", t_ended), "rejoin_manager": last_after(rows, "manager", t_ended),
         "rejoin_healed": max(r["t"] for r in healed) - t_ended if healed else float("nan"),
         "heal_load": max((r["load_s"] for r in healed), default=float("nan")),
@@ -219,6 +224,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--hold", type=float, default=10.0, help="seconds the HIGH job holds its 2 nodes")
     p.add_argument("--steps", type=int, default=300)
     p.add_argument("--warmup", type=float, default=5.0)
+    p.add_argument("--threads", type=int, default=1, help="torch's threads in each part (OMP_NUM_THREADS): the "
+                   "local cluster's nodes share the host's cores, and torch's OpenMP threads, more of them than "
+                   "cores, spin (zeroing 1 GiB took 2.2 s of CPU with 2 threads a part on 2 cores, 0.5 s with 1)")
     p.add_argument("--starts", default=",".join(STARTS), help="how the parts' processes start, in each repeat: "
                    "cold (HAI_WARM=0), warm (the node's hai-admin warm-start), or both, in that order")
     args = p.parse_args(argv)
@@ -240,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(r))
     starts = args.starts.split(",")
     keys = ("median_step", "longest_around", "lost", "to_quorum_of_survivors", "high_start", "rejoin_task_started",
-            "rejoin_imported", "rejoin_manager", "rejoin_healed", "rejoin", "heal_load")
+            "rejoin_process_started", "rejoin_imported", "rejoin_allocated", "rejoin_manager", "rejoin_healed", "rejoin", "heal_load")
     med = {(k, start): statistics.median(r[k] for r in results if r["start"] == start) for k in keys for start in starts}
     print(f"\nparts=4, HIGH takes 2 nodes for {args.hold:g} s, {args.state_mb} MiB of state a part, "
           f"medians of {args.repeats}; the parts' processes started {' / '.join(starts)}")

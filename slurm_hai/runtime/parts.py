@@ -390,22 +390,29 @@ def join(state_dict: Callable[[], Any], load_state_dict: Callable[[Any], None], 
     system every node sees (Part.save_every, and the resume in Part.share). A quorum needs
     the job's MIN parts (HAI_PARTS_MIN): the first parts of a job wait for MIN, a part that
     waits longer than `quorum_timeout` leaves, and so does one that trained when Slurm runs
-    fewer than MIN of the job's parts (Part.below_min)."""
+    fewer than MIN of the job's parts (Part.below_min). A part that joins a live job heals
+    from a peer over its process group, into its own tensors (runtime/heal.py): the state
+    must hold tensors and plain values only (HealError, in one line, here)."""
     from torch.distributed import TCPStore
     from torchft import Manager, ProcessGroupGloo
+
+    from .heal import PeerHeal, check_state
 
     job, index = job_and_part(env)
     least = min_parts(env)
     service = service or env.get(SERVICE_ENV)
     if not service:
         raise PartError(f"no lighthouse service: set {SERVICE_ENV}=http://HOST:PORT (hai-admin lighthouse)")
+    check_state(state_dict())  # what a heal cannot carry stops the part here, in one line
     lighthouse = ask(service, job, least)
     host = socket.gethostname()
     store = TCPStore(host, 0, is_master=True, wait_for_workers=False)
     pg = ProcessGroupGloo(timeout=STEP_TIMEOUT)
+    # a heal copies a live peer's state over this group, into this part's own tensors
+    heal = PeerHeal(pg, lambda: {"user": {"default": state_dict()}, "torchft": manager.state_dict()})
     manager = Manager(pg=pg, load_state_dict=load_state_dict,
                       state_dict=state_dict, min_replica_size=least, init_sync=False,
-                      replica_id=f"{job}_{index}",
+                      replica_id=f"{job}_{index}", checkpoint_transport=heal,
                       lighthouse_addr=lighthouse, store_addr=host, store_port=store.port, rank=0, world_size=1,
                       hostname=host, timeout=STEP_TIMEOUT, quorum_timeout=quorum_timeout)
     checkpoints = None

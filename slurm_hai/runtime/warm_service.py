@@ -54,6 +54,33 @@ def refusal(request: dict, peer_pid: int, python: str = sys.executable) -> str |
     return None
 
 
+def loaded_code() -> dict[str, tuple[int, int]]:
+    """(mtime, size) of the file of every module this process has loaded: what a warm child
+    runs without reading it again (1,178 files with torch and torchft, stat'd in 4 ms)."""
+    files = {getattr(m, "__file__", None) for m in list(sys.modules.values())}
+    code = {}
+    for f in files:
+        if isinstance(f, str) and os.path.isabs(f):
+            try:
+                st = os.stat(f)
+            except OSError:
+                continue
+            code[f] = (st.st_mtime_ns, st.st_size)
+    return code
+
+
+def changed(code: dict[str, tuple[int, int]]) -> str | None:
+    """A file of `code` that changed on disk since (None: none did)."""
+    for f, (mtime, size) in code.items():
+        try:
+            st = os.stat(f)
+        except OSError:
+            return f
+        if (st.st_mtime_ns, st.st_size) != (mtime, size):
+            return f
+    return None
+
+
 def same_python(asked: object, own: str) -> bool:
     """Whether the interpreter the client names (its path, as PATH found it) is the service's
     own: the same file in the same directory (python and python3 of one virtualenv are; the
@@ -230,6 +257,7 @@ class Service:
         self.children: dict[int, tuple[int, socket.socket]] = {}  # pidfd -> (pid, its client)
         self.sel = selectors.DefaultSelector()
         self.base_path = list(sys.path[1:])  # the interpreter's own path, without the service's script dir
+        self.code: dict[str, tuple[int, int]] = {}  # the files of what it loaded, as they were then
 
     def listen(self) -> socket.socket:
         """Bind the socket, then preload: a step that asks meanwhile waits in the backlog for
@@ -254,6 +282,7 @@ class Service:
             server.close()
             os.unlink(self.path)
             raise
+        self.code = loaded_code()
         return server
 
     def serve(self, server: socket.socket) -> None:
@@ -294,7 +323,7 @@ class Service:
             conn.close()
             return
         try:
-            why = refusal(request, peer[0])
+            why = refusal(request, peer[0]) or self._stale()
             pid = None if why else self._fork(request, fds, peer)
         except Refused as e:
             why, pid = str(e), None
@@ -320,6 +349,14 @@ class Service:
         self.sel.register(pidfd, selectors.EVENT_READ, ("child", pidfd))
         self.sel.register(conn, selectors.EVENT_READ, ("client", pidfd))
         log.info("uid %d pid %d: started %s as pid %d", peer[1], peer[0], request["argv"][:2], pid)
+
+    def _stale(self) -> str | None:
+        """Why the service's loaded code is not what is installed now (None: it is). A child
+        would run the modules the service loaded, not the files an upgrade put there since:
+        every start is cold until the service is started again."""
+        f = changed(self.code)
+        return f"the service's code changed on disk since it started ({f}): restart hai-admin warm-start" if f \
+            else None
 
     def _fork(self, request: dict, fds: list[int], peer: tuple[int, int, int]) -> int:
         """Fork the child; its pid once it became the client's process (Refused if not)."""

@@ -32,10 +32,10 @@ def shared():
     subprocess.run(["rm", "-rf", str(d)], check=False)
 
 
-def start_service(sock: Path, preload: str) -> subprocess.Popen:
+def start_service(sock: Path, preload: str, env: dict[str, str] | None = None) -> subprocess.Popen:
     log = open(sock.with_suffix(".log"), "w")
     service = subprocess.Popen([str(HAI_ADMIN), "warm-start", "--socket", str(sock), "--preload", preload],
-                               stdout=log, stderr=subprocess.STDOUT)
+                               stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
     deadline = time.monotonic() + 60
     while "warm-start service on" not in sock.with_suffix(".log").read_text():
         assert service.poll() is None and time.monotonic() < deadline, sock.with_suffix(".log").read_text()
@@ -168,6 +168,36 @@ def test_what_cannot_be_warm_starts_cold_with_one_line(service, shared):
                            timeout=60)
         assert p.returncode == 0 and p.stdout == "ran False\n", p.stderr  # a cold process: json not loaded
         assert p.stderr.startswith("slurm-hai: starting cold: ") and why in p.stderr and p.stderr.count("\n") == 1
+
+
+def test_a_service_whose_code_changed_on_disk_starts_cold_until_it_is_restarted(shared):
+    """An upgrade under a running service: its children would run the code it loaded before."""
+    module = script(shared, "VERSION = 1\n", name="hai_probe_mod.py")
+    job = script(shared, "import sys, hai_probe_mod\nprint('version', hai_probe_mod.VERSION, 'warm' if "
+                         "'json' in sys.modules else 'cold')\n")
+    sock = shared / "stale.sock"
+    proc = start_service(sock, "json,hai_probe_mod", env={"PYTHONPATH": str(shared)})
+    try:
+        def run() -> subprocess.CompletedProcess:
+            return subprocess.run([sys.executable, "-m", "slurm_hai.runtime.warm", "--", sys.executable, str(job)],
+                                  env={**os.environ, "HAI_WARM_SOCKET": str(sock), "PYTHONPATH": str(shared)},
+                                  capture_output=True, text=True, timeout=60)
+        first = run()
+        assert (first.stdout, first.stderr) == ("version 1 warm\n", "")
+        module.write_text("VERSION = 2  # upgraded\n")
+        second = run()
+        assert second.returncode == 0 and second.stdout == "version 2 cold\n"
+        assert second.stderr == (f"slurm-hai: starting cold: the service's code changed on disk since it started "
+                                 f"({module}): restart hai-admin warm-start\n")
+    finally:
+        proc.terminate()
+        proc.wait(10)
+    proc = start_service(sock, "json,hai_probe_mod", env={"PYTHONPATH": str(shared)})
+    try:
+        assert run().stdout == "version 2 warm\n"
+    finally:
+        proc.terminate()
+        proc.wait(10)
 
 
 def test_a_service_that_is_not_roots_is_not_trusted(shared):
