@@ -19,7 +19,9 @@ contrib/grafana/ draws them):
     hai_part_departures_total{level,cause}        parts of elastic jobs in place that left while
                                                   their job went on; cause: preempted, below_min
                                                   (the job waits whole for MIN nodes),
-                                                  lighthouse_lost, failed (the part's own failure)
+                                                  lighthouse_lost, time_limit (its task's limit:
+                                                  requeued with a whole one), failed (the part's
+                                                  own failure)
     hai_part_rejoins_total{level}                 parts that started again after they left
     hai_part_rejoin_latency_seconds{level}        a part left -> that part started again
   from the daemon itself:
@@ -57,7 +59,7 @@ from ..slurm.records import JobInfo
 
 CAUSES = ("preempted", "user", "time_limit", "unknown")  # jobs.status.notice_cause's words
 # why a part of a job in place left (its `left` event, runtime/part_task.py)
-PART_CAUSES = ("preempted", "below_min", "lighthouse_lost", "failed")
+PART_CAUSES = ("preempted", "below_min", "lighthouse_lost", "time_limit", "failed")
 NO_NOTICE = "none"
 HOLDING_NODES = ("RUNNING", "CONFIGURING", "COMPLETING")
 # A job's file is read at most this much per cycle (the file is the user's: never trusted).
@@ -271,7 +273,7 @@ class DaemonMetrics:
         part = _number(e.get("part"))
         if kind == "left":
             f.left[(part, run)] = t
-            cause = next((c for c in ("below_min", "lighthouse_lost") if e.get(c) is True),
+            cause = next((c for c in ("below_min", "lighthouse_lost", "time_limit") if e.get(c) is True),
                          "preempted" if e.get("preempted") is True else "failed")
             if new:
                 self.part_departures.labels(level, cause).inc()

@@ -154,8 +154,6 @@ def _in_place(req: JobRequest, nodes: NodeRange, policy: Policy) -> dict:
     if req.torchrun or Path(req.script).suffix != ".py":
         raise RequestError("--in-place runs a Python script of parts (slurm_hai.runtime.parts), one process per "
                            "node, without --torchrun")
-    if req.time is not None:
-        raise RequestError("--in-place jobs take no --time yet; submit without it")
     return {"parts": nodes.max, "min": nodes.min, "tag": f";{PARTS_TAG}={nodes.min}:{nodes.max}",
             "lighthouse_service": policy.lighthouse_service}
 

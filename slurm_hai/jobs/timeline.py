@@ -226,6 +226,7 @@ def _part_mark(job_id: int, level: str, e: dict, part_nodes: dict[int, tuple[str
     why = ("preempted: the other parts trained on" if e.get("preempted") is True
            else "fewer than the job's MIN parts could train: the job waits whole" if e.get("below_min") is True
            else "the job's lighthouse was lost: every part left" if e.get("lighthouse_lost") is True
+           else "its task reached its time limit: it was requeued" if e.get("time_limit") is True
            else f"it failed (exit {e.get('exit_code')})")
     return [Mark("part-left", job_id, t, part_nodes.get(part, ()), f"{head} left at {clock(t)}: {why}")]
 

@@ -30,14 +30,17 @@ import os
 import signal
 import sys
 import threading
+import time
 
 from ..jobs.jobdir import JobDir, default_root
+from ..policy.limits import NOTICE_MARGIN
 from ..policy.model import PolicyError, find_policy
 from ..policy.tags import PARTS, parse_parts
 from ..slurm import SlurmError, backend
 from .batch import run_over, slurm_record, wait_to_be_requeued
 from .contract import restart_count
-from .parts import EXIT_BELOW_MIN, EXIT_LIGHTHOUSE_LOST, MIN_ENV, SERVICE_ENV, PartError, ask, job_and_part, min_parts
+from .parts import (EXIT_BELOW_MIN, EXIT_LIGHTHOUSE_LOST, EXIT_TIME_LIMIT, MIN_ENV, SERVICE_ENV, TIME_LIMIT_SIGNAL,
+                    PartError, ask, job_and_part, min_parts)
 
 # How often each part's task asks the lighthouse service whether the job's lighthouse lives.
 LIGHTHOUSE_WATCH_EVERY = 2.0
@@ -50,6 +53,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gpus", type=int, default=0)
     ap.add_argument("--retries", type=int, default=0, help="how many times the job's parts may fail on their own "
                     "and be requeued, all parts together (hai-submit --retries)")
+    ap.add_argument("--notice-seconds", type=int, help="with a time limit: how long before it the part is told, "
+                    "commits the job's state and leaves, its task requeued (default: the policy's grace_seconds + "
+                    f"{NOTICE_MARGIN})")
     ap.add_argument("cmd", nargs=argparse.REMAINDER)
     args = ap.parse_args(argv)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
@@ -62,6 +68,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"slurm-hai: {e}", file=sys.stderr, flush=True)
         return 2
     run = restart_count(os.environ)
+    # this task, to requeue or signal it: its job id alone would be every task's when it is the
+    # array's own (a task keeps the array's id), as seen: a part's requeue requeued them all
+    task = f"{array}_{part}"
     token = os.environ.get("HAI_SUBMIT_TOKEN")
     job_dir = args.job_dir or default_root() / str(array)
     jobdir = JobDir(job_dir).claim(token) if token else JobDir(job_dir).create()
@@ -79,8 +88,10 @@ def main(argv: list[str] | None = None) -> int:
     lost, done = threading.Event(), threading.Event()
     service = os.environ.get(SERVICE_ENV)
     if service:
-        threading.Thread(target=_watch_lighthouse, args=(service, array, min_parts(), slurm, job_id, lost, done),
+        threading.Thread(target=_watch_lighthouse, args=(service, array, min_parts(), slurm, task, lost, done),
                          daemon=True).start()
+    threading.Thread(target=_notice_time_limit, args=(slurm, job_id, task, args.notice_seconds, done),
+                     daemon=True).start()
     try:
         # started warm by the node's service where there is one (runtime/warm.py): a part that
         # rejoins skips Python's start and torch's import
@@ -103,13 +114,18 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if rc == EXIT_LIGHTHOUSE_LOST:  # the part found it so itself (the service may be away)
         lost.set()
-    requeue = lost.is_set() or rc == EXIT_BELOW_MIN  # not Slurm's preemption: Slurm would end it
+    requeue = lost.is_set() or rc in (EXIT_BELOW_MIN, EXIT_TIME_LIMIT)  # not Slurm's preemption: Slurm would end it
     if lost.is_set():
         # every part of the job leaves so: they come back under a new lighthouse, and with no
         # live peer to heal from they resume from the job's last commit (runtime/parts.py)
         jobdir.event("left", run=run, part=part, exit_code=rc, preempted=False, lighthouse_lost=True)
         print(f"slurm-hai: part {part} run {run} ended (exit {rc}): the job's lighthouse was lost; "
               "its task is requeued", flush=True)
+    elif rc == EXIT_TIME_LIMIT:
+        # a run of its task ends before Slurm's limit would end the task for good: it comes
+        # back with a whole limit, from a live peer or, when every part left so, the commit
+        jobdir.event("left", run=run, part=part, exit_code=rc, preempted=False, time_limit=True)
+        print(f"slurm-hai: part {part} run {run} ended at its task's time limit; its task is requeued", flush=True)
     elif rc == EXIT_BELOW_MIN:
         # every part that is left leaves so: the job waits in the queue for MIN nodes, as a job
         # suspended whole does, and resumes from the commit the parts made as they left
@@ -136,14 +152,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if not requeue and slurm.requeued_when_batch_ends(job_id):
             return rc
-        slurm.requeue(job_id)
+        slurm.requeue(task)
     except SlurmError as e:  # slurmctld away: the policy daemon requeues it (requeue-failed)
         print(f"slurm-hai: part {part}: requeue: {e}", flush=True)
         return rc
     return wait_to_be_requeued(ending)
 
 
-def _watch_lighthouse(service: str, array: int, least: int, slurm, job_id: int, lost: threading.Event,
+def _watch_lighthouse(service: str, array: int, least: int, slurm, task: str, lost: threading.Event,
                       done: threading.Event) -> None:
     """While the part runs: ask the lighthouse service for the job's lighthouse every
     LIGHTHOUSE_WATCH_EVERY s. A new address means the one the part uses died (the service
@@ -162,10 +178,32 @@ def _watch_lighthouse(service: str, array: int, least: int, slurm, job_id: int, 
         elif now != first:
             lost.set()
             try:
-                slurm.cancel(job_id, signal="TERM")
+                slurm.cancel(task, signal="TERM")
             except SlurmError as e:
                 print(f"slurm-hai: the job's lighthouse was lost, and the part could not be ended: {e}", flush=True)
             return
+
+
+def _notice_time_limit(slurm, job_id: int, task: str, lead: int | None, done: threading.Event) -> None:
+    """While the part runs: if its task (job `job_id`, `task` as ARRAY_TASK) has a time limit
+    (Slurm's record: an end), send the part TIME_LIMIT_SIGNAL `lead` s before it (at once if
+    that is past): the part commits the job's state at its next step and leaves
+    (runtime/parts.py, EXIT_TIME_LIMIT), and this script requeues its task. Slurm's own --signal is not used: with preempt_send_user_signal it
+    would come at preemption too, where the part must leave at once."""
+    job = slurm_record(slurm, job_id)
+    if job is None or not job.end_time > job.start_time > 0:
+        return  # no limit (or no answer: Slurm then ends the task at its limit, as it would)
+    if lead is None:
+        try:
+            lead = find_policy().grace_seconds + NOTICE_MARGIN
+        except PolicyError:
+            lead = NOTICE_MARGIN
+    if done.wait(max(0.0, job.end_time - lead - time.time())):
+        return
+    try:
+        slurm.cancel(task, signal=TIME_LIMIT_SIGNAL.name.removeprefix("SIG"))
+    except SlurmError as e:
+        print(f"slurm-hai: the part could not be told of its task's time limit: {e}", flush=True)
 
 
 def _output_to_rank_log(jobdir: JobDir, run: int, part: int) -> None:

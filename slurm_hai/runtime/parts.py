@@ -72,6 +72,15 @@ EXIT_BELOW_MIN = 75
 # A part whose lighthouse cannot be reached exits so (EX_UNAVAILABLE): its task is requeued,
 # and the job comes back under a new lighthouse
 EXIT_LIGHTHOUSE_LOST = 69
+# A part whose task reaches its time limit (hai-submit --time) exits so, after committing the
+# job's state: its task is requeued with a whole time limit ahead, and the part rejoins
+EXIT_TIME_LIMIT = 76
+# The notice of that: its task's script sends it to the part's step (runtime/part_task.py),
+# TIME_NOTICE_MARGIN s after the notice time before the limit. Not Slurm's --signal: with
+# preempt_send_user_signal Slurm would send that at preemption too, where a part leaves at once.
+TIME_LIMIT_SIGNAL = signal.SIGUSR1
+# set by leave_on's handler of TIME_LIMIT_SIGNAL; Part.share leaves at the step after it
+_time_up = threading.Event()
 # A part that trained and has waited this long for a quorum looks whether its lighthouse can
 # be reached and asks Slurm how many of the job's parts run, and again every WATCH_EVERY s
 # while it waits. With MIN parts alive a quorum forms within about a second (the
@@ -146,8 +155,11 @@ def reachable(address: str, timeout: float = 1.0) -> bool:
 def leave_on(signum: int = signal.SIGTERM) -> None:
     """At the notice, leave: die of the signal at once, as Slurm expects of a preempted task
     (a part that exits 0 ends its task COMPLETED, and nothing requeues it), in the middle of
-    a collective if it is in one. Undoes a handler that a library installed."""
+    a collective if it is in one. Undoes a handler that a library installed. At the notice of
+    its task's time limit (TIME_LIMIT_SIGNAL) the part leaves at its next step instead, once
+    it has committed the job's state (Part.share)."""
     signal.signal(signum, signal.SIG_DFL)
+    signal.signal(TIME_LIMIT_SIGNAL, lambda _s, _f: _time_up.set())
 
 
 @dataclass
@@ -181,6 +193,8 @@ class Part:
         was ahead to heal from) and the job has a checkpoint, it resumes from the newest.
         Fewer than MIN parts: the part leaves (below_min)."""
         rank = self._quorum_rank()
+        if _time_up.is_set():
+            self.time_limit(healing=rank is None or not self.manager.is_participating())
         if rank is None or not self.manager.is_participating():
             self._first = False
             return None
@@ -254,6 +268,15 @@ class Part:
         self._leave(EXIT_BELOW_MIN, f"fewer than {self.min_parts} parts {why}",
                     f"the job waits for {self.min_parts} nodes", while_waiting)
 
+    def time_limit(self, healing: bool) -> None:
+        """Its task reaches its time limit (TIME_LIMIT_SIGNAL came): leave now, at the start of
+        a step, committing the job's last committed step (_leave), unless this part is healing
+        in this step (its tensors are a peer's, its optimizer's state not yet: it has nothing
+        to commit, and the peer lives). Exits EXIT_TIME_LIMIT; its task is requeued, and the
+        part rejoins from a live peer, or, when every part left so, from that commit."""
+        self._leave(EXIT_TIME_LIMIT, "its task reaches its time limit",
+                    "its task is requeued with a whole time limit", False, commit=not healing)
+
     def lighthouse_lost(self, while_waiting: bool = False) -> None:
         """The job's lighthouse cannot be reached: no quorum can form under it, and this
         part leaves (_leave), as every part of the job does. Exits EXIT_LIGHTHOUSE_LOST; its
@@ -261,7 +284,7 @@ class Part:
         self._leave(EXIT_LIGHTHOUSE_LOST, f"its lighthouse {self.lighthouse} cannot be reached",
                     "the job comes back under a new one", while_waiting)
 
-    def _leave(self, code: int, why: str, then: str, while_waiting: bool) -> None:
+    def _leave(self, code: int, why: str, then: str, while_waiting: bool, commit: bool = True) -> None:
         """Leave the job: with a checkpoint directory, first commit this part's state, the
         job's last committed step (every part that leaves holds the same one: the store
         keeps the first commit of a step), unless that step is committed already or is step
@@ -277,7 +300,7 @@ class Part:
             threading.Event().wait()
         step = self.manager.current_step()
         saved = ""
-        if self.checkpoints is not None and step > 0 and step != self._saved:
+        if commit and self.checkpoints is not None and step > 0 and step != self._saved:
             from ..checkpoint import CheckpointError
 
             try:

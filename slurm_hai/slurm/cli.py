@@ -184,7 +184,7 @@ class CliBackend:
         --duplicates`, one row per run); a job whose last run is not recorded as ended is left out."""
         return commands.last_run_ends(_run(commands.run_ends_argv(job_ids)).stdout)
 
-    def requeue(self, job_id: int) -> None:
+    def requeue(self, job_id: int | str) -> None:
         _run(["scontrol", "requeue", str(job_id)])
 
     def version(self) -> SlurmVersion:
@@ -216,7 +216,7 @@ class CliBackend:
         job = self.job(job_id)
         return job is not None and job.state == "RUNNING" and bool(job.preempt_time)
 
-    def cancel(self, job_id: int, signal: str | None = None) -> None:
+    def cancel(self, job_id: int | str, signal: str | None = None) -> None:
         argv = ["scancel"]
         if signal:
             argv.append(f"--signal={signal}")

@@ -254,13 +254,17 @@ class PyslurmBackend(CliBackend):
 
     # ------------------------------------------------------------------ writes
 
-    def requeue(self, job_id: int) -> None:
+    def requeue(self, job_id: int | str) -> None:
+        if isinstance(job_id, str):  # an array's task ("ARRAY_TASK"): pyslurm takes numbers only
+            return CliBackend.requeue(self, job_id)
         pyslurm = _pyslurm()
         _call(f"requeue of job {job_id}", pyslurm.Job(int(job_id)).requeue)
 
-    def cancel(self, job_id: int, signal: str | None = None) -> None:
+    def cancel(self, job_id: int | str, signal: str | None = None) -> None:
         """Without a signal: cancel the job. With one: send it to the job's steps but not
         to the batch shell, as `scancel --signal` does."""
+        if isinstance(job_id, str):  # an array's task ("ARRAY_TASK"): pyslurm takes numbers only
+            return CliBackend.cancel(self, job_id, signal)
         pyslurm = _pyslurm()
         job = pyslurm.Job(int(job_id))
         if signal is None:

@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+from slurm_hai.jobs.jobdir import SIZE_SETTLE_S
 from test_acceptance import events, named, wait_final
 from waiting import wait_for
 
@@ -45,8 +46,9 @@ def test_two_parts_leave_for_a_higher_job_the_others_train_on_and_all_end_as_one
         submitted = json.loads(p.stdout)
         array, job_dir = submitted["job_id"], Path(submitted["job_dir"])
         assert submitted["node_range"] == "2:4" and job_dir.name == str(array)
-        wait_for(lambda: any(r.get("parts") == 4 and r["step"] >= 5 for r in rows(out) if r["event"] == "step"),
-                 240, "four parts in one quorum", 0.3)
+        # as four for longer than the job's sizes over time merge (`hai status` below shows 4, 2, 4)
+        wait_for(lambda: any(r.get("parts") == 4 and r["t"] - max(e["t"] for e in named(job_dir, "start")) > SIZE_SETTLE_S
+                             for r in rows(out) if r["event"] == "step"), 240, "four parts in one quorum", 0.3)
         assert (lighthouses / f"{array}.json").exists()
 
         high = live.sbatch("-N2", "--qos=high", "-o", "/dev/null", "--wrap", "sleep 15", user="root")
@@ -62,7 +64,9 @@ def test_two_parts_leave_for_a_higher_job_the_others_train_on_and_all_end_as_one
         assert (st["state"], st["nodes"], st["node_range"]) == ("running", 2, "2:4"), st
         assert [r["job_id"] for r in listed if r["job_id"] >= array] == [array], listed  # not a line per task
         wait_for(lambda: live.job(high).get("JobState", "COMPLETED") == "COMPLETED", 90, "the HIGH job to end", 0.5)
-        wait_for(lambda: [r for r in rows(out) if r["event"] == "step" and r.get("parts") == 4
+        # a step committed by four: the step the two died in may be noted by the others after
+        # the two's `left` events, with four parts but not committed
+        wait_for(lambda: [r for r in rows(out) if r["event"] == "step" and r.get("parts") == 4 and r["committed"]
                           and r["t"] > max(e["t"] for e in left)], 120, "the four parts together again", 0.5)
         assert hai(live, "status", str(array))["nodes"] == 4
         (out / "hurry").touch()  # the rest of the steps without a pause
@@ -201,6 +205,40 @@ def test_below_min_the_last_part_commits_and_leaves_and_the_job_resumes_from_tha
     assert final["state"] == "succeeded"
     assert {r["step"] for r in resumed} == {done}, resumed  # the commit of the part that left
     assert not [r for r in rows(out) if r["event"] == "step" and r["parts"] < 2]  # never below MIN
+    assert_ends_as_one_process(out, tmp_path, least=2)
+
+
+def test_parts_at_their_time_limit_commit_leave_and_the_job_resumes_past_it(live, tmp_path):
+    # -n 1:2 --time 1: both tasks start together, so both reach their 60 s limit together. 35 s
+    # before it (the grace, 5 s, + 30) each task's script tells its part, which commits the
+    # job's state at its next step and leaves; the script requeues its task with a whole limit
+    # (Slurm would end it TIMEOUT). The job resumes from that commit, as often as it takes,
+    # and ends as one process would.
+    out = live.shared_dir("parts-time", owner=ALICE)
+    array = None
+    try:
+        p = live.run(["hai-submit", "--json", "--in-place", "-n", "1:2", "-p", "LOW", "--time", "1", str(EXAMPLE),
+                      "--steps", str(STEPS), "--step-sleep", "0.2", "--hurry", str(out / "hurry"), "--out", str(out),
+                      "--checkpoint-dir", str(out / "ckpt"), "--save-every", "1000"], user=ALICE)
+        array, job_dir = json.loads(p.stdout)["job_id"], Path(json.loads(p.stdout)["job_dir"])
+        left = wait_for(lambda: found if len(found := named(job_dir, "left")) == 2 else None, 150,
+                        "both parts to leave at their tasks' time limit", 0.3)
+        done = max(r["step"] for r in rows(out) if r["event"] == "step" and r["committed"]) + 1
+        # the first part back resumes from the commit (MIN 1: it trains alone); the other heals
+        # from it, or resumes with it if they start together
+        resumed = wait_for(lambda: [r for r in rows(out) if r["event"] == "resumed"], 120,
+                           "the job to resume from the commit", 0.3)
+        (out / "hurry").touch()
+        final = wait_final(job_dir, 240)
+    finally:
+        if array is not None:
+            live.run(["scancel", str(array)], check=False)
+    assert final["state"] == "succeeded"
+    assert all(e.get("time_limit") and e["exit_code"] == 76 and not e["preempted"] for e in left), left
+    assert {r["step"] for r in resumed} == {done} and done > 10, (resumed, done)  # no periodic commit: theirs
+    assert all(r["event"] != "resumed" or r["step"] >= done for r in rows(out))  # later limits: later commits
+    starts = named(job_dir, "start")
+    assert sorted(e["run"] for e in starts if e["run"] == 1) == [1, 1]  # each task requeued, not ended
     assert_ends_as_one_process(out, tmp_path, least=2)
 
 

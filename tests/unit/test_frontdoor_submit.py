@@ -203,8 +203,12 @@ def test_in_place_is_a_job_array_of_one_node_parts_under_the_sites_lighthouse_se
     assert argv[2:5] == ["-m", "slurm_hai.runtime.part_task", f"--job-dir={tmp_path / 'hai' / 'jobs'}/$SLURM_ARRAY_JOB_ID"]
     assert "--retries=3" in argv[:argv.index(str(script))]  # the job's retries, which its parts share
     assert argv[argv.index(str(script)) + 1:] == ["--lr", "0.1"]
+    assert "--notice-seconds=35" in argv[:argv.index(str(script))]  # the grace (5) + NOTICE_MARGIN
+    assert not [ln for ln in lines if ln.startswith("#SBATCH --time")]
+    # with --time, each run of a part's task has that limit; its script tells the part before it
+    rc, out = dry_run("--in-place", "-n", "1:2", "--time", "10", str(script))
+    assert rc == 0 and "#SBATCH --time=10" in out.splitlines(), out
     for argv, needle in ((["-n", "2"], "--in-place needs a node range MIN:MAX (one part per node), got -n 2"),
-                         (["-n", "1:2", "--torchrun"], "--in-place runs a Python script of parts"),
-                         (["-n", "1:2", "--time", "10"], "--in-place jobs take no --time yet")):
+                         (["-n", "1:2", "--torchrun"], "--in-place runs a Python script of parts")):
         rc, out = dry_run("--in-place", *argv, str(script))
         assert rc == 2 and needle in out and "Traceback" not in out, (argv, out)

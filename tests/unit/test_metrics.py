@@ -57,7 +57,9 @@ IN_PLACE = (*({"t": 100.0 + p, "event": "start", "run": 0, "part": p} for p in r
             {"t": 170.0, "event": "left", "run": 0, "part": 0, "exit_code": 75, "preempted": False,
              "below_min": True},
             {"t": 171.0, "event": "left", "run": 1, "part": 1, "exit_code": 75, "preempted": False,
-             "below_min": True})
+             "below_min": True},
+            {"t": 172.0, "event": "left", "run": 1, "part": 0, "exit_code": 76, "preempted": False,
+             "time_limit": True})
 
 
 def in_place(task_id: int, root: Path, array: int = 10):
@@ -131,6 +133,7 @@ def test_a_job_in_place_is_one_job_its_parts_leave_and_rejoin(tmp_path):
     assert value(m, "hai_part_departures_total", level="LOW", cause="preempted") == 1
     assert value(m, "hai_part_departures_total", level="LOW", cause="failed") == 1
     assert value(m, "hai_part_departures_total", level="LOW", cause="below_min") == 2
+    assert value(m, "hai_part_departures_total", level="LOW", cause="time_limit") == 1
     assert value(m, "hai_part_rejoins_total", level="LOW") == 1
     assert value(m, "hai_part_rejoin_latency_seconds_sum", level="LOW") == 8.0  # left 150 -> back 158
     assert value(m, "hai_restarts_total", level="LOW") == 0

@@ -10,18 +10,21 @@ import os
 import signal
 import sys
 import threading
+import time
 from types import SimpleNamespace
 
 import pytest
 
 from slurm_hai.policy.model import parse_policy
 from slurm_hai.runtime import part_task
-from slurm_hai.runtime.parts import EXIT_BELOW_MIN, MIN_ENV, SERVICE_ENV, PartError
+from slurm_hai.runtime.parts import EXIT_BELOW_MIN, EXIT_TIME_LIMIT, MIN_ENV, SERVICE_ENV, PartError
 
 
 class Slurm:
-    def __init__(self, step_rc: int = 0, comment: str = "", state: str = "RUNNING") -> None:
+    def __init__(self, step_rc: int = 0, comment: str = "", state: str = "RUNNING", limit: float = 0) -> None:
         self.state = state
+        self.started = time.time()
+        self.end = self.started + limit if limit else 0  # its time limit (0: none)
         self.cancels: list[tuple[int, str | None]] = []
         self.requeues: list[int] = []
         self.step_rc = step_rc
@@ -30,14 +33,15 @@ class Slurm:
 
     def cancel(self, job_id, signal=None):
         self.cancels.append((job_id, signal))
+        self.told = time.time()
 
     def run_step(self, cmd, nodes, gpus, name):
         self.steps.append((cmd, {k: os.environ.get(k, "") for k in (SERVICE_ENV, MIN_ENV)}))
         return self.step_rc
 
     def job(self, job_id):  # this task's record: its tags and state; never preempted by Slurm
-        return SimpleNamespace(tags={"hai-parts": self.comment} if self.comment else {}, start_time=0, preempt_time=0,
-                               state=self.state, restart_count=0)
+        return SimpleNamespace(tags={"hai-parts": self.comment} if self.comment else {}, start_time=self.started,
+                               preempt_time=0, state=self.state, restart_count=0, end_time=self.end)
 
     def cancel_waiting_tasks(self, job_id):
         self.cancels.append((job_id, "waiting"))
@@ -64,7 +68,7 @@ def watch(monkeypatch, answers, seconds: float = 0.3):
     monkeypatch.setattr(part_task, "ask", ask)
     monkeypatch.setattr(part_task, "LIGHTHOUSE_WATCH_EVERY", 0.05)
     slurm, lost, done = Slurm(), threading.Event(), threading.Event()
-    t = threading.Thread(target=part_task._watch_lighthouse, args=("http://svc:1", 7, 2, slurm, 71, lost, done))
+    t = threading.Thread(target=part_task._watch_lighthouse, args=("http://svc:1", 7, 2, slurm, "7_1", lost, done))
     t.start()
     t.join(seconds)
     done.set()
@@ -72,9 +76,28 @@ def watch(monkeypatch, answers, seconds: float = 0.3):
     return asked, slurm.cancels, lost.is_set()
 
 
+@pytest.mark.parametrize("limit, lead, told_after", [(1.5, 1, 0.5), (1.5, 5, 0.0), (0, 1, None)])
+def test_a_part_is_told_its_tasks_time_limit_the_notice_time_before_it(limit, lead, told_after):
+    """Not Slurm's --signal (at preemption it would come too): the task's script sends the
+    part TIME_LIMIT_SIGNAL, `lead` s before the limit, at once if that is past; never without
+    a limit."""
+    slurm, done = Slurm(limit=limit), threading.Event()
+    t = threading.Thread(target=part_task._notice_time_limit, args=(slurm, 71, "7_1", lead, done))
+    t.start()
+    t.join(1.5)
+    done.set()
+    t.join(5)
+    assert not t.is_alive()
+    if told_after is None:
+        assert slurm.cancels == []
+    else:
+        assert slurm.cancels == [("7_1", "USR1")]  # the task: 71 alone may be every task's id
+        assert told_after - 0.05 <= slurm.told - slurm.started < told_after + 0.5
+
+
 def test_a_new_lighthouse_address_ends_the_part_once(monkeypatch):
     asked, cancels, lost = watch(monkeypatch, ["http://a:1", "http://a:1", "http://b:2"])
-    assert lost and cancels == [(71, "TERM")] and len(asked) == 3 and set(asked) == {7}
+    assert lost and cancels == [("7_1", "TERM")] and len(asked) == 3 and set(asked) == {7}
 
 
 def test_the_same_address_ends_nothing(monkeypatch):
@@ -90,8 +113,10 @@ def test_a_service_that_does_not_answer_ends_nothing_and_is_not_asked_in_a_loop(
     assert 2 <= len(asked) <= 0.3 / 0.05 + 2  # at the watch's pace (a loop would ask thousands of times)
 
 
-@pytest.mark.parametrize("rc, requeued", [(EXIT_BELOW_MIN, True), (1, False)])
-def test_a_part_that_leaves_below_min_is_requeued_one_that_fails_is_not(monkeypatch, tmp_path, rc, requeued):
+@pytest.mark.parametrize("rc, requeued, why", [(EXIT_BELOW_MIN, True, "below_min"), (EXIT_TIME_LIMIT, True, "time_limit"),
+                                               (1, False, None)])
+def test_a_part_that_leaves_below_min_or_at_its_time_limit_is_requeued_one_that_fails_is_not(monkeypatch, tmp_path, rc,
+                                                                                               requeued, why):
     slurm = Slurm(step_rc=rc)
     monkeypatch.setattr(part_task, "backend", lambda: slurm)
     monkeypatch.setattr(part_task, "wait_to_be_requeued", lambda ending: 0)
@@ -103,11 +128,12 @@ def test_a_part_that_leaves_below_min_is_requeued_one_that_fails_is_not(monkeypa
     monkeypatch.setattr(part_task, "ask", away)
     monkeypatch.delenv("HAI_SUBMIT_TOKEN", raising=False)
     code = part_task.main([f"--job-dir={tmp_path / '7'}", "--", "python", "train.py"])
-    assert slurm.requeues == ([71] if requeued else [])
+    assert slurm.requeues == (["7_1"] if requeued else [])
     assert code == (0 if requeued else rc)
     left = [e for e in map(json.loads, (tmp_path / "7" / "events.jsonl").read_text().splitlines())
             if e.get("event") == "left"]
-    assert len(left) == 1 and left[0]["part"] == 1 and left[0].get("below_min", False) == requeued
+    assert len(left) == 1 and left[0]["part"] == 1
+    assert [k for k in ("below_min", "time_limit") if left[0].get(k) is True] == ([why] if why else [])
 
 
 def test_a_part_that_fails_on_its_own_is_requeued_while_the_job_has_retries_left(monkeypatch, tmp_path):
@@ -134,7 +160,7 @@ def test_a_part_that_fails_on_its_own_is_requeued_while_the_job_has_retries_left
             requeued.append(slurm.requeues)
     finally:
         signal.signal(signal.SIGTERM, pytests)
-    assert codes == [3, 3, 0, 0, 3] and requeued == [[], [], [73], [74], []]
+    assert codes == [3, 3, 0, 0, 3] and requeued == [[], [], ["7_2"], ["7_3"], []]  # the tasks, not their ids
     events = [json.loads(line) for line in (tmp_path / "7" / "events.jsonl").read_text().splitlines()]
     assert [(e["part"], e["retry"], e["of"]) for e in events if e["event"] == "retry"] == [(2, 1, 2), (3, 2, 2)]
     assert len([e for e in events if e["event"] == "left" and not e["preempted"]]) == 5

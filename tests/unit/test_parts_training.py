@@ -23,7 +23,8 @@ import pytest
 from slurm_hai.controller.lighthouse import Service, serve
 from squeue_text import fake_squeue, recorded_rows
 from slurm_hai.checkpoint import CheckpointError
-from slurm_hai.runtime.parts import EXIT_BELOW_MIN, EXIT_LIGHTHOUSE_LOST, Part, batch_share
+from slurm_hai.runtime.parts import EXIT_BELOW_MIN, EXIT_LIGHTHOUSE_LOST, EXIT_TIME_LIMIT, TIME_LIMIT_SIGNAL, Part, \
+    batch_share
 
 STEPS, BATCH, FEATURES = 120, 12, 6
 
@@ -317,6 +318,45 @@ def test_a_lost_lighthouse_every_part_leaves_and_the_job_resumes_from_its_last_c
     assert sorted(r["part"] for r in rows if r["event"] == "resumed" and r["step"] == done) == [0, 1, 2]
     for part in range(3):  # the second run takes up at the commit, not at step 0
         assert [r["step"] for r in second_run(rows, part) if r["event"] == "step"][0] == done
+    ends = {r["part"]: [float.fromhex(w) for w in r["weights"]] for r in rows if r["event"] == "end"}
+    assert ends[0] == ends[1] == ends[2]  # bitwise
+    assert max(abs(a - b) for a, b in zip(ends[0], reference())) < 1e-9
+
+
+def test_at_their_tasks_time_limit_the_parts_commit_and_leave_and_the_job_resumes_from_that_commit(parts, tmp_path):
+    """Parts that started together reach their tasks' time limit together: each task's script
+    sends its part TIME_LIMIT_SIGNAL (runtime/part_task.py). Each part leaves at its next step
+    with EXIT_TIME_LIMIT (on a cluster its task is requeued with a whole limit), the job's last
+    committed step committed by one of them, between two periodic commits. Started again,
+    they meet at step 0 with nobody ahead, resume from that commit and end as one process."""
+    out, ckpt = parts.out, tmp_path / "ckpt"
+    env = {"CKPT": str(ckpt), "SAVE_EVERY": "50"}
+    (out / "hold").touch()
+    procs = [parts(i, **env) for i in range(3)]
+    with stderr_on_failure(out):
+        wait_for("the three to join", lambda: sum(r["event"] == "joined" for r in records(out)) == 3, procs)
+        (out / "hold").unlink()
+        wait_for("twelve steps", lambda: len([r for r in records(out) if r["event"] == "step" and r["committed"]
+                                              and r["part"] == 0]) >= 12, procs)
+        for p in procs:
+            p.send_signal(TIME_LIMIT_SIGNAL)
+        for p in procs:
+            assert p.wait(60) == EXIT_TIME_LIMIT
+        rows = records(out)
+        done = max(r["step"] for r in rows if r["event"] == "step" and r["committed"]) + 1
+        assert 12 <= done < 50 and not [r for r in rows if r["event"] == "saved"]  # no periodic commit yet
+        said = [(out / f"stderr{i}").read_text() for i in range(3)]
+        assert all("its task reaches its time limit" in text and "its task is requeued with a whole time limit"
+                   in text for text in said)
+        assert sum(f"committed step {done};" in text for text in said) == 1  # one commit of the step
+        (out / "hold").touch()
+        procs = [parts(i, **env) for i in range(3)]
+        wait_for("the three to join again", lambda: sum(r["event"] == "joined" for r in records(out)) == 6, procs)
+        (out / "hold").unlink()
+        for p in procs:
+            assert p.wait(180) == 0
+    rows = records(out)
+    assert sorted(r["part"] for r in rows if r["event"] == "resumed" and r["step"] == done) == [0, 1, 2]
     ends = {r["part"]: [float.fromhex(w) for w in r["weights"]] for r in rows if r["event"] == "end"}
     assert ends[0] == ends[1] == ends[2]  # bitwise
     assert max(abs(a - b) for a, b in zip(ends[0], reference())) < 1e-9
