@@ -308,19 +308,28 @@ def test_a_lost_lighthouse_every_part_leaves_and_the_job_resumes_from_its_last_c
         assert sum(f"committed step {done};" in text for text in said) <= 1  # or the periodic commit had it
         assert not [r for r in rows if r["event"] == "end"]
         parts.service(True)
-        (out / "hold").touch()
-        procs = [parts(i, **env) for i in range(3)]
-        wait_for("the three to join again", lambda: sum(r["event"] == "joined" for r in records(out)) == 6, procs)
-        (out / "hold").unlink()
-        for p in procs:
-            assert p.wait(180) == 0
-    rows = records(out)
-    assert sorted(r["part"] for r in rows if r["event"] == "resumed" and r["step"] == done) == [0, 1, 2]
+        rows = resume_all_three(parts, env, done)
     for part in range(3):  # the second run takes up at the commit, not at step 0
         assert [r["step"] for r in second_run(rows, part) if r["event"] == "step"][0] == done
+
+
+def resume_all_three(parts, env: dict[str, str], done: int) -> list[dict]:
+    """Start the three parts again (each waits until all have joined): they meet at step 0
+    with nobody ahead, all three resume from the commit of step `done`, and they end bitwise
+    equal and within 1e-9 of one process. The parts' records."""
+    out = parts.out
+    (out / "hold").touch()
+    procs = [parts(i, **env) for i in range(3)]
+    wait_for("the three to join again", lambda: sum(r["event"] == "joined" for r in records(out)) == 6, procs)
+    (out / "hold").unlink()
+    for p in procs:
+        assert p.wait(180) == 0
+    rows = records(out)
+    assert sorted(r["part"] for r in rows if r["event"] == "resumed" and r["step"] == done) == [0, 1, 2]
     ends = {r["part"]: [float.fromhex(w) for w in r["weights"]] for r in rows if r["event"] == "end"}
     assert ends[0] == ends[1] == ends[2]  # bitwise
     assert max(abs(a - b) for a, b in zip(ends[0], reference())) < 1e-9
+    return rows
 
 
 def test_at_their_tasks_time_limit_the_parts_commit_and_leave_and_the_job_resumes_from_that_commit(parts, tmp_path):
@@ -349,17 +358,7 @@ def test_at_their_tasks_time_limit_the_parts_commit_and_leave_and_the_job_resume
         assert all("its task reaches its time limit" in text and "its task is requeued with a whole time limit"
                    in text for text in said)
         assert sum(f"committed step {done};" in text for text in said) == 1  # one commit of the step
-        (out / "hold").touch()
-        procs = [parts(i, **env) for i in range(3)]
-        wait_for("the three to join again", lambda: sum(r["event"] == "joined" for r in records(out)) == 6, procs)
-        (out / "hold").unlink()
-        for p in procs:
-            assert p.wait(180) == 0
-    rows = records(out)
-    assert sorted(r["part"] for r in rows if r["event"] == "resumed" and r["step"] == done) == [0, 1, 2]
-    ends = {r["part"]: [float.fromhex(w) for w in r["weights"]] for r in rows if r["event"] == "end"}
-    assert ends[0] == ends[1] == ends[2]  # bitwise
-    assert max(abs(a - b) for a, b in zip(ends[0], reference())) < 1e-9
+        resume_all_three(parts, env, done)
 
 
 def in_slurm(bin_dir: Path, running: int, pending: int) -> dict[str, str]:
