@@ -2,10 +2,11 @@
 docs/elastic-in-place.md, "The heal"): torchft's checkpoint transport for `parts.join`.
 
 torchft's default transport serves the peer's whole state over HTTP and the healing part
-unpickles it into new tensors, which it then copies into its own (measured, 1 GiB a part:
-2.2 s for the first step of a heal, alone on the VM). This one sends each tensor's bytes
-over the process group the quorum has just configured (gloo send and recv) straight into the
-healing part's own tensors: no copy, no allocation, 0.2-0.5 s for the same step. It also
+unpickles it into new tensors, which it then copies into its own (measured, 1 GiB a part,
+two parts alone on the VM: 2.2 s for the step that heals). This one sends each tensor's
+bytes over the process group the quorum has just configured (gloo send and recv) straight
+into the healing part's own tensors: no copy, no allocation, 0.45 s for the same step
+(docs/benchmarks.md, "The heal over the process group"). It also
 takes nothing it does not expect: what travels besides the tensors' bytes is a JSON header
 (the step, and for each leaf of the state its path and either the tensor's dtype and shape
 or its value), checked against the healing part's own state, never a pickle. (torchft's own
