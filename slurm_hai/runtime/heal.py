@@ -6,11 +6,10 @@ unpickles it into new tensors, which it then copies into its own (measured, 1 Gi
 two parts alone on the VM: 2.2 s for the step that heals). This one sends each tensor's
 bytes over the process group the quorum has just configured (gloo send and recv) straight
 into the healing part's own tensors: no copy, no allocation, 0.45 s for the same step
-(docs/benchmarks.md, "The heal over the process group"). It also
-takes nothing it does not expect: what travels besides the tensors' bytes is a JSON header
-(the step, and for each leaf of the state its path and either the tensor's dtype and shape
-or its value), checked against the healing part's own state, never a pickle. (torchft's own
-process-group transport unpickles its peer's header.)
+(docs/benchmarks.md, "The heal over the process group"). What travels besides the tensors'
+bytes is a JSON header (the step, the state's pytree, and for each leaf its path and either
+the tensor's dtype and shape or its value), never a pickle. (torchft's own process-group
+transport unpickles its peer's header.)
 
 What a state may hold: tensors (on any device: a tensor off the CPU, or not contiguous,
 travels through a CPU buffer), and ints, floats, strings, booleans and None, in dicts, lists
@@ -46,7 +45,10 @@ class HealError(RuntimeError):
 def check_state(state: Any) -> None:
     """Raise HealError, in one line, where `state` holds a leaf that is neither a tensor nor
     one of VALUES."""
-    leaves, _ = tree_flatten_with_path(state)
+    _check_leaves(tree_flatten_with_path(state)[0])
+
+
+def _check_leaves(leaves: list[tuple[Any, Any]]) -> None:
     for path, leaf in leaves:
         if not isinstance(leaf, (torch.Tensor, *VALUES)):
             raise HealError(f"the part's state holds a {type(leaf).__name__} at {keystr(path) or 'its top'}: a part "
@@ -84,8 +86,8 @@ class PeerHeal(CheckpointTransport):
         pass  # a send reads the live state while the main thread waits for the quorum
 
     def send_checkpoint(self, dst_ranks: list[int], step: int, state_dict: Any, timeout: timedelta) -> None:
-        check_state(state_dict)
         leaves, tree = tree_flatten_with_path(state_dict)
+        _check_leaves(leaves)
         header = json.dumps({"step": step, "tree": treespec_dumps(tree),
                              "leaves": [[keystr(p), _spec(v)] for p, v in leaves]}).encode()
         works = []

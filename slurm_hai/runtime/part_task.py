@@ -188,8 +188,9 @@ def _notice_time_limit(slurm, job_id: int, task: str, lead: int | None, done: th
     """While the part runs: if its task (job `job_id`, `task` as ARRAY_TASK) has a time limit
     (Slurm's record: an end), send the part TIME_LIMIT_SIGNAL `lead` s before it (at once if
     that is past): the part commits the job's state at its next step and leaves
-    (runtime/parts.py, EXIT_TIME_LIMIT), and this script requeues its task. Slurm's own --signal is not used: with preempt_send_user_signal it
-    would come at preemption too, where the part must leave at once."""
+    (runtime/parts.py, EXIT_TIME_LIMIT), and this script requeues its task. Slurm's own
+    --signal is not used: with preempt_send_user_signal it would come at preemption too,
+    where the part must leave at once."""
     job = slurm_record(slurm, job_id)
     if job is None or not job.end_time > job.start_time > 0:
         return  # no limit (or no answer: Slurm then ends the task at its limit, as it would)

@@ -75,8 +75,8 @@ EXIT_LIGHTHOUSE_LOST = 69
 # A part whose task reaches its time limit (hai-submit --time) exits so, after committing the
 # job's state: its task is requeued with a whole time limit ahead, and the part rejoins
 EXIT_TIME_LIMIT = 76
-# The notice of that: its task's script sends it to the part's step (runtime/part_task.py),
-# TIME_NOTICE_MARGIN s after the notice time before the limit. Not Slurm's --signal: with
+# The notice of that: its task's script sends it to the part's step (runtime/part_task.py)
+# the notice time (grace + NOTICE_MARGIN) before the limit. Not Slurm's --signal: with
 # preempt_send_user_signal Slurm would send that at preemption too, where a part leaves at once.
 TIME_LIMIT_SIGNAL = signal.SIGUSR1
 # set by leave_on's handler of TIME_LIMIT_SIGNAL; Part.share leaves at the step after it
