@@ -43,6 +43,8 @@ sys.path.insert(0, str(LOCALCLUSTER))
 import localcluster  # noqa: E402
 import slurm_build  # noqa: E402
 
+from slurm_hai.policy.limits import MASTER_PORT_SPAN  # noqa: E402
+
 # Slurm release series -> the pyslurm release built for it (PyPI has pyslurm for 25.11 only).
 PYSLURM = {"25.11": "pyslurm==25.11.2"}
 PYSLURM_TESTS = ["tests/with_pyslurm"]
@@ -129,6 +131,15 @@ def release_slot(release: str) -> int:
     return max(0, (year - 22) * 2 + (month > 6))
 
 
+def first_job_id(slot: int) -> int:
+    """The first job id of the cluster of release slot `slot`: ids of their own (hence job
+    directories), and ids apart modulo MASTER_PORT_SPAN too. The clusters of two versions run
+    at once on the host's network, and a job's rendezvous port is MASTER_PORT_BASE + its id
+    modulo that span: two clusters' first ids alike there gave the same test's jobs in both
+    one port, and one job's rank 0 could not listen (CI, stop 50: 800011 and 900011)."""
+    return 100_000 * (slot + 1) + MASTER_PORT_SPAN // 10 * (slot % 10)
+
+
 def tarballs_in(directory: str) -> list[Path]:
     tarballs = sorted(Path(directory).glob("slurm-*.tar.gz"),
                       key=lambda t: [int(x) for x in release_of(t).split(".")])
@@ -142,7 +153,7 @@ def run_one(tarball: Path, pytest_args: list[str]) -> int:
     release = release_of(tarball)
     k = release_slot(release)
     env = {**os.environ, "HAI_CLUSTER_DIR": f"/var/lib/slurm-hai/localcluster-{release}",
-           "HAI_CLUSTER_PORT_BASE": str(17000 + 100 * k), "HAI_CLUSTER_FIRST_JOB_ID": str(100_000 * (k + 1)),
+           "HAI_CLUSTER_PORT_BASE": str(17000 + 100 * k), "HAI_CLUSTER_FIRST_JOB_ID": str(first_job_id(k)),
            "HAI_SLURM_SOURCE": str(tarball.resolve())}
     env.pop("HAI_SLURM_PREFIX", None)
     rc = run([str(LOCALCLUSTER / "up")], env)
