@@ -15,8 +15,12 @@ runs throughout. One in 20 submissions names a level that does not exist: both m
 Measured per burst: every command's wall time (p50, p90, p99, max), whether each ended in one
 line (accepted: the job id; refused: one error line, non-zero exit, no traceback), and the
 quotas: every --sample s the queue is read (squeue text) and the nodes each user runs at each
-level are held against the policy's quota for that user and level. The rounds alternate which
+level are held against the policy's quota for that user and level. The rounds rotate which
 burst goes first; each burst's jobs are cancelled before the next one starts.
+
+The hai-submit burst runs twice: as each command starts by itself (HAI_WARM=0), and warm, from
+a login node's warm-start service (`hai-admin warm-start --preload slurm_hai.cli.user,
+slurm_hai.cli.submit`, root, started by the bench on a socket of its own; cli/front.py).
 """
 
 from __future__ import annotations
@@ -110,22 +114,27 @@ def plan(n: int) -> list[tuple[str, int, bool]]:
              k % REFUSED_EVERY == REFUSED_EVERY - 1) for k in range(n)]
 
 
-def argv_for(kind: str, user: str, level: str, nodes: int, policy: Policy, script: Path) -> list[str]:
+KINDS = ("sbatch", "hai-submit", "hai-submit warm")
+
+
+def argv_for(kind: str, user: str, level: str, nodes: int, policy: Policy, script: Path, socket: Path) -> list[str]:
     home = pwd.getpwnam(user).pw_dir
     run_as = ["runuser", "-u", user, "--", "env", f"HOME={home}", f"USER={user}"]
-    if kind == "hai-submit":
-        return [*run_as, str(BIN / "hai-submit"), "-n", str(nodes), "-p", level, "--name", "burst", str(script)]
+    if kind.startswith("hai-submit"):
+        how = f"HAI_COMMANDS_SOCKET={socket}" if kind.endswith("warm") else "HAI_WARM=0"
+        return [*run_as, how, str(BIN / "hai-submit"), "-n", str(nodes), "-p", level, "--name", "burst", str(script)]
     qos = policy.qos_for(level, user) if level in {lvl.name for lvl in policy.ladder} else level.lower()
     return [*run_as, "sbatch", "--parsable", "-N", str(nodes), f"--qos={qos}", "--job-name=burst",
             f"--output={home}/burst-%j.out", str(script)]
 
 
-def submit_all(kind: str, users: list[str], per_user: int, policy: Policy, script: Path) -> list[Result]:
+def submit_all(kind: str, users: list[str], per_user: int, policy: Policy, script: Path, socket: Path
+               ) -> list[Result]:
     def one_user(user: str) -> list[Result]:
         results = []
         for level, nodes, refused in plan(per_user):
             t0 = time.perf_counter()
-            p = run(argv_for(kind, user, level, nodes, policy, script), check=False, cwd="/")
+            p = run(argv_for(kind, user, level, nodes, policy, script, socket), check=False, cwd="/")
             results.append(Result(user, time.perf_counter() - t0, p.returncode, p.stdout, p.stderr, refused))
         return results
 
@@ -162,11 +171,12 @@ class QuotaWatch(threading.Thread):
             self.stop.wait(self.every)
 
 
-def burst(kind: str, users: list[str], per_user: int, policy: Policy, script: Path, every: float) -> dict:
+def burst(kind: str, users: list[str], per_user: int, policy: Policy, script: Path, every: float,
+          socket: Path) -> dict:
     watch = QuotaWatch(policy, set(users), every)
     watch.start()
     t0 = time.monotonic()
-    results = submit_all(kind, users, per_user, policy, script)
+    results = submit_all(kind, users, per_user, policy, script, socket)
     wall = time.monotonic() - t0
     time.sleep(3 * every)  # the daemon's answer to the last submissions
     watch.stop.set()
@@ -184,7 +194,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", type=int, default=1000, help="submissions per burst, in all")
     ap.add_argument("--users", type=int, default=10)
-    ap.add_argument("--rounds", type=int, default=2, help="bursts of each kind, alternating")
+    ap.add_argument("--rounds", type=int, default=2, help="bursts of each kind, in turn")
     ap.add_argument("--sample", type=float, default=0.5, help="seconds between quota samples")
     ap.add_argument("--keep-users", action="store_true", help="leave the bench's users in place")
     args = ap.parse_args()
@@ -203,16 +213,27 @@ def main() -> None:
     daemon = subprocess.Popen([str(BIN / "hai-admin"), "daemon", "--policy", str(state / "etc" / "policy.toml"),
                                "--interval", "2", "--lock", str(work / "policyd.lock")],
                               stdout=daemon_log, stderr=subprocess.STDOUT)
-    runs: dict[str, list[dict]] = {"sbatch": [], "hai-submit": []}
+    socket = work / "commands.sock"
+    service = subprocess.Popen([str(BIN / "hai-admin"), "warm-start", "--socket", str(socket), "--preload",
+                                "slurm_hai.cli.user,slurm_hai.cli.submit"], stdout=open(work / "commands.log", "w"),
+                               stderr=subprocess.STDOUT)
+    runs: dict[str, list[dict]] = {kind: [] for kind in KINDS}
     try:
+        deadline = time.monotonic() + 60
+        while "warm-start service on" not in (work / "commands.log").read_text():
+            if service.poll() is not None or time.monotonic() > deadline:
+                sys.exit(f"burst_bench: the warm-start service did not start: {(work / 'commands.log').read_text()}")
+            time.sleep(0.1)
         for r in range(args.rounds):
-            for kind in (("sbatch", "hai-submit") if r % 2 == 0 else ("hai-submit", "sbatch")):
-                one = burst(kind, users, args.jobs // args.users, policy, script, args.sample)
+            for kind in KINDS[r % len(KINDS):] + KINDS[:r % len(KINDS)]:
+                one = burst(kind, users, args.jobs // args.users, policy, script, args.sample, socket)
                 lat = [x.seconds for x in one["results"]]
                 print(f"round {r + 1} {kind}: {len(lat)} in {one['wall']:.1f} s, p50 {pct(lat, .5):.3f} s, "
                       f"p99 {pct(lat, .99):.3f} s, {one['watch'].samples} quota samples", flush=True)
                 runs[kind].append(one)
     finally:
+        service.terminate()
+        service.wait(30)
         daemon.send_signal(signal.SIGTERM)
         daemon.wait(30)
         cancel_all(users)
@@ -238,7 +259,10 @@ def main() -> None:
             print(f"  {kind} as {x.user}: exit {x.rc}: {(x.out + x.err).strip()[:300]!r}")
         for v in over[:3]:
             print(f"  over quota: {v}")
-    print(f"\np99 of hai-submit / p99 of sbatch: {p99['hai-submit'] / p99['sbatch']:.2f}x (goal: within 2x)")
+    warm_starts = (work / "commands.log").read_text().count(": started ")
+    print(f"\nwarm starts the service made: {warm_starts} (of {sum(len(b['results']) for b in runs[KINDS[2]])})")
+    for kind in KINDS[1:]:
+        print(f"p99 of {kind} / p99 of sbatch: {p99[kind] / p99['sbatch']:.2f}x (goal: within 2x)")
 
 
 if __name__ == "__main__":

@@ -20,6 +20,12 @@ jobs (the policy says why it waits: it needs the whole queue); of one that Slurm
 (no final.json: nothing to explain); and of your newest job whose directory says it ended
 (if there is one, e.g. from the cluster tests). --cleanup cancels the jobs at the end.
 
+--warm: the after tree's commands run through a login node's warm-start service
+(`hai-admin warm-start --preload slurm_hai.cli.user`, started by the bench from that tree, on a
+socket of its own; cli/front.py), the before tree's as each starts by itself (HAI_WARM=0);
+--before may then be this checkout. A warm command's peak memory is its own process's (the
+client's): the child that runs the command is the service's.
+
 Slurm's default MaxJobCount is 10000 (slurmctld refuses more jobs): for 10,000 jobs, raise
 it in the cluster's own rendered slurm.conf and restart slurmctld (MaxJobCount is not
 reloaded by `scontrol reconfigure`); `contrib/localcluster/up` renders the default again.
@@ -79,13 +85,13 @@ class Hai:
         self.env = {**{k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"},
                     "PATH": f"{shim_dir}:{os.environ['PATH']}", "HAI_SLURM_BACKEND": "cli"}
 
-    def run(self, tree: Path, argv: list[str]) -> tuple[float, int, int]:
+    def run(self, tree: Path, argv: list[str], env: dict[str, str]) -> tuple[float, int, int]:
         """(seconds, squeue calls, peak KiB of its processes) of one `hai ARGV` run from `tree`."""
         self.log.write_text("")
         t0 = time.perf_counter()
         # -P and a neutral cwd: `python -c` would put the cwd first on sys.path, ahead of PYTHONPATH
         p = subprocess.run([*PEAK, sys.executable, "-P", "-c", hai_entry(tree), *argv],
-                           env={**self.env, "PYTHONPATH": str(tree)},
+                           env={**self.env, "PYTHONPATH": str(tree), **env},
                            cwd=self.log.parent, capture_output=True, text=True)
         seconds = time.perf_counter() - t0
         if p.returncode != 0:
@@ -112,6 +118,7 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--policy", default=os.environ.get("HAI_POLICY") or str(REPO / "contrib/localcluster/policy.toml"))
     ap.add_argument("--cleanup", action="store_true", help="cancel the bench jobs at the end")
+    ap.add_argument("--warm", action="store_true", help="the after tree's commands from a warm-start service")
     args = ap.parse_args()
     if "SLURM_CONF" not in os.environ:
         print("list_bench: set SLURM_CONF (source $HAI_CLUSTER_DIR/etc/env)", file=sys.stderr)
@@ -150,6 +157,10 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as shim_dir:
         hai = Hai(Path(shim_dir))
         trees = {"before": args.before.resolve(), "after": args.after.resolve()}
+        envs: dict[str, dict[str, str]] = {"before": {}, "after": {}}
+        if args.warm:
+            envs = {"before": {"HAI_WARM": "0"}, "after": {"HAI_COMMANDS_SOCKET": f"{shim_dir}/commands.sock"}}
+            service = warm_service(trees["after"], Path(shim_dir))
         for tree in trees.values():  # as pip installs a package: its bytecode compiled
             subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree / "slurm_hai")], check=True,
                            stdout=subprocess.DEVNULL)
@@ -160,17 +171,21 @@ def main() -> int:
         for name, argv, _ in rows:  # one counting run each (not timed): squeue processes, slurmctld's RPCs
             for side, tree in trees.items():
                 n0 = job_info_rpcs()[0]
-                _, calls[name, side], peak[name, side] = hai.run(tree, argv)
+                _, calls[name, side], peak[name, side] = hai.run(tree, argv, envs[side])
                 rpcs[name, side] = job_info_rpcs()[0] - n0
         for r in range(args.repeats):
             for name, argv, _ in rows:
                 for side in (("before", "after") if r % 2 == 0 else ("after", "before")):
-                    seconds, _, _ = hai.run(trees[side], argv)
+                    seconds, _, _ = hai.run(trees[side], argv, envs[side])
                     times.setdefault((name, side), []).append(seconds)
         reads = {what: statistics.median_low(timed(argv) for _ in range(args.repeats)) for what, argv in (
             (whole, ["squeue"]), (yours, ["squeue", f"--user={me}"]),
             ("squeue --json --states=all (the whole queue)", ["squeue", "--json", "--states=all"]),
             (one, ["scontrol", "show", "job", "-o", str(waiting)]))}
+        if args.warm:
+            service.terminate()
+            service.wait(30)
+            print(f"warm starts the service made: {(Path(shim_dir) / 'commands.log').read_text().count(': started ')}")
     print()
     print("| command | before | after | after/before | after vs Slurm's | peak memory before -> after "
           "| squeue calls | job-info RPCs (sdiag) |")
@@ -188,6 +203,21 @@ def main() -> int:
     if args.cleanup:
         subprocess.run(["scancel", f"--name={BENCH_NAME}"], check=False)
     return 0
+
+
+def warm_service(tree: Path, where: Path) -> subprocess.Popen:
+    """`hai-admin warm-start` from `tree`, preloading the `hai` commands, on where/commands.sock."""
+    log = where / "commands.log"
+    service = subprocess.Popen([sys.executable, "-P", "-c", "from slurm_hai.cli.admin import main; main()", "warm-start",
+                                "--socket", str(where / "commands.sock"), "--preload", "slurm_hai.cli.user"],
+                               env={**os.environ, "PYTHONPATH": str(tree)}, cwd=where, stdout=open(log, "w"),
+                               stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while "warm-start service on" not in log.read_text():
+        if service.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"list_bench: the warm-start service did not start: {log.read_text()}")
+        time.sleep(0.1)
+    return service
 
 
 def timed(argv: list[str]) -> tuple[float, int]:

@@ -686,7 +686,8 @@ def timeline(policy_file: str | None, since: str, until: str | None, out: str, a
 SHARED = {
     "spank": ("share/spank", "the SPANK plugin's sources: `hai-admin spank install` builds and installs it"),
     "systemd": ("share/systemd", "hai-policyd.service (slurmctld hosts), slurm-hai-persist.service and "
-                           "slurm-hai-warm.service (every node), hai-lighthouse.service (one host)"),
+                           "slurm-hai-warm.service (every node), slurm-hai-commands.service (login nodes), "
+                           "hai-lighthouse.service (one host)"),
     "grafana": ("share/grafana", "slurm-hai.json: a Grafana dashboard of the daemon's metrics (--metrics-port)"),
     "slurm-docker": ("share/slurm-docker", "slurm-hai on giovtorres/slurm-docker-cluster (its README.md)"),
     "templates": ("templates", "the templates `hai-admin render` and `hai-submit` fill in (read-only)"),

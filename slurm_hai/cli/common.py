@@ -17,7 +17,7 @@ from ..jobs.request import did_you_mean
 from ..slurm import SlurmError, config_missing
 from ..slurm import backend as slurm_backend
 from ..slurm.records import JobInfo
-from .hai import current_user
+from .front import current_user
 
 
 def timeline_options(fn: Callable) -> Callable:

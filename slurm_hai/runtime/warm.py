@@ -38,6 +38,7 @@ job sets HAI_WARM=0 (the client then starts cold at once).
 from __future__ import annotations
 
 import array
+import io
 import json
 import os
 import shutil
@@ -126,36 +127,51 @@ def command_form(cmd: list[str]) -> tuple[str, list[str]] | None:
 def run(cmd: list[str], socket_path: str | None = None) -> int:
     """Start `cmd` warm through the node's service and wait for it; cold (exec) when it
     cannot be warm. Returns the child's exit code, or dies of its signal."""
-    why = _warm_refusal(cmd)
-    sock = None
-    relay = Relay()  # from before the request: a signal that comes while the child starts waits for it
-    if why is None:
-        try:
-            sock = _connect(socket_path or os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET)
-            python, argv = command_form(cmd)  # type: ignore[misc]  # _warm_refusal checked it
-            send_request(sock, {"python": os.path.abspath(shutil.which(python) or python), "argv": argv, "env": dict(os.environ), "cwd": os.getcwd(),
-                                "umask": _umask()})
-            reader = sock.makefile("rb")
-            first = _read_reply(reader)
-            if "refused" in first:
-                why = str(first["refused"])
-        except Refused as e:
-            why = str(e)
-        except OSError as e:
-            why = f"the service did not answer ({e})"
-    if why is not None:
-        relay.stop()
-        if sock is not None:
-            sock.close()
+    started = start(cmd, socket_path)
+    if isinstance(started, str):
         if os.environ.get(OFF_ENV) != "0":
-            print(f"slurm-hai: starting cold: {why}", file=sys.stderr, flush=True)
+            print(f"slurm-hai: starting cold: {started}", file=sys.stderr, flush=True)
         try:
             os.execvp(cmd[0], cmd)
         except OSError as e:
             print(f"slurm-hai: cannot start {cmd[0]!r}: {e}", file=sys.stderr, flush=True)
             return 127
-    assert sock is not None
-    return _supervise(reader, int(first["pid"]), relay)
+    return _supervise(*started)
+
+
+def run_if_warm(cmd: list[str], socket_path: str | None = None) -> int | None:
+    """`run`, but None (and nothing said) where `cmd` cannot start warm: the caller then runs
+    it itself (the `hai` commands: cli/front.py)."""
+    started = start(cmd, socket_path)
+    return None if isinstance(started, str) else _supervise(*started)
+
+
+def start(cmd: list[str], socket_path: str | None = None) -> tuple[io.BufferedReader, int, Relay] | str:
+    """Ask the service to start `cmd`: (the reader of its replies, the child's pid, the relay
+    of this process's signals), or why it cannot start warm."""
+    why = _warm_refusal(cmd)
+    if why is not None:
+        return why
+    sock = None
+    relay = Relay()  # from before the request: a signal that comes while the child starts waits for it
+    try:
+        sock = _connect(socket_path or os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET)
+        python, argv = command_form(cmd)  # type: ignore[misc]  # _warm_refusal checked it
+        send_request(sock, {"python": os.path.abspath(shutil.which(python) or python), "argv": argv,
+                            "env": dict(os.environ), "cwd": os.getcwd(), "umask": _umask()})
+        reader = sock.makefile("rb")
+        first = _read_reply(reader)
+        if "refused" not in first:
+            return reader, int(first["pid"]), relay
+        why = str(first["refused"])
+    except Refused as e:
+        why = str(e)
+    except OSError as e:
+        why = f"the service did not answer ({e})"
+    relay.stop()
+    if sock is not None:
+        sock.close()
+    return why
 
 
 class Relay:

@@ -20,7 +20,12 @@ from .version import SlurmVersion
 if TYPE_CHECKING:
     from ..policy.ladder import Change
 
-TIMEOUT = float(os.environ.get("HAI_SLURM_TIMEOUT", "60"))
+
+
+def timeout() -> float:
+    """How long a Slurm command may take, in seconds (read at each call: a `hai` command forked
+    by a warm-start service has the environment of its user, not of the service's start)."""
+    return float(os.environ.get("HAI_SLURM_TIMEOUT", "60"))
 
 
 def _run(argv: Sequence[str], input: str | None = None, check: bool = True,
@@ -49,11 +54,11 @@ def _finish(proc: subprocess.Popen, argv: Sequence[str], input: str | None = Non
             check: bool = True) -> subprocess.CompletedProcess:
     """The command's output once it has ended; SlurmError, one line, when it failed (`check`)."""
     try:
-        out, err = proc.communicate(input, timeout=TIMEOUT)
+        out, err = proc.communicate(input, timeout=timeout())
     except subprocess.TimeoutExpired:
         proc.kill()
         proc.wait()
-        raise SlurmError(f"{argv[0]} did not answer within {TIMEOUT:.0f} s: is slurmctld up? "
+        raise SlurmError(f"{argv[0]} did not answer within {timeout():.0f} s: is slurmctld up? "
                          "(scontrol ping)") from None
     p = subprocess.CompletedProcess(list(argv), proc.returncode, out, err)
     if check and p.returncode != 0:

@@ -111,7 +111,7 @@ def test_the_wheel_holds_the_templates_and_the_admins_files(dist):
         assert have == repo_files(source), f"{shipped} in the wheel is not {source}/ of the repository"
     assert {"hai_spank.c", "Makefile"} <= repo_files("spank")
     assert {"hai-policyd.service", "slurm-hai-persist.service", "slurm-hai-warm.service",
-            "hai-lighthouse.service"} <= repo_files("contrib/systemd")
+            "slurm-hai-commands.service", "hai-lighthouse.service"} <= repo_files("contrib/systemd")
     assert "slurm-hai.json" in repo_files("contrib/grafana")
     assert not [n for n in names if n.endswith(BUILD_OUTPUTS)]
 

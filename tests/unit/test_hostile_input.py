@@ -386,7 +386,8 @@ def test_a_request_within_the_groups_limits_is_taken(fake, monkeypatch):
 
 # ------------------------------------------------------------------ output cut short, usage errors
 
-FRONT_ENDS = {"hai": "slurm_hai.cli.hai", "hai-submit": "slurm_hai.cli.submit", "hai-admin": "slurm_hai.cli.admin"}
+FRONT_ENDS = {"hai": ("slurm_hai.cli.front", "hai"), "hai-submit": ("slurm_hai.cli.front", "hai_submit"),
+              "hai-admin": ("slurm_hai.cli.admin", "main")}
 
 
 def run_into_a_closed_pipe(tool: str, *argv: str) -> subprocess.CompletedProcess:
@@ -394,7 +395,7 @@ def run_into_a_closed_pipe(tool: str, *argv: str) -> subprocess.CompletedProcess
     read, write = os.pipe()
     os.close(read)
     try:
-        return subprocess.run([sys.executable, "-c", f"from {FRONT_ENDS[tool]} import main; main()", *argv],
+        return subprocess.run([sys.executable, "-c", "from {} import {}; {}()".format(*FRONT_ENDS[tool], FRONT_ENDS[tool][1]), *argv],
                               stdout=write, stderr=subprocess.PIPE, text=True, cwd=REPO,
                               env={**os.environ, "HAI_POLICY": str(LOCAL_POLICY)})
     finally:

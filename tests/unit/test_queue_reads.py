@@ -76,7 +76,7 @@ def test_hai_reads_ahead_the_queue_its_command_asks_first_and_nothing_twice(sque
     """`hai` starts the squeue its command makes first before loading the command; the
     backend takes that read instead of starting its own: the same squeue calls, the same
     output as a run without the read ahead."""
-    from slurm_hai.cli import hai
+    from slurm_hai.cli import front as hai
     from slurm_hai.slurm import squeue
 
     plain = CliRunner().invoke(user.main, argv)
@@ -97,7 +97,7 @@ def test_hai_reads_ahead_the_queue_its_command_asks_first_and_nothing_twice(sque
 @pytest.mark.parametrize("argv", [["list", "--since", "1h"], ["status"], ["status", "x"], ["list", "--all", "-h"],
                                   ["quota"], ["logs", "-f", "3"], []], ids=lambda a: " ".join(a) or "(none)")
 def test_hai_reads_nothing_ahead_for_a_command_whose_first_read_it_cannot_tell(argv):
-    from slurm_hai.cli import hai
+    from slurm_hai.cli import front as hai
 
     assert hai.first_read(argv) is None
 

@@ -8,7 +8,6 @@ import pwd
 import signal
 import subprocess
 import sys
-import tempfile
 import textwrap
 import time
 from pathlib import Path
@@ -17,30 +16,10 @@ import pytest
 
 from slurm_hai.runtime.warm import command_form
 from slurm_hai.runtime.warm_service import same_python
+from warm_helpers import HAI_ADMIN, shared, start_service  # noqa: F401  (shared: a fixture)
 
 pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the service takes other users' ids: root only")
-HAI_ADMIN = Path(sys.executable).with_name("hai-admin")
 NOBODY = pwd.getpwnam("nobody")
-
-
-@pytest.fixture
-def shared():
-    """A directory every user may read (pytest's tmp_path is root's alone)."""
-    d = Path(tempfile.mkdtemp(prefix="hai-warm-"))
-    d.chmod(0o755)
-    yield d
-    subprocess.run(["rm", "-rf", str(d)], check=False)
-
-
-def start_service(sock: Path, preload: str, env: dict[str, str] | None = None) -> subprocess.Popen:
-    log = open(sock.with_suffix(".log"), "w")
-    service = subprocess.Popen([str(HAI_ADMIN), "warm-start", "--socket", str(sock), "--preload", preload],
-                               stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
-    deadline = time.monotonic() + 60
-    while "warm-start service on" not in sock.with_suffix(".log").read_text():
-        assert service.poll() is None and time.monotonic() < deadline, sock.with_suffix(".log").read_text()
-        time.sleep(0.05)
-    return service
 
 
 @pytest.fixture

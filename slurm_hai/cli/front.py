@@ -1,0 +1,87 @@
+"""The entry points of `hai` and `hai-submit` (pyproject.toml): light until the command runs.
+
+Where a warm-start service listens on this host (`hai-admin warm-start --preload
+slurm_hai.cli.user,slurm_hai.cli.submit`, on a login node; runtime/warm.py), the command runs
+in a child the service forks from itself, as this user, with this process's descriptors,
+environment, directory, control groups and limits: Python's start and the imports of click,
+jinja2 and slurm-hai (0.1-0.15 s of CPU, most of what a `hai status` or a `hai-submit` costs,
+docs/benchmarks.md, issue 32) were paid once, by the service. This process relays its
+signals to the child and ends as the child did. $HAI_COMMANDS_SOCKET names the service where
+it is not the host's warm-start socket; HAI_WARM=0 runs the command here.
+
+Else (no service, or one that cannot start it warm: runtime/warm.py says when) the command
+runs here, saying nothing more, and `hai` starts the queue read a command makes first before
+the command has loaded: Python's start and slurm-hai's imports take about 0.1 s, as long as
+squeue over a queue of 10,000 jobs; started first, the two overlap. The commands backend's
+jobs() takes the read started here when its call is the same (slurm/squeue.py).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import os
+import sys
+from collections.abc import Sequence
+
+COMMANDS_SOCKET_ENV = "HAI_COMMANDS_SOCKET"
+# each command's click object: (module, name)
+COMMANDS = {"hai": ("slurm_hai.cli.user", "main"), "hai-submit": ("slurm_hai.cli.submit", "main")}
+
+
+def hai() -> None:
+    args = sys.argv[1:]
+    run_warm("hai", args)
+    first = first_read(args)
+    if first is not None:
+        from ..slurm import config_missing, reads_with_commands, squeue
+
+        if reads_with_commands() and not config_missing():
+            squeue.start_ahead(*first)
+    run_here("hai", args)
+
+
+def hai_submit() -> None:
+    args = sys.argv[1:]
+    run_warm("hai-submit", args)
+    run_here("hai-submit", args)
+
+
+def run_warm(command: str, args: list[str]) -> None:
+    """Run `command ARGS` in a child of the host's warm-start service and exit as it did;
+    return (having done nothing) where it cannot."""
+    from ..runtime.warm import run_if_warm
+
+    rc = run_if_warm([sys.executable, "-m", "slurm_hai.cli", command, *args], os.environ.get(COMMANDS_SOCKET_ENV))
+    if rc is not None:
+        sys.exit(rc)
+
+
+def run_here(command: str, args: list[str]) -> None:
+    module, name = COMMANDS[command]
+    getattr(importlib.import_module(module), name)(args=args, prog_name=command)
+
+
+def first_read(args: Sequence[str]) -> tuple[tuple[int, ...], str | None] | None:
+    """What `hai ARGS` asks the queue first, from its arguments alone, as backend.jobs()'s
+    (job ids, user): `list` your jobs, `list --all` everyone's, `status JOB` and `logs JOB`
+    that job; None for any other command or arguments (nothing is read ahead)."""
+    words = [a for a in args if a != "--json"]
+    if words == ["list"]:
+        return (), current_user()
+    if words == ["list", "--all"]:
+        return (), None
+    if len(words) == 2 and words[0] in ("status", "logs") and words[1].isascii() and words[1].isdigit():
+        return (int(words[1]),), None
+    return None
+
+
+def current_user() -> str:
+    return _user_name(os.getuid())
+
+
+@functools.lru_cache(maxsize=8)
+def _user_name(uid: int) -> str:  # asked once per job by `hai list`: NSS may be a network call
+    import pwd
+
+    return pwd.getpwuid(uid).pw_name

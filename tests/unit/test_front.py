@@ -1,0 +1,99 @@
+"""`hai` and `hai-submit` through a login node's warm-start service (slurm_hai/cli/front.py):
+the installed console scripts, the real `hai-admin warm-start` preloading the commands, as
+root. A command run warm says and exits exactly what it says and exits run here, with the
+caller's environment (a policy file the service never saw) and the caller's ids; where no
+service listens it runs here and says nothing more."""
+
+from __future__ import annotations
+
+import os
+import pwd
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from warm_helpers import shared, start_service  # noqa: F401  (shared: a fixture)
+
+pytestmark = pytest.mark.skipif(os.geteuid() != 0, reason="the service takes other users' ids: root only")
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+SITE_POLICY = REPO / "tests" / "fixtures" / "site_policy.toml"
+LOCAL_POLICY = REPO / "contrib" / "localcluster" / "policy.toml"
+NOBODY = pwd.getpwnam("nobody")
+
+
+@pytest.fixture
+def commands(shared):  # noqa: F811
+    """A service preloading the commands, started with the local cluster's policy."""
+    sock = shared / "commands.sock"
+    proc = start_service(sock, "slurm_hai.cli.user,slurm_hai.cli.submit", env={"HAI_POLICY": str(LOCAL_POLICY)})
+    yield sock
+    proc.terminate()
+    assert proc.wait(10) == 0, sock.with_suffix(".log").read_text()
+
+
+def command(tool: str, *argv: str, sock: Path, user: int | None = None, stdout=subprocess.PIPE
+            ) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "SLURM_CONF"}
+    env.update(HAI_COMMANDS_SOCKET=str(sock), HAI_POLICY=str(SITE_POLICY),
+               HOME="/tmp" if user is not None else env.get("HOME", "/root"))
+    prefix = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", "--"] if user is not None else []
+    return subprocess.run([*prefix, str(BIN / tool), *argv], env=env, stdout=stdout, stderr=subprocess.PIPE,
+                          text=True, cwd=REPO, timeout=120)
+
+
+def started(sock: Path) -> list[str]:
+    return re.findall(r"uid (\d+) pid \d+: started \['-m', 'slurm_hai.cli'\]", sock.with_suffix(".log").read_text())
+
+
+def without_token(text: str) -> str:
+    return re.sub(r"HAI_SUBMIT_TOKEN=\w+", "HAI_SUBMIT_TOKEN=...", text)
+
+
+@pytest.mark.parametrize("user", [None, NOBODY.pw_uid], ids=["root", "nobody"])
+def test_a_command_run_warm_says_and_exits_what_it_does_run_here(commands, user):
+    nowhere = commands.with_name("none.sock")
+    for tool, argv, code in [
+        ("hai-submit", ["--dry-run", "--gpus-per-node", "0", "examples/train.py"], 0),
+        ("hai-submit", ["-n", "x", "examples/train.py"], 2),
+        ("hai", ["status", "x"], 2),
+        ("hai", ["lsit"], 2),
+    ]:
+        here = command(tool, *argv, sock=nowhere, user=user)
+        warm = command(tool, *argv, sock=commands, user=user)
+        assert here.returncode == warm.returncode == code, (tool, argv, here.stderr, warm.stderr)
+        assert without_token(warm.stdout) == without_token(here.stdout), (tool, argv)
+        assert warm.stderr == here.stderr, (tool, argv)
+    # the policy the caller names, not the service's (HAI's LOW): the site's default level's
+    # QOS; the caller's home
+    dry = command("hai-submit", "--dry-run", "--gpus-per-node", "0", "examples/train.py", sock=commands, user=user)
+    assert "#SBATCH --qos=bronze\n" in dry.stdout and ("/tmp/.hai/jobs" in dry.stdout) == (user is not None)
+    # every warm run was the service's child, as the caller's uid; the runs here never asked
+    assert started(commands) == [str(user or 0)] * 5
+    assert not nowhere.exists()
+
+
+def test_output_cut_short_ends_warm_as_here_with_the_status_of_sigpipe(commands):
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        for sock in (commands, commands.with_name("none.sock")):
+            p = command("hai", "--help", sock=sock, stdout=write)
+            assert (p.returncode, p.stderr) == (141, "")
+    finally:
+        os.close(write)
+    assert started(commands) == ["0"]
+
+
+def test_hai_warm_0_runs_the_command_here(commands):
+    env_off = command("hai", "--help", sock=commands)
+    assert env_off.returncode == 0 and started(commands) == ["0"]
+    os.environ["HAI_WARM"] = "0"
+    try:
+        off = command("hai", "--help", sock=commands)
+    finally:
+        del os.environ["HAI_WARM"]
+    assert off.returncode == 0 and off.stdout == env_off.stdout and started(commands) == ["0"]
