@@ -35,7 +35,8 @@ import time
 from ..jobs.jobdir import JobDir, default_root
 from ..policy.limits import NOTICE_MARGIN
 from ..policy.model import PolicyError, find_policy
-from ..policy.tags import PARTS, parse_parts
+from ..policy.placement import Refused, grace_of
+from ..policy.tags import GRACE, PARTS, parse_parts
 from ..slurm import SlurmError, backend
 from .batch import run_over, slurm_record, wait_to_be_requeued
 from .contract import restart_count
@@ -54,8 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--retries", type=int, default=0, help="how many times the job's parts may fail on their own "
                     "and be requeued, all parts together (hai-submit --retries)")
     ap.add_argument("--notice-seconds", type=int, help="with a time limit: how long before it the part is told, "
-                    "commits the job's state and leaves, its task requeued (default: the policy's grace_seconds + "
-                    f"{NOTICE_MARGIN})")
+                    "commits the job's state and leaves, its task requeued (default: the job's grace, as job_submit.lua "
+                    f"stamped it, else the policy's grace_seconds, + {NOTICE_MARGIN})")
     ap.add_argument("cmd", nargs=argparse.REMAINDER)
     args = ap.parse_args(argv)
     cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
@@ -195,16 +196,26 @@ def _notice_time_limit(slurm, job_id: int, task: str, lead: int | None, done: th
     if job is None or not job.end_time > job.start_time > 0:
         return  # no limit (or no answer: Slurm then ends the task at its limit, as it would)
     if lead is None:
-        try:
-            lead = find_policy().grace_seconds + NOTICE_MARGIN
-        except PolicyError:
-            lead = NOTICE_MARGIN
+        lead = _grace(job) + NOTICE_MARGIN
     if done.wait(max(0.0, job.end_time - lead - time.time())):
         return
     try:
         slurm.cancel(task, signal=TIME_LIMIT_SIGNAL.name.removeprefix("SIG"))
     except SlurmError as e:
         print(f"slurm-hai: the part could not be told of its task's time limit: {e}", flush=True)
+
+
+def _grace(job) -> int:
+    """The job's grace: what job_submit.lua stamped in its admin comment (hai-grace, the job's
+    --hai-grace or its comment's, checked against the policy), else the policy's; 0 without a
+    policy to read."""
+    try:
+        return grace_of(find_policy(), job.tags.get(GRACE))
+    except (PolicyError, Refused):  # a stamp the policy of now no longer allows: the policy's own
+        try:
+            return find_policy().grace_seconds
+        except PolicyError:
+            return 0
 
 
 def _output_to_rank_log(jobdir: JobDir, run: int, part: int) -> None:

@@ -473,3 +473,69 @@ def test_output_cut_short_by_head_ends_quietly(live):
         finally:
             os.close(write_end)
         assert (p.returncode, p.stderr) == (141, ""), argv
+
+
+# ---------------------------------------------------------------- a login node's warm-start service
+
+def test_hai_and_hai_submit_run_warm_from_a_login_nodes_service_as_the_user_who_typed_them(live):
+    """`hai-admin warm-start` preloading the commands, as on a login node (cli/front.py): each
+    command of hai-alice runs in a child of the service, as her, in her control groups, and
+    does what it does run in her own process."""
+    d = user_dir(live, "fd-warm", "hai-alice")
+    script = write(d / "ticker.py", "import time\nwhile True:\n    print('tick', flush=True); time.sleep(0.5)\n",
+                   "hai-alice")
+    sock, log = d / "commands.sock", d / "commands.log"
+    service = subprocess.Popen(["hai-admin", "warm-start", "--socket", str(sock), "--preload",
+                                "slurm_hai.cli.user,slurm_hai.cli.submit"], env=live.env, stdout=open(log, "w"),
+                               stderr=subprocess.STDOUT)
+    started = re.compile(r"uid (\d+) pid \d+: started \['-m', 'slurm_hai.cli'\] as pid (\d+)")
+    alice = str(live.uid("hai-alice"))
+    warm = {**live.env, "HAI_COMMANDS_SOCKET": str(sock)}
+
+    def as_user(user: str, *argv: str, env: dict[str, str] = warm, **kw) -> subprocess.CompletedProcess:
+        return subprocess.run(["runuser", "-u", user, "--", "env", f"HOME=/home/{user}", *argv], env=env, text=True,
+                              capture_output=True, cwd=f"/home/{user}", timeout=60, **kw)
+
+    try:
+        wait_for(lambda: "warm-start service on" in log.read_text() or service.poll() is not None, 60, "the service")
+        p = as_user("hai-alice", "hai-submit", "--json", "-p", "LOW", str(script))
+        assert p.returncode == 0 and p.stderr == "", p.stderr
+        job, job_dir = json.loads(p.stdout)["job_id"], Path(json.loads(p.stdout)["job_dir"])
+        assert [uid for uid, _ in started.findall(log.read_text())] == [alice]
+        assert (job_dir / "job.json").stat().st_uid == live.uid("hai-alice")  # written as her
+        wait_for(lambda: json.loads(as_user("hai-alice", "hai", "status", "--json", str(job)).stdout)["state"]
+                 == "running", 60, "running", 0.5)
+        # what a command says warm is what it says run in her own process
+        for argv in (["hai", "list", "--json"], ["hai", "logs", "--json", str(job)]):
+            here = as_user("hai-alice", *argv, env={**live.env, "HAI_WARM": "0"})
+            there = as_user("hai-alice", *argv)
+            assert there.returncode == here.returncode == 0 and there.stderr == here.stderr == ""
+            assert [r["job_id"] for r in json.loads(there.stdout)] == [r["job_id"] for r in json.loads(here.stdout)] \
+                if argv[1] == "list" else json.loads(there.stdout)["job_id"] == job
+        bob = as_user("hai-bob", "hai", "logs", str(job))
+        assert "belongs to hai-alice; its logs are private" in one_error_line(bob)
+        # a follow: the child is hers, in the control groups of the process she typed it in;
+        # Ctrl-C reaches it through that process, which ends as the child did
+        before = len(started.findall(log.read_text()))
+        follow = subprocess.Popen(["runuser", "-u", "hai-alice", "--", "env", "HOME=/home/hai-alice", "hai", "logs",
+                                   "-f", str(job)], env=warm, text=True, stdout=subprocess.PIPE,
+                                  stderr=subprocess.PIPE, cwd="/home/hai-alice", start_new_session=True,
+                                  preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        child = int(wait_for(lambda: started.findall(log.read_text())[before:], 30, "the follow's child")[0][1])
+        client = int(wait_for(lambda: subprocess.run(["pgrep", "-u", "hai-alice", "-f", f"logs -f {job}"],
+                                                     capture_output=True, text=True).stdout.split(), 10, "client")[0])
+        assert Path(f"/proc/{child}/cgroup").read_text() == Path(f"/proc/{client}/cgroup").read_text()
+        assert Path(f"/proc/{child}/status").read_text().count(f"\t{alice}") >= 4  # real, effective, saved, fs uid
+        time.sleep(2)
+        os.killpg(follow.pid, signal.SIGINT)
+        out, err = follow.communicate(timeout=30)
+        assert "tick" in out and f"job {job} goes on" in err and "Traceback" not in err and follow.returncode == 130
+        stopped = as_user("hai-alice", "hai", "stop", "--json", str(job))
+        assert json.loads(stopped.stdout) == {"job_id": job, "state": "finished-stopped"}
+        # every command was the service's child, each as the user who typed it
+        uids = [uid for uid, _ in started.findall(log.read_text())]
+        assert uids.count(str(live.uid("hai-bob"))) == 1 and set(uids) == {alice, str(live.uid("hai-bob"))}
+        assert len(uids) >= 8, uids
+    finally:
+        service.terminate()
+        service.wait(10)

@@ -11,13 +11,17 @@ import signal
 import sys
 import threading
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
+from slurm_hai.policy.limits import NOTICE_MARGIN
 from slurm_hai.policy.model import parse_policy
 from slurm_hai.runtime import part_task
 from slurm_hai.runtime.parts import EXIT_BELOW_MIN, EXIT_TIME_LIMIT, MIN_ENV, SERVICE_ENV, PartError
+
+LOCAL_POLICY = Path(__file__).resolve().parents[2] / "contrib" / "localcluster" / "policy.toml"
 
 
 class Slurm:
@@ -29,6 +33,7 @@ class Slurm:
         self.requeues: list[int] = []
         self.step_rc = step_rc
         self.comment = comment
+        self.comment_tags: dict[str, str] = {}  # more tags of its record (its admin comment's)
         self.steps: list[tuple[list[str], dict[str, str]]] = []
 
     def cancel(self, job_id, signal=None):
@@ -40,7 +45,8 @@ class Slurm:
         return self.step_rc
 
     def job(self, job_id):  # this task's record: its tags and state; never preempted by Slurm
-        return SimpleNamespace(tags={"hai-parts": self.comment} if self.comment else {}, start_time=self.started,
+        return SimpleNamespace(tags={**({"hai-parts": self.comment} if self.comment else {}), **self.comment_tags},
+                               start_time=self.started,
                                preempt_time=0, state=self.state, restart_count=0, end_time=self.end)
 
     def cancel_waiting_tasks(self, job_id):
@@ -93,6 +99,23 @@ def test_a_part_is_told_its_tasks_time_limit_the_notice_time_before_it(limit, le
     else:
         assert slurm.cancels == [("7_1", "USR1")]  # the task: 71 alone may be every task's id
         assert told_after - 0.05 <= slurm.told - slurm.started < told_after + 0.5
+
+
+@pytest.mark.parametrize("stamped, lead", [("hai-grace=20", 20 + NOTICE_MARGIN), ("", 5 + NOTICE_MARGIN),
+                                            ("hai-grace=99999", 5 + NOTICE_MARGIN)])
+def test_a_parts_notice_comes_its_jobs_own_grace_before_the_limit(monkeypatch, stamped, lead):
+    """Without --notice-seconds (a plain sbatch script): the grace job_submit.lua stamped on the
+    task (its --hai-grace), else the policy's (also for a stamp the policy no longer allows),
+    and the margin."""
+    monkeypatch.setenv("HAI_POLICY", str(LOCAL_POLICY))  # grace_seconds 5, max_grace_seconds 60
+    slurm, done = Slurm(limit=lead + 0.6), threading.Event()
+    slurm.comment_tags = dict(t.split("=") for t in stamped.split()) if stamped else {}
+    t = threading.Thread(target=part_task._notice_time_limit, args=(slurm, 71, "7_1", None, done))
+    t.start()
+    t.join(2)
+    done.set()
+    t.join(5)
+    assert slurm.cancels == [("7_1", "USR1")] and 0.5 <= slurm.told - slurm.started < 1.2
 
 
 def test_a_new_lighthouse_address_ends_the_part_once(monkeypatch):
