@@ -484,7 +484,9 @@ def test_hai_and_hai_submit_run_warm_from_a_login_nodes_service_as_the_user_who_
     d = user_dir(live, "fd-warm", "hai-alice")
     script = write(d / "ticker.py", "import time\nwhile True:\n    print('tick', flush=True); time.sleep(0.5)\n",
                    "hai-alice")
-    sock, log = d / "commands.sock", d / "commands.log"
+    where = live.shared_dir("fd-warm-service")  # root's, as /dev/shm on a login node: every user reaches it
+    where.chmod(0o755)
+    sock, log = where / "commands.sock", where / "commands.log"
     service = subprocess.Popen(["hai-admin", "warm-start", "--socket", str(sock), "--preload",
                                 "slurm_hai.cli.user,slurm_hai.cli.submit"], env=live.env, stdout=open(log, "w"),
                                stderr=subprocess.STDOUT)
