@@ -19,8 +19,8 @@ level are held against the policy's quota for that user and level. The rounds ro
 burst goes first; each burst's jobs are cancelled before the next one starts.
 
 The hai-submit burst runs twice: as each command starts by itself (HAI_WARM=0), and warm, from
-a login node's warm-start service (`hai-admin warm-start --preload slurm_hai.cli.user,
-slurm_hai.cli.submit`, root, started by the bench on a socket of its own; cli/front.py).
+a login node's warm-start service (`hai-admin warm-start --preload slurm_hai.cli.preload`, root,
+started by the bench on a socket of its own; cli/front.py).
 """
 
 from __future__ import annotations
@@ -215,7 +215,7 @@ def main() -> None:
                               stdout=daemon_log, stderr=subprocess.STDOUT)
     socket = work / "commands.sock"
     service = subprocess.Popen([str(BIN / "hai-admin"), "warm-start", "--socket", str(socket), "--preload",
-                                "slurm_hai.cli.user,slurm_hai.cli.submit"], stdout=open(work / "commands.log", "w"),
+                                "slurm_hai.cli.preload"], stdout=open(work / "commands.log", "w"),
                                stderr=subprocess.STDOUT)
     runs: dict[str, list[dict]] = {kind: [] for kind in KINDS}
     try:

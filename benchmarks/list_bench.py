@@ -21,7 +21,7 @@ jobs (the policy says why it waits: it needs the whole queue); of one that Slurm
 (if there is one, e.g. from the cluster tests). --cleanup cancels the jobs at the end.
 
 --warm: the after tree's commands run through a login node's warm-start service
-(`hai-admin warm-start --preload slurm_hai.cli.user`, started by the bench from that tree, on a
+(`hai-admin warm-start --preload slurm_hai.cli.preload`, started by the bench from that tree, on a
 socket of its own; cli/front.py), the before tree's as each starts by itself (HAI_WARM=0);
 --before may then be this checkout. A warm command's peak memory is its own process's (the
 client's): the child that runs the command is the service's.
@@ -209,7 +209,7 @@ def warm_service(tree: Path, where: Path) -> subprocess.Popen:
     """`hai-admin warm-start` from `tree`, preloading the `hai` commands, on where/commands.sock."""
     log = where / "commands.log"
     service = subprocess.Popen([sys.executable, "-P", "-c", "from slurm_hai.cli.admin import main; main()", "warm-start",
-                                "--socket", str(where / "commands.sock"), "--preload", "slurm_hai.cli.user"],
+                                "--socket", str(where / "commands.sock"), "--preload", "slurm_hai.cli.preload"],
                                env={**os.environ, "PYTHONPATH": str(tree)}, cwd=where, stdout=open(log, "w"),
                                stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60

@@ -1,8 +1,8 @@
 """The entry points of `hai` and `hai-submit` (pyproject.toml): light until the command runs.
 
 Where a warm-start service listens on this host (`hai-admin warm-start --preload
-slurm_hai.cli.user,slurm_hai.cli.submit`, on a login node; runtime/warm.py), the command runs
-in a child the service forks from itself, as this user, with this process's descriptors,
+slurm_hai.cli.preload`, on a login node; runtime/warm.py), the command runs in a child the
+service forks from itself, as this user, with this process's descriptors,
 environment, directory, control groups and limits: Python's start and the imports of click,
 jinja2 and slurm-hai (0.1-0.15 s of CPU, most of what a `hai status` or a `hai-submit` costs,
 docs/benchmarks.md, issue 32) were paid once, by the service. This process relays its

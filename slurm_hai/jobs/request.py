@@ -281,8 +281,12 @@ def check_files(req: JobRequest) -> None:
         raise RequestError(f"script {shown} is not executable; chmod u+x {shlex.quote(shown)}")
 
 
+# the job scripts hai-submit renders: a job's, an elastic job in place's
+JOB_TEMPLATE, PARTS_TEMPLATE = "job/sbatch.sh.j2", "job/parts.sh.j2"
+
+
 def render_script(context: dict, term_is_notice: bool) -> str:
     from ..render import render  # jinja2: only hai-submit renders; the other commands start without it
 
-    template = "job/parts.sh.j2" if context["in_place"] else "job/sbatch.sh.j2"
+    template = PARTS_TEMPLATE if context["in_place"] else JOB_TEMPLATE
     return render(template, term_is_notice=term_is_notice, **context)

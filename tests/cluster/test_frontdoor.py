@@ -488,7 +488,7 @@ def test_hai_and_hai_submit_run_warm_from_a_login_nodes_service_as_the_user_who_
     where.chmod(0o755)
     sock, log = where / "commands.sock", where / "commands.log"
     service = subprocess.Popen(["hai-admin", "warm-start", "--socket", str(sock), "--preload",
-                                "slurm_hai.cli.user,slurm_hai.cli.submit"], env=live.env, stdout=open(log, "w"),
+                                "slurm_hai.cli.preload"], env=live.env, stdout=open(log, "w"),
                                stderr=subprocess.STDOUT)
     started = re.compile(r"uid (\d+) pid \d+: started \['-m', 'slurm_hai.cli'\] as pid (\d+)")
     alice = str(live.uid("hai-alice"))

@@ -6,11 +6,13 @@ service listens it runs here and says nothing more."""
 
 from __future__ import annotations
 
+import json
 import os
 import pwd
 import re
 import subprocess
 import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -29,7 +31,7 @@ NOBODY = pwd.getpwnam("nobody")
 def commands(shared):  # noqa: F811
     """A service preloading the commands, started with the local cluster's policy."""
     sock = shared / "commands.sock"
-    proc = start_service(sock, "slurm_hai.cli.user,slurm_hai.cli.submit", env={"HAI_POLICY": str(LOCAL_POLICY)})
+    proc = start_service(sock, "slurm_hai.cli.preload", env={"HAI_POLICY": str(LOCAL_POLICY)})
     yield sock
     proc.terminate()
     assert proc.wait(10) == 0, sock.with_suffix(".log").read_text()
@@ -97,3 +99,34 @@ def test_hai_warm_0_runs_the_command_here(commands):
     finally:
         del os.environ["HAI_WARM"]
     assert off.returncode == 0 and off.stdout == env_off.stdout and started(commands) == ["0"]
+
+
+def test_the_commands_preload_leaves_a_command_nothing_to_import_or_compile():
+    """What `--preload slurm_hai.cli.preload` loads is all a command loads: a child of the
+    service imports no module of slurm-hai, click or jinja2 and compiles no template."""
+    code = textwrap.dedent('''
+        import contextlib, io, json, sys
+        import jinja2
+        import slurm_hai.cli.preload
+        from slurm_hai.cli.front import run_here
+        compiled, compile_ = [], jinja2.Environment.compile
+        jinja2.Environment.compile = lambda self, *a, **k: compiled.append(1) or compile_(self, *a, **k)
+        before = set(sys.modules)
+        for command, args in [("hai-submit", ["--dry-run", "--gpus-per-node", "0", "examples/train.py"]),
+                              ("hai-submit", ["--dry-run", "--in-place", "-n", "1:2", "--gpus-per-node", "0",
+                                              "examples/train.py"]),
+                              ("hai-submit", ["-n", "x", "examples/train.py"]), ("hai", ["status", "x"]),
+                              ("hai", ["list"]), ("hai", ["--help"])]:
+            try:
+                with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+                    run_here(command, args)
+            except SystemExit:
+                pass
+        new = sorted(m for m in set(sys.modules) - before if m.split(".")[0] in ("slurm_hai", "jinja2", "click",
+                                                                                 "markupsafe"))
+        print(json.dumps({"new": new, "compiled": len(compiled)}))
+    ''')
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO, timeout=120,
+                       env={**os.environ, "HAI_POLICY": str(LOCAL_POLICY)})
+    assert p.returncode == 0, p.stderr
+    assert json.loads(p.stdout.splitlines()[-1]) == {"new": [], "compiled": 0}

@@ -1,0 +1,16 @@
+"""What a login node's warm-start service preloads for `hai` and `hai-submit` (`hai-admin
+warm-start --preload slurm_hai.cli.preload`; contrib/systemd/slurm-hai-commands.service): the
+two commands, the modules they import on first use (jinja2 and the Slurm commands backend),
+and the job templates compiled. A command forked from the service then imports and compiles
+nothing of its own (tests/unit/test_front.py checks it); a template changed on disk since is
+compiled again by the command that renders it (jinja2 looks at its file each time)."""
+
+import click._textwrap  # noqa: F401  (--help's text, wrapped)
+
+from .. import render
+from ..jobs.request import JOB_TEMPLATE, PARTS_TEMPLATE
+from ..slurm import cli, commands, pyslurm_backend, version  # noqa: F401  (the backend a command picks)
+from . import submit, user  # noqa: F401
+
+for _template in (JOB_TEMPLATE, PARTS_TEMPLATE):
+    render.environment().get_template(_template)
