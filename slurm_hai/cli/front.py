@@ -2,12 +2,12 @@
 
 Where a warm-start service listens on this host (`hai-admin warm-start --preload
 slurm_hai.cli.preload`, on a login node; runtime/warm.py), the command runs in a child the
-service forks from itself, as this user, with this process's descriptors,
-environment, directory, control groups and limits: Python's start and the imports of click,
-jinja2 and slurm-hai (0.1-0.15 s of CPU, most of what a `hai status` or a `hai-submit` costs,
-docs/benchmarks.md, issue 32) were paid once, by the service. This process relays its
-signals to the child and ends as the child did. $HAI_COMMANDS_SOCKET names the service where
-it is not the host's warm-start socket; HAI_WARM=0 runs the command here.
+service forks from itself, as this user, with this process's descriptors, environment,
+directory, control groups and limits: Python's start and the imports of click, jinja2 and
+slurm-hai (0.1-0.15 s of CPU; in a burst of submissions on a busy login node, most of each
+one's: docs/benchmarks.md, issue 32) were paid once, by the service. This process relays
+its signals to the child and ends as the child did. $HAI_COMMANDS_SOCKET names the service
+where it is not the host's warm-start socket; HAI_WARM=0 runs the command here.
 
 Else (no service, or one that cannot start it warm: runtime/warm.py says when) the command
 runs here, saying nothing more, and `hai` starts the queue read a command makes first before

@@ -30,6 +30,10 @@ the service's (LD_PRELOAD, LD_LIBRARY_PATH: libraries are loaded at a process's 
 PYTHONHASHSEED or PYTHONHOME set (fixed at an interpreter's start), the client in other
 namespaces than the service's, a control group that cannot be joined.
 
+The same service on a login node, preloading the commands, runs `hai` and `hai-submit`
+(cli/front.py): their entry points ask through `run_if_warm`, which leaves a command it cannot
+start warm to its caller, saying nothing.
+
 Modules preloaded by the service were imported with its environment: a job that sets a
 variable those modules read at import (TORCH_*, say) sees it only in a cold start; such a
 job sets HAI_WARM=0 (the client then starts cold at once).
