@@ -530,7 +530,7 @@ def persist_agent(spool: str | None, once: bool, sweep_every: float) -> None:
               help="The modules imported once, before any start, comma-separated (e.g. torch,torchft).")
 @one_line_errors
 def warm_start(socket_path: str | None, preload: str) -> None:
-    """Start jobs' Python processes warm on this node (run one per node, as root).
+    """Start jobs' Python processes, or the hai commands, warm on this host (as root).
 
     \b
     A step run as `python -m slurm_hai.runtime.warm -- PYTHON SCRIPT ARGS` (an elastic job
@@ -538,7 +538,9 @@ def warm_start(socket_path: str | None, preload: str) -> None:
     process: it takes the step's control groups, limits, ids, environment and descriptors,
     then runs SCRIPT, and skips Python's start and torch's import. A start it cannot make
     warm (another Python, no service) is made cold by the step itself, with one line.
-    docs/elastic-in-place.md ("Warm starts"); contrib/systemd/ has a unit file.
+    On a login node, `--preload slurm_hai.cli.preload` does the same for `hai` and
+    `hai-submit`, which ask by themselves. docs/elastic-in-place.md ("Warm starts"),
+    docs/admin-guide.md; contrib/systemd/ has the unit files.
     """
     from ..runtime.warm import DEFAULT_SOCKET, SOCKET_ENV
     from ..runtime.warm_service import Service
