@@ -3,9 +3,10 @@ console script runs it here; what a login node's warm-start service's child runs
 
 import sys
 
-from .front import run_here
+from .front import COMMANDS, run_here
 
-if sys.argv[1:2] and sys.argv[1] in ("hai", "hai-submit"):
+if sys.argv[1:2] and sys.argv[1] in COMMANDS:
     run_here(sys.argv[1], sys.argv[2:])
 else:
-    sys.exit("usage: python -m slurm_hai.cli hai|hai-submit [ARGS...]")
+    print(f"usage: python -m slurm_hai.cli {'|'.join(COMMANDS)} [ARGS...]", file=sys.stderr)
+    sys.exit(2)
