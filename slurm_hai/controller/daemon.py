@@ -147,7 +147,7 @@ class PolicyDaemon:
                 log.info("would: %s", action.describe())
                 continue
             try:
-                self.execute(action)
+                self.execute(action, self.target(action.job_id, jobs))
             except SlurmError as e:
                 failed += 1
                 self._failed[key] = now + RETRY_AFTER
@@ -197,8 +197,19 @@ class PolicyDaemon:
                     job.restart_count, user_uid(job.user))
         return {jid for (jid, _), asked in self._asked.items() if asked}
 
-    def execute(self, action: Action) -> None:
-        b, jid = self.backend, action.job_id
+    def target(self, job_id: int, jobs: Sequence[JobInfo]) -> int | str:
+        """How to name job `job_id` to Slurm: by its id, unless it holds the id of a job array
+        of which the queue has other tasks (the task that started last keeps the array's id,
+        as does the array's pending rest): Slurm acts on every task of an array named by that
+        id (an update of one part's start went to every part; a requeue would take them all),
+        so such a job is named as ARRAY_TASK (or ARRAY_[TASKS]), asked of Slurm."""
+        if any(j.array_job_id == job_id != j.job_id for j in jobs):
+            return self.backend.array_task(job_id) or job_id
+        return job_id
+
+    def execute(self, action: Action, target: int | str | None = None) -> None:
+        """Do `action` to its job, named to Slurm as `target` (default: its id)."""
+        b, jid = self.backend, action.job_id if target is None else target
         if action.kind == "update":
             b.update_job(jid, **action.field_dict())
         elif action.kind == "requeue":

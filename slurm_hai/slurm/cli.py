@@ -230,11 +230,22 @@ class CliBackend:
     def cancel_waiting_tasks(self, job_id: int) -> None:
         _run(["scancel", "--state=PENDING", str(job_id)])
 
-    def update_job(self, job_id: int, **fields: str) -> None:
+    def update_job(self, job_id: int | str, **fields: str) -> None:
         _run(["scontrol", "update", f"JobId={job_id}", *(f"{k}={v}" for k, v in fields.items())])
 
-    def release(self, job_id: int) -> None:
+    def release(self, job_id: int | str) -> None:
         _run(["scontrol", "release", str(job_id)])
+
+    def array_task(self, job_id: int) -> str | None:
+        """squeue of the array `job_id` names: each task's own id (%A) and its array name (%i:
+        ARRAY_TASK, ARRAY_[TASKS] for the pending rest); the name of the one with `job_id`."""
+        out = _run(["squeue", "--noheader", "--states=all", f"--jobs={job_id}", "--format=%A %i"],
+                   env=squeue.queue_env(os.environ)).stdout
+        for line in out.splitlines():
+            own, _, name = line.strip().partition(" ")
+            if own == str(job_id) and name.startswith(f"{job_id}_"):
+                return name
+        return None
 
     def shrink_allocation(self, job_id: int, nodes: int) -> None:
         """Slurm keeps the first `nodes` nodes and frees the others at once. scontrol writes

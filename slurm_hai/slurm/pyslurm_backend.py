@@ -272,10 +272,11 @@ class PyslurmBackend(CliBackend):
         else:
             _call(f"signal {signal} to job {job_id}", job.send_signal, _signal_number(signal))
 
-    def update_job(self, job_id: int, **fields: str) -> None:
+    def update_job(self, job_id: int | str, **fields: str) -> None:
         if not fields:
             return
-        if any(k not in UPDATABLE or str(v) == "" for k, v in fields.items()):
+        if isinstance(job_id, str) or any(k not in UPDATABLE or str(v) == "" for k, v in fields.items()):
+            # an array's task ("ARRAY_TASK"): pyslurm takes numbers only
             return CliBackend.update_job(self, job_id, **fields)  # pyslurm lacks it (or cannot clear)
         pyslurm = _pyslurm()
         try:
@@ -286,7 +287,9 @@ class PyslurmBackend(CliBackend):
         what = " ".join(f"{k}={v}" for k, v in fields.items())
         _call(f"update of job {job_id} ({what})", pyslurm.Job(int(job_id)).modify, desc)
 
-    def release(self, job_id: int) -> None:
+    def release(self, job_id: int | str) -> None:
+        if isinstance(job_id, str):  # an array's task ("ARRAY_TASK"): pyslurm takes numbers only
+            return CliBackend.release(self, job_id)
         pyslurm = _pyslurm()
         _call(f"release of job {job_id}", pyslurm.Job(int(job_id)).release)
 

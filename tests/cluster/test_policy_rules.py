@@ -251,6 +251,28 @@ def test_the_tasks_of_a_job_array_keep_the_arrays_place_in_line(rules):
     assert not [t for t in tasks if daemon_lines(log(), int(t), "yield")], log()
 
 
+def test_the_task_holding_its_arrays_id_is_started_again_alone(rules):
+    """The task of an array that started last holds the array's id as its own, and Slurm acts
+    on every task of an array named by that id: an update of its start to every task fails
+    for the running ones. Requeued by itself (as a part's task is), it is given its start as
+    ARRAY_TASK: it runs again, and the daemon's update failed nowhere and touched no other
+    task (each keeps its priority and its run)."""
+    c, log = rules
+    array = sbatch(c, "--array=0-2", "-N1", "--qos=low")
+    tasks = wait_for(lambda: (t := array_tasks(c, array)) and list(t.values()) == ["RUNNING"] * 3 and t, 75,
+                     "the array's three tasks to run")
+    rows = c.run(["squeue", "--noheader", f"--jobs={array}", "--format=%A %i"]).stdout.split("\n")
+    (name,) = [row.split()[1] for row in rows if row.split()[:1] == [str(array)]]
+    others = {t: c.job(int(t))["Priority"] for t in tasks if t != str(array)}
+    c.run(["scontrol", "requeue", name])
+    # (`scontrol show job ARRAY` lists every task: the task is asked for by its name)
+    c.wait_job(name, lambda j: j["Restarts"] == "1" and j["JobState"] == "RUNNING", 30, "the task to run again")
+    given = [line for line in log().splitlines() if f"job {array}: update StartTime=" in line]
+    assert given and not [line for line in log().splitlines() if f"job {array}: update failed" in line], log()
+    assert {t: c.job(int(t))["Priority"] for t in others} == others
+    assert all(c.job(int(t))["Restarts"] == "0" for t in others) and array_tasks(c, array) == tasks
+
+
 # ----------------------------------------------------------------- rule 4
 
 

@@ -77,6 +77,10 @@ class FakeSlurm:
     def idle_nodes(self):
         return {"gpu": 0}
 
+    def array_task(self, job_id):
+        self.calls.append(("array_task", job_id))
+        return f"{job_id}_2"
+
 
 def test_the_daemon_grows_an_elastic_job_once_nodes_stayed_idle_for_grow_after():
     policy = load_policy(LOCAL)
@@ -115,6 +119,18 @@ def test_cycle_carries_out_and_logs_each_action(caplog):
     lines = [r.getMessage() for r in caplog.records]
     assert any(line.startswith("job 1: requeue [force-requeue] ignored its suspend notice") for line in lines)
     assert any(line.startswith("job 2: release [release] held by Slurm's requeue limit") for line in lines)
+
+
+def test_a_job_holding_its_arrays_id_is_named_as_its_task_while_other_tasks_are_known():
+    """Slurm acts on every task of an array named by the array's id, which the task started
+    last (or the pending rest) holds as its own: that one is named ARRAY_TASK, asked of Slurm.
+    A task with an id of its own, and a job whose array has no other task known, by its id."""
+    held = dict(reason="JobHoldMaxRequeue", priority=0)
+    slurm = FakeSlurm([job(10, array_job_id=10, **held), job(11, array_job_id=10, **held),
+                       job(12, state="RUNNING", reason="None", start_time=NOW - 60, array_job_id=10),
+                       job(20, array_job_id=20, **held)])
+    PolicyDaemon(slurm, policy=load_policy(LOCAL), clock=lambda: NOW).cycle()
+    assert slurm.calls == [("array_task", 10), ("release", "10_2"), ("release", 11), ("release", 20)]
 
 
 def test_failed_action_is_logged_and_not_retried_at_once(caplog):
