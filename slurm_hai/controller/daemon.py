@@ -57,6 +57,12 @@ class LockBusy(Exception):
     """Another daemon holds the lock."""
 
 
+def shared_array_ids(jobs: Sequence[JobInfo]) -> set[int]:
+    """The ids of the job arrays of which the queue has a task with an id of its own: a job
+    whose own id is one of them holds its array's id, which names every task to Slurm."""
+    return {j.array_job_id for j in jobs if j.array_job_id != j.job_id}
+
+
 @dataclass
 class CycleResult:
     jobs: int
@@ -139,6 +145,7 @@ class PolicyDaemon:
             actions, run_ends = self._decide(jobs, now, idle, steady)
         self._replay = False
         failed = 0
+        shared = shared_array_ids(jobs)
         for action in actions:
             key = (action.job_id, action.rule)
             if self._failed.get(key, 0) > now:
@@ -147,7 +154,7 @@ class PolicyDaemon:
                 log.info("would: %s", action.describe())
                 continue
             try:
-                self.execute(action, self.target(action.job_id, jobs))
+                self.execute(action, self.target(action.job_id, shared))
             except SlurmError as e:
                 failed += 1
                 self._failed[key] = now + RETRY_AFTER
@@ -197,13 +204,13 @@ class PolicyDaemon:
                     job.restart_count, user_uid(job.user))
         return {jid for (jid, _), asked in self._asked.items() if asked}
 
-    def target(self, job_id: int, jobs: Sequence[JobInfo]) -> int | str:
+    def target(self, job_id: int, shared: set[int]) -> int | str:
         """How to name job `job_id` to Slurm: by its id, unless it holds the id of a job array
-        of which the queue has other tasks (the task that started last keeps the array's id,
-        as does the array's pending rest): Slurm acts on every task of an array named by that
-        id (an update of one part's start went to every part; a requeue would take them all),
-        so such a job is named as ARRAY_TASK (or ARRAY_[TASKS]), asked of Slurm."""
-        if any(j.array_job_id == job_id != j.job_id for j in jobs):
+        of which the queue has other tasks (`shared`: the task that started last keeps the
+        array's id, as does the array's pending rest): Slurm acts on every task of an array
+        named by that id (an update of one part's start went to every part; a requeue would
+        take them all), so such a job is named as ARRAY_TASK (or ARRAY_[TASKS]), asked of Slurm."""
+        if job_id in shared:
             return self.backend.array_task(job_id) or job_id
         return job_id
 
