@@ -88,7 +88,7 @@ class PolicyDaemon:
         self.interval = interval
         self.dry_run = dry_run
         self.clock = clock
-        self._failed: dict[tuple[int, str], float] = {}
+        self._failed: dict[tuple[int, str, int], float] = {}
         # The first cycle replays what a killed predecessor may have left half done
         # (policy.rules.decide: the notice of a yield in flight).
         self._replay = True
@@ -146,8 +146,12 @@ class PolicyDaemon:
         self._replay = False
         failed = 0
         shared = shared_array_ids(jobs)
+        # a failed action waits RETRY_AFTER, for that run of its job: a job requeued since has
+        # a run of its own (a start-now that failed as its job started, a race, held up the
+        # next requeue's start-now for 30 s)
+        runs = {j.job_id: j.restart_count for j in jobs}
         for action in actions:
-            key = (action.job_id, action.rule)
+            key = (action.job_id, action.rule, runs.get(action.job_id, 0))
             if self._failed.get(key, 0) > now:
                 continue
             if self.dry_run:

@@ -186,6 +186,7 @@ class Relay:
         self.pidfd: int | None = None
         self.pending: list[int] = []
         self.signals = [s for s in RELAYED if signal.getsignal(s) is not signal.SIG_IGN]
+        self.before = {sig: signal.getsignal(sig) for sig in self.signals}
         for sig in self.signals:
             signal.signal(sig, self._handle)
 
@@ -201,8 +202,10 @@ class Relay:
             _relay(pidfd, self.pending.pop(0))
 
     def stop(self) -> None:
-        for sig in self.signals:
-            signal.signal(sig, signal.SIG_DFL)
+        """The handlers this process had before (Python's own: Ctrl-C is KeyboardInterrupt
+        again for a command that runs here after all)."""
+        for sig, handler in self.before.items():
+            signal.signal(sig, handler if handler is not None else signal.SIG_DFL)
 
 
 def _warm_refusal(cmd: list[str]) -> str | None:

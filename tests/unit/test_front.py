@@ -130,3 +130,17 @@ def test_the_commands_preload_leaves_a_command_nothing_to_import_or_compile():
                        env={**os.environ, "HAI_POLICY": str(LOCAL_POLICY)})
     assert p.returncode == 0, p.stderr
     assert json.loads(p.stdout.splitlines()[-1]) == {"new": [], "compiled": 0}
+
+
+def test_a_command_that_runs_here_after_all_keeps_its_own_signal_handlers(tmp_path):
+    """The client's relay of signals, set up for a warm start, is taken down when none is
+    made: Ctrl-C in a command that runs here is Python's KeyboardInterrupt again (`hai logs
+    -f` says the job goes on), not the signal's default death."""
+    import signal
+
+    from slurm_hai.runtime.warm import RELAYED, run_if_warm
+
+    before = {sig: signal.getsignal(sig) for sig in RELAYED}
+    assert run_if_warm([sys.executable, "-m", "slurm_hai.cli", "hai", "--help"], str(tmp_path / "none.sock")) is None
+    assert {sig: signal.getsignal(sig) for sig in RELAYED} == before
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler

@@ -150,6 +150,19 @@ def test_failed_action_is_logged_and_not_retried_at_once(caplog):
     assert slurm.calls.count(("release", 2)) == 2
 
 
+def test_a_failed_action_holds_back_the_same_action_for_that_run_only():
+    """A release that failed waits RETRY_AFTER; the job requeued since (a new run) is released
+    at once: the wait is for the run whose action failed."""
+    slurm = FakeSlurm([job(2, reason="JobHoldMaxRequeue", priority=0)], fail_on={("release", 2)})
+    d = PolicyDaemon(slurm, policy=load_policy(LOCAL), clock=lambda: NOW)
+    d.cycle()
+    d.cycle()
+    assert slurm.calls.count(("release", 2)) == 1
+    slurm.queue = [job(2, reason="JobHoldMaxRequeue", priority=0, restart_count=1)]
+    d.cycle()
+    assert slurm.calls.count(("release", 2)) == 2
+
+
 def test_dry_run_changes_nothing(caplog):
     slurm = FakeSlurm([job(2, reason="JobHoldMaxRequeue", priority=0)])
     d = PolicyDaemon(slurm, policy=load_policy(LOCAL), dry_run=True, clock=lambda: NOW)
