@@ -103,6 +103,16 @@ def grace_of(policy: Policy, asked: str | int | None) -> int:
     return int(text)
 
 
+def stamped_grace(policy: Policy, stamp: str | None) -> int:
+    """A submitted job's grace: job_submit.lua's `hai-grace` stamp (what it asked, checked
+    against the policy at submission), else grace_seconds (a job of before, or one stamped
+    under another policy: not this one's to honour)."""
+    try:
+        return grace_of(policy, stamp)
+    except Refused:
+        return policy.grace_seconds
+
+
 def group_of(policy: Policy, partition: str) -> NodeGroup | None:
     """The node group whose rules a job in `partition` (Slurm's comma list) follows: the
     first one the policy names; the default group when it names none; None for a job only

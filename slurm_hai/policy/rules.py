@@ -48,7 +48,7 @@ from typing import Collection, Mapping, Sequence
 from .job import Job, job_of, place
 from .levels import AUTO, LEVEL_STRIDE, Level, level_base, level_of_qos, parse_qos
 from .model import NodeGroup, Policy
-from .placement import Refused, auto_at_submit, auto_levels, grace_of, group_of
+from .placement import auto_at_submit, auto_levels, group_of, stamped_grace
 from .sizes import NodeRange, from_tag
 from .tags import (BEHIND as BEHIND_TAG, DEMOTED as DEMOTED_TAG, GRACE as GRACE_TAG, GROW as GROW_TAG, LEVEL as LEVEL_TAG,
                    NODES as NODES_TAG, YIELD as YIELD_TAG, parse as parse_tags, parse_at, with_tags)
@@ -147,10 +147,7 @@ class Snapshot:
     def grace(self, job: Job) -> int:
         """The job's grace: job_submit.lua's `hai-grace` stamp (what it asked, checked against
         max_grace_seconds at submission), else the policy's grace_seconds (a job of before)."""
-        try:
-            return grace_of(self.policy, self.tags[job.job_id].get(GRACE_TAG))
-        except Refused:  # stamped under another policy: not this one's to honour
-            return self.policy.grace_seconds
+        return stamped_grace(self.policy, self.tags[job.job_id].get(GRACE_TAG))
 
     def run_time(self, job: Job) -> float:
         """How long the job has been running, 0 if it is not: for a part of an elastic job in

@@ -35,7 +35,7 @@ import time
 from ..jobs.jobdir import JobDir, default_root
 from ..policy.limits import NOTICE_MARGIN
 from ..policy.model import PolicyError, find_policy
-from ..policy.placement import Refused, grace_of
+from ..policy.placement import stamped_grace
 from ..policy.tags import GRACE, PARTS, parse_parts
 from ..slurm import SlurmError, backend
 from .batch import run_over, slurm_record, wait_to_be_requeued
@@ -206,16 +206,12 @@ def _notice_time_limit(slurm, job_id: int, task: str, lead: int | None, done: th
 
 
 def _grace(job) -> int:
-    """The job's grace: what job_submit.lua stamped in its admin comment (hai-grace, the job's
-    --hai-grace or its comment's, checked against the policy), else the policy's; 0 without a
+    """The job's grace as the policy daemon honours it (placement.stamped_grace); 0 without a
     policy to read."""
     try:
-        return grace_of(find_policy(), job.tags.get(GRACE))
-    except (PolicyError, Refused):  # a stamp the policy of now no longer allows: the policy's own
-        try:
-            return find_policy().grace_seconds
-        except PolicyError:
-            return 0
+        return stamped_grace(find_policy(), job.tags.get(GRACE))
+    except PolicyError:
+        return 0
 
 
 def _output_to_rank_log(jobdir: JobDir, run: int, part: int) -> None:

@@ -21,7 +21,6 @@ if TYPE_CHECKING:
     from ..policy.ladder import Change
 
 
-
 def timeout() -> float:
     """How long a Slurm command may take, in seconds (read at each call: a `hai` command forked
     by a warm-start service has the environment of its user, not of the service's start)."""

@@ -140,7 +140,11 @@ def test_a_command_that_runs_here_after_all_keeps_its_own_signal_handlers(tmp_pa
 
     from slurm_hai.runtime.warm import RELAYED, run_if_warm
 
-    before = {sig: signal.getsignal(sig) for sig in RELAYED}
-    assert run_if_warm([sys.executable, "-m", "slurm_hai.cli", "hai", "--help"], str(tmp_path / "none.sock")) is None
-    assert {sig: signal.getsignal(sig) for sig in RELAYED} == before
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    earlier = signal.signal(signal.SIGINT, signal.default_int_handler)  # as a command starts (another test set one)
+    try:
+        before = {sig: signal.getsignal(sig) for sig in RELAYED}
+        assert run_if_warm([sys.executable, "-m", "slurm_hai.cli", "hai", "--help"], str(tmp_path / "none.sock")) is None
+        assert {sig: signal.getsignal(sig) for sig in RELAYED} == before
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, earlier)
