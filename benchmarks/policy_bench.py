@@ -265,7 +265,9 @@ def live(args, policy) -> int:
     if "SLURM_CONF" not in os.environ:
         print("policy_bench --live: set SLURM_CONF (source $HAI_CLUSTER_DIR/etc/env)", file=sys.stderr)
         return 2
-    backends = {"cli": CliBackend}
+    # the daemon's commands backend remembers the last read's records ("cli"); "cli-new" reads
+    # every record anew, as its first cycle does (and every cycle did before)
+    backends = {"cli-new": CliBackend, "cli": lambda: CliBackend(remember_queue=True)}
     if "pyslurm" in args.backends:
         from slurm_hai.slurm.pyslurm_backend import PyslurmBackend, why_not
 
@@ -273,7 +275,7 @@ def live(args, policy) -> int:
             print(f"policy_bench --live: {why_not()}", file=sys.stderr)
             return 2
         backends["pyslurm"] = PyslurmBackend
-    backends = {k: v for k, v in backends.items() if k in args.backends}
+    backends = {k: v for k, v in backends.items() if k.split("-")[0] in args.backends}
     limit = int(CliBackend().config().get("MaxJobCount", "10000"))
     release = CliBackend().version()
     print(f"policy daemon cycle on a live Slurm {release} cluster (MaxJobCount {limit}), median of "

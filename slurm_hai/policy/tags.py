@@ -33,6 +33,7 @@ Job comment (written by hai-submit, editable by the job's owner: a hint, never t
 
 from __future__ import annotations
 
+import functools
 from typing import Iterable, Mapping
 
 LEVEL = "hai-level"
@@ -50,11 +51,21 @@ def parse(*texts: str) -> dict[str, str]:
     """The tags in `texts` (later texts win); words without `=` are not tags."""
     out: dict[str, str] = {}
     for text in texts:
-        for part in text.replace(";", " ").split():
-            key, sep, value = part.partition("=")
-            if sep:
-                out[key] = value
+        out.update(_pairs(text))
     return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _pairs(text: str) -> tuple[tuple[str, str], ...]:
+    """The tags of one comment, in order. Remembered: a queue's jobs share few comments (the
+    same level, grace and directory), and the commands and the daemon read each job's tags
+    several times (hai list --all: 40,000 parses at 10,000 jobs)."""
+    pairs = []
+    for part in text.replace(";", " ").split():
+        key, sep, value = part.partition("=")
+        if sep:
+            pairs.append((key, value))
+    return tuple(pairs)
 
 
 def with_tags(comment: str, set_: Mapping[str, str] = {}, drop: Iterable[str] = ()) -> str:

@@ -29,7 +29,10 @@ def __getattr__(name: str) -> object:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-def backend() -> Backend:
+def backend(remember_queue: bool = False) -> Backend:
+    """The backend HAI_SLURM_BACKEND names (auto: pyslurm where it is usable, else the
+    commands). remember_queue: for a caller that reads the whole queue every few seconds (the
+    policy daemon): the commands backend then reads into records only the ones that changed."""
     choice = os.environ.get("HAI_SLURM_BACKEND", "auto")
     if choice in ("auto", "pyslurm"):
         from . import pyslurm_backend
@@ -43,7 +46,7 @@ def backend() -> Backend:
                              "unset it to use the Slurm commands")
     from .cli import CliBackend
 
-    return CliBackend()
+    return CliBackend(remember_queue)
 
 
 def reads_with_commands() -> bool:

@@ -117,6 +117,11 @@ class CliBackend:
     name = "cli"
     _version: SlurmVersion | None = None
 
+    def __init__(self, remember_queue: bool = False) -> None:
+        # remember_queue: the whole queue's records of the last read, for a caller that reads
+        # it every few seconds (the policy daemon; records.jobs_from_text `known`)
+        self._known: dict[tuple[str, ...], JobInfo] | None = {} if remember_queue else None
+
     def submit(self, script: str, args: Sequence[str] = ()) -> int:
         out = _run(["sbatch", "--parsable", *args], input=script).stdout.strip()
         return int(out.split(";")[0])
@@ -135,7 +140,8 @@ class CliBackend:
                 return []
             raise SlurmError("squeue: " + (" ".join(p.stderr.split()) or (
                 f"killed by signal {-p.returncode}" if p.returncode < 0 else f"exit {p.returncode}")))
-        return self._named(_readable(jobs_from_text(p.stdout, read.sep), job_ids))
+        known = self._known if not job_ids and user is None else None
+        return self._named(_readable(jobs_from_text(p.stdout, read.sep, known=known), job_ids))
 
     def _named(self, jobs: list[JobInfo]) -> list[JobInfo]:
         """The jobs with their reasons' names. squeue prints a job's state description in

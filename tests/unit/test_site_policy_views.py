@@ -113,7 +113,7 @@ def slurm(site, monkeypatch):
     def install(fake: Site) -> Site:
         monkeypatch.setattr(user, "backend", lambda: fake)
         monkeypatch.setattr(common, "backend", lambda: fake)
-        monkeypatch.setattr("slurm_hai.slurm.backend", lambda: fake)
+        monkeypatch.setattr("slurm_hai.slurm.backend", lambda **_: fake)
         return fake
     return install
 

@@ -85,6 +85,26 @@ def test_the_queue_as_text_is_the_queue_as_json(release):
         assert job == other, release
 
 
+def test_a_reread_queue_keeps_the_records_that_did_not_change():
+    """The policy daemon's reads (`known`): an unchanged record is the same JobInfo as the
+    last read's; a record with one field changed is read anew; a record gone is forgotten."""
+    release = next(r for r in RELEASES if (FIXTURES / r / "squeue.txt").exists())
+    sep = json.loads((FIXTURES / release / "expected.json").read_text())["squeue_text_sep"]
+    text = (FIXTURES / release / "squeue.txt").read_text()
+    known: dict = {}
+    first, _ = jobs_from_text(text, sep, known=known)
+    assert len(known) == len(first) > 2
+    again, _ = jobs_from_text(text, sep, known=known)
+    assert all(a is b for a, b in zip(first, again))
+    records = text.split(sep + "\n")  # each record ends with its last field's separator and a newline
+    job_id, _name, rest = records[0].split(sep, 2)
+    records[0] = sep.join([job_id, "renamed", rest])  # the first job renamed, the second gone
+    third, _ = jobs_from_text((sep + "\n").join(records[:1] + records[2:]), sep, known=known)
+    assert third[0] is not first[0] and third[0] == replace(first[0], name="renamed")
+    assert all(a is b for a, b in zip(first[2:], third[1:]))
+    assert len(known) == len(first) - 1 and first[1] not in known.values()
+
+
 @pytest.mark.parametrize("release", RELEASES)
 def test_squeue_and_scontrol_give_the_same_job(release):
     _, parsed = recorded(release)
