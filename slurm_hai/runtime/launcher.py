@@ -43,6 +43,8 @@ from typing import Callable
 
 from .contract import node_contract
 from .multiprocessing import default_nprocs
+from .proctree import descendants
+from .warm import through_service
 from ..jobs.jobdir import JobDir
 from ..policy.limits import NOTICE_MARGIN, NOTICE_SIGNALS
 
@@ -115,25 +117,6 @@ def pinned_threads(jobdir: JobDir) -> int:
     finally:
         tmp.unlink()
     return int(path.read_text())
-
-
-def descendants(pid: int) -> set[int]:
-    """Every process below `pid`, from /proc. A command may start processes in sessions of
-    their own (torchrun starts each worker so), which its process group does not reach and
-    which, once their parent is gone, Slurm's proctrack/linuxproc no longer finds."""
-    children: dict[int, list[int]] = {}
-    for proc_stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            ppid = int(proc_stat.read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, IndexError, ValueError):
-            continue  # ended meanwhile
-        children.setdefault(ppid, []).append(int(proc_stat.parent.name))
-    found, todo = set(), [pid]
-    while todo:
-        below = children.get(todo.pop(), [])
-        found.update(below)
-        todo += below
-    return found
 
 
 class NodeRun:
@@ -377,7 +360,10 @@ def main(argv: list[str] | None = None) -> int:
         return could_not_start(jobdir, run, rank, f"no directory in node memory: {e}")
     if memory is not None:
         env["HAI_NODE_MEMORY"] = str(memory)
-    node = NodeRun(cmd, env, jobdir, run, rank, args.grace, notices,
+    # started warm (torch imported already) where the node runs the warm-start service: its
+    # child leads a process group, to which the client passes the launcher's signals, and
+    # the service ends it and all below it once the client is gone (runtime/warm.py)
+    node = NodeRun(through_service(cmd), env, jobdir, run, rank, args.grace, notices,
                    force_suspend=lambda: slurm.requeue_run(int(job_id)),
                    flag=flag,
                    why_notice=lambda: _why_notice(slurm, int(job_id), jobdir, args.grace),

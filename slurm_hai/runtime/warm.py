@@ -128,6 +128,28 @@ def command_form(cmd: list[str]) -> tuple[str, list[str]] | None:
     return None
 
 
+def through_service(cmd: list[str], socket_path: str | None = None) -> list[str]:
+    """`cmd` as a launcher starts it: through this client where the node runs a service (its
+    socket is there) and `cmd` runs a script or module with this interpreter (slurm-hai's,
+    as the service's is); else as it stands, and nothing is said."""
+    path = socket_path or os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET
+    if (_warm_refusal(cmd) is not None or not os.path.exists(path)
+            or not same_python(os.path.abspath(shutil.which(cmd[0]) or cmd[0]), sys.executable)):
+        return cmd
+    return [sys.executable, "-m", "slurm_hai.runtime.warm", "--", *cmd]
+
+
+def same_python(asked: object, own: str) -> bool:
+    """Whether the interpreter the client names (its path, as PATH found it) is the service's
+    own: the same file in the same directory (python and python3 of one virtualenv are; the
+    python of another virtualenv, a link to the same binary, is not)."""
+    try:
+        return (isinstance(asked, str) and os.path.dirname(asked) == os.path.dirname(own)
+                and os.path.samefile(asked, own))
+    except OSError:
+        return False
+
+
 def run(cmd: list[str], socket_path: str | None = None) -> int:
     """Start `cmd` warm through the node's service and wait for it; cold (exec) when it
     cannot be warm. Returns the child's exit code, or dies of its signal."""
@@ -184,6 +206,7 @@ class Relay:
 
     def __init__(self) -> None:
         self.pidfd: int | None = None
+        self.pid = 0
         self.pending: list[int] = []
         self.signals = [s for s in RELAYED if signal.getsignal(s) is not signal.SIG_IGN]
         self.before = {sig: signal.getsignal(sig) for sig in self.signals}
@@ -194,12 +217,12 @@ class Relay:
         if self.pidfd is None:
             self.pending.append(sig)
         else:
-            _relay(self.pidfd, sig)
+            _relay(self.pidfd, self.pid, sig)
 
-    def to(self, pidfd: int) -> None:
-        self.pidfd = pidfd
+    def to(self, pidfd: int, pid: int) -> None:
+        self.pidfd, self.pid = pidfd, pid
         while self.pending:
-            _relay(pidfd, self.pending.pop(0))
+            _relay(pidfd, pid, self.pending.pop(0))
 
     def stop(self) -> None:
         """The handlers this process had before (Python's own: Ctrl-C is KeyboardInterrupt
@@ -252,7 +275,7 @@ def _supervise(reader, pid: int, relay: Relay) -> int:
     except ProcessLookupError:  # it ended already: its status is on its way
         pidfd = None
     if pidfd is not None:
-        relay.to(pidfd)
+        relay.to(pidfd, pid)
     try:
         status = _read_reply(reader)["status"]
     except (Refused, OSError, KeyError, ValueError):  # the service went away: the child's end, unknown
@@ -276,10 +299,16 @@ def _supervise(reader, pid: int, relay: Relay) -> int:
     return os.waitstatus_to_exitcode(status)
 
 
-def _relay(pidfd: int, sig: int) -> None:
+def _relay(pidfd: int, pid: int, sig: int) -> None:
+    """`sig` to the child and its process group (it leads one, as a cold start under a
+    launcher does: the command's own processes get the signal too)."""
     try:
         signal.pidfd_send_signal(pidfd, sig)
     except ProcessLookupError:
+        return  # ended: its status is on its way
+    try:
+        os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
         pass
 
 

@@ -7,7 +7,7 @@ A request is read whole (with its three descriptors), checked (`refusal`), and f
 child becomes the client's process (`become`) and says so on a pipe before any of the job's
 code runs, or says why it could not, which the client is told as a refusal. When a child
 ends, its client is sent the wait status; when a client's connection closes first (Slurm
-killed the step), its child is killed. A service that stops leaves its children running (they
+killed the step), its child is killed, with its process group and every process below it. A service that stops leaves its children running (they
 are the jobs' processes); their clients then end with exit 1 and a line once they end.
 """
 
@@ -23,7 +23,8 @@ import sys
 import time
 from pathlib import Path
 
-from .warm import START_ONLY, Refused, peer_of, receive_request, reply
+from .proctree import descendants
+from .warm import START_ONLY, Refused, peer_of, receive_request, reply, same_python
 
 log = logging.getLogger("slurm_hai.warm")
 # How long a child may take to become the client's process before the service refuses.
@@ -79,17 +80,6 @@ def changed(code: dict[str, tuple[int, int]]) -> str | None:
         if (st.st_mtime_ns, st.st_size) != (mtime, size):
             return f
     return None
-
-
-def same_python(asked: object, own: str) -> bool:
-    """Whether the interpreter the client names (its path, as PATH found it) is the service's
-    own: the same file in the same directory (python and python3 of one virtualenv are; the
-    python of another virtualenv, a link to the same binary, is not)."""
-    try:
-        return (isinstance(asked, str) and os.path.dirname(asked) == os.path.dirname(own)
-                and os.path.samefile(asked, own))
-    except OSError:
-        return False
 
 
 def _status_ids(pid: int) -> tuple[list[int], list[int], list[int]]:
@@ -159,6 +149,10 @@ def become(request: dict, fds: list[int], peer: tuple[int, int, int]) -> None:
     import resource
 
     pid, uid, gid = peer
+    # A session and process group of its own, as a launcher's cold start has: the client
+    # relays its signals to the group (the command and the processes it started), and the
+    # service ends the group and everything below it when the client goes.
+    os.setsid()
     _join_cgroups(pid)
     for res, limits in _limits(pid).items():
         resource.setrlimit(res, limits)
@@ -408,15 +402,20 @@ class Service:
         """The client's connection is readable: it closed (a client sends nothing more)."""
         pid, conn = self.children[pidfd]
         self.sel.unregister(conn)
-        log.info("pid %d: its client is gone; killed", pid)
+        log.info("pid %d: its client is gone; killed, with its process group and every process below it", pid)
+        below = descendants(pid)
         _kill(pid)  # _child_ended follows, and finds the connection closed
+        for other in below:
+            _kill(other)
 
 
 def _kill(pid: int) -> None:
-    try:
-        os.kill(pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
+    """SIGKILL to a child and its process group (a child leads one: `become`)."""
+    for kill in (os.killpg, os.kill):
+        try:
+            kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
 
 
 def _max_fd() -> int:

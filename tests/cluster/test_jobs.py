@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from waiting import wait_for
+
 
 def submit(live, script: Path, *opts: str, user: str | None = None, args: tuple[str, ...] = ()) -> int:
     p = live.run(["hai-submit", "--json", "--gpus-per-node", "8", *opts, str(script), *args], user=user)
@@ -151,6 +153,45 @@ def test_hai_suspend_logs_and_stop_across_two_restarts(live):
     time.sleep(8)  # never restarted
     assert hai_status(live, job)["state"] == "finished-stopped"
     assert live.job(job).get("JobState") == "CANCELLED" and st["restarts"] == 2
+
+
+WARM_PROBE = """
+    import os, subprocess, sys, time
+    from pathlib import Path
+    warm = "torch" in sys.modules  # before this script imported anything: only the node's service had it
+    import slurm_hai as client
+
+    OUT = Path(sys.argv[1])
+    run = client.restart_count()
+    below = subprocess.Popen(["sleep", "600"])  # a process of the command's own
+    (OUT / f"run.{run}").write_text(f"{warm} {os.getppid()} {below.pid}")
+    while not client.receive_suspend_command():
+        time.sleep(0.05)
+    client.go_suspend()
+    time.sleep(60)
+"""
+
+
+def test_a_jobs_command_starts_warm_from_the_nodes_service_and_its_processes_end_with_each_run(live):
+    """The launcher starts a Python command through the node's warm-start service (torch
+    imported already): each run's command is the service's child, and what the command
+    started ends with its run (the service's child leads a process group, which the client
+    passes the launcher's SIGTERM to), at a suspend and at the end."""
+    out = live.shared_dir("warm-job")
+    job = submit(live, write_script(out, WARM_PROBE), "-n", "1", "-p", "LOW", args=(str(out),))
+    runs = []
+    for run in (0, 1):
+        wait_for(lambda r=run: (out / f"run.{r}").exists(), 120, f"run {run} of the command")
+        warm, parent, below = (out / f"run.{run}").read_text().split()
+        assert warm == "True", f"run {run} started cold"
+        assert "warm-start" in Path(f"/proc/{parent}/cmdline").read_text().replace("\0", " ")
+        runs.append(int(below))
+        if run == 0:
+            live.run(["hai", "suspend", str(job)])
+            wait_for(lambda: not Path(f"/proc/{runs[0]}").exists(), 60, "run 0's own process to end")
+    live.run(["hai", "stop", str(job)])
+    wait_status(live, job, lambda s: s["state"] == "finished-stopped", 60, "stopped")
+    wait_for(lambda: not Path(f"/proc/{runs[1]}").exists(), 60, "run 1's own process to end")
 
 
 def test_time_limited_job_continues_past_its_limit_by_suspending(live):

@@ -118,21 +118,67 @@ def test_signals_reach_the_child_and_the_client_ends_as_the_child_did(service, s
     assert p.wait(30) == -signal.SIGKILL
 
 
-def test_a_client_killed_takes_its_child_with_it(service, shared):
-    job = script(shared, """
-        import os, time
-        print(os.getpid(), flush=True)
-        time.sleep(600)
-    """)
+def gone(pid: int) -> bool:
+    """Whether process `pid` has ended (gone, or a zombie waiting for its parent)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+def wait_gone(pids, what: str, within: float = 10) -> None:
+    deadline = time.monotonic() + within
+    while not all(gone(pid) for pid in pids):
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+# A job's command with processes of its own: one in its process group, one in a session of its
+# own (as torchrun starts its workers); each prints its pid
+FAMILY = """
+    import os, subprocess, sys, time
+    same = subprocess.Popen(["sleep", "600"])
+    apart = subprocess.Popen(["sleep", "601"], start_new_session=True)
+    print(os.getpid(), same.pid, apart.pid, os.getpgid(0) == os.getpid(), flush=True)
+    time.sleep(600)
+"""
+
+
+def test_a_client_killed_takes_its_child_and_all_below_it_with_it(service, shared):
+    job = script(shared, FAMILY)
     p = client(service, [sys.executable, str(job)], user=str(NOBODY.pw_uid))
-    child = int(p.stdout.readline())
-    assert Path(f"/proc/{child}").exists()
+    child, same, apart, leads = p.stdout.readline().split()
+    assert leads == "True"  # a process group of its own, as a cold start under the launcher
     p.kill()
     p.wait(10)
-    deadline = time.monotonic() + 10
-    while Path(f"/proc/{child}").exists() and Path(f"/proc/{child}/stat").read_text().split()[2] != "Z":
-        assert time.monotonic() < deadline, "the child outlived its client"
-        time.sleep(0.05)
+    wait_gone([int(child), int(same), int(apart)], "a process of the child outlived its client")
+
+
+def test_a_signal_to_the_client_reaches_the_childs_process_group(service, shared):
+    """As the launcher's SIGTERM reaches a cold command's process group: the child and what it
+    started in its group; a process in a session of its own is the command's to end."""
+    job = script(shared, FAMILY)
+    p = client(service, [sys.executable, str(job)], user=str(NOBODY.pw_uid))
+    child, same, apart, _ = p.stdout.readline().split()
+    p.send_signal(signal.SIGTERM)
+    assert p.wait(30) == -signal.SIGTERM
+    wait_gone([int(child), int(same)], "the child's process group did not get the signal")
+    assert not gone(int(apart))
+    os.kill(int(apart), signal.SIGKILL)
+
+
+def test_a_launcher_starts_a_python_command_through_the_service_where_there_is_one(shared):
+    from slurm_hai.runtime.warm import through_service
+
+    sock = shared / "there.sock"
+    sock.touch()
+    py = str(Path(sys.executable).with_name("python3"))
+    client_argv = [sys.executable, "-m", "slurm_hai.runtime.warm", "--"]
+    assert through_service([py, "train.py", "-x"], str(sock)) == [*client_argv, py, "train.py", "-x"]
+    assert through_service([sys.executable, "-m", "mod"], str(sock)) == [*client_argv, sys.executable, "-m", "mod"]
+    for cmd in (["/usr/bin/python3", "train.py"], ["./run.sh", "a"], [sys.executable, "-c", "pass"]):
+        assert through_service(cmd, str(sock)) == cmd  # another interpreter, not Python, not a script
+    assert through_service([py, "train.py"], str(shared / "none.sock")) == [py, "train.py"]  # no service
 
 
 def test_what_cannot_be_warm_starts_cold_with_one_line(service, shared):
