@@ -404,8 +404,8 @@ def persist_agent(c: Cluster, n: Node) -> Daemon:
 
 def warm_start(c: Cluster, n: Node) -> Daemon:
     """Node `n`'s warm-start service (`hai-admin warm-start`): forks the Python processes of
-    job steps that ask (an elastic job's parts) from one that imported torch and torchft
-    once. Runs inside the node's namespace; its socket is in the node's own /dev/shm."""
+    job steps that ask (a job's command under the launcher, an elastic job's parts) from one
+    that imported torch and torchft once. Runs inside the node's namespace; its socket is in the node's own /dev/shm."""
     return Daemon(f"warm-{n.name}", c.state / "run" / f"warm-{n.name}.pid",
                   c.state / "log" / f"warm-{n.name}.log", "python3", 0)
 

@@ -1,7 +1,9 @@
 """The per-node launcher: one per node under srun (started by the batch script).
 
 It sets the HAI environment contract, runs the user's command once on this node with its
-output appended to logs/rank-<R>.log, and turns Slurm's signals into the HAI protocol:
+output appended to logs/rank-<R>.log (warm, forked by the node's warm-start service with
+torch imported, where there is one: runtime/warm.py), and turns Slurm's signals into the HAI
+protocol:
 
   --notice-signal (the policy's notice_signal: USR1, USR2 (the default) or TERM)
             the suspend notice (preemption grace with preempt_send_user_signal, the time

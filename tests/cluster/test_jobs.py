@@ -192,6 +192,11 @@ def test_a_jobs_command_starts_warm_from_the_nodes_service_and_its_processes_end
     live.run(["hai", "stop", str(job)])
     wait_status(live, job, lambda s: s["state"] == "finished-stopped", 60, "stopped")
     wait_for(lambda: not Path(f"/proc/{runs[1]}").exists(), 60, "run 1's own process to end")
+    cold = live.shared_dir("cold-job")  # HAI_WARM=0 in the job's environment: as without a service
+    job = submit(live, write_script(cold, WARM_PROBE), "-n", "1", "-p", "LOW", "-e", "HAI_WARM=0", args=(str(cold),))
+    wait_for(lambda: (cold / "run.0").exists(), 120, "the cold job's command")
+    assert (cold / "run.0").read_text().split()[0] == "False"
+    live.run(["hai", "stop", str(job)])
 
 
 def test_time_limited_job_continues_past_its_limit_by_suspending(live):
