@@ -655,7 +655,7 @@ def first_step_round(warm: bool) -> dict[str, float]:
     script = WORK / "torch_step.py"
     script.write_text(TORCH_STEP)
     t0 = time.time()
-    info = json.loads(run(["hai-submit", "--json", "-n", str(FIRST_STEP_NODES), "-p", "HIGH", "--gpus-per-node", "8",
+    info = json.loads(run(["hai-submit", "--json", "-n", str(FIRST_STEP_NODES), "-p", "LOW", "--gpus-per-node", "8",
                            "--name", "bench-first-step", *([] if warm else ["-e", "HAI_WARM=0"]), str(script)]).stdout)
     job, job_dir = int(info["job_id"]), Path(info["job_dir"])
     first = wait_for("run 0's first steps", lambda: first_steps(job_dir, 0), 180)

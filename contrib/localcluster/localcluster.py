@@ -410,8 +410,8 @@ def warm_start(c: Cluster, n: Node) -> Daemon:
                   c.state / "log" / f"warm-{n.name}.log", "python3", 0)
 
 
-# What the local cluster's warm-start services import once: what a part imports
-WARM_PRELOAD = "torch,torchft,slurm_hai.runtime.parts"
+# What the local cluster's warm-start services import once: what a job's command and a part import
+WARM_PRELOAD = "slurm_hai.runtime.preload"
 HAI_ADMIN = Path(sys.executable).with_name("hai-admin")  # the project's venv (make setup)
 
 

@@ -2,7 +2,7 @@
 from itself, so a part that rejoins (or any step that asks) skips Python's start and torch's
 import (3-4 s of a part's rejoin on this VM; docs/elastic-in-place.md, "Warm starts").
 
-    hai-admin warm-start [--socket PATH] [--preload torch,torchft,...]   # one per node, as root
+    hai-admin warm-start [--socket PATH] [--preload slurm_hai.runtime.preload]   # one per node, as root
     python -m slurm_hai.runtime.warm -- PYTHON SCRIPT ARGS...             # in the job's step
     python -m slurm_hai.runtime.warm -- PYTHON -m MODULE ARGS...
 
