@@ -659,7 +659,6 @@ def first_step_round(warm: bool) -> dict[str, float]:
                            "--name", "bench-first-step", *([] if warm else ["-e", "HAI_WARM=0"]), str(script)]).stdout)
     job, job_dir = int(info["job_id"]), Path(info["job_dir"])
     first = wait_for("run 0's first steps", lambda: first_steps(job_dir, 0), 180)
-    started = event_time(job_dir, "start", run=0)
     run(["hai", "suspend", str(job)])
     again = wait_for("run 1's first steps", lambda: first_steps(job_dir, 1), 180)
     asked = event_time(job_dir, "go_suspend", run=0)

@@ -476,8 +476,8 @@ def daemon(policy_file: str | None, once: bool, interval: float, lock_file: str 
         write_pid(lock_path)
         if metrics_port:
             metrics = _serve_metrics(metrics_port, metrics_address, policy)
-        d = PolicyDaemon(backend(remember_queue=True), policy=policy, policy_path=path, interval=interval, dry_run=dry_run,
-                         metrics=metrics)
+        d = PolicyDaemon(backend(remember_queue=True), policy=policy, policy_path=path, interval=interval,
+                         dry_run=dry_run, metrics=metrics)
         code = d.run(once=once, stop=stop)
         why = "after one cycle (--once)" if once and not stop.is_set() else "on a signal" if stop.is_set() else (
             f"with status {code}")

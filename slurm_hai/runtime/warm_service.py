@@ -7,8 +7,9 @@ A request is read whole (with its three descriptors), checked (`refusal`), and f
 child becomes the client's process (`become`) and says so on a pipe before any of the job's
 code runs, or says why it could not, which the client is told as a refusal. When a child
 ends, its client is sent the wait status; when a client's connection closes first (Slurm
-killed the step), its child is killed, with its process group and every process below it. A service that stops leaves its children running (they
-are the jobs' processes); their clients then end with exit 1 and a line once they end.
+killed the step), its child is killed, with its process group and every process below it. A
+service that stops leaves its children running (they are the jobs' processes); their clients
+then end with exit 1 and a line once they end.
 """
 
 from __future__ import annotations
