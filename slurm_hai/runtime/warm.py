@@ -134,9 +134,15 @@ def through_service(cmd: list[str], socket_path: str | None = None) -> list[str]
     as the service's is); else as it stands, and nothing is said."""
     path = socket_path or os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET
     if (_warm_refusal(cmd) is not None or not os.path.exists(path)
-            or not same_python(os.path.abspath(shutil.which(cmd[0]) or cmd[0]), sys.executable)):
+            or not same_python(interpreter_path(cmd[0]), sys.executable)):
         return cmd
     return [sys.executable, "-m", "slurm_hai.runtime.warm", "--", *cmd]
+
+
+def interpreter_path(name: str) -> str:
+    """The interpreter a command names, as PATH finds it, made absolute: what the client asks
+    for and the service compares with its own (same_python)."""
+    return os.path.abspath(shutil.which(name) or name)
 
 
 def same_python(asked: object, own: str) -> bool:
@@ -183,7 +189,7 @@ def start(cmd: list[str], socket_path: str | None = None) -> tuple[io.BufferedRe
     try:
         sock = _connect(socket_path or os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET)
         python, argv = command_form(cmd)  # type: ignore[misc]  # _warm_refusal checked it
-        send_request(sock, {"python": os.path.abspath(shutil.which(python) or python), "argv": argv,
+        send_request(sock, {"python": interpreter_path(python), "argv": argv,
                             "env": dict(os.environ), "cwd": os.getcwd(), "umask": _umask()})
         reader = sock.makefile("rb")
         first = _read_reply(reader)
