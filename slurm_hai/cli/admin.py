@@ -568,8 +568,11 @@ def warm_start(socket_path: str | None, preload: str) -> None:
               help="Where each lighthouse is recorded (<job>.json) and logs its warnings (<job>.log).")
 @click.option("--sweep-every", metavar="SECONDS", type=click.FloatRange(min=0.5), default=30.0, show_default=True,
               help="How often to stop the lighthouses of jobs that ended.")
+@click.option("--heartbeat-timeout-ms", metavar="MS", type=click.IntRange(min=100), default=None,
+              help="A part silent this long is left out of the next quorum: what the parts that stay lose when "
+                   "others leave. Default 300; raise it where a node's network stalls longer.")
 @one_line_errors
-def lighthouse(listen: str, port: int, state_dir: str, sweep_every: float) -> None:
+def lighthouse(listen: str, port: int, state_dir: str, sweep_every: float, heartbeat_timeout_ms: int | None) -> None:
     """Run the elastic jobs' torchft lighthouses: one per job, outliving its parts.
 
     \b
@@ -580,7 +583,7 @@ def lighthouse(listen: str, port: int, state_dir: str, sweep_every: float) -> No
     lighthouse is stopped once the job ended. Needs torchft: pip install 'slurm-hai[elastic]'.
     docs/elastic-in-place.md; contrib/systemd/ has a unit file.
     """
-    from ..controller.lighthouse import LighthouseError, Service, serve, torchft_extension
+    from ..controller.lighthouse import HEARTBEAT_TIMEOUT_MS, LighthouseError, Service, serve, torchft_extension
     from ..slurm import SlurmError
 
     def ended(job_ids: list[int]) -> set[int]:
@@ -592,7 +595,8 @@ def lighthouse(listen: str, port: int, state_dir: str, sweep_every: float) -> No
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     try:
         torchft_extension()
-        serve(Service(Path(state_dir), ended=ended), listen, port, sweep_every)
+        serve(Service(Path(state_dir), ended=ended, heartbeat_timeout_ms=heartbeat_timeout_ms or HEARTBEAT_TIMEOUT_MS),
+              listen, port, sweep_every)
     except LighthouseError as e:
         raise click.ClickException(str(e)) from None
     except PermissionError as e:

@@ -46,11 +46,14 @@ from ..jobs.jobdir import write_atomic
 from ..runtime.parts import JOBS_PATH
 
 # Measured (docs/benchmarks.md, "Elastic in place"): the heartbeat timeout is what the parts
-# that stay lose when others leave (4.9 s at torchft's 5 s default, 0.5 s at 500 ms); torchft's
+# that stay lose when others leave (4.9 s at torchft's 5 s default, 0.5 s at 500 ms); a part
+# heartbeats every 100 ms (torchft's Manager, from a thread of its own, not Python's), so
+# 300 ms is three beats missed. A part dropped while it still trains is not lost: it is in
+# the next quorum and heals there. `hai-admin lighthouse --heartbeat-timeout-ms`; torchft's
 # command's default join timeout is kept (a short one left a part late to a step out of every
 # quorum): LighthouseServer's own default is far shorter, and under it four parts on the
 # local cluster trained as two pairs (197 of 200 steps).
-HEARTBEAT_TIMEOUT_MS = 500
+HEARTBEAT_TIMEOUT_MS = 300
 JOIN_TIMEOUT_MS = 60_000
 QUORUM_TICK_MS = 100  # torchft_lighthouse's: how often a waiting quorum is looked at again
 MODULE = "slurm_hai.controller.lighthouse"

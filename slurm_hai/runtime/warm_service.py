@@ -14,6 +14,7 @@ then end with exit 1 and a line once they end.
 
 from __future__ import annotations
 
+import gc
 import importlib
 import logging
 import os
@@ -278,6 +279,9 @@ class Service:
             os.unlink(self.path)
             raise
         self.code = loaded_code()
+        # what was preloaded stays out of every later collection, in the service and in its
+        # children: a child's collections then touch none of it (no copy of its pages)
+        gc.freeze()
         return server
 
     def serve(self, server: socket.socket) -> None:

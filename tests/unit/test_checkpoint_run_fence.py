@@ -89,6 +89,30 @@ def test_another_job_and_a_process_outside_slurm_are_not_fenced(tmp_path):
                                                                                f"{RUN_RECORD_PREFIX}8"]
 
 
+
+def test_a_job_in_place_each_part_is_fenced_by_its_own_task(tmp_path):
+    """A job in place (runtime/parts.py) is a job array whose tasks commit to one directory,
+    each under its own job id (the task's SLURM_JOB_ID) and restart count. A part cut off
+    while Slurm requeued its task is fenced by its task's new run; the other parts are not.
+    What a part that is not fenced may still commit cannot load wrong: the parts step
+    together (one quorum, one torchft step), so a step is the same state in whichever part
+    commits it, the first commit of a step is kept, and an older step never becomes the
+    newest (docs/elastic-in-place.md, "Checkpoints and the run fence")."""
+    part0 = CheckpointStore(tmp_path, run=RunId("101", 0), **STORE)
+    part1_cut_off = CheckpointStore(tmp_path, run=RunId("102", 0), **STORE)
+    for store in (part0, part1_cut_off):
+        store.start_run()
+    assert commit_one(part0, 10) is not None
+    part1_again = CheckpointStore(tmp_path, run=RunId("102", 1), **STORE)  # task 102 requeued, its part back
+    part1_again.start_run()
+    with pytest.raises(SupersededRunError, match="run 0 of job 102 was superseded by run 1"):
+        commit_one(part1_cut_off, 20)
+    assert commit_one(part0, 20) is not None
+    assert commit_one(part1_again, 30) is not None
+    assert commit_one(part0, 30) is None  # the first commit of a step is kept
+    assert commit_one(part0, 5) is not None  # a part behind: an older step, not the newest
+    assert committed(tmp_path) == [5, 10, 20, 30]
+
 def test_outside_slurm_a_manager_writes_no_run_record(tmp_path, monkeypatch):
     run_env(monkeypatch, None, 0)
     mgr = CheckpointManager(tmp_path / "ckpt")
