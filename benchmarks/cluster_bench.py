@@ -116,7 +116,7 @@ srun {python} {script} {mode} {gib} {ready}
 
 
 def run(argv: list[str], check: bool = True, **kw) -> subprocess.CompletedProcess:
-    p = subprocess.run([str(a) for a in argv], env=ENV, text=True, capture_output=True, cwd=WORK, **kw)
+    p = subprocess.run([str(a) for a in argv], env=kw.pop("env", ENV), text=True, capture_output=True, cwd=WORK, **kw)
     if check and p.returncode != 0:
         raise SystemExit(f"{' '.join(map(str, argv))} failed: {(p.stderr or p.stdout).strip()}")
     return p

@@ -167,10 +167,14 @@ def one_round(args, n: int, start: str) -> dict:
     service, url, state = start_lighthouse_service(out)
     try:
         batch = BATCH.format(python=sys.executable, script=script, out=out, steps=args.steps, state_mb=args.state_mb)
-        env = f"ALL,HAI_LIGHTHOUSE_SERVICE={url},HAI_WARM={'0' if start == 'cold' else '1'},OMP_NUM_THREADS={args.threads}"
+        # in sbatch's environment with --export=ALL: any other --export (ALL,VAR=...) implies
+        # --get-user-env, and slurmd then runs the user's login shell before each launch (1.1 s
+        # per task here: `_get_user_env` in slurmd's log at debug)
+        env = {**cb.ENV, "HAI_LIGHTHOUSE_SERVICE": url, "HAI_WARM": "0" if start == "cold" else "1",
+               "OMP_NUM_THREADS": str(args.threads)}
         array = int(cb.run(["sbatch", "--parsable", f"--array=0-{PARTS - 1}", "-N1", "--qos=low", "--gres=gpu:8",
-                            "--requeue", f"--export={env}", f"--output={out}/slurm-%A_%a.out",
-                            "--job-name=bench-parts"], input=batch).stdout.strip().split(";")[0])
+                            "--requeue", "--export=ALL", f"--output={out}/slurm-%A_%a.out",
+                            "--job-name=bench-parts"], input=batch, env=env).stdout.strip().split(";")[0])
         cb.wait_for("four parts in one quorum", lambda: any(r.get("n") == PARTS for r in records(out)), 240, 0.2)
         time.sleep(args.warmup)
         t_high, t_started, high = submit_high(out, args.hold)
