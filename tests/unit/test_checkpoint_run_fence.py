@@ -89,7 +89,6 @@ def test_another_job_and_a_process_outside_slurm_are_not_fenced(tmp_path):
                                                                                f"{RUN_RECORD_PREFIX}8"]
 
 
-
 def test_a_job_in_place_each_part_is_fenced_by_its_own_task(tmp_path):
     """A job in place (runtime/parts.py) is a job array whose tasks commit to one directory,
     each under its own job id (the task's SLURM_JOB_ID) and restart count. A part cut off
@@ -112,6 +111,7 @@ def test_a_job_in_place_each_part_is_fenced_by_its_own_task(tmp_path):
     assert commit_one(part0, 30) is None  # the first commit of a step is kept
     assert commit_one(part0, 5) is not None  # a part behind: an older step, not the newest
     assert committed(tmp_path) == [5, 10, 20, 30]
+
 
 def test_outside_slurm_a_manager_writes_no_run_record(tmp_path, monkeypatch):
     run_env(monkeypatch, None, 0)

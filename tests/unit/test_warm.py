@@ -103,7 +103,7 @@ def test_a_childs_collections_leave_what_the_service_preloaded_alone(service, sh
     walk those objects, so it copies none of their pages (with torch preloaded, 0.16 s and 70
     MiB of private memory in every child otherwise: docs/benchmarks.md)."""
     job = script(shared, """\
-        import gc, json
+        import gc
         frozen = gc.get_freeze_count()
         gc.collect()
         print(frozen, gc.get_freeze_count(), 'json' in __import__('sys').modules)
