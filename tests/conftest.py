@@ -53,6 +53,12 @@ class LiveCluster:
         self.env = {**os.environ, "SLURM_CONF": str(self.conf), "PATH": f"{bindir}:{slurm_bin}{os.environ['PATH']}"}
         self.release = subprocess.run(["sinfo", "--version"], env=self.env, text=True,
                                       capture_output=True).stdout.split()[-1]
+        self.shown: list[Path] = []  # job directories a failed test shows (show_on_failure)
+
+    def show_on_failure(self, *job_dirs: Path) -> None:
+        """If this test fails, show these job directories beside its traceback: the events and
+        what slurm-hai said in each rank log (CI keeps no job directory)."""
+        self.shown.extend(job_dirs)
 
     def run(self, argv: list[str], *, user: str | None = None, check: bool = True, timeout: float = 60,
             input: str | None = None, cwd: str | Path | None = None) -> subprocess.CompletedProcess:
@@ -215,6 +221,7 @@ def live(cluster: LiveCluster, request: pytest.FixtureRequest) -> LiveCluster:
     """The cluster with no job left from an earlier test, and none left behind by this one."""
     cluster.cancel_all()
     cluster.settle()
+    cluster.shown.clear()
     yield cluster
     cluster.cancel_all()
 
@@ -315,7 +322,24 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo):
             if log.exists():
                 report.sections.append((f"{name}, last 60 lines",
                                         "\n".join(log.read_text(errors="replace").splitlines()[-60:])))
+        for job_dir in c.shown:
+            report.sections.append((f"job directory {job_dir}", _job_dir_digest(job_dir)))
     return report
+
+
+def _job_dir_digest(job_dir: Path) -> str:
+    """A job directory's events, and its rank logs' run headers and slurm-hai lines (torchft's
+    own lines, one per step, are left out), with the last lines of each."""
+    out = []
+    for f in [job_dir / "events.jsonl", *sorted((job_dir / "logs").glob("*.log"))]:
+        try:
+            lines = f.read_text(errors="replace").splitlines()
+        except OSError as e:
+            out.append(f"{f.name}: {e}")
+            continue
+        said = [line for line in lines if line.startswith(("====", "slurm-hai", "Traceback"))]
+        out += [f"--- {f.name}", *(lines if f.suffix == ".jsonl" else said + ["(last lines)", *lines[-8:]])]
+    return "\n".join(out)
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus, config) -> None:

@@ -30,7 +30,6 @@ import os
 import signal
 import sys
 import threading
-import time
 
 from ..jobs.jobdir import JobDir, default_root
 from ..policy.limits import NOTICE_MARGIN
@@ -40,7 +39,7 @@ from ..policy.tags import GRACE, PARTS, parse_parts
 from ..slurm import SlurmError, backend
 from .batch import run_over, slurm_record, wait_to_be_requeued
 from .contract import restart_count
-from .parts import (EXIT_BELOW_MIN, EXIT_LIGHTHOUSE_LOST, EXIT_TIME_LIMIT, MIN_ENV, SERVICE_ENV, TIME_LIMIT_SIGNAL,
+from .parts import (EXIT_BELOW_MIN, EXIT_LIGHTHOUSE_LOST, EXIT_TIME_LIMIT, LEAVE_AT_ENV, MIN_ENV, SERVICE_ENV,
                     PartError, ask, job_and_part, min_parts)
 
 # How often each part's task asks the lighthouse service whether the job's lighthouse lives.
@@ -64,8 +63,10 @@ def main(argv: list[str] | None = None) -> int:
     job_id = int(os.environ.get("SLURM_JOB_ID", "0") or 0)
     try:
         array, part = job_and_part(os.environ)
-        _settings(slurm, job_id, array)
-    except (PartError, PolicyError, SlurmError) as e:
+        record = slurm_record(slurm, job_id)  # this task's: its MIN where not set, its time limit
+        _settings(record, array)
+        _set_leave_time(record, args.notice_seconds)
+    except (PartError, PolicyError) as e:
         print(f"slurm-hai: {e}", file=sys.stderr, flush=True)
         return 2
     run = restart_count(os.environ)
@@ -91,8 +92,6 @@ def main(argv: list[str] | None = None) -> int:
     if service:
         threading.Thread(target=_watch_lighthouse, args=(service, array, min_parts(), slurm, task, lost, done),
                          daemon=True).start()
-    threading.Thread(target=_notice_time_limit, args=(slurm, job_id, task, args.notice_seconds, done),
-                     daemon=True).start()
     try:
         # started warm by the node's service where there is one (runtime/warm.py): a part that
         # rejoins skips Python's start and torch's import
@@ -185,24 +184,19 @@ def _watch_lighthouse(service: str, array: int, least: int, slurm, task: str, lo
             return
 
 
-def _notice_time_limit(slurm, job_id: int, task: str, lead: int | None, done: threading.Event) -> None:
-    """While the part runs: if its task (job `job_id`, `task` as ARRAY_TASK) has a time limit
-    (Slurm's record: an end), send the part TIME_LIMIT_SIGNAL `lead` s before it (at once if
-    that is past): the part commits the job's state at its next step and leaves
-    (runtime/parts.py, EXIT_TIME_LIMIT), and this script requeues its task. Slurm's own
-    --signal is not used: with preempt_send_user_signal it would come at preemption too,
-    where the part must leave at once."""
-    job = slurm_record(slurm, job_id)
+def _set_leave_time(job, lead: int | None) -> None:
+    """If this task has a time limit (Slurm's record `job`: an end), tell the part when to
+    leave for it (runtime/parts.py, LEAVE_AT_ENV): `lead` s before it, by default the job's
+    grace and NOTICE_MARGIN. The part then commits the job's state at its first step from
+    that time on and leaves (EXIT_TIME_LIMIT), and this script requeues its task. No limit
+    (or no record: Slurm then ends the task at its limit, as it would): the part never
+    leaves for one, whatever the submitter's environment held."""
     if job is None or not job.end_time > job.start_time > 0:
-        return  # no limit (or no answer: Slurm then ends the task at its limit, as it would)
+        os.environ.pop(LEAVE_AT_ENV, None)
+        return
     if lead is None:
         lead = _grace(job) + NOTICE_MARGIN
-    if done.wait(max(0.0, job.end_time - lead - time.time())):
-        return
-    try:
-        slurm.cancel(task, signal=TIME_LIMIT_SIGNAL.name.removeprefix("SIG"))
-    except SlurmError as e:
-        print(f"slurm-hai: the part could not be told of its task's time limit: {e}", flush=True)
+    os.environ[LEAVE_AT_ENV] = str(job.end_time - lead)
 
 
 def _grace(job) -> int:
@@ -224,10 +218,10 @@ def _output_to_rank_log(jobdir: JobDir, run: int, part: int) -> None:
     os.close(fd)
 
 
-def _settings(slurm, job_id: int, array: int) -> None:
+def _settings(job, array: int) -> None:
     """What a plain sbatch script may leave out, found as hai-submit's script would set it
     and exported for the part's step: the lighthouse service (the policy's) and the job's
-    MIN (its `hai-parts` tag, from Slurm's record of this task)."""
+    MIN (its `hai-parts` tag, from Slurm's record `job` of this task)."""
     if not os.environ.get(SERVICE_ENV):
         service = find_policy().lighthouse_service
         if not service:
@@ -235,8 +229,10 @@ def _settings(slurm, job_id: int, array: int) -> None:
                             "lighthouse_service (hai-admin lighthouse)")
         os.environ[SERVICE_ENV] = service
     if MIN_ENV not in os.environ:
-        job = slurm.job(job_id)
-        parts = parse_parts(job.tags.get(PARTS)) if job is not None else None
+        if job is None:
+            raise PartError(f"Slurm did not say what job {array} is (its `{PARTS}` comment): set {MIN_ENV}=MIN, "
+                            "or run it again once slurmctld answers")
+        parts = parse_parts(job.tags.get(PARTS))
         if parts is None:
             raise PartError(f"job {array} is no elastic job in place: submit it with --comment={PARTS}=MIN:MAX "
                             "(the fewest parts that train, and the array's size; docs/elastic-in-place.md)")

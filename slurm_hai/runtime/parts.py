@@ -46,6 +46,7 @@ lighthouse service (`hai-admin lighthouse`, HAI_LIGHTHOUSE_SERVICE) for the job'
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import socket
@@ -75,12 +76,14 @@ EXIT_LIGHTHOUSE_LOST = 69
 # A part whose task reaches its time limit (hai-submit --time) exits so, after committing the
 # job's state: its task is requeued with a whole time limit ahead, and the part rejoins
 EXIT_TIME_LIMIT = 76
-# The notice of that: its task's script sends it to the part's step (runtime/part_task.py)
-# the notice time (grace + NOTICE_MARGIN) before the limit. Not Slurm's --signal: with
-# preempt_send_user_signal Slurm would send that at preemption too, where a part leaves at once.
-TIME_LIMIT_SIGNAL = signal.SIGUSR1
-# set by leave_on's handler of TIME_LIMIT_SIGNAL; Part.share leaves at the step after it
-_time_up = threading.Event()
+# When to: its task's script (runtime/part_task.py) sets this in the part's environment, the
+# time (seconds since the epoch) the notice time (grace + NOTICE_MARGIN) before its task's
+# limit, and the part leaves at its first step after it (Part.share). A time, not a signal:
+# a part learns it however late its step starts, and nothing can come before the part is
+# ready for it (a notice signal could, and would find no step yet or kill a part still
+# starting). Not Slurm's --signal either: with preempt_send_user_signal Slurm sends that at
+# preemption too, where a part leaves at once.
+LEAVE_AT_ENV = "HAI_PART_LEAVE_AT"
 # A part that trained and has waited this long for a quorum looks whether its lighthouse can
 # be reached and asks Slurm how many of the job's parts run, and again every WATCH_EVERY s
 # while it waits. With MIN parts alive a quorum forms within about a second (the
@@ -155,11 +158,10 @@ def reachable(address: str, timeout: float = 1.0) -> bool:
 def leave_on(signum: int = signal.SIGTERM) -> None:
     """At the notice, leave: die of the signal at once, as Slurm expects of a preempted task
     (a part that exits 0 ends its task COMPLETED, and nothing requeues it), in the middle of
-    a collective if it is in one. Undoes a handler that a library installed. At the notice of
-    its task's time limit (TIME_LIMIT_SIGNAL) the part leaves at its next step instead, once
-    it has committed the job's state (Part.share)."""
+    a collective if it is in one. Undoes a handler that a library installed. (Near its task's
+    time limit the part leaves at a step instead, once it has committed the job's state:
+    Part.leave_at.)"""
     signal.signal(signum, signal.SIG_DFL)
-    signal.signal(TIME_LIMIT_SIGNAL, lambda _s, _f: _time_up.set())
 
 
 @dataclass
@@ -178,6 +180,8 @@ class Part:
     lighthouse: str = ""  # the address of the job's lighthouse (http://host:port)
     # how many of the job's parts Slurm runs (None: it cannot tell); None: never asked
     running: Callable[[], int | None] | None = None
+    # leave at the first step from this time on (LEAVE_AT_ENV; infinite: its task has no limit)
+    leave_at: float = math.inf
     _first: bool = True
     _saved: int = 0  # the step it committed last
     # Between the main thread, which waits for quorums, and the thread that asks Slurm while
@@ -193,7 +197,7 @@ class Part:
         was ahead to heal from) and the job has a checkpoint, it resumes from the newest.
         Fewer than MIN parts: the part leaves (below_min)."""
         rank = self._quorum_rank()
-        if _time_up.is_set():
+        if time.time() >= self.leave_at:
             self.time_limit(healing=rank is None or not self.manager.is_participating())
         if rank is None or not self.manager.is_participating():
             self._first = False
@@ -269,7 +273,7 @@ class Part:
                     f"the job waits for {self.min_parts} nodes", while_waiting)
 
     def time_limit(self, healing: bool) -> None:
-        """Its task reaches its time limit (TIME_LIMIT_SIGNAL came): leave now, at the start of
+        """Its task reaches its time limit (past `leave_at`): leave now, at the start of
         a step, committing the job's last committed step (_leave), unless this part is healing
         in this step (its tensors are a peer's, its optimizer's state not yet: it has nothing
         to commit, and the peer lives). Exits EXIT_TIME_LIMIT; its task is requeued, and the
@@ -404,6 +408,15 @@ def ask(service_url: str, job: int, min_parts: int = 1, timeout: float = 10.0) -
         raise PartError(f"{url}: no lighthouse service there ({getattr(e, 'reason', e)})") from None
 
 
+def leave_time(env: dict[str, str] | os._Environ = os.environ) -> float:
+    """When the part leaves for its task's time limit (LEAVE_AT_ENV); infinite without one."""
+    text = env.get(LEAVE_AT_ENV, "")
+    try:
+        return float(text) if text else math.inf
+    except ValueError:
+        raise PartError(f"{LEAVE_AT_ENV}={text!r}: expected seconds since the epoch") from None
+
+
 def join(state_dict: Callable[[], Any], load_state_dict: Callable[[Any], None], *,
          checkpoint_dir: str | os.PathLike[str] | None = None, service: str | None = None,
          quorum_timeout: timedelta = QUORUM_TIMEOUT, env: dict[str, str] | os._Environ = os.environ) -> Part:
@@ -423,6 +436,7 @@ def join(state_dict: Callable[[], Any], load_state_dict: Callable[[Any], None], 
 
     job, index = job_and_part(env)
     least = min_parts(env)
+    leave_at = leave_time(env)
     service = service or env.get(SERVICE_ENV)
     if not service:
         raise PartError(f"no lighthouse service: set {SERVICE_ENV}=http://HOST:PORT (hai-admin lighthouse)")
@@ -445,4 +459,5 @@ def join(state_dict: Callable[[], Any], load_state_dict: Callable[[Any], None], 
         checkpoints = CheckpointManager(checkpoint_dir, keep_last=2)
     own = int(env.get("SLURM_JOB_ID") or 0)
     return Part(job, index, manager, store, pg, checkpoints, load_state_dict, state_dict, min_parts=least,
-                quorum_timeout=quorum_timeout, lighthouse=lighthouse, running=lambda: running_parts(job, own))
+                quorum_timeout=quorum_timeout, lighthouse=lighthouse, running=lambda: running_parts(job, own),
+                leave_at=leave_at)

@@ -45,6 +45,7 @@ def test_two_parts_leave_for_a_higher_job_the_others_train_on_and_all_end_as_one
                       "--out", str(out)], user=ALICE)
         submitted = json.loads(p.stdout)
         array, job_dir = submitted["job_id"], Path(submitted["job_dir"])
+        live.show_on_failure(job_dir)
         assert submitted["node_range"] == "2:4" and job_dir.name == str(array)
         # as four for longer than the job's sizes over time merge (`hai status` below shows 4, 2, 4)
         wait_for(lambda: any(r.get("parts") == 4 and r["t"] - max(e["t"] for e in named(job_dir, "start")) > SIZE_SETTLE_S
@@ -148,6 +149,7 @@ def test_the_jobs_lighthouse_lost_every_part_is_requeued_and_the_job_resumes_fro
                       str(STEPS), "--step-sleep", "0.2", "--hurry", str(out / "hurry"), "--out", str(out),
                       "--checkpoint-dir", str(ckpt), "--save-every", "20"], user=ALICE)
         array, job_dir = json.loads(p.stdout)["job_id"], Path(json.loads(p.stdout)["job_dir"])
+        live.show_on_failure(job_dir)
         wait_for(lambda: len([r for r in rows(out) if r["event"] == "saved"]) >= 2, 240, "two commits", 0.3)
         record = live.state / "lighthouse" / f"{array}.json"
         os.kill(json.loads(record.read_text())["pid"], signal.SIGKILL)
@@ -187,6 +189,7 @@ def test_below_min_the_last_part_commits_and_leaves_and_the_job_resumes_from_tha
                       "--checkpoint-dir", str(out / "ckpt"), "--save-every", "20"],
                      user=ALICE)
         array, job_dir = json.loads(p.stdout)["job_id"], Path(json.loads(p.stdout)["job_dir"])
+        live.show_on_failure(job_dir)
         wait_for(lambda: any(r["event"] == "saved" for r in rows(out)), 240, "a commit of the three", 0.3)
         higher = live.sbatch("-N3", "--qos=normal", "-o", "/dev/null", "--wrap", "sleep 600", user="root")
         below = wait_for(lambda: [e for e in named(job_dir, "left") if e.get("below_min")], 90,
@@ -208,6 +211,14 @@ def test_below_min_the_last_part_commits_and_leaves_and_the_job_resumes_from_tha
     assert_ends_as_one_process(out, tmp_path, least=2)
 
 
+def both_train_again(found: list[dict]) -> bool:
+    """Whether parts 0 and 1 joined again after they left (a later run) and then trained a
+    step together."""
+    back = [r for r in found if r["event"] == "joined" and r["run"] >= 1]
+    return {r["part"] for r in back} == {0, 1} and any(
+        r["event"] == "step" and r["parts"] == 2 and r["t"] > max(b["t"] for b in back) for r in found)
+
+
 def test_parts_at_their_time_limit_commit_leave_and_the_job_resumes_past_it(live, tmp_path):
     # -n 1:2 --time 1: both tasks start together, so both reach their 60 s limit together. 35 s
     # before it (the grace, 5 s, + 30) each task's script tells its part, which commits the
@@ -221,13 +232,17 @@ def test_parts_at_their_time_limit_commit_leave_and_the_job_resumes_past_it(live
                       "--steps", str(STEPS), "--step-sleep", "0.2", "--hurry", str(out / "hurry"), "--out", str(out),
                       "--checkpoint-dir", str(out / "ckpt"), "--save-every", "1000"], user=ALICE)
         array, job_dir = json.loads(p.stdout)["job_id"], Path(json.loads(p.stdout)["job_dir"])
+        live.show_on_failure(job_dir)
         left = wait_for(lambda: found if len(found := named(job_dir, "left")) == 2 else None, 150,
                         "both parts to leave at their tasks' time limit", 0.3)
         done = max(r["step"] for r in rows(out) if r["event"] == "step" and r["committed"]) + 1
         # the first part back resumes from the commit (MIN 1: it trains alone); the other heals
-        # from it, or resumes with it if they start together
+        # from it, or resumes with it if they start together. Both train again before the job
+        # may end (the hurry): a part back alone would end it and cancel the other's task (26.05
+        # starts a requeued task within seconds, so the two may come back apart)
         resumed = wait_for(lambda: [r for r in rows(out) if r["event"] == "resumed"], 120,
                            "the job to resume from the commit", 0.3)
+        wait_for(lambda: both_train_again(rows(out)), 120, "both parts to train again", 0.3)
         (out / "hurry").touch()
         final = wait_final(job_dir, 240)
     finally:
@@ -271,6 +286,7 @@ def test_a_part_that_fails_on_its_own_is_requeued_with_retries_and_rejoins_from_
                       str(EXAMPLE), "--steps", str(STEPS), "--step-sleep", "0.2", "--hurry", str(out / "hurry"),
                       "--out", str(out)], user=ALICE)
         array, job_dir = json.loads(p.stdout)["job_id"], Path(json.loads(p.stdout)["job_dir"])
+        live.show_on_failure(job_dir)
         (retry,) = wait_for(lambda: named(job_dir, "retry"), 240, "part 1 to fail and be retried", 0.3)
         healed = wait_for(lambda: [r for r in rows(out) if r["event"] == "healed" and r["part"] == 1
                                    and r["t"] > retry["t"]], 120, "part 1 to rejoin and heal", 0.3)

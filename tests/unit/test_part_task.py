@@ -19,7 +19,7 @@ import pytest
 from slurm_hai.policy.limits import NOTICE_MARGIN
 from slurm_hai.policy.model import parse_policy
 from slurm_hai.runtime import part_task
-from slurm_hai.runtime.parts import EXIT_BELOW_MIN, EXIT_TIME_LIMIT, MIN_ENV, SERVICE_ENV, PartError
+from slurm_hai.runtime.parts import EXIT_BELOW_MIN, EXIT_TIME_LIMIT, LEAVE_AT_ENV, MIN_ENV, SERVICE_ENV, PartError
 
 LOCAL_POLICY = Path(__file__).resolve().parents[2] / "contrib" / "localcluster" / "policy.toml"
 
@@ -41,7 +41,7 @@ class Slurm:
         self.told = time.time()
 
     def run_step(self, cmd, nodes, gpus, name):
-        self.steps.append((cmd, {k: os.environ.get(k, "") for k in (SERVICE_ENV, MIN_ENV)}))
+        self.steps.append((cmd, {k: os.environ.get(k, "") for k in (SERVICE_ENV, MIN_ENV, LEAVE_AT_ENV)}))
         return self.step_rc
 
     def job(self, job_id):  # this task's record: its tags and state; never preempted by Slurm
@@ -82,40 +82,43 @@ def watch(monkeypatch, answers, seconds: float = 0.3):
     return asked, slurm.cancels, lost.is_set()
 
 
-@pytest.mark.parametrize("limit, lead, told_after", [(1.5, 1, 0.5), (1.5, 5, 0.0), (0, 1, None)])
-def test_a_part_is_told_its_tasks_time_limit_the_notice_time_before_it(limit, lead, told_after):
-    """Not Slurm's --signal (at preemption it would come too): the task's script sends the
-    part TIME_LIMIT_SIGNAL, `lead` s before the limit, at once if that is past; never without
-    a limit."""
-    slurm, done = Slurm(limit=limit), threading.Event()
-    t = threading.Thread(target=part_task._notice_time_limit, args=(slurm, 71, "7_1", lead, done))
-    t.start()
-    t.join(1.5)
-    done.set()
-    t.join(5)
-    assert not t.is_alive()
-    if told_after is None:
-        assert slurm.cancels == []
-    else:
-        assert slurm.cancels == [("7_1", "USR1")]  # the task: 71 alone may be every task's id
-        assert told_after - 0.05 <= slurm.told - slurm.started < told_after + 0.5
+def leave_time_given(monkeypatch, tmp_path, slurm: Slurm, *argv: str) -> str:
+    """The part task of a hai-submit job, with Slurm's record of its task `slurm`: the time
+    to leave at (LEAVE_AT_ENV) that its part's step was given ("": none)."""
+    for key, value in {"SLURM_ARRAY_JOB_ID": "7", "SLURM_ARRAY_TASK_ID": "1", "SLURM_JOB_ID": "71",
+                       "SLURM_RESTART_COUNT": "0", "HAI_PARTS_MIN": "2", "HAI_LIGHTHOUSE_SERVICE": "http://svc:1",
+                       LEAVE_AT_ENV: "1"}.items():  # the last, a stale value of the submitter's environment
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("HAI_SUBMIT_TOKEN", raising=False)
+    monkeypatch.setattr(part_task, "backend", lambda: slurm)
+    monkeypatch.setattr(part_task, "ask", away)
+    monkeypatch.setattr(part_task, "_output_to_rank_log", lambda jobdir, run, part: None)
+    assert part_task.main([f"--job-dir={tmp_path / '7'}", *argv, "--", "python", "train.py"]) == 0
+    ((_cmd, env),) = slurm.steps
+    return env[LEAVE_AT_ENV]
+
+
+@pytest.mark.parametrize("limit", [600, 0])
+def test_a_part_is_given_the_time_to_leave_the_notice_time_before_its_tasks_limit(monkeypatch, tmp_path, limit):
+    """Not Slurm's --signal (at preemption it would come too), and no signal of the script's
+    (it could come before the part's step, or kill a part still starting): the step's
+    environment says when, `lead` s before the limit of Slurm's record of the task; nothing
+    without a limit, whatever the submitter's environment held."""
+    slurm = Slurm(limit=limit)
+    given = leave_time_given(monkeypatch, tmp_path, slurm, "--notice-seconds=35")
+    assert given == (str(slurm.end - 35) if limit else "")
 
 
 @pytest.mark.parametrize("stamped, lead", [("hai-grace=20", 20 + NOTICE_MARGIN), ("", 5 + NOTICE_MARGIN),
                                             ("hai-grace=99999", 5 + NOTICE_MARGIN)])
-def test_a_parts_notice_comes_its_jobs_own_grace_before_the_limit(monkeypatch, stamped, lead):
+def test_a_parts_time_to_leave_is_its_jobs_own_grace_before_the_limit(monkeypatch, tmp_path, stamped, lead):
     """Without --notice-seconds (a plain sbatch script): the grace job_submit.lua stamped on the
     task (its --hai-grace), else the policy's (also for a stamp the policy no longer allows),
     and the margin."""
     monkeypatch.setenv("HAI_POLICY", str(LOCAL_POLICY))  # grace_seconds 5, max_grace_seconds 60
-    slurm, done = Slurm(limit=lead + 0.6), threading.Event()
+    slurm = Slurm(limit=600)
     slurm.comment_tags = dict(t.split("=") for t in stamped.split()) if stamped else {}
-    t = threading.Thread(target=part_task._notice_time_limit, args=(slurm, 71, "7_1", None, done))
-    t.start()
-    t.join(2)
-    done.set()
-    t.join(5)
-    assert slurm.cancels == [("7_1", "USR1")] and 0.5 <= slurm.told - slurm.started < 1.2
+    assert leave_time_given(monkeypatch, tmp_path, slurm) == str(slurm.end - lead)
 
 
 def test_a_new_lighthouse_address_ends_the_part_once(monkeypatch):
@@ -215,7 +218,7 @@ def test_a_plain_sbatch_part_takes_the_policys_service_its_jobs_min_and_the_user
     assert part_task.main(["--", "python", "train.py"]) == 0
     # the part's step has what hai-submit's script exports
     assert slurm.steps == [([sys.executable, "-m", "slurm_hai.runtime.warm", "--", "python", "train.py"],
-                            {SERVICE_ENV: "http://head:29600", MIN_ENV: "2"})]
+                            {SERVICE_ENV: "http://head:29600", MIN_ENV: "2", LEAVE_AT_ENV: ""})]
     events = [json.loads(line) for line in (tmp_path / "jobs" / "7" / "events.jsonl").read_text().splitlines()]
     assert [(e["event"], e.get("part")) for e in events] == [("start", 1), ("finished", 1)]
     assert slurm.cancels == [(7, "waiting")]
@@ -239,3 +242,15 @@ def test_what_a_plain_sbatch_part_lacks_is_one_line_and_runs_nothing(monkeypatch
     err = capsys.readouterr().err
     assert err.startswith(f"slurm-hai: {said}") and err.count("\n") == 1, err
     assert not slurm.steps and not (tmp_path / "jobs").exists()
+
+
+def test_a_plain_sbatch_part_whose_record_slurm_does_not_give_says_so_in_one_line(monkeypatch, tmp_path, capsys):
+    plain_sbatch(monkeypatch, tmp_path)
+    slurm = Slurm(comment="2:4")
+    slurm.job = lambda job_id: None  # slurmctld away, or the record gone
+    monkeypatch.setattr(part_task, "backend", lambda: slurm)
+    assert part_task.main(["--", "python", "train.py"]) == 2
+    err = capsys.readouterr().err
+    assert err == ("slurm-hai: Slurm did not say what job 7 is (its `hai-parts` comment): set HAI_PARTS_MIN=MIN, "
+                   "or run it again once slurmctld answers\n")
+    assert not slurm.steps

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import signal
 import subprocess
@@ -23,8 +24,8 @@ import pytest
 from slurm_hai.controller.lighthouse import Service, serve
 from squeue_text import fake_squeue, recorded_rows
 from slurm_hai.checkpoint import CheckpointError
-from slurm_hai.runtime.parts import EXIT_BELOW_MIN, EXIT_LIGHTHOUSE_LOST, EXIT_TIME_LIMIT, TIME_LIMIT_SIGNAL, Part, \
-    batch_share
+from slurm_hai.runtime.parts import EXIT_BELOW_MIN, EXIT_LIGHTHOUSE_LOST, EXIT_TIME_LIMIT, LEAVE_AT_ENV, Part, \
+    PartError, batch_share, leave_time
 
 STEPS, BATCH, FEATURES = 120, 12, 6
 
@@ -60,6 +61,8 @@ resumed = False
 while part.manager.current_step() < steps:
     while os.path.exists(os.path.join(out, "hold")):  # the test's pause: no quorum asked meanwhile
         time.sleep(0.02)
+    if os.path.exists(os.path.join(out, "leave_at")):  # the test's: a time to leave, as a task's script gives it
+        part.leave_at = float(open(os.path.join(out, "leave_at")).read())
     opt.zero_grad()
     share = part.share(batch)  # after this step's quorum (and a heal): the step is the quorum's
     if part.resumed_at is not None and not resumed:
@@ -141,6 +144,17 @@ def test_a_batch_is_shared_whole_in_order(rows, parts):
     assert max(len(range(rows)[s]) for s in shares) - min(len(range(rows)[s]) for s in shares) <= 1
     with pytest.raises(ValueError):
         batch_share(rows, parts, parts)
+
+
+@pytest.mark.parametrize("given, leave_at", [(None, math.inf), ("", math.inf), ("1795911820.5", 1795911820.5),
+                                              ("soon", None)])
+def test_a_part_leaves_for_its_tasks_limit_at_the_time_its_environment_says(given, leave_at):
+    env = {} if given is None else {LEAVE_AT_ENV: given}
+    if leave_at is None:
+        with pytest.raises(PartError, match="HAI_PART_LEAVE_AT='soon': expected seconds since the epoch"):
+            leave_time(env)
+    else:
+        assert leave_time(env) == leave_at
 
 
 def test_a_part_whose_leaving_commit_fails_says_so_and_leaves_all_the_same(capsys):
@@ -334,7 +348,7 @@ def resume_all_three(parts, env: dict[str, str], done: int) -> list[dict]:
 
 def test_at_their_tasks_time_limit_the_parts_commit_and_leave_and_the_job_resumes_from_that_commit(parts, tmp_path):
     """Parts that started together reach their tasks' time limit together: each task's script
-    sends its part TIME_LIMIT_SIGNAL (runtime/part_task.py). Each part leaves at its next step
+    gives its part the time to leave at (runtime/part_task.py). Each part leaves at its next step
     with EXIT_TIME_LIMIT (on a cluster its task is requeued with a whole limit), the job's last
     committed step committed by one of them, between two periodic commits. Started again,
     they meet at step 0 with nobody ahead, resume from that commit and end as one process."""
@@ -347,10 +361,11 @@ def test_at_their_tasks_time_limit_the_parts_commit_and_leave_and_the_job_resume
         (out / "hold").unlink()
         wait_for("twelve steps", lambda: len([r for r in records(out) if r["event"] == "step" and r["committed"]
                                               and r["part"] == 0]) >= 12, procs)
-        for p in procs:
-            p.send_signal(TIME_LIMIT_SIGNAL)
+        (out / "leave_at.new").write_text(str(time.time()))
+        (out / "leave_at.new").rename(out / "leave_at")  # whole, as a part may read it at any moment
         for p in procs:
             assert p.wait(60) == EXIT_TIME_LIMIT
+        (out / "leave_at").unlink()  # their next runs have a whole time limit
         rows = records(out)
         done = max(r["step"] for r in rows if r["event"] == "step" and r["committed"]) + 1
         assert 12 <= done < 50 and not [r for r in rows if r["event"] == "saved"]  # no periodic commit yet
