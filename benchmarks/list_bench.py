@@ -24,7 +24,9 @@ jobs (the policy says why it waits: it needs the whole queue); of one that Slurm
 (`hai-admin warm-start --preload slurm_hai.cli.preload`, started by the bench from that tree, on a
 socket of its own; cli/front.py), the before tree's as each starts by itself (HAI_WARM=0);
 --before may then be this checkout. A warm command's peak memory is its own process's (the
-client's): the child that runs the command is the service's.
+client's): the child that runs the command is the service's. --warm c: the after tree's
+commands run from the C front (`hai-admin front build`, contrib/front/hai_front.c) instead of
+the Python console script.
 
 Slurm's default MaxJobCount is 10000 (slurmctld refuses more jobs): for 10,000 jobs, raise
 it in the cluster's own rendered slurm.conf and restart slurmctld (MaxJobCount is not
@@ -85,12 +87,15 @@ class Hai:
         self.env = {**{k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"},
                     "PATH": f"{shim_dir}:{os.environ['PATH']}", "HAI_SLURM_BACKEND": "cli"}
 
-    def run(self, tree: Path, argv: list[str], env: dict[str, str]) -> tuple[float, int, int]:
-        """(seconds, squeue calls, peak KiB of its processes) of one `hai ARGV` run from `tree`."""
+    def run(self, tree: Path, argv: list[str], env: dict[str, str], front: Path | None = None
+            ) -> tuple[float, int, int]:
+        """(seconds, squeue calls, peak KiB of its processes) of one `hai ARGV` run from `tree`
+        (from the C `front` in that directory, if one is given)."""
         self.log.write_text("")
-        t0 = time.perf_counter()
         # -P and a neutral cwd: `python -c` would put the cwd first on sys.path, ahead of PYTHONPATH
-        p = subprocess.run([*PEAK, sys.executable, "-P", "-c", hai_entry(tree), *argv],
+        hai = [str(front / "hai")] if front else [sys.executable, "-P", "-c", hai_entry(tree)]
+        t0 = time.perf_counter()
+        p = subprocess.run([*PEAK, *hai, *argv],
                            env={**self.env, "PYTHONPATH": str(tree), **env},
                            cwd=self.log.parent, capture_output=True, text=True)
         seconds = time.perf_counter() - t0
@@ -118,7 +123,8 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--policy", default=os.environ.get("HAI_POLICY") or str(REPO / "contrib/localcluster/policy.toml"))
     ap.add_argument("--cleanup", action="store_true", help="cancel the bench jobs at the end")
-    ap.add_argument("--warm", action="store_true", help="the after tree's commands from a warm-start service")
+    ap.add_argument("--warm", nargs="?", const="python", choices=("python", "c"),
+                    help="the after tree's commands from a warm-start service, from the Python front or the C one")
     args = ap.parse_args()
     if "SLURM_CONF" not in os.environ:
         print("list_bench: set SLURM_CONF (source $HAI_CLUSTER_DIR/etc/env)", file=sys.stderr)
@@ -158,9 +164,12 @@ def main() -> int:
         hai = Hai(Path(shim_dir))
         trees = {"before": args.before.resolve(), "after": args.after.resolve()}
         envs: dict[str, dict[str, str]] = {"before": {}, "after": {}}
+        fronts: dict[str, Path | None] = {"before": None, "after": None}
         if args.warm:
             envs = {"before": {"HAI_WARM": "0"}, "after": {"HAI_COMMANDS_SOCKET": f"{shim_dir}/commands.sock"}}
             service = warm_service(trees["after"], Path(shim_dir))
+            if args.warm == "c":
+                fronts["after"] = c_front(trees["after"], Path(shim_dir) / "front")
         for tree in trees.values():  # as pip installs a package: its bytecode compiled
             subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree / "slurm_hai")], check=True,
                            stdout=subprocess.DEVNULL)
@@ -171,12 +180,12 @@ def main() -> int:
         for name, argv, _ in rows:  # one counting run each (not timed): squeue processes, slurmctld's RPCs
             for side, tree in trees.items():
                 n0 = job_info_rpcs()[0]
-                _, calls[name, side], peak[name, side] = hai.run(tree, argv, envs[side])
+                _, calls[name, side], peak[name, side] = hai.run(tree, argv, envs[side], fronts[side])
                 rpcs[name, side] = job_info_rpcs()[0] - n0
         for r in range(args.repeats):
             for name, argv, _ in rows:
                 for side in (("before", "after") if r % 2 == 0 else ("after", "before")):
-                    seconds, _, _ = hai.run(trees[side], argv, envs[side])
+                    seconds, _, _ = hai.run(trees[side], argv, envs[side], fronts[side])
                     times.setdefault((name, side), []).append(seconds)
         reads = {what: statistics.median_low(timed(argv) for _ in range(args.repeats)) for what, argv in (
             (whole, ["squeue"]), (yours, ["squeue", f"--user={me}"]),
@@ -218,6 +227,13 @@ def warm_service(tree: Path, where: Path) -> subprocess.Popen:
             raise SystemExit(f"list_bench: the warm-start service did not start: {log.read_text()}")
         time.sleep(0.1)
     return service
+
+
+def c_front(tree: Path, out: Path) -> Path:
+    """The C front of `tree` (`hai-admin front build`), built into `out`."""
+    subprocess.run([sys.executable, "-P", "-c", "from slurm_hai.cli.admin import main; main()", "front", "build", "--out",
+                    str(out)], env={**os.environ, "PYTHONPATH": str(tree)}, check=True, stdout=subprocess.DEVNULL)
+    return out
 
 
 def timed(argv: list[str]) -> tuple[float, int]:

@@ -696,6 +696,7 @@ SHARED = {
                            "hai-lighthouse.service (one host)"),
     "grafana": ("share/grafana", "slurm-hai.json: a Grafana dashboard of the daemon's metrics (--metrics-port)"),
     "slurm-docker": ("share/slurm-docker", "slurm-hai on giovtorres/slurm-docker-cluster (its README.md)"),
+    "front": ("share/front", "hai_front.c: hai and hai-submit in C (`hai-admin front install` builds it)"),
     "templates": ("templates", "the templates `hai-admin render` and `hai-submit` fill in (read-only)"),
 }
 # The Makefile's flags (spank/Makefile) less -Werror: a site's newer compiler may warn where
@@ -755,6 +756,16 @@ def _slurm_headers(include: str | None) -> tuple[Path, str]:
 def build_spank_plugin(out_dir: Path, include: str | None) -> tuple[Path, str]:
     """Compile the shipped hai_spank.c against the site's Slurm headers into out_dir/hai_spank.so
     (replaced whole); returns it and which Slurm the headers are of."""
+    headers, slurm = _slurm_headers(include)
+    target = out_dir / "hai_spank.so"
+    _compile(shared_dir("spank") / "hai_spank.c", target, [f"-I{headers}", *SPANK_CFLAGS],
+             f"against the headers of {slurm} in {headers}")
+    return target, slurm
+
+
+def _compile(source: Path, target: Path, flags: list[str], against: str = "") -> None:
+    """`$CC FLAGS -o TARGET SOURCE` (gcc where $CC is unset), TARGET replaced whole (mode 0755);
+    the compiler's warnings shown, its failure one line."""
     import shlex
     import shutil
     import subprocess
@@ -763,13 +774,9 @@ def build_spank_plugin(out_dir: Path, include: str | None) -> tuple[Path, str]:
     if shutil.which(cc) is None:
         raise click.ClickException(f"no C compiler {cc!r} on PATH: install gcc (Debian/Ubuntu: apt-get install gcc; "
                                    "RHEL/Rocky: dnf install gcc), or name one in $CC")
-    headers, slurm = _slurm_headers(include)
-    source = shared_dir("spank") / "hai_spank.c"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    target = out_dir / "hai_spank.so"
-    tmp = out_dir / f".hai_spank.so.{os.getpid()}.tmp"
-    p = subprocess.run([cc, *cc_flags, f"-I{headers}", *SPANK_CFLAGS, "-o", str(tmp), str(source)],
-                       capture_output=True, text=True)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+    p = subprocess.run([cc, *cc_flags, *flags, "-o", str(tmp), str(source)], capture_output=True, text=True)
     said = p.stderr.rstrip().splitlines()
     if said:  # warnings, or the errors summed up below
         more = f"\n({len(said) - 40} more lines)" if len(said) > 40 else ""
@@ -777,11 +784,10 @@ def build_spank_plugin(out_dir: Path, include: str | None) -> tuple[Path, str]:
     if p.returncode != 0:
         tmp.unlink(missing_ok=True)
         first = next((ln for ln in p.stderr.splitlines() if "error" in ln), p.stderr.strip()[:300])
-        raise click.ClickException(f"{cc} could not build hai_spank.c against the headers of {slurm} in "
-                                   f"{headers} (exit {p.returncode}): {first.strip()}")
+        raise click.ClickException(f"{cc} could not build {source.name}{' ' + against if against else ''} "
+                                   f"(exit {p.returncode}): {first.strip()}")
     tmp.chmod(0o755)
     os.replace(tmp, target)
-    return target, slurm
 
 
 def _slurm_include_option(fn: Callable) -> Callable:
@@ -822,20 +828,80 @@ def spank_build(slurm_include: str | None, out_dir: str) -> None:
 @one_line_errors
 def spank_install(slurm_include: str | None, plugin_dir: str) -> None:
     """Compile hai_spank.so and install it into DIR on this host (replaced whole, mode 0755)."""
-    import shutil
-    import tempfile
-
-    target = Path(plugin_dir) / "hai_spank.so"
-    with tempfile.TemporaryDirectory(prefix="hai-spank-") as tmp:
-        so, slurm = build_spank_plugin(Path(tmp), slurm_include)
-        target.parent.mkdir(parents=True, exist_ok=True)
-        staged = target.with_name(f".hai_spank.so.{os.getpid()}.tmp")
-        shutil.copyfile(so, staged)
-        staged.chmod(0o755)
-        os.replace(staged, target)
+    target, slurm = build_spank_plugin(Path(plugin_dir), slurm_include)
     click.echo(f"installed {target}, built for {slurm}")
     if str(target) != DEFAULT_SPANK_SO:
         click.echo(f"render plugstack.conf with: hai-admin render --spank-plugin {target}")
+
+
+# --- the commands' front in C (contrib/front/hai_front.c)
+
+FRONT_CFLAGS = ("-O2", "-Wall", "-Wextra", "-Wshadow", "-Wformat=2", "-Wpointer-arith")
+FRONT_COMMANDS = ("hai", "hai-submit")
+
+
+def _c_string(text: str) -> str:
+    if not text.isprintable():
+        raise click.ClickException(f"{text!r}: a path of unprintable characters cannot be built into the front")
+    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def build_front(out_dir: Path) -> list[Path]:
+    """Compile the commands' front for this installation into out_dir/hai and out_dir/hai-submit
+    (each replaced whole); returns them."""
+    import sysconfig
+
+    scripts = Path(sysconfig.get_path("scripts"))
+    if not all((scripts / name).is_file() for name in FRONT_COMMANDS):
+        raise click.ClickException(f"no hai and hai-submit in {scripts}, where this Python installs slurm-hai's "
+                                   "commands: reinstall slurm-hai with this Python")
+    out_dir.mkdir(parents=True, exist_ok=True)
+    if out_dir.resolve() == scripts.resolve():
+        raise click.ClickException(f"{out_dir} holds the Python hai and hai-submit the front runs where it cannot "
+                                   "start a command warm: install the front into another directory, one earlier "
+                                   "on the users' PATH (e.g. /usr/local/bin)")
+    built = out_dir / FRONT_COMMANDS[0]
+    _compile(shared_dir("front") / "hai_front.c", built,
+             [*FRONT_CFLAGS, f"-DHAI_PYTHON={_c_string(sys.executable)}", f"-DHAI_SCRIPTS={_c_string(str(scripts))}"])
+    for name in FRONT_COMMANDS[1:]:  # the same program: its name says which command it is
+        link = out_dir / f".{name}.{os.getpid()}.tmp"
+        os.link(built, link)
+        os.replace(link, out_dir / name)
+    return [out_dir / name for name in FRONT_COMMANDS]
+
+
+@main.group(context_settings=CONTEXT)
+def front() -> None:
+    """Build and install hai and hai-submit as a small C program, for login nodes that run the
+    commands' warm-start service (slurm-hai-commands.service).
+
+    \b
+    The program hands each command to the service, which runs it in a child forked with
+    slurm-hai already imported, as the user: a command then starts in about 1 ms instead of
+    Python's 20-30 ms. Where it cannot start a command warm (no service, HAI_WARM=0, a
+    service of other code), it runs this installation's Python hai or hai-submit, as without
+    it. Needs gcc. Install it into a directory before this installation's on the users' PATH.
+    """
+
+
+@front.command("build")
+@click.option("--out", "-o", "out_dir", metavar="DIR", default=".", show_default=True,
+              type=click.Path(file_okay=False), help="Directory to write hai and hai-submit into (created if missing).")
+@one_line_errors
+def front_build(out_dir: str) -> None:
+    """Compile hai and hai-submit into DIR."""
+    built = build_front(Path(out_dir))
+    click.echo(f"built {' and '.join(map(str, built))} for {sys.executable}")
+
+
+@front.command("install")
+@click.option("--bin-dir", metavar="DIR", default="/usr/local/bin", show_default=True,
+              type=click.Path(file_okay=False), help="Directory on the users' PATH to install hai and hai-submit into.")
+@one_line_errors
+def front_install(bin_dir: str) -> None:
+    """Compile hai and hai-submit and install them into DIR (each replaced whole, mode 0755)."""
+    built = build_front(Path(bin_dir))
+    click.echo(f"installed {' and '.join(map(str, built))}, running {sys.executable}'s slurm-hai")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -32,12 +32,6 @@ COMMANDS = {"hai": ("slurm_hai.cli.user", "main"), "hai-submit": ("slurm_hai.cli
 def hai() -> None:
     args = sys.argv[1:]
     run_warm("hai", args)
-    first = first_read(args)
-    if first is not None:
-        from ..slurm import config_missing, reads_with_commands, squeue
-
-        if reads_with_commands() and not config_missing():
-            squeue.start_ahead(*first)
     run_here("hai", args)
 
 
@@ -58,6 +52,14 @@ def run_warm(command: str, args: list[str]) -> None:
 
 
 def run_here(command: str, args: list[str]) -> None:
+    """Run the command in this process; `hai` starts its first queue read before the command
+    loads (warm, the command is loaded already, but its parsing and set-up still overlap it)."""
+    first = first_read(args) if command == "hai" else None
+    if first is not None:
+        from ..slurm import config_missing, reads_with_commands, squeue
+
+        if reads_with_commands() and not config_missing():
+            squeue.start_ahead(*first)
     module, name = COMMANDS[command]
     getattr(importlib.import_module(module), name)(args=args, prog_name=command)
 

@@ -478,15 +478,20 @@ def test_output_cut_short_by_head_ends_quietly(live):
 # ---------------------------------------------------------------- a login node's warm-start service
 
 def test_hai_and_hai_submit_run_warm_from_a_login_nodes_service_as_the_user_who_typed_them(live):
-    """`hai-admin warm-start` preloading the commands, as on a login node (cli/front.py): each
-    command of hai-alice runs in a child of the service, as her, in her control groups, and
-    does what it does run in her own process."""
+    """`hai-admin warm-start` preloading the commands, as on a login node, and the commands'
+    C front `hai-admin front build` makes (contrib/front/hai_front.c; the Python front is
+    tests/unit/test_front.py's too): each command of hai-alice runs in a child of the service,
+    as her, in her control groups, and does what it does run in her own process."""
     d = user_dir(live, "fd-warm", "hai-alice")
     script = write(d / "ticker.py", "import time\nwhile True:\n    print('tick', flush=True); time.sleep(0.5)\n",
                    "hai-alice")
     where = live.shared_dir("fd-warm-service")  # root's, as /dev/shm on a login node: every user reaches it
     where.chmod(0o755)
     sock, log = where / "commands.sock", where / "commands.log"
+    built = subprocess.run(["hai-admin", "front", "build", "--out", str(where / "bin")], env=live.env, text=True,
+                           capture_output=True)
+    assert built.returncode == 0 and built.stderr == "", built.stderr
+    hai, hai_submit = str(where / "bin" / "hai"), str(where / "bin" / "hai-submit")
     service = subprocess.Popen(["hai-admin", "warm-start", "--socket", str(sock), "--preload",
                                 "slurm_hai.cli.preload"], env=live.env, stdout=open(log, "w"),
                                stderr=subprocess.STDOUT)
@@ -500,26 +505,26 @@ def test_hai_and_hai_submit_run_warm_from_a_login_nodes_service_as_the_user_who_
 
     try:
         wait_for(lambda: "warm-start service on" in log.read_text() or service.poll() is not None, 60, "the service")
-        p = as_user("hai-alice", "hai-submit", "--json", "-p", "LOW", str(script))
+        p = as_user("hai-alice", hai_submit, "--json", "-p", "LOW", str(script))
         assert p.returncode == 0 and p.stderr == "", p.stderr
         job, job_dir = json.loads(p.stdout)["job_id"], Path(json.loads(p.stdout)["job_dir"])
         assert [uid for uid, _ in started.findall(log.read_text())] == [alice]
         assert (job_dir / "job.json").stat().st_uid == live.uid("hai-alice")  # written as her
-        wait_for(lambda: json.loads(as_user("hai-alice", "hai", "status", "--json", str(job)).stdout)["state"]
+        wait_for(lambda: json.loads(as_user("hai-alice", hai, "status", "--json", str(job)).stdout)["state"]
                  == "running", 60, "running", 0.5)
         # what a command says warm is what it says run in her own process
-        for argv in (["hai", "list", "--json"], ["hai", "logs", "--json", str(job)]):
+        for argv in ([hai, "list", "--json"], [hai, "logs", "--json", str(job)]):
             here = as_user("hai-alice", *argv, env={**live.env, "HAI_WARM": "0"})
             there = as_user("hai-alice", *argv)
             assert there.returncode == here.returncode == 0 and there.stderr == here.stderr == ""
             assert [r["job_id"] for r in json.loads(there.stdout)] == [r["job_id"] for r in json.loads(here.stdout)] \
                 if argv[1] == "list" else json.loads(there.stdout)["job_id"] == job
-        bob = as_user("hai-bob", "hai", "logs", str(job))
+        bob = as_user("hai-bob", hai, "logs", str(job))
         assert "belongs to hai-alice; its logs are private" in one_error_line(bob)
         # a follow: the child is hers, in the control groups of the process she typed it in;
         # Ctrl-C reaches it through that process, which ends as the child did
         before = len(started.findall(log.read_text()))
-        follow = subprocess.Popen(["runuser", "-u", "hai-alice", "--", "env", "HOME=/home/hai-alice", "hai", "logs",
+        follow = subprocess.Popen(["runuser", "-u", "hai-alice", "--", "env", "HOME=/home/hai-alice", hai, "logs",
                                    "-f", str(job)], env=warm, text=True, stdout=subprocess.PIPE,
                                   stderr=subprocess.PIPE, cwd="/home/hai-alice", start_new_session=True,
                                   preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
@@ -532,7 +537,7 @@ def test_hai_and_hai_submit_run_warm_from_a_login_nodes_service_as_the_user_who_
         os.killpg(follow.pid, signal.SIGINT)
         out, err = follow.communicate(timeout=30)
         assert "tick" in out and f"job {job} goes on" in err and "Traceback" not in err and follow.returncode == 130
-        stopped = as_user("hai-alice", "hai", "stop", "--json", str(job))
+        stopped = as_user("hai-alice", hai, "stop", "--json", str(job))
         assert json.loads(stopped.stdout) == {"job_id": job, "state": "finished-stopped"}
         # every command was the service's child, each as the user who typed it
         uids = [uid for uid, _ in started.findall(log.read_text())]
