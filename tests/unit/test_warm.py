@@ -87,6 +87,49 @@ def test_a_warm_child_is_the_clients_process_its_user_ids_limits_place_and_strea
     assert seen["main"] == "__main__" and seen["warm"]  # json came preloaded: the child is the service's fork
 
 
+def test_a_warm_child_takes_the_control_groups_of_its_client_where_they_differ_from_the_services(service, shared):
+    """The client in a control group of its own (a step's, or a login session's): the child is
+    moved there; in every other hierarchy it stays where the service is, as the client is."""
+    base = _a_cgroup_hierarchy()
+    group = base / f"hai-test-{os.getpid()}"
+    group.mkdir()
+    try:
+        job = script(shared, "print(open('/proc/self/cgroup').read(), end='')\n")
+        p = subprocess.run(["sh", "-c", f'echo $$ > {group}/cgroup.procs; cat /proc/self/cgroup > {shared}/client; '
+                                        'exec "$@"', "sh", sys.executable, "-m", "slurm_hai.runtime.warm", "--",
+                            sys.executable, str(job)],
+                           env={**os.environ, "HAI_WARM_SOCKET": str(service)}, capture_output=True, text=True,
+                           timeout=60)
+        assert p.returncode == 0 and p.stderr == "", p.stderr  # warm: a cold start says why on stderr
+        client = (shared / "client").read_text()
+        assert f"/hai-test-{os.getpid()}\n" in client and client != Path("/proc/self/cgroup").read_text()
+        assert p.stdout == client  # the child's groups, in every hierarchy
+    finally:
+        _remove_cgroup(group)
+
+
+def _a_cgroup_hierarchy() -> Path:
+    """The directory of this process's group in a hierarchy where a group may be made: a v1
+    controller's, or v2 mounted at /sys/fs/cgroup."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        name = controllers.replace("name=", "")
+        base = Path("/sys/fs/cgroup") / name if name else Path("/sys/fs/cgroup")
+        if (base / path.lstrip("/") / "cgroup.procs").is_file() and os.access(base / path.lstrip("/"), os.W_OK):
+            return base / path.lstrip("/")
+    pytest.fail("no control group hierarchy this test can make a group in")
+
+
+def _remove_cgroup(group: Path) -> None:
+    parent = group.parent / "cgroup.procs"
+    for pid in (group / "cgroup.procs").read_text().split():
+        try:
+            parent.write_text(pid)
+        except OSError:
+            pass
+    group.rmdir()
+
+
 def test_a_module_runs_as_main_and_an_uncaught_exception_exits_1_with_its_traceback(service, shared):
     script(shared, "import sys\nprint('module', sys.argv)\n", "mod_here.py")
     p = client(service, [sys.executable, "-m", "mod_here", "a"], cwd=shared)
