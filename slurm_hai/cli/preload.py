@@ -5,6 +5,8 @@ and the job templates compiled. A command forked from the service then imports a
 nothing of its own (tests/unit/test_front.py checks it); a template changed on disk since is
 compiled again by the command that renders it (jinja2 looks at its file each time)."""
 
+import difflib  # noqa: F401  (a near miss's suggestion)
+
 import click._textwrap  # noqa: F401  (--help's text, wrapped)
 
 from .. import render

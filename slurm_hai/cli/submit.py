@@ -108,7 +108,7 @@ def main(script, args, name, nodes, priority, gpus_per_node, group, env, time_li
                      torchrun=torchrun, in_place=in_place)
     slurm = backend()
     try:
-        prepared = prepare(req, slurm, policy, dry_run)
+        prepared = prepare(req, slurm, policy, dry_run, home=default_root().parent)
         if prepared.slurm_unreachable:
             why = no_config_hint(prepared.slurm_unreachable) or prepared.slurm_unreachable
             click.echo(f"hai-submit: cannot ask Slurm about the node group ({why}); assuming "

@@ -15,7 +15,7 @@ import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Collection, Iterable, Mapping
+from typing import Collection, Iterable
 
 from ..policy.levels import AUTO
 from ..policy.limits import NOTICE_MARGIN
@@ -203,11 +203,11 @@ def fit_to_partition(group: str, partition: dict[str, str], want_nodes: NodeRang
                                "new run)")
 
 
-def fit_to_group(group: str, nodes: Mapping[str, tuple[int, Collection[str]]], want_nodes: NodeRange,
-                 gpus_per_node: int | None) -> int:
-    """The --gpus-per-node to ask for on `group` (default: what every node of it has, 0
-    without GPUs); RequestError for a request the group's nodes can never satisfy."""
-    members = sorted(gpus for gpus, parts in nodes.values() if group in parts)
+def fit_to_group(group: str, node_gpus: Collection[int], want_nodes: NodeRange, gpus_per_node: int | None) -> int:
+    """The --gpus-per-node to ask for on `group`, whose nodes have `node_gpus` GPUs each
+    (default: what every node of it has, 0 without GPUs); RequestError for a request the
+    group's nodes can never satisfy."""
+    members = sorted(node_gpus)
     if not members:
         raise RequestError(f"node group {group} has no nodes")
     if want_nodes.max > len(members):

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ..policy.model import Policy
 from ..slurm import Backend, SlurmError
+from .clusterview import ClusterView, asked, cluster_view
 from .jobdir import JobDir, write_atomic
 from .request import (JobRequest, RequestError, check_files, check_group_name, did_you_mean, fit_to_group,
                       fit_to_partition, render_script, requested_nodes, single_process_warning, validate)
@@ -48,12 +49,12 @@ class Submitted:
     job_dir: Path
 
 
-def group_gpus(slurm: Backend, req: JobRequest) -> tuple[str, int]:
+def group_gpus(view: ClusterView, req: JobRequest) -> tuple[str, int]:
     """The job's node group (Slurm's partition) and --gpus-per-node fitted to it: the default
     is what its nodes have; a request its nodes or its limits (MaxNodes, MinNodes, MaxTime)
     can never satisfy is refused, in our words."""
     check_group_name(req.group)
-    parts = slurm.partitions()
+    parts = view.partitions
     name = req.group or next((p["PartitionName"] for p in parts if p.get("Default") == "YES"), None)
     if name is None:
         raise RequestError("this cluster has no default node group; pass -g GROUP")
@@ -62,17 +63,25 @@ def group_gpus(slurm: Backend, req: JobRequest) -> tuple[str, int]:
         raise RequestError(f"-g {name}: no such node group; {did_you_mean(name, known)}groups: {', '.join(known)}")
     nodes = requested_nodes(req)
     fit_to_partition(name, parts[known.index(name)], nodes, req.time)
-    return name, fit_to_group(name, {n.name: (n.gpus, n.partitions) for n in slurm.nodes()}, nodes,
-                              req.gpus_per_node)
+    return name, fit_to_group(name, view.gpus.get(name, []), nodes, req.gpus_per_node)
 
 
-def prepare(req: JobRequest, slurm: Backend, policy: Policy, dry_run: bool = False) -> Prepared:
+def prepare(req: JobRequest, slurm: Backend, policy: Policy, dry_run: bool = False, home: Path | None = None
+            ) -> Prepared:
     """Check `req` (files, node group, every value, the cluster's `policy`) and render its
-    sbatch script."""
+    sbatch script. With `home` (the user's HAI_HOME), what Slurm said of the cluster is kept
+    there a minute for the next submission (jobs/clusterview.py); a dry run asks each time."""
     check_files(req)
-    unreachable, group = "", req.group
+    unreachable, group, view = "", req.group, None
     try:
-        group, req.gpus_per_node = group_gpus(slurm, req)
+        view = asked(slurm, notice=False) if dry_run or home is None else cluster_view(slurm, home)
+        try:
+            group, req.gpus_per_node = group_gpus(view, req)
+        except RequestError:
+            if not view.kept:
+                raise
+            view = asked(slurm)  # never refused on a kept view: on what Slurm says now
+            group, req.gpus_per_node = group_gpus(view, req)
     except SlurmError as e:
         if not dry_run:
             raise
@@ -90,7 +99,7 @@ def prepare(req: JobRequest, slurm: Backend, policy: Policy, dry_run: bool = Fal
     token = os.urandom(8).hex()
     context["env"] = [*context["env"], ("HAI_SUBMIT_TOKEN", token)]
     # Without send_user_signal, Slurm's preemption notice is SIGTERM.
-    term_is_notice = False if dry_run else not slurm.preempt_sends_user_signal()
+    term_is_notice = view is not None and view.user_signal is False
     return Prepared(context, render_script(context, term_is_notice=term_is_notice), token, warnings, unreachable)
 
 

@@ -18,6 +18,7 @@ import gc
 import importlib
 import logging
 import os
+import resource  # a child's, imported here: loading it in each child cost it 1 ms of its start
 import selectors
 import signal
 import socket
@@ -106,8 +107,6 @@ LIMIT_NAMES = {"Max cpu time": "RLIMIT_CPU", "Max file size": "RLIMIT_FSIZE", "M
 
 def _limits(pid: int) -> dict[int, tuple[int, int]]:
     """Process `pid`'s resource limits, {RLIMIT_*: (soft, hard)}."""
-    import resource
-
     out = {}
     for line in Path(f"/proc/{pid}/limits").read_text().splitlines()[1:]:
         name = next((n for n in LIMIT_NAMES if line.startswith(n)), None)
@@ -153,7 +152,6 @@ def become(request: dict, fds: list[int], peer: tuple[int, int, int]) -> None:
     """In the forked child, as root: become the client's process (module docstring). Raises
     on anything it cannot take over; the service then refuses, and the client starts cold."""
     import random
-    import resource
 
     pid, uid, gid = peer
     # A session and process group of its own, as a launcher's cold start has: the client

@@ -1,0 +1,107 @@
+"""What hai-submit asks Slurm of the cluster, kept a minute per user (jobs/clusterview.py):
+a sweep of submissions asks once; a kept view never refuses; a dry run, another Slurm or an
+old or broken file asks again."""
+
+from __future__ import annotations
+
+import json
+import stat
+
+import pytest
+from click.testing import CliRunner
+
+from slurm_hai.cli import submit as submit_cli
+from slurm_hai.jobs import clusterview
+from slurm_hai.slurm.commands import nodes_from_text
+
+
+class Cluster:
+    """Slurm's answers about the cluster, counted; sbatch takes every job."""
+
+    name = "fake"
+
+    def __init__(self) -> None:
+        self.groups = ["gpu"]
+        self.asked: list[str] = []
+        self.submitted = 0
+
+    def partitions(self):
+        self.asked.append("partitions")
+        return [{"PartitionName": g, "Default": "YES" if g == "gpu" else "NO"} for g in self.groups]
+
+    def nodes(self):
+        self.asked.append("nodes")
+        return nodes_from_text("".join(f"NodeName=n{i} Gres=gpu:8 Partitions={','.join(self.groups)} State=IDLE\n"
+                                       for i in (1, 2)))
+
+    def preempt_sends_user_signal(self):
+        self.asked.append("signal")
+        return True
+
+    def jobs(self, job_ids=(), user=None):
+        return []
+
+    def submit(self, script, args=()):
+        self.submitted += 1
+        return 100 + self.submitted
+
+
+@pytest.fixture
+def cluster(monkeypatch, tmp_path):
+    slurm = Cluster()
+    monkeypatch.setattr(submit_cli, "backend", lambda: slurm)
+    monkeypatch.setenv("HAI_HOME", str(tmp_path / "hai"))
+    monkeypatch.delenv("SLURM_CONF", raising=False)
+    (tmp_path / "policy.toml").write_text("")
+    monkeypatch.setenv("HAI_POLICY", str(tmp_path / "policy.toml"))
+    (tmp_path / "train.py").write_text("print(1)\n")
+    monkeypatch.chdir(tmp_path)
+    return slurm
+
+
+def submit(*argv: str) -> str:
+    r = CliRunner().invoke(submit_cli.main, [*argv, "train.py"])
+    assert r.exit_code == 0, r.output
+    return r.output
+
+
+def view_file(tmp_path):
+    (path,) = (tmp_path / "hai").glob("cluster-view.*.json")
+    return path
+
+
+def test_a_sweep_asks_slurm_about_the_cluster_once_and_keeps_the_answer_private(cluster, tmp_path):
+    for _ in range(3):
+        submit("-p", "LOW")
+    assert cluster.asked == ["partitions", "nodes", "signal"] and cluster.submitted == 3
+    assert stat.S_IMODE(view_file(tmp_path).stat().st_mode) == 0o600
+
+
+def test_a_kept_view_never_refuses_a_group_slurm_has_now(cluster):
+    submit("-p", "LOW")
+    cluster.groups.append("new")
+    out = submit("-p", "LOW", "-g", "new")  # not in the kept view: asked again, and found
+    assert "Submitted job" in out and cluster.asked == ["partitions", "nodes", "signal"] * 2
+    r = CliRunner().invoke(submit_cli.main, ["-p", "LOW", "-g", "nosuch", "train.py"])
+    assert r.exit_code == 2 and "no such node group" in r.output
+
+
+def test_an_old_view_another_slurm_or_a_broken_file_asks_again_and_a_dry_run_always_asks(cluster, tmp_path,
+                                                                                      monkeypatch):
+    submit("-p", "LOW")
+    path = view_file(tmp_path)
+    data = json.loads(path.read_text())
+    path.write_text(json.dumps({**data, "taken": data["taken"] - clusterview.VIEW_TTL_S}))
+    submit("-p", "LOW")
+    assert cluster.asked.count("partitions") == 2
+    monkeypatch.setenv("SLURM_CONF", "/etc/other-cluster/slurm.conf")
+    submit("-p", "LOW")
+    assert cluster.asked.count("partitions") == 3
+    for broken in ("{", json.dumps({**json.loads(path.read_text()), "gpus": {"gpu": ["8"]}})):
+        path.write_text(broken)
+        submit("-p", "LOW")
+    assert cluster.asked.count("partitions") == 5 and json.loads(path.read_text())["gpus"] == {"gpu": [8, 8]}
+    before = (path.read_text(), path.stat().st_mtime_ns)
+    submit("--dry-run", "-p", "LOW")
+    assert cluster.asked.count("partitions") == 6 and cluster.asked[-1] == "nodes"  # no notice asked in a dry run
+    assert (path.read_text(), path.stat().st_mtime_ns) == before
