@@ -6,13 +6,14 @@ Three Slurm commands (`scontrol show partition`, `show node`, `show config`): mo
 submission's cost beside sbatch, and on a busy login node three processes and three slurmctld
 RPCs per job of a sweep (docs/benchmarks.md, "A burst of submissions"). A user's submissions
 in a row ask them once per VIEW_TTL_S: the answer is kept in the user's HAI_HOME
-(`cluster-view.HOST.json`, mode 0600), for this host and this SLURM_CONF and SLURM_CLUSTERS.
+(`cluster-view.HOST.json`, mode 0600), for this host, this SLURM_CONF and SLURM_CLUSTERS, and
+slurm.conf as it is (an edit of it, which a reconfigure follows, makes the view old at once).
 
 A kept view never refuses: a request it would refuse is checked again against what Slurm
 says now (a node group added a moment ago is found). What a kept view can have wrong, for at
-most VIEW_TTL_S after an admin changed the cluster: a group's limits (Slurm applies its own
-at sbatch), the GPUs its nodes have (the default --gpus-per-node), and the preemption
-notice's signal (the job script's reading of SIGTERM). A dry run asks Slurm each time.
+most VIEW_TTL_S after an admin changed the cluster without editing slurm.conf (`scontrol
+update`): a group's limits (Slurm applies its own at sbatch) and the GPUs its nodes have (the
+default --gpus-per-node). A dry run asks Slurm each time.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from pathlib import Path
 from ..slurm import Backend
 from .jobdir import write_atomic
 
-VIEW_TTL_S = 60.0
+VIEW_TTL_S = 10.0
 
 
 @dataclass(frozen=True)
@@ -66,8 +67,23 @@ def cluster_view(slurm: Backend, home: Path) -> ClusterView:
     return view
 
 
+# Where Slurm's commands find slurm.conf without SLURM_CONF: Debian's packages, and the copy a
+# configless cluster's sackd or slurmd keeps (both rewritten by a change and its reconfigure).
+CONF_FILES = ("/etc/slurm/slurm.conf", "/run/slurm/conf/slurm.conf")
+
+
 def _key(slurm: Backend) -> list[str]:
-    return [slurm.name, os.environ.get("SLURM_CONF", ""), os.environ.get("SLURM_CLUSTERS", "")]
+    """What a kept view is of: the backend, the cluster asked, and slurm.conf as it is now
+    (a reconfigure after an edit makes the view old at once)."""
+    conf = os.environ.get("SLURM_CONF", "")
+    stamps = []
+    for path in (conf,) if conf else CONF_FILES:
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        stamps.append(f"{path} {st.st_mtime_ns} {st.st_size}")
+    return [slurm.name, conf, os.environ.get("SLURM_CLUSTERS", ""), *stamps]
 
 
 def _read(path: Path, key: list[str]) -> ClusterView | None:

@@ -1,6 +1,6 @@
-"""What hai-submit asks Slurm of the cluster, kept a minute per user (jobs/clusterview.py):
-a sweep of submissions asks once; a kept view never refuses; a dry run, another Slurm or an
-old or broken file asks again."""
+"""What hai-submit asks Slurm of the cluster, kept 10 s per user (jobs/clusterview.py): a
+sweep of submissions asks once; a kept view never refuses; a dry run, another Slurm, an
+edited slurm.conf, an old or a broken file asks again."""
 
 from __future__ import annotations
 
@@ -86,7 +86,7 @@ def test_a_kept_view_never_refuses_a_group_slurm_has_now(cluster):
     assert r.exit_code == 2 and "no such node group" in r.output
 
 
-def test_an_old_view_another_slurm_or_a_broken_file_asks_again_and_a_dry_run_always_asks(cluster, tmp_path,
+def test_an_old_view_another_slurm_an_edited_conf_or_a_broken_file_asks_again_and_a_dry_run_always_asks(cluster, tmp_path,
                                                                                       monkeypatch):
     submit("-p", "LOW")
     path = view_file(tmp_path)
@@ -94,14 +94,20 @@ def test_an_old_view_another_slurm_or_a_broken_file_asks_again_and_a_dry_run_alw
     path.write_text(json.dumps({**data, "taken": data["taken"] - clusterview.VIEW_TTL_S}))
     submit("-p", "LOW")
     assert cluster.asked.count("partitions") == 2
-    monkeypatch.setenv("SLURM_CONF", "/etc/other-cluster/slurm.conf")
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("ClusterName=other\n")
+    monkeypatch.setenv("SLURM_CONF", str(conf))  # another cluster
+    submit("-p", "LOW")
     submit("-p", "LOW")
     assert cluster.asked.count("partitions") == 3
+    conf.write_text("ClusterName=other\nPreemptParameters=send_user_signal\n")  # edited (then reconfigured)
+    submit("-p", "LOW")
+    assert cluster.asked.count("partitions") == 4
     for broken in ("{", json.dumps({**json.loads(path.read_text()), "gpus": {"gpu": ["8"]}})):
         path.write_text(broken)
         submit("-p", "LOW")
-    assert cluster.asked.count("partitions") == 5 and json.loads(path.read_text())["gpus"] == {"gpu": [8, 8]}
+    assert cluster.asked.count("partitions") == 6 and json.loads(path.read_text())["gpus"] == {"gpu": [8, 8]}
     before = (path.read_text(), path.stat().st_mtime_ns)
     submit("--dry-run", "-p", "LOW")
-    assert cluster.asked.count("partitions") == 6 and cluster.asked[-1] == "nodes"  # no notice asked in a dry run
+    assert cluster.asked.count("partitions") == 7 and cluster.asked[-1] == "nodes"  # no notice asked in a dry run
     assert (path.read_text(), path.stat().st_mtime_ns) == before
