@@ -100,13 +100,15 @@ def remove_users(users: list[str]) -> None:
 
 
 def cancel_all(users: list[str]) -> None:
-    for user in users:
-        run(["scancel", "--user", user], check=False)
+    """Cancel the users' jobs until none is left: a job being preempted (requeued) as it is
+    cancelled comes back, and is cancelled again."""
     deadline = time.monotonic() + 300
     while run(["squeue", "--noheader", "--user", ",".join(users), "--format=%i"]).stdout.strip():
         if time.monotonic() > deadline:
             sys.exit("burst_bench: the burst's jobs did not leave the queue in 300 s")
-        time.sleep(0.5)
+        for user in users:
+            run(["scancel", "--user", user], check=False)
+        time.sleep(2)
 
 
 def plan(n: int) -> list[tuple[str, int, bool]]:
