@@ -49,12 +49,12 @@ def asked(slurm: Backend, notice: bool = True) -> ClusterView:
     return ClusterView(partitions, gpus, slurm.preempt_sends_user_signal() if notice else None)
 
 
-def cluster_view(slurm: Backend, home: Path) -> ClusterView:
-    """The view kept in `home` if it is fresh and of this host and Slurm, else Slurm's now
-    (then kept, where `home` can be written)."""
+def cluster_view(slurm: Backend, home: Path, fresh: bool = False) -> ClusterView:
+    """The view kept in `home` if it is fresh and of this host and Slurm (and not `fresh`
+    asked for), else Slurm's now (then kept, where `home` can be written)."""
     path = home / f"cluster-view.{socket.gethostname()}.json"
     key = _key(slurm)
-    kept = _read(path, key)
+    kept = None if fresh else _read(path, key)
     if kept is not None:
         return kept
     view = asked(slurm)

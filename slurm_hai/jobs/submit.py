@@ -70,17 +70,17 @@ def prepare(req: JobRequest, slurm: Backend, policy: Policy, dry_run: bool = Fal
             ) -> Prepared:
     """Check `req` (files, node group, every value, the cluster's `policy`) and render its
     sbatch script. With `home` (the user's HAI_HOME), what Slurm said of the cluster is kept
-    there a minute for the next submission (jobs/clusterview.py); a dry run asks each time."""
+    there for the next submissions (jobs/clusterview.py); a dry run asks each time."""
     check_files(req)
     unreachable, group, view = "", req.group, None
     try:
-        view = asked(slurm, notice=False) if dry_run or home is None else cluster_view(slurm, home)
+        view = asked(slurm, notice=not dry_run) if dry_run or home is None else cluster_view(slurm, home)
         try:
             group, req.gpus_per_node = group_gpus(view, req)
         except RequestError:
-            if not view.kept:
+            if not view.kept or home is None:
                 raise
-            view = asked(slurm)  # never refused on a kept view: on what Slurm says now
+            view = cluster_view(slurm, home, fresh=True)  # never refused on a kept view: on what Slurm says now
             group, req.gpus_per_node = group_gpus(view, req)
     except SlurmError as e:
         if not dry_run:

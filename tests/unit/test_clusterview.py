@@ -82,6 +82,8 @@ def test_a_kept_view_never_refuses_a_group_slurm_has_now(cluster):
     cluster.groups.append("new")
     out = submit("-p", "LOW", "-g", "new")  # not in the kept view: asked again, and found
     assert "Submitted job" in out and cluster.asked == ["partitions", "nodes", "signal"] * 2
+    submit("-p", "LOW", "-g", "new")  # what was asked again is kept
+    assert cluster.asked == ["partitions", "nodes", "signal"] * 2
     r = CliRunner().invoke(submit_cli.main, ["-p", "LOW", "-g", "nosuch", "train.py"])
     assert r.exit_code == 2 and "no such node group" in r.output
 
