@@ -855,7 +855,6 @@ def build_front(out_dir: Path) -> list[Path]:
     if not all((scripts / name).is_file() for name in FRONT_COMMANDS):
         raise click.ClickException(f"no hai and hai-submit in {scripts}, where this Python installs slurm-hai's "
                                    "commands: reinstall slurm-hai with this Python")
-    out_dir.mkdir(parents=True, exist_ok=True)
     if out_dir.resolve() == scripts.resolve():
         raise click.ClickException(f"{out_dir} holds the Python hai and hai-submit the front runs where it cannot "
                                    "start a command warm: install the front into another directory, one earlier "
