@@ -28,6 +28,11 @@ client's): the child that runs the command is the service's. --warm c: the after
 commands run from the C front (`hai-admin front build`, contrib/front/hai_front.c) instead of
 the Python console script.
 
+--daemon PORT: the after tree's commands ask the policy daemon why a job waits
+(controller/why.py): the bench runs `hai-admin daemon --dry-run` from the after tree beside
+them, with the policy and `[daemon] service = "http://127.0.0.1:PORT"` (the before tree keeps
+the policy as it is).
+
 Slurm's default MaxJobCount is 10000 (slurmctld refuses more jobs): for 10,000 jobs, raise
 it in the cluster's own rendered slurm.conf and restart slurmctld (MaxJobCount is not
 reloaded by `scontrol reconfigure`); `contrib/localcluster/up` renders the default again.
@@ -125,6 +130,8 @@ def main() -> int:
     ap.add_argument("--cleanup", action="store_true", help="cancel the bench jobs at the end")
     ap.add_argument("--warm", nargs="?", const="python", choices=("python", "c"),
                     help="the after tree's commands from a warm-start service, from the Python front or the C one")
+    ap.add_argument("--daemon", type=int, metavar="PORT",
+                    help="the after tree's commands ask a policy daemon (dry run) on this port why a job waits")
     args = ap.parse_args()
     if "SLURM_CONF" not in os.environ:
         print("list_bench: set SLURM_CONF (source $HAI_CLUSTER_DIR/etc/env)", file=sys.stderr)
@@ -170,6 +177,12 @@ def main() -> int:
             service = warm_service(trees["after"], Path(shim_dir))
             if args.warm == "c":
                 fronts["after"] = c_front(trees["after"], Path(shim_dir) / "front")
+        daemon = None
+        if args.daemon:
+            envs["after"]["HAI_POLICY"] = policy_file = f"{shim_dir}/policy.toml"
+            Path(policy_file).write_text(Path(args.policy).read_text()
+                                         + f'\n[daemon]\nservice = "http://127.0.0.1:{args.daemon}"\n')
+            daemon = policy_daemon(trees["after"], Path(policy_file), Path(shim_dir), args.daemon)
         for tree in trees.values():  # as pip installs a package: its bytecode compiled
             subprocess.run([sys.executable, "-m", "compileall", "-q", str(tree / "slurm_hai")], check=True,
                            stdout=subprocess.DEVNULL)
@@ -191,6 +204,9 @@ def main() -> int:
             (whole, ["squeue"]), (yours, ["squeue", f"--user={me}"]),
             ("squeue --json --states=all (the whole queue)", ["squeue", "--json", "--states=all"]),
             (one, ["scontrol", "show", "job", "-o", str(waiting)]))}
+        if daemon is not None:
+            daemon.terminate()
+            daemon.wait(30)
         if args.warm:
             service.terminate()
             service.wait(30)
@@ -227,6 +243,29 @@ def warm_service(tree: Path, where: Path) -> subprocess.Popen:
             raise SystemExit(f"list_bench: the warm-start service did not start: {log.read_text()}")
         time.sleep(0.1)
     return service
+
+
+def policy_daemon(tree: Path, policy: Path, where: Path, port: int) -> subprocess.Popen:
+    """`hai-admin daemon --dry-run` from `tree` under `policy`, once it answers from a read of the queue."""
+    import json
+    import urllib.request
+
+    log = where / "daemon.log"
+    daemon = subprocess.Popen([sys.executable, "-P", "-c", "from slurm_hai.cli.admin import main; main()", "daemon",
+                               "--dry-run", "--policy", str(policy), "--lock", str(where / "daemon.lock")],
+                              env={**os.environ, "PYTHONPATH": str(tree)}, cwd=where, stdout=open(log, "w"),
+                              stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 120
+    while True:
+        try:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/why?jobs=", timeout=5) as answer:
+                if json.load(answer)["seen"]:
+                    return daemon
+        except OSError:
+            pass
+        if daemon.poll() is not None or time.monotonic() > deadline:
+            raise SystemExit(f"list_bench: the policy daemon did not answer: {log.read_text()}")
+        time.sleep(0.2)
 
 
 def c_front(tree: Path, out: Path) -> Path:

@@ -109,6 +109,8 @@ def check(policy_file: str | None, as_json: bool) -> None:
     click.echo("  elastic jobs in place (hai-submit --in-place): "
                + (f"lighthouse service {p['elastic']['lighthouse_service']}" if p["elastic"]["lighthouse_service"]
                   else "none (no lighthouse_service)"))
+    click.echo("  why jobs wait: " + (f"the policy daemon answers at {p['daemon']['service']}" if p["daemon"]["service"]
+                                      else "each command reads the whole queue (no [daemon] service)"))
     click.echo("  accounts given the ladder by apply: "
                + (", ".join(p["accounts"]) or "none (only the associations of quota overrides)"))
     for g in p["groups"]:
@@ -141,6 +143,7 @@ def _policy_json(policy: Policy) -> dict:
         "min_gpus": policy.min_gpus,
         "elastic": {"grow": policy.grow_after_seconds is not None, "grow_after_seconds": policy.grow_after_seconds,
                     "lighthouse_service": policy.lighthouse_service},
+        "daemon": {"service": policy.daemon_service},
         "accounts": list(policy.accounts),
         "quota_overrides": {"users": overrides(policy.user_quota, "u"),
                             "accounts": overrides(policy.account_quota, "a")},
@@ -454,8 +457,11 @@ def daemon(policy_file: str | None, once: bool, interval: float, lock_file: str 
     With --metrics-port it serves Prometheus metrics while it leads: nodes held by level
     and user, pending jobs by level and reason, suspensions, forced suspensions, restarts,
     preemption and restart latencies, suspend checkpoint time, cycle time and errors.
+    Where the policy names a [daemon] service, it answers there, while it leads, why each
+    job waits (`hai status`, `hai list` ask it instead of reading the whole queue).
     """
     from ..controller.daemon import LockBusy, PolicyDaemon, leader_lock, shared_lock_path, write_pid
+    from ..controller.why import serve as serve_why
     from ..slurm import backend
 
     logging.basicConfig(level=getattr(logging, log_level.upper()), stream=sys.stderr,
@@ -471,13 +477,14 @@ def daemon(policy_file: str | None, once: bool, interval: float, lock_file: str 
     except LockBusy as e:
         click.echo(f"hai-admin daemon: {e}", err=True)
         sys.exit(4)
-    metrics = None
+    metrics = answers = None
     try:
         write_pid(lock_path)
         if metrics_port:
             metrics = _serve_metrics(metrics_port, metrics_address, policy)
+        answers = serve_why(policy)
         d = PolicyDaemon(backend(remember_queue=True), policy=policy, policy_path=path, interval=interval,
-                         dry_run=dry_run, metrics=metrics)
+                         dry_run=dry_run, metrics=metrics, why=answers)
         code = d.run(once=once, stop=stop)
         why = "after one cycle (--once)" if once and not stop.is_set() else "on a signal" if stop.is_set() else (
             f"with status {code}")
@@ -485,6 +492,8 @@ def daemon(policy_file: str | None, once: bool, interval: float, lock_file: str 
     finally:
         if metrics is not None:
             metrics.close()
+        if answers is not None:
+            answers.close()
         lock.release()
     sys.exit(code)
 

@@ -8,11 +8,12 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import click
 
 from .. import __version__
+from ..controller.why import ask as ask_daemon
 from ..jobs.jobdir import JobDir, default_root
 from ..jobs.status import HaiStatus, as_one_job, back_estimate, clock, marker
 from ..jobs.status import status as hai_status
@@ -66,12 +67,13 @@ def may_read(job: JobInfo | None) -> bool:
 LIVE = ("PENDING", "RUNNING")  # the states the policy explains
 
 
-def job_status(job_id: int, job: JobInfo | None, jobdir: JobDir | None, queue: Sequence[JobInfo] | None = None,
-               why: Explainer | None = None) -> HaiStatus:
-    """The HAI status of one job, from what the command has read already (asks Slurm nothing).
-    With `queue` (every job Slurm knows) a suspended job is told when it may run again; with
-    `why` (the policy's Explainer over that queue) a waiting or running job is explained;
-    without them the reason is Slurm's. jobdir None: a job whose files this user may not read."""
+def job_status(job_id: int, job: JobInfo | None, jobdir: JobDir | None,
+               find: Callable[[int], JobInfo | None] | None = None,
+               why: Callable[[JobInfo], str] | None = None) -> HaiStatus:
+    """The HAI status of one job, from what the command has read already. With `find` (a
+    job's record by its id) a suspended job is told when it may run again; with `why` (the
+    policy's words) a waiting or running job is explained; without them the reason is
+    Slurm's. jobdir None: a job whose files this user may not read."""
     readable = jobdir is not None and may_read(job)
     events, final, request, owner_uid = [], None, {}, None
     if jobdir is not None and readable:
@@ -89,8 +91,8 @@ def job_status(job_id: int, job: JobInfo | None, jobdir: JobDir | None, queue: S
         explained = why(job)
     st = hai_status(job_id, job, final, request, runs, explained, last_run, events=events,
                     private=not readable, owner_uid=owner_uid)
-    if st.state == "suspended" and events and queue is not None:
-        estimate = back_estimate(events, queue)
+    if st.state == "suspended" and events and find is not None:
+        estimate = back_estimate(events, find)
         if estimate:
             st = dataclasses.replace(st, reason=f"{st.reason}; {estimate}" if st.reason else estimate)
     return st
@@ -105,10 +107,11 @@ def _has_ended(job_id: int) -> bool:
 
 
 def _status_of(job_id: int) -> tuple[HaiStatus, JobInfo | None, JobDir]:
-    """`hai status JOB`: the job's own record first (squeue of one job: one small RPC); the
-    whole queue only for a waiting job, as the policy needs the others to say why it waits
-    (its place in line, its user's nodes in use) or when it runs again. A running job is
-    explained from its own record; one whose directory says it has ended, not at all."""
+    """`hai status JOB`: the job's own record first (squeue of one job: one small RPC). A
+    waiting job's words need the whole queue (its place in line, its user's nodes in use):
+    the policy daemon's, where it answers (controller/why.py), else the command's own read of
+    the queue. A running job is explained from its own record; one whose directory says it
+    has ended, not at all."""
     from ..policy.model import find_policy
 
     job, jobdir = lookup(job_id)
@@ -116,11 +119,15 @@ def _status_of(job_id: int) -> tuple[HaiStatus, JobInfo | None, JobDir]:
         job = next(iter(as_one_job(backend().jobs([job_id]))), job)
     if job is None or job.state not in LIVE or _has_ended(job_id):
         return job_status(job_id, job, jobdir), job, jobdir
-    queue = [job]
-    if job.state == "PENDING":
-        queue = backend().jobs()
-        job = next((j for j in as_one_job(queue) if j.job_id == job_id), job)
-    return job_status(job_id, job, jobdir, queue, Explainer(queue, find_policy())), job, jobdir
+    policy = find_policy()
+    if job.state == "RUNNING":
+        return job_status(job_id, job, jobdir, None, Explainer([job], policy)), job, jobdir
+    said = ask_daemon(policy.daemon_service, [job]) if policy.daemon_service else {}
+    if job_id in said:
+        return job_status(job_id, job, jobdir, backend().job, lambda j: said[j.job_id]), job, jobdir
+    queue = backend().jobs()
+    job = next((j for j in as_one_job(queue) if j.job_id == job_id), job)
+    return job_status(job_id, job, jobdir, {j.job_id: j for j in queue}.get, Explainer(queue, policy)), job, jobdir
 
 
 def _when(t: int) -> str:
@@ -191,15 +198,29 @@ def _list(all_users: bool, as_json: bool, since: float | None = None, state: str
     from ..policy.model import find_policy
 
     me = current_user()
+    policy = find_policy()
     queue = backend().jobs(user=None if all_users else me)  # yours alone: one small RPC
-    if not all_users and any(j.state == "PENDING" and (not is_held(j) or j.restart_count) for j in queue):
-        queue = backend().jobs()  # a waiting job's place in line, and who holds its nodes: the whole queue
-    why = Explainer(queue, find_policy())  # one policy read, one snapshot of the queue
+    said: dict[int, str] = {}
+    if not all_users:
+        # a waiting job's place in line, and who holds its nodes: the daemon's words, else the whole queue
+        waiting = [j for j in as_one_job(queue) if j.state == "PENDING" and (not is_held(j) or j.restart_count)]
+        said = ask_daemon(policy.daemon_service, waiting) if waiting and policy.daemon_service else {}
+        if len(said) < len(waiting):
+            queue, said = backend().jobs(), {}
+    explainer = Explainer(queue, policy)  # one policy read, one snapshot of the queue
+    by_id = {j.job_id: j for j in queue}
+
+    def why(j: JobInfo) -> str:
+        return said.get(j.job_id) or explainer(j)
+
+    def find(job_id: int) -> JobInfo | None:  # the job that preempted one of yours
+        return by_id.get(job_id) if job_id in by_id or not said else backend().job(job_id)
+
     root = default_root()
-    rows = [job_status(j.job_id, j, job_dir_of(j.job_id, j, root) if may_read(j) else None, queue, why)
+    rows = [job_status(j.job_id, j, job_dir_of(j.job_id, j, root) if may_read(j) else None, find, why)
             for j in sorted(as_one_job(queue), key=lambda j: j.job_id) if all_users or j.user == me]
     if since is not None or state is not None:  # ended jobs too, from your own job directories
-        rows += [job_status(jid, None, d, queue, why) for jid, d in _own_ended_jobs({j.job_id for j in queue})]
+        rows += [job_status(jid, None, d, find, why) for jid, d in _own_ended_jobs({j.job_id for j in queue})]
         rows.sort(key=lambda r: r.job_id)
     if since is not None:
         rows = [r for r in rows if (r.submitted or r.started or r.ended) >= since]

@@ -7,7 +7,9 @@ slurmctld shares between its controller hosts: daemons on both hosts see one loc
 A Slurm that does not answer (slurmctld restarting) is logged and retried with back-off;
 one action that fails is logged and the cycle goes on. The policy file is re-read when it
 changes (a broken edit is logged and the previous policy kept). With `metrics`
-(controller/metrics.py, `--metrics-port`) each cycle also updates the Prometheus series.
+(controller/metrics.py, `--metrics-port`) each cycle also updates the Prometheus series; with
+`why` (controller/why.py, the policy's `[daemon] service`) each read of the queue is what the
+daemon answers when a command asks why a job waits.
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from ..slurm.records import JobInfo
 
 if TYPE_CHECKING:  # the metrics need prometheus_client, an extra: imported only when asked for
     from .metrics import DaemonMetrics
+    from .why import WhyService
 
 log = logging.getLogger("hai-policyd")
 
@@ -75,7 +78,7 @@ class CycleResult:
 class PolicyDaemon:
     def __init__(self, backend: Backend, policy: Policy | None = None, policy_path: str | Path | None = None,
                  interval: float = 2.0, dry_run: bool = False, clock: Callable[[], float] = time.time,
-                 metrics: DaemonMetrics | None = None) -> None:
+                 metrics: DaemonMetrics | None = None, why: WhyService | None = None) -> None:
         if policy is None and policy_path is None:
             raise ValueError("a policy or a policy file is needed")
         self.backend = backend
@@ -93,6 +96,7 @@ class PolicyDaemon:
         # (policy.rules.decide: the notice of a yield in flight).
         self._replay = True
         self.metrics = metrics
+        self.why = why
         self.idle_history = IdleHistory()  # which nodes stayed idle how long (elastic jobs grow into them)
         # (job, restart count) -> how that run's predecessor ended, by slurmdbd (rules.may_start_now)
         self._run_ends: dict[tuple[int, int], str] = {}
@@ -143,6 +147,8 @@ class PolicyDaemon:
             # after the idle nodes.
             jobs, now = self.backend.jobs(), self.clock()
             actions, run_ends = self._decide(jobs, now, idle, steady)
+        if self.why is not None:
+            self.why.seen(jobs, self.policy, now)
         self._replay = False
         failed = 0
         shared = shared_array_ids(jobs)

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field, replace
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from ..policy import sizes, tags
 from ..policy.elastic import shrink_target
@@ -289,14 +289,17 @@ def _join(*parts: str) -> str:
 UNLIMITED_SECONDS = 365 * 86400  # a running job's end_time this far out means "no time limit"
 
 
-def back_estimate(events: Sequence[dict], queue: Sequence[JobInfo], now: float | None = None) -> str:
-    """When a job suspended for another may run again: when that job ends, which its time
-    limit bounds; or why there is no estimate. '' when the job was not preempted by a job
-    that still runs."""
+def back_estimate(events: Sequence[dict], find: Callable[[int], JobInfo | None], now: float | None = None) -> str:
+    """When a job suspended for another may run again: when that job (its record: `find`)
+    ends, which its time limit bounds; or why there is no estimate. '' when the job was not
+    preempted by a job that still runs."""
     notices = [e for e in events if e.get("event") == "notice"]
     if not notices or notices[-1].get("cause") != "preempted" or not notices[-1].get("by_job"):
         return ""
-    other = next((j for j in queue if j.job_id == notices[-1]["by_job"]), None)
+    try:
+        other = find(int(notices[-1]["by_job"]))
+    except (TypeError, ValueError):  # not a job id: an events file written by hand
+        return ""
     if other is None or other.state not in ("RUNNING", "PENDING", "CONFIGURING"):
         return ""
     if other.state != "RUNNING":

@@ -43,10 +43,12 @@ class Explainer:
         self.snap = Snapshot(jobs, policy, time.time() if now is None else now)
         self._lines: dict[str, list[tuple[tuple[int, tuple[int, int]], int, Job, Level]]] | None = None
 
-    def __call__(self, job: Job) -> str:
+    def __call__(self, job: Job, now: float | None = None) -> str:
+        """Why `job` is where it is; `now`: the time the words are for, if not the queue's
+        (a queue read a moment ago, explained later: the policy daemon's answers)."""
         if job.job_id not in self.snap.by_id:  # not in the queue it was built on
-            return explain(job, self.snap.jobs, self.snap.policy, self.snap.now)
-        return _why(job, self.snap, self)
+            return explain(job, self.snap.jobs, self.snap.policy, self.snap.now if now is None else now)
+        return _why(job, self.snap, self, self.snap.now if now is None else now)
 
     def line(self, partition: str) -> list[tuple[tuple[int, tuple[int, int]], int, Job, Level]]:
         """The pending jobs (not held) that may run in `partition`, in the order Slurm starts
@@ -63,8 +65,8 @@ class Explainer:
         return self._lines.get(partition, [])
 
 
-def _why(job: Job, snap: Snapshot, lines: Explainer) -> str:
-    now, policy = snap.now, snap.policy
+def _why(job: Job, snap: Snapshot, lines: Explainer, now: float) -> str:
+    policy = snap.policy
     lvl = snap.level.get(job.job_id)
     name = lvl.name if lvl else (job.qos or "?")
     tags = snap.tags[job.job_id]

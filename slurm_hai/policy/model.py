@@ -98,6 +98,9 @@ class Policy:
     # the site's lighthouse service (`hai-admin lighthouse`), http://HOST:PORT, that the parts
     # of an elastic job in place ask (hai-submit --in-place); None: the site runs none
     lighthouse_service: str | None = None
+    # where the leading policy daemon answers why jobs wait (controller/why.py), http://HOST:PORT;
+    # None: the commands read the whole queue to say it
+    daemon_service: str | None = None
     source: str = field(default="<default>", compare=False)
 
     @property
@@ -226,9 +229,10 @@ def parse_policy(data: Mapping[str, Any], source: str = "policy.toml") -> Policy
 
 
 TOP_KEYS = ("default_level", "grace_seconds", "max_grace_seconds", "min_run_seconds", "accounts", "allow_auto", "notice_signal",
-            "fcfs_preempt_levels", "min_gpus", "levels", "demotion", "quota", "groups", "elastic")
+            "fcfs_preempt_levels", "min_gpus", "levels", "demotion", "quota", "groups", "elastic", "daemon")
 DEMOTION_KEYS = ("enabled", "from", "to", "after_seconds")
 ELASTIC_KEYS = ("grow", "grow_after", "lighthouse_service")
+DAEMON_KEYS = ("service",)
 GROUP_KEYS = ("nodes", "priority_tier", "levels", "default", "min_gpus")
 DURATION = re.compile(r"^\s*(\d+)\s*(s|m|h|d)?\s*$")
 UNIT = {None: 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -319,6 +323,10 @@ class _Parser:
         min_gpus = self.integer("", "min_gpus", data.get("min_gpus", HAI_MIN_GPUS), 0, MAX_GPUS_PER_NODE)
         demotion = self.demotion(data.get("demotion"), ladder)
         grow_after, lighthouse = self.elastic(data.get("elastic", {}))
+        daemon = self.table("", "daemon", data.get("daemon", {}))
+        self.known("daemon", daemon, DAEMON_KEYS)
+        service = self.service_url("daemon", "service", daemon["service"], "the policy daemon") \
+            if "service" in daemon else None
         quota, users, accts = self.quotas(data.get("quota", {}), names)
         groups = self.groups(data.get("groups"), names)
         return Policy(ladder=ladder, default_level=default_level, grace_seconds=grace, max_grace_seconds=max_grace,
@@ -326,7 +334,7 @@ class _Parser:
                       demotion=demotion, quota=quota, groups=groups, user_quota=users, account_quota=accts,
                       accounts=accounts, allow_auto=allow_auto, notice_signal=notice, min_gpus=min_gpus,
                       fcfs_preempt_levels=fcfs, grow_after_seconds=grow_after, lighthouse_service=lighthouse,
-                      source=self.source)
+                      daemon_service=service, source=self.source)
 
     def ladder(self, raw: Any) -> tuple[Level, ...]:
         if raw is None:
@@ -424,11 +432,11 @@ class _Parser:
             raise self.error("elastic", "grow_after", "must be at least 1 second (or set grow = false)")
         return after, service
 
-    def service_url(self, table: str, key: str, value: Any) -> str:
-        """http://HOST:PORT, nothing after the port."""
+    def service_url(self, table: str, key: str, value: Any, who: str = "`hai-admin lighthouse`") -> str:
+        """http://HOST:PORT, nothing after the port, where `who` listens."""
         m = re.fullmatch(r"http://([A-Za-z0-9.-]+|\[[0-9A-Fa-f:]+\]):(\d{1,5})/?", self.string(table, key, value))
         if m is None or not 0 < int(m.group(2)) < 65536:
-            raise self.error(table, key, f"expected http://HOST:PORT (where `hai-admin lighthouse` listens), "
+            raise self.error(table, key, f"expected http://HOST:PORT (where {who} listens), "
                                          f"got {value!r}")
         return f"http://{m.group(1)}:{int(m.group(2))}"
 

@@ -8,7 +8,10 @@ hai-bob (bob has the tight per-user quotas of contrib/localcluster/policy.toml).
 
 from __future__ import annotations
 
+import json
 import re
+import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -43,10 +46,18 @@ def admin(c: LiveCluster, *args: str, check: bool = True) -> subprocess.Complete
     return c.run([*ADMIN, *args], check=check, cwd=REPO)
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 @pytest.fixture(scope="module")
 def policy_file(cluster: LiveCluster, tmp_path_factory) -> Path:
+    """The local policy, demoting after DEMOTE_AFTER, its daemon answering why jobs wait."""
     text = LOCAL_POLICY.read_text().replace('after_seconds = "30m"', f"after_seconds = {DEMOTE_AFTER}")
     assert f"after_seconds = {DEMOTE_AFTER}" in text
+    text += f'\n[daemon]\nservice = "http://127.0.0.1:{free_port()}"\n'
     path = tmp_path_factory.mktemp("policy") / "policy.toml"
     path.write_text(text)
     admin(cluster, "apply", "--quiet", "--policy", str(path))
@@ -147,6 +158,40 @@ def test_a_later_job_of_the_same_level_never_preempts_whichever_user(rules, poli
     assert c.job(by_bob)["QOS"] == "normal.u.hai-bob"  # the same level, through bob's quota variant
     assert explain(c, policy_file, by_bob) == "waiting for 1 node at NORMAL (position 1 in line)"
     assert not [line for line in log().splitlines() if f"job {first}:" in line]
+
+
+def test_hai_status_and_list_of_a_waiting_job_take_the_daemons_words(rules, policy_file):
+    """The daemon answers why a job waits (the policy's [daemon] service): `hai status` and
+    `hai list` of bob's waiting job say what `hai-admin explain` says, and read of the queue
+    bob's own job(s) alone (a squeue on PATH before Slurm's counts the reads)."""
+    c, log = rules
+    first = sbatch(c, "-N4", "--qos=normal", user=ALICE)
+    running(c, first)
+    waiting = sbatch(c, "-N1", "--qos=normal", user=BOB)
+    words = "waiting for 1 node at NORMAL (position 1 in line)"
+    wait_for(lambda: explain(c, policy_file, waiting) == words, 30, "Slurm's reason for the waiting job")
+    shim = c.shared_dir("squeue-shim", owner=BOB)
+    reads, policy = shim / "squeue.log", shim / "policy.toml"
+    policy.write_text(policy_file.read_text())  # bob's to read
+    (shim / "squeue").write_text(f'#!/bin/sh\necho "$*" >> {reads}\nexec {shutil.which("squeue", path=c.env["PATH"])} "$@"\n')
+    (shim / "squeue").chmod(0o755)
+
+    def hai(*argv: str) -> tuple[object, list[str]]:
+        reads.unlink(missing_ok=True)
+        out = c.run(["env", f"PATH={shim}:{c.env['PATH']}", f"HAI_POLICY={policy}", "hai", *argv, "--json"],
+                    user=BOB).stdout
+        return json.loads(out), [next(a for a in line.split() if a.startswith(("--jobs=", "--user=")))
+                                 if "--jobs=" in line or "--user=" in line else "the whole queue"
+                                 for line in (reads.read_text() if reads.exists() else "").splitlines()]
+
+    # the daemon's read of the queue may be a moment older than Slurm's reason for the job: until
+    # it has caught up, the command reads the whole queue itself
+    st, asked = wait_for(lambda: (r := hai("status", str(waiting)))[1] == [f"--jobs={waiting}"] and r, 30,
+                         "hai status to take the daemon's words")
+    assert st["reason"] == words and st["state"] == "waiting", st
+    rows, asked = hai("list")
+    assert asked == [f"--user={BOB}"], asked
+    assert [r["reason"] for r in rows if r["job_id"] == waiting] == [words], rows  # (and bob's ended jobs)
 
 
 # ----------------------------------------------------------------- rule 3

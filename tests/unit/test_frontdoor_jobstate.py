@@ -194,11 +194,14 @@ def test_an_estimate_of_when_a_preempted_job_runs_again_or_why_there_is_none():
     evs = events_of_a_preempted_then_forced_job()
     limited = job(133, "RUNNING", "high", start_time=int(NOW) - 10, end_time=int(NOW) + 3590)
     at = time.strftime("%H:%M:%S", time.localtime(NOW + 3590))
-    assert back_estimate(evs, [limited], NOW) == f"runs again when job 133 ends, by {at} at the latest (its time limit)"
+    def among(*jobs):
+        return {j.job_id: j for j in jobs}.get
+
+    assert back_estimate(evs, among(limited), NOW) == f"runs again when job 133 ends, by {at} at the latest (its time limit)"
     unlimited = job(133, "RUNNING", "high", start_time=int(NOW) - 10, end_time=int(NOW) + 10 * 365 * 86400)
-    assert back_estimate(evs, [unlimited], NOW) == "no estimate: job 133 has no time limit"
-    assert back_estimate(evs, [], NOW) == ""  # that job is gone: the line in the queue says the rest
-    assert "is starting on its nodes" in back_estimate(evs, [job(133, "PENDING", "high")], NOW)
+    assert back_estimate(evs, among(unlimited), NOW) == "no estimate: job 133 has no time limit"
+    assert back_estimate(evs, among(), NOW) == ""  # that job is gone: the line in the queue says the rest
+    assert "is starting on its nodes" in back_estimate(evs, among(job(133, "PENDING", "high")), NOW)
 
 
 def test_slurm_codes_in_the_policys_account_become_words():

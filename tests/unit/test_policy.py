@@ -207,12 +207,21 @@ def test_lower_levels_never_include_own():
     ('[elastic]\nlighthouse_service = "http://ctl:0"', "[elastic] lighthouse_service: expected http://HOST:PORT"),
     ('[elastic]\nlighthouse_service = "http://ctl:29510/v1"', "[elastic] lighthouse_service: expected http://HOST"),
     ('[elastic]\nlighthouse_service = "https://ctl:29510"', "[elastic] lighthouse_service: expected http://HOST"),
+    ('[daemon]\nservice = "ctl:6830"', "[daemon] service: expected http://HOST:PORT (where the policy daemon listens)"),
+    ('[daemon]\nport = 6830', "[daemon] port: unknown key (expected one of: service)"),
+    ('daemon = "http://ctl:6830"', "daemon: expected a table"),
 ])
 def test_bad_field_is_one_located_error(tmp_path, text, message):
     got = error_of(tmp_path, text)
     assert got.startswith(str(tmp_path / "policy.toml") + ": "), got
     assert message in got, got
     assert "\n" not in got
+
+
+def test_the_daemon_service_is_named_by_its_url(tmp_path):
+    (tmp_path / "policy.toml").write_text('[daemon]\nservice = "http://ctl1.example.org:6830/"\n')
+    assert load_policy(tmp_path / "policy.toml").daemon_service == "http://ctl1.example.org:6830"
+    assert default_policy().daemon_service is None
 
 
 def test_invalid_toml_names_the_file_and_line(tmp_path):

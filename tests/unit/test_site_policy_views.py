@@ -41,6 +41,9 @@ after_seconds = "1h"
 grow_after = "5m"
 lighthouse_service = "http://ctl.example.org:29510/"
 
+[daemon]
+service = "http://ctl.example.org:6830"
+
 [quota]
 GOLD = 2
 SILVER = 4
@@ -206,7 +209,7 @@ CHECKED = {"ladder": "levels", "default_level": "default_level", "grace_seconds"
            "quota": "levels", "groups": "groups", "user_quota": "quota_overrides", "account_quota": "quota_overrides",
            "accounts": "accounts", "allow_auto": "allow_auto", "notice_signal": "notice_signal",
            "fcfs_preempt_levels": "fcfs_preempt_levels", "min_gpus": "min_gpus", "grow_after_seconds": "elastic",
-           "lighthouse_service": "elastic", "source": "source"}
+           "lighthouse_service": "elastic", "daemon_service": "daemon", "source": "source"}
 
 
 def check(path, *argv: str):
@@ -227,6 +230,7 @@ def test_check_json_has_every_value_of_a_sites_policy(site):
     assert p["demotion"] == {"from": "GOLD", "to": "SILVER", "after_seconds": 3600}
     assert p["fcfs_preempt_levels"] == ["SILVER"] and p["min_gpus"] == 4
     assert p["elastic"] == {"grow": True, "grow_after_seconds": 300, "lighthouse_service": "http://ctl.example.org:29510"}
+    assert p["daemon"] == {"service": "http://ctl.example.org:6830"}
     assert p["accounts"] == ["hai", "research"]
     assert p["quota_overrides"] == {
         "users": {"hai-bob": {"GOLD": {"quota": 0, "qos": "gold.u.hai-bob"}}},
@@ -249,7 +253,8 @@ def test_check_json_spells_out_the_defaults_a_file_leaves_out(tmp_path):
                  "default_level": "LOW", "allow_auto": True, "grace_seconds": 5, "max_grace_seconds": 5,
                  "min_run_seconds": 0, "notice_signal": "USR2", "demotion": None,
                  "fcfs_preempt_levels": ["TOP", "LOW"], "min_gpus": 8,
-                 "elastic": {"grow": True, "grow_after_seconds": 60, "lighthouse_service": None}, "accounts": [],
+                 "elastic": {"grow": True, "grow_after_seconds": 60, "lighthouse_service": None},
+                 "daemon": {"service": None}, "accounts": [],
                  "quota_overrides": {"users": {}, "accounts": {}},
                  "groups": [{"name": "gpu", "nodes": "ALL", "priority_tier": 1, "default": True,
                              "levels": ["TOP", "LOW"], "min_gpus": 8}]}
@@ -270,6 +275,7 @@ def test_check_prints_every_value_in_force_in_words(site):
                    "place in line from later jobs of other users at SILVER",
                    "at least 4 GPU(s) per node; an elastic job grows into nodes idle 300 s",
                    "elastic jobs in place (hai-submit --in-place): lighthouse service http://ctl.example.org:29510",
+                   "why jobs wait: the policy daemon answers at http://ctl.example.org:6830",
                    "accounts given the ladder by apply: hai, research",
                    "node group main (default): nodes n[1-4]; PriorityTier 2; takes every level; "
                    "at least 4 GPU(s) per node",
@@ -286,6 +292,7 @@ def test_check_of_a_quiet_policy_says_what_is_off(tmp_path):
     assert "no demotion" in out and "at no level" in out and "elastic jobs never grow" in out
     assert "accounts given the ladder by apply: none" in out
     assert "elastic jobs in place (hai-submit --in-place): none (no lighthouse_service)" in out
+    assert "why jobs wait: each command reads the whole queue (no [daemon] service)" in out
 
 
 # ------------------------------------------------------------------ hai-admin timeline
