@@ -158,11 +158,12 @@ def emit_json(data: object) -> None:
 
 
 def table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
-    cells = [[("-" if v is None else str(v)) for v in row] for row in rows]
-    widths = [max(len(h), *(len(r[i]) for r in cells)) if cells else len(h) for i, h in enumerate(headers)]
-    lines = ["  ".join(h.ljust(w) for h, w in zip(headers, widths)).rstrip()]
-    lines += ["  ".join(v.ljust(w) for v, w in zip(row, widths)).rstrip() for row in cells]
-    return "\n".join(lines)
+    """Columns two spaces apart, each as wide as its widest cell; None shows as "-"."""
+    cells = [["-" if v is None else str(v) for v in row] for row in rows]
+    widths = [max(len(h), *map(len, column)) for h, column in zip(headers, zip(*cells))] if cells else \
+        [len(h) for h in headers]
+    line = "  ".join(f"{{:<{w}}}" for w in widths).format
+    return "\n".join(line(*row).rstrip() for row in [headers, *cells])
 
 
 def job_dir_of(job_id: int, job: JobInfo | None, own_root: Path | None = None) -> JobDir:

@@ -217,7 +217,9 @@ def _list(all_users: bool, as_json: bool, since: float | None = None, state: str
         return by_id.get(job_id) if job_id in by_id or not said else backend().job(job_id)
 
     root = default_root()
-    rows = [job_status(j.job_id, j, job_dir_of(j.job_id, j, root) if may_read(j) else None, find, why)
+    # your jobs with what their directories say; other users' (--all) as Slurm shows them, for
+    # root too: 10,000 directories on a shared file system are seconds (`hai status JOB` reads one)
+    rows = [job_status(j.job_id, j, job_dir_of(j.job_id, j, root) if j.user == me else None, find, why)
             for j in sorted(as_one_job(queue), key=lambda j: j.job_id) if all_users or j.user == me]
     if since is not None or state is not None:  # ended jobs too, from your own job directories
         rows += [job_status(jid, None, d, find, why) for jid, d in _own_ended_jobs({j.job_id for j in queue})]
@@ -250,7 +252,8 @@ def _state_choice(ctx, param, value):
 
 
 @main.command(name="list")
-@click.option("--all", "all_users", is_flag=True, help="Jobs of every user, not only yours.")
+@click.option("--all", "all_users", is_flag=True, help="Jobs of every user, not only yours (theirs as Slurm shows "
+              "them, for root too).")
 @click.option("--since", metavar="WHEN", help="Only jobs submitted since WHEN (30m, 2h, 1d, HH:MM, YYYY-MM-DD); "
                                                 "includes your ended jobs that Slurm has forgotten.")
 @click.option("--state", callback=_state_choice, metavar="STATE",

@@ -69,6 +69,16 @@ def test_list_all_takes_one_squeue_call_and_one_policy_read(world):
     assert rows[13]["level"] == "HIGH" and rows[13]["state"] == "waiting"
 
 
+def test_list_all_reads_no_other_users_directory_also_for_root(world, monkeypatch):
+    monkeypatch.setattr(user, "may_read", lambda j: True)  # root may read every job's files
+    r = CliRunner().invoke(user.main, ["list", "--all", "--json"])
+    assert r.exit_code == 0, r.output
+    rows = {row["job_id"]: row for row in json.loads(r.output)}
+    assert rows[12]["state"] == "running" and rows[12]["private"] is True  # not the "stopped" of its directory
+    r = CliRunner().invoke(user.main, ["status", "12", "--json"])  # one job's status reads its directory
+    assert json.loads(r.output)["state"] == "finished-stopped", r.output
+
+
 def test_status_of_another_users_job_says_whose_it_is_in_words(world):
     r = CliRunner().invoke(user.main, ["status", "12"])
     assert r.exit_code == 0, r.output
