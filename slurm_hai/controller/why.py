@@ -39,7 +39,9 @@ log = logging.getLogger("hai-policyd")
 
 TIMEOUT = 1.0  # seconds a command waits for the daemon's answer before reading the queue itself
 MAX_AGE = 10.0  # a read older than this is not used (a daemon stuck on a slurmctld that does not answer)
-MAX_JOBS = 10_000  # job ids in one request
+# job ids in one question (its request line stays under http.server's 64 KiB); a user with more
+# jobs waiting is told from the command's own read of the queue
+MAX_JOBS = 5_000
 # The daemon's cycle holds the GIL for most of its 0.2-0.6 s at 10,000 jobs; an answer waits for
 # it at each of its few switches, by default 5 ms each (measured: p99 of an answer in a cycle).
 SWITCH_INTERVAL = 0.0005
@@ -56,7 +58,7 @@ def _address(service: str) -> tuple[str, int]:
 def ask(service: str, jobs: Sequence[JobInfo], timeout: float = TIMEOUT) -> dict[int, str]:
     """The daemon's words for each of `jobs` (records read just now) that still hold; {} when
     the daemon does not answer, or answers what is not its answer."""
-    if not jobs:
+    if not jobs or len(jobs) > MAX_JOBS:
         return {}
     host, port = _address(service)
     ids = ",".join(str(j.job_id) for j in jobs)

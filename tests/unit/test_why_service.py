@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 import slurm_hai.policy.model
 from slurm_hai.cli import common, user
-from slurm_hai.controller.why import WhyService, ask
+from slurm_hai.controller.why import MAX_JOBS, WhyService, ask
 from slurm_hai.policy.explain import Explainer
 from slurm_hai.policy.model import load_policy
 from slurm_hai.slurm.records import JobInfo
@@ -80,12 +80,16 @@ def test_an_old_read_or_no_daemon_is_no_answer(service):
 
 def test_a_request_it_cannot_read_is_refused_in_words(service):
     service.seen(QUEUE, POLICY, time.time())
-    for path in ("/nope", "/why?jobs=2,x", "/why?jobs=" + ",".join(["2"] * 10_001)):
+    for path in ("/nope", "/why?jobs=2,x", "/why?jobs=" + ",".join(["2"] * (MAX_JOBS + 1))):
         with pytest.raises(urllib.error.HTTPError) as e:
             urllib.request.urlopen(url(service) + path, timeout=5)
         assert e.value.code == 400
     with urllib.request.urlopen(url(service) + "/why?jobs=2,404", timeout=5) as r:
         assert list(json.load(r)["jobs"]) == ["2"]
+    many = [dataclasses.replace(QUEUE[1], job_id=1_000_000 + i) for i in range(MAX_JOBS)]
+    service.seen([*QUEUE, *many], POLICY, time.time())
+    assert len(ask(url(service), many)) == MAX_JOBS  # seven-digit ids, one request line
+    assert ask(url(service), [*many, QUEUE[1]]) == {}  # more than that: not asked
 
 
 def test_a_time_in_the_words_is_of_the_answer_not_of_the_read(service):
