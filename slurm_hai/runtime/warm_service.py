@@ -2,10 +2,12 @@
 modules it preloads once, then forks each job process a client (slurm_hai.runtime.warm, whose
 docstring says what a child takes over and when a start is made cold) asks for.
 
-One thread, one loop: the listening socket, each client's connection and each child's pidfd.
-A request is read whole (with its three descriptors), checked (`refusal`), and forked; the
-child becomes the client's process (`become`) and says so on a pipe before any of the job's
-code runs, or says why it could not, which the client is told as a refusal. When a child
+One thread, one loop: the listening socket, each child's ready pipe, each client's connection
+and each child's pidfd. A request is read whole (with its three descriptors), checked
+(`refusal`), and forked; the child becomes the client's process (`become`) and says so on a
+pipe before any of the job's code runs, or says why it could not, which the client is told as
+a refusal. The loop takes other requests meanwhile (a burst of users' commands is not
+queued behind each child's start). When a child
 ends, its client is sent the wait status; when a client's connection closes first (Slurm
 killed the step), its child is killed, with its process group and every process below it. A
 service that stops leaves its children running (they are the jobs' processes); their clients
@@ -25,6 +27,7 @@ import socket
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 from .proctree import descendants
 from .warm import START_ONLY, Refused, peer_of, receive_request, reply, same_python
@@ -255,6 +258,7 @@ class Service:
     def __init__(self, path: str, preload: list[str]) -> None:
         self.path, self.preload = path, preload
         self.children: dict[int, tuple[int, socket.socket]] = {}  # pidfd -> (pid, its client)
+        self.starting: dict[int, _Start] = {}  # a child's ready pipe -> its start, until it says
         self.sel = selectors.DefaultSelector()
         self.base_path = list(sys.path[1:])  # the interpreter's own path, without the service's script dir
         self.code: dict[str, tuple[int, int]] = {}  # the files of what it loaded, as they were then
@@ -302,15 +306,20 @@ class Service:
                     try:
                         if key.data == "accept":
                             self._accept(server)
+                        elif key.data[0] == "ready":
+                            self._started(key.fd, os.read(key.fd, 4096))
                         elif key.data[0] == "child":
                             self._child_ended(key.fd)
                         else:
                             self._client_gone(key.data[1])
                     except Exception:  # noqa: BLE001 - one start's fault is not every later start's
                         log.exception("while handling %s", key.data)
+                self._overdue()
         finally:  # the children are the jobs': they run on, their clients learn no exit status
             for _pid, conn in self.children.values():
                 conn.close()
+            for ready in list(self.starting):
+                self._started(ready, b"")
             server.close()
             try:
                 os.unlink(self.path)
@@ -318,6 +327,8 @@ class Service:
                 pass
 
     def _accept(self, server: socket.socket) -> None:
+        """Read a request, check it and fork its child; the client hears of it once the child
+        says it became the client's process (`_started`), meanwhile the loop goes on."""
         conn, _ = server.accept()
         conn.settimeout(1.0)  # a client sends its request at once: one that does not holds up the others
         peer = peer_of(conn)
@@ -329,23 +340,42 @@ class Service:
             return
         try:
             why = refusal(request, peer[0]) or self._stale()
-            pid = None if why else self._fork(request, fds, peer)
-        except Refused as e:
-            why, pid = str(e), None
+            if not why:
+                pid, ready = self._fork(request, fds, peer)
+                self.starting[ready] = _Start(pid, conn, peer, request["argv"][:2], time.monotonic() + BECOME_WITHIN_S)
+                self.sel.register(ready, selectors.EVENT_READ, ("ready", ready))
+                return
         finally:
             for fd in fds:
                 os.close(fd)
+        self._refuse(conn, peer, why)
+
+    def _refuse(self, conn: socket.socket, peer: tuple[int, int, int], why: str) -> None:
+        log.info("uid %d pid %d: refused: %s", peer[1], peer[0], why)
         try:
-            if pid is None:
-                log.info("uid %d pid %d: refused: %s", peer[1], peer[0], why)
-                reply(conn, {"refused": why})
-                conn.close()
-                return
+            reply(conn, {"refused": why})
+        except OSError:
+            pass
+        conn.close()
+
+    def _started(self, ready: int, answer: bytes) -> None:
+        """The child's word on `ready` (b"ok": it is the client's process; else why not, or
+        nothing when it died or took BECOME_WITHIN_S): the client is told its pid, or refused."""
+        start = self.starting.pop(ready)
+        self.sel.unregister(ready)
+        os.close(ready)
+        pid, conn, peer = start.pid, start.conn, start.peer
+        if answer != b"ok":
+            _kill(pid)
+            os.waitpid(pid, 0)
+            self._refuse(conn, peer, answer.decode(errors="replace").removeprefix("error: ")
+                         or "the child did not start")
+            return
+        try:
             reply(conn, {"pid": pid})
         except OSError:  # the client went away before it heard of its child
-            if pid:
-                _kill(pid)
-                os.waitpid(pid, 0)
+            _kill(pid)
+            os.waitpid(pid, 0)
             conn.close()
             return
         conn.settimeout(None)
@@ -353,7 +383,13 @@ class Service:
         self.children[pidfd] = (pid, conn)
         self.sel.register(pidfd, selectors.EVENT_READ, ("child", pidfd))
         self.sel.register(conn, selectors.EVENT_READ, ("client", pidfd))
-        log.info("uid %d pid %d: started %s as pid %d", peer[1], peer[0], request["argv"][:2], pid)
+        log.info("uid %d pid %d: started %s as pid %d", peer[1], peer[0], start.argv, pid)
+
+    def _overdue(self) -> None:
+        """Refuse the starts whose child has not said within BECOME_WITHIN_S."""
+        now = time.monotonic()
+        for ready in [r for r, start in self.starting.items() if start.deadline <= now]:
+            self._started(ready, b"")
 
     def _stale(self) -> str | None:
         """Why the service's loaded code is not what is installed now (None: it is). A child
@@ -368,8 +404,8 @@ class Service:
         return f"the service's code changed on disk since it started ({f}): restart hai-admin warm-start" if f \
             else None
 
-    def _fork(self, request: dict, fds: list[int], peer: tuple[int, int, int]) -> int:
-        """Fork the child; its pid once it became the client's process (Refused if not)."""
+    def _fork(self, request: dict, fds: list[int], peer: tuple[int, int, int]) -> tuple[int, int]:
+        """Fork the child: its pid, and the pipe on which it says it became the client's process."""
         ready_r, ready_w = os.pipe()
         pid = os.fork()
         if pid == 0:  # the child: never returns into the service's loop
@@ -391,15 +427,7 @@ class Service:
             finally:
                 os._exit(code)
         os.close(ready_w)
-        try:
-            answer = _read_all(ready_r, BECOME_WITHIN_S)
-        finally:
-            os.close(ready_r)
-        if answer != b"ok":
-            _kill(pid)
-            os.waitpid(pid, 0)
-            raise Refused(answer.decode(errors="replace").removeprefix("error: ") or "the child did not start")
-        return pid
+        return pid, ready_r
 
     def _child_ended(self, pidfd: int) -> None:
         pid, conn = self.children.pop(pidfd)
@@ -425,6 +453,16 @@ class Service:
             _kill(other)
 
 
+class _Start(NamedTuple):
+    """A child forked for a client, until it says it became the client's process."""
+
+    pid: int
+    conn: socket.socket
+    peer: tuple[int, int, int]
+    argv: list[str]
+    deadline: float  # monotonic
+
+
 def _kill(pid: int) -> None:
     """SIGKILL to a child and its process group (a child leads one: `become`)."""
     for kill in (os.killpg, os.kill):
@@ -439,18 +477,3 @@ def _max_fd() -> int:
         return os.sysconf("SC_OPEN_MAX")
     except (ValueError, OSError):
         return 65536
-
-
-def _read_all(fd: int, timeout: float) -> bytes:
-    import select
-
-    data = b""
-    deadline = time.monotonic() + timeout
-    while True:
-        left = deadline - time.monotonic()
-        if left <= 0 or not select.select([fd], [], [], left)[0]:
-            return data
-        more = os.read(fd, 4096)
-        if not more:
-            return data
-        data += more

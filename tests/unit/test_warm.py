@@ -287,6 +287,43 @@ def test_a_service_whose_code_changed_on_disk_starts_cold_until_it_is_restarted(
         proc.wait(10)
 
 
+def test_a_child_slow_to_start_holds_up_no_other_start(shared):
+    """The service hears each child's word on its ready pipe in its loop: a child slow to
+    become its client's process (here: held 20 s) does not queue the next client behind it."""
+    forked = shared / "slow-child-forked"
+    script(shared, f"""
+        import time
+        from slurm_hai.runtime import warm_service
+        _become = warm_service.become
+        def become(request, fds, peer):
+            if request["env"].get("HAI_TEST_SLOW"):
+                open({str(forked)!r}, "w").close()
+                time.sleep(20)
+            _become(request, fds, peer)
+        warm_service.become = become
+    """, name="hai_slow_start.py")
+    job = script(shared, "import sys\nprint('warm' if 'json' in sys.modules else 'cold')\n")
+    sock = shared / "slow.sock"
+    proc = start_service(sock, "json,hai_slow_start", env={"PYTHONPATH": str(shared)})
+    slow = subprocess.Popen([sys.executable, "-m", "slurm_hai.runtime.warm", "--", sys.executable, str(job)],
+                            env={**os.environ, "HAI_WARM_SOCKET": str(sock), "HAI_TEST_SLOW": "1"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 30
+        while not forked.exists():
+            assert slow.poll() is None and time.monotonic() < deadline, slow.communicate()
+            time.sleep(0.05)
+        t0 = time.monotonic()
+        fast = client(sock, [sys.executable, str(job)])
+        assert fast.communicate(timeout=15) == ("warm\n", "") and time.monotonic() - t0 < 10
+        assert slow.poll() is None  # its child still on its way
+    finally:
+        slow.kill()
+        slow.wait()
+        proc.terminate()
+        proc.wait(10)
+
+
 def test_a_service_that_is_not_roots_is_not_trusted(shared):
     (shared / "nobody").mkdir()
     os.chown(shared / "nobody", NOBODY.pw_uid, NOBODY.pw_gid)
