@@ -217,7 +217,7 @@ def main() -> int:
     print("|---|---:|---:|---:|---:|---:|---:|---:|")
     for name, _, own in rows:
         b, a = (statistics.median(times[name, s]) for s in ("before", "after"))
-        print(f"| `{name}` | {b:.2f} s | {a:.2f} s | {a / b:.2f}x | {a / reads[own][0]:.1f}x `{own}` | "
+        print(f"| `{name}` | {b:.3f} s | {a:.3f} s | {a / b:.2f}x | {a / reads[own][0]:.1f}x `{own}` | "
               f"{peak[name, 'before'] / 1024:.0f} -> {peak[name, 'after'] / 1024:.0f} MiB | "
               f"{calls[name, 'before']} -> {calls[name, 'after']} | {rpcs[name, 'before']} -> {rpcs[name, 'after']} |")
     print("\nSlurm's own commands in the same run (median of the repeats):\n")
