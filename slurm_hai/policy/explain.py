@@ -46,9 +46,10 @@ class Explainer:
     def __call__(self, job: Job, now: float | None = None) -> str:
         """Why `job` is where it is; `now`: the time the words are for, if not the queue's
         (a queue read a moment ago, explained later: the policy daemon's answers)."""
+        at = self.snap.now if now is None else now
         if job.job_id not in self.snap.by_id:  # not in the queue it was built on
-            return explain(job, self.snap.jobs, self.snap.policy, self.snap.now if now is None else now)
-        return _why(job, self.snap, self, self.snap.now if now is None else now)
+            return explain(job, self.snap.jobs, self.snap.policy, at)
+        return _why(job, self.snap, self, at)
 
     def line(self, partition: str) -> list[tuple[tuple[int, tuple[int, int]], int, Job, Level]]:
         """The pending jobs (not held) that may run in `partition`, in the order Slurm starts
