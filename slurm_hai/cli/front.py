@@ -67,15 +67,27 @@ def run_here(command: str, args: list[str]) -> None:
 def first_read(args: Sequence[str]) -> tuple[tuple[int, ...], str | None] | None:
     """What `hai ARGS` asks the queue first, from its arguments alone, as backend.jobs()'s
     (job ids, user): `list` your jobs, `list --all` everyone's, `status JOB` and `logs JOB`
-    that job; None for any other command or arguments (nothing is read ahead)."""
+    that job; None for any other command or arguments (nothing is read ahead). `list --all`
+    reads your jobs alone where the policy daemon answers for everyone else's (cli/user.py)."""
     words = [a for a in args if a != "--json"]
     if words == ["list"]:
         return (), current_user()
     if words == ["list", "--all"]:
-        return (), None
+        return (), current_user() if daemon_service() else None
     if len(words) == 2 and words[0] in ("status", "logs") and words[1].isascii() and words[1].isdigit():
         return (int(words[1]),), None
     return None
+
+
+def daemon_service() -> str:
+    """The policy daemon's service the policy names, "" when none (or when the policy cannot be
+    read: the command says why when it needs the policy)."""
+    from ..policy.model import PolicyError, find_policy
+
+    try:
+        return find_policy().daemon_service or ""
+    except PolicyError:
+        return ""
 
 
 def current_user() -> str:

@@ -3,27 +3,32 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import re
 import sys
 import time
+from operator import attrgetter
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Iterable, Sequence
 
 import click
 
 from .. import __version__
 from ..controller.why import ask as ask_daemon
+from ..controller.why import everyone as ask_everyone
+from ..controller.why import why_question, words
 from ..jobs.jobdir import JobDir, default_root
-from ..jobs.status import HaiStatus, as_one_job, back_estimate, clock, marker
+from ..jobs.status import LIVE, HaiStatus, as_one_job, as_others_see, back_estimate, clock, marker
 from ..jobs.status import status as hai_status
 from ..policy.job import in_place
 from ..policy.explain import Explainer
 from ..policy.rules import is_held
 from ..slurm.records import JobInfo
 from .ckpt import ckpt
+from .front import daemon_service
 from .common import (Group, Refused, backend, check_owner, current_user, did_you_mean, emit_json, job_dir_of,
-                     job_id_arg, lookup, one_line_errors, table, timeline_options)
+                     job_id_arg, lookup, one_line_errors, table, table_of_columns, timeline_options)
 
 RUN_MARK = re.compile(r"^==== slurm-hai run (\d+) ")
 TERMINAL = ("finished-succeeded", "finished-failed", "finished-stopped")
@@ -64,9 +69,6 @@ def may_read(job: JobInfo | None) -> bool:
     return job is None or os.getuid() == 0 or job.user == current_user()
 
 
-LIVE = ("PENDING", "RUNNING")  # the states the policy explains
-
-
 def job_status(job_id: int, job: JobInfo | None, jobdir: JobDir | None,
                find: Callable[[int], JobInfo | None] | None = None,
                why: Callable[[JobInfo], str] | None = None) -> HaiStatus:
@@ -74,6 +76,8 @@ def job_status(job_id: int, job: JobInfo | None, jobdir: JobDir | None,
     job's record by its id) a suspended job is told when it may run again; with `why` (the
     policy's words) a waiting or running job is explained; without them the reason is
     Slurm's. jobdir None: a job whose files this user may not read."""
+    if jobdir is None and job is not None:
+        return as_others_see(job, why)
     readable = jobdir is not None and may_read(job)
     events, final, request, owner_uid = [], None, {}, None
     if jobdir is not None and readable:
@@ -114,15 +118,21 @@ def _status_of(job_id: int) -> tuple[HaiStatus, JobInfo | None, JobDir]:
     has ended, not at all."""
     from ..policy.model import find_policy
 
-    job, jobdir = lookup(job_id)
-    if job is not None and in_place(job):  # a job in place: its parts, as one job
-        job = next(iter(as_one_job(backend().jobs([job_id]))), job)
-    if job is None or job.state not in LIVE or _has_ended(job_id):
-        return job_status(job_id, job, jobdir), job, jobdir
-    policy = find_policy()
-    if job.state == "RUNNING":
-        return job_status(job_id, job, jobdir, None, Explainer([job], policy)), job, jobdir
-    said = ask_daemon(policy.daemon_service, [job]) if policy.daemon_service else {}
+    service = daemon_service()  # asked first: it answers while Slurm is asked for the job
+    question = why_question(service, [job_id]) if service else None
+    try:
+        job, jobdir = lookup(job_id)
+        if job is not None and in_place(job):  # a job in place: its parts, as one job
+            job = next(iter(as_one_job(backend().jobs([job_id]))), job)
+        if job is None or job.state not in LIVE or _has_ended(job_id):
+            return job_status(job_id, job, jobdir), job, jobdir
+        policy = find_policy()
+        if job.state == "RUNNING":
+            return job_status(job_id, job, jobdir, None, Explainer([job], policy)), job, jobdir
+        said = words(question, [job])
+    finally:
+        if question is not None:
+            question.close()
     if job_id in said:
         return job_status(job_id, job, jobdir, backend().job, lambda j: said[j.job_id]), job, jobdir
     queue = backend().jobs()
@@ -199,14 +209,18 @@ def _list(all_users: bool, as_json: bool, since: float | None = None, state: str
 
     me = current_user()
     policy = find_policy()
-    queue = backend().jobs(user=None if all_users else me)  # yours alone: one small RPC
+    # everyone else's jobs (--all) as the policy daemon last read them, where it answers
+    # (controller/why.py): one whole-queue read of slurmctld per daemon cycle, not per command
+    theirs = ask_everyone(policy.daemon_service) if all_users and policy.daemon_service else None
+    yours = not all_users or theirs is not None
+    queue = backend().jobs(user=me if yours else None)  # yours alone: one small RPC
     said: dict[int, str] = {}
-    if not all_users:
+    if yours:
         # a waiting job's place in line, and who holds its nodes: the daemon's words, else the whole queue
         waiting = [j for j in as_one_job(queue) if j.state == "PENDING" and (not is_held(j) or j.restart_count)]
         said = ask_daemon(policy.daemon_service, waiting) if waiting and policy.daemon_service else {}
         if len(said) < len(waiting):
-            queue, said = backend().jobs(), {}
+            queue, said, theirs = backend().jobs(), {}, None
     explainer = Explainer(queue, policy)  # one policy read, one snapshot of the queue
     by_id = {j.job_id: j for j in queue}
 
@@ -221,6 +235,8 @@ def _list(all_users: bool, as_json: bool, since: float | None = None, state: str
     # root too: 10,000 directories on a shared file system are seconds (`hai status JOB` reads one)
     rows = [job_status(j.job_id, j, job_dir_of(j.job_id, j, root) if j.user == me else None, find, why)
             for j in sorted(as_one_job(queue), key=lambda j: j.job_id) if all_users or j.user == me]
+    if theirs is not None:
+        rows = sorted([*rows, *(r for r in theirs if r.user != me)], key=lambda r: r.job_id)
     if since is not None or state is not None:  # ended jobs too, from your own job directories
         rows += [job_status(jid, None, d, find, why) for jid, d in _own_ended_jobs({j.job_id for j in queue})]
         rows.sort(key=lambda r: r.job_id)
@@ -231,10 +247,15 @@ def _list(all_users: bool, as_json: bool, since: float | None = None, state: str
     if as_json:
         emit_json([r.as_dict() for r in rows])
         return
-    click.echo(table(["JOB", "NAME", "USER", "STATE", "LEVEL", "NODES", "RESTARTS", "SUBMITTED", "STARTED", "ENDED",
-                      "REASON"],
-                     [[r.job_id, r.name, r.user, r.state, r.level, r.nodes_text, r.restarts, _when(r.submitted),
-                       _when(r.started), _when(r.ended), r.reason] for r in rows]))
+    when = functools.lru_cache(maxsize=None)(_when)  # many jobs share a second
+
+    def of(name: str) -> Iterable[object]:
+        return map(attrgetter(name), rows)
+
+    click.echo(table_of_columns(
+        ["JOB", "NAME", "USER", "STATE", "LEVEL", "NODES", "RESTARTS", "SUBMITTED", "STARTED", "ENDED", "REASON"],
+        [of("job_id"), of("name"), of("user"), of("state"), of("level"), of("nodes_text"), of("restarts"),
+         map(when, of("submitted")), map(when, of("started")), map(when, of("ended")), of("reason")]))
 
 
 def _nodes_line(st) -> str:

@@ -198,9 +198,23 @@ def policy_path() -> Path | None:
 
 
 def find_policy() -> Policy:
-    """This host's policy (see `policy_path`), or HAI's default when there is none."""
+    """This host's policy (see `policy_path`), or HAI's default when there is none. Read once
+    per process while the file stays as it is (a command may ask for it more than once)."""
     path = policy_path()
-    return load_policy(path) if path else default_policy()
+    if path is None:
+        return default_policy()
+    try:
+        st = path.stat()
+    except OSError:
+        return load_policy(path)  # which says why
+    key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+    kept = _kept.get(path)
+    if kept is None or kept[0] != key:
+        kept = _kept[path] = (key, load_policy(path))
+    return kept[1]
+
+
+_kept: dict[Path, tuple[tuple[int, int, int, int], Policy]] = {}  # find_policy's, by path
 
 
 

@@ -186,7 +186,8 @@ def test_status_of_an_ended_job_asks_slurm_about_that_job_alone(world):
     slurm, policy_reads, _ = world
     r = CliRunner().invoke(user.main, ["status", "25", "--json"])
     assert r.exit_code == 0 and json.loads(r.output)["state"] == "finished-succeeded"
-    assert [c[1:] for c in slurm.reads()] == [("job", 25)] and policy_reads == []
+    # the policy is read once, for its daemon's address (asked while Slurm is asked for the job)
+    assert [c[1:] for c in slurm.reads()] == [("job", 25)] and policy_reads == [POLICY]
 
 
 def test_status_of_a_job_slurmctld_forgot_comes_from_accounting_only_then(world):

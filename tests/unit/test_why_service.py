@@ -16,7 +16,8 @@ from click.testing import CliRunner
 
 import slurm_hai.policy.model
 from slurm_hai.cli import common, user
-from slurm_hai.controller.why import MAX_JOBS, WhyService, ask
+from slurm_hai.controller import why
+from slurm_hai.controller.why import MAX_JOBS, WhyService, ask, everyone
 from slurm_hai.policy.explain import Explainer
 from slurm_hai.policy.model import load_policy
 from slurm_hai.slurm.records import JobInfo
@@ -128,3 +129,59 @@ def test_status_and_list_take_the_daemons_words_and_read_the_queue_without_them(
     assert {row["job_id"]: row["reason"] for row in json.loads(r.output)} == {
         j.job_id: Explainer(QUEUE, POLICY)(j) for j in QUEUE[1:]}
     assert commands.calls == [("jobs", (), "hai-alice")]
+
+
+def test_list_all_takes_everyone_elses_jobs_from_the_daemon_and_reads_only_yours(commands, service):
+    r = CliRunner().invoke(user.main, ["list", "--all", "--json"])
+    assert r.exit_code == 0, r.output
+    assert commands.calls == [("jobs", (), None)]  # the daemon has read nothing yet: the whole queue
+    whole = json.loads(r.output)
+    service.seen(QUEUE, POLICY, time.time())
+    commands.calls.clear()
+    r = CliRunner().invoke(user.main, ["list", "--all", "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output) == whole  # the same rows, root's running job included
+    assert commands.calls == [("jobs", (), "hai-alice")]  # alice's own jobs alone
+    # a job of alice's that started after the daemon's read is shown (hers are read now);
+    # another user's, from the daemon's next read on
+    commands.queue = [*QUEUE, job(6, "RUNNING"), job(7, user="hai-bob")]
+    commands.calls.clear()
+    r = CliRunner().invoke(user.main, ["list", "--all"])
+    assert r.exit_code == 0, r.output
+    shown = [int(line.split()[0]) for line in r.output.splitlines()[1:]]
+    assert shown == [1, 2, 3, 4, 5, 6] and commands.calls == [("jobs", (), "hai-alice")]
+    # one of alice's waiting jobs the daemon has no words for: the whole queue, as before
+    commands.queue = [*QUEUE, job(8)]
+    commands.calls.clear()
+    r = CliRunner().invoke(user.main, ["list", "--all"])
+    assert r.exit_code == 0, r.output
+    assert commands.calls == [("jobs", (), "hai-alice"), ("jobs", (), None)]
+    assert [int(line.split()[0]) for line in r.output.splitlines()[1:]] == [1, 2, 3, 4, 5, 8]
+
+
+def test_everyone_is_answered_from_the_read_before_while_the_newest_ones_answer_is_made(service):
+    service.seen(QUEUE, POLICY, time.time())
+    first = everyone(url(service))
+    assert first is not None and [s.job_id for s in first] == [1, 2, 3, 4, 5]
+    assert first[0].private and first[0].reason.startswith("running at NORMAL on 4 nodes")
+    service.seen([*QUEUE, job(6)], POLICY, time.time())
+    assert [s.job_id for s in everyone(url(service))] == [1, 2, 3, 4, 5]  # at once, the read before's
+    deadline = time.monotonic() + 10
+    while len(everyone(url(service))) < 6:  # the newest read's, once made
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+    service.seen(QUEUE, POLICY, time.time() - 60)  # a daemon stuck on a slurmctld that does not answer
+    with service._lock:
+        service._everyone = None
+    assert everyone(url(service)) is None
+
+
+def test_everyone_from_a_daemon_of_another_version_is_not_taken(service, monkeypatch):
+    service.seen(QUEUE, POLICY, time.time())
+    monkeypatch.setattr(why, "_fields", lambda: ["job_id", "name"])  # the daemon's HaiStatus has other fields
+    body = service.everyone()
+    monkeypatch.undo()
+    assert json.loads(body)["fields"] == ["job_id", "name"]
+    with service._lock:
+        service._everyone = (service._everyone[0], body)
+    assert everyone(url(service)) is None
