@@ -163,7 +163,8 @@ def test_a_later_job_of_the_same_level_never_preempts_whichever_user(rules, poli
 def test_hai_status_and_list_of_a_waiting_job_take_the_daemons_words(rules, policy_file):
     """The daemon answers why a job waits (the policy's [daemon] service): `hai status` and
     `hai list` of bob's waiting job say what `hai-admin explain` says, and read of the queue
-    bob's own job(s) alone (a squeue on PATH before Slurm's counts the reads)."""
+    bob's own job(s) alone (a squeue on PATH before Slurm's counts the reads); `hai list --all`
+    takes alice's job from the daemon's read."""
     c, log = rules
     first = sbatch(c, "-N4", "--qos=normal", user=ALICE)
     running(c, first)
@@ -192,6 +193,13 @@ def test_hai_status_and_list_of_a_waiting_job_take_the_daemons_words(rules, poli
     rows, asked = hai("list")
     assert asked == [f"--user={BOB}"], asked
     assert [r["reason"] for r in rows if r["job_id"] == waiting] == [words], rows  # (and bob's ended jobs)
+    # everyone's: alice's job as the daemon last read it, bob's own from Slurm
+    rows, asked = hai("list", "--all")
+    assert asked == [f"--user={BOB}"], asked
+    shown = {r["job_id"]: r for r in rows}
+    assert shown[first]["user"] == ALICE and shown[first]["state"] == "running" and shown[first]["private"], rows
+    assert shown[first]["reason"].startswith("running at NORMAL on 4 nodes for"), rows
+    assert shown[waiting]["reason"] == words and not shown[waiting]["private"], rows
 
 
 # ----------------------------------------------------------------- rule 3
