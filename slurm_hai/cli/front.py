@@ -54,14 +54,21 @@ def run_warm(command: str, args: list[str]) -> None:
 def run_here(command: str, args: list[str]) -> None:
     """Run the command in this process; `hai` starts its first queue read before the command
     loads (warm, the command is loaded already, but its parsing and set-up still overlap it)."""
-    first = first_read(args) if command == "hai" else None
+    if command == "hai":
+        start_first_read(args)
+    module, name = COMMANDS[command]
+    getattr(importlib.import_module(module), name)(args=args, prog_name=command)
+
+
+def start_first_read(args: Sequence[str]) -> None:
+    """Start the queue read `hai ARGS` makes first (first_read), where it reads with Slurm's
+    commands; once per process (squeue.start_ahead)."""
+    first = first_read(args)
     if first is not None:
         from ..slurm import config_missing, reads_with_commands, squeue
 
         if reads_with_commands() and not config_missing():
             squeue.start_ahead(*first)
-    module, name = COMMANDS[command]
-    getattr(importlib.import_module(module), name)(args=args, prog_name=command)
 
 
 def first_read(args: Sequence[str]) -> tuple[tuple[int, ...], str | None] | None:

@@ -72,7 +72,8 @@ class Refused(Exception):
 
 
 # --- the wire: one request (length-prefixed JSON, the client's fds 0-2 alongside), then
-# --- replies of one JSON line each: {"pid": N}, then {"status": WAITSTATUS}; or {"refused": WHY}
+# --- replies of one JSON line each: {"pid": N}, then {"status": WAITSTATUS} (from the child, then
+# again from the service once it has reaped it: a client reads the first); or {"refused": WHY}
 
 def send_request(sock: socket.socket, request: dict) -> None:
     body = json.dumps(request).encode()

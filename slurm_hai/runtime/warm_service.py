@@ -6,9 +6,9 @@ One thread, one loop: the listening socket, each child's ready pipe, each client
 and each child's pidfd. A request is read whole (with its three descriptors), checked
 (`refusal`), and forked; the child becomes the client's process (`become`) and says so on a
 pipe before any of the job's code runs, or says why it could not, which the client is told as
-a refusal. The loop takes other requests meanwhile (a burst of users' commands is not
-queued behind each child's start). When a child
-ends, its client is sent the wait status; when a client's connection closes first (Slurm
+a refusal; then a preloaded module's `started(argv)` hook, if it has one, and the command. The loop takes other requests meanwhile (a burst of users' commands is not
+queued behind each child's start). The child tells its client its pid, and its exit status
+when its command is done; when a child ends, its client is sent the wait status (again); when a client's connection closes first (Slurm
 killed the step), its child is killed, with its process group and every process below it. A
 service that stops leaves its children running (they are the jobs' processes); their clients
 then end with exit 1 and a line once they end.
@@ -21,6 +21,7 @@ import importlib
 import logging
 import os
 import resource  # a child's, imported here: loading it in each child cost it 1 ms of its start
+import select
 import selectors
 import signal
 import socket
@@ -36,6 +37,9 @@ log = logging.getLogger("slurm_hai.warm")
 # How long a child may take to become the client's process before the service refuses.
 BECOME_WITHIN_S = 10.0
 CODE_CHECK_EVERY_S = 1.0
+# A child that told its client its exit status ends at once; its client, gone meanwhile, is
+# not a reason to kill it (and its process group) unless it is still there after this long.
+EXIT_AFTER_STATUS_S = 0.05
 
 
 def refusal(request: dict, peer_pid: int, python: str = sys.executable) -> str | None:
@@ -341,7 +345,7 @@ class Service:
         try:
             why = refusal(request, peer[0]) or self._stale()
             if not why:
-                pid, ready = self._fork(request, fds, peer)
+                pid, ready = self._fork(request, fds, peer, conn)
                 self.starting[ready] = _Start(pid, conn, peer, request["argv"][:2], time.monotonic() + BECOME_WITHIN_S)
                 self.sel.register(ready, selectors.EVENT_READ, ("ready", ready))
                 return
@@ -359,8 +363,9 @@ class Service:
         conn.close()
 
     def _started(self, ready: int, answer: bytes) -> None:
-        """The child's word on `ready` (b"ok": it is the client's process; else why not, or
-        nothing when it died or took BECOME_WITHIN_S): the client is told its pid, or refused."""
+        """The child's word on `ready` (b"ok": it is the client's process, and tells the client
+        so itself; else why not, or nothing when it died or took BECOME_WITHIN_S: the client
+        is refused)."""
         start = self.starting.pop(ready)
         self.sel.unregister(ready)
         os.close(ready)
@@ -370,13 +375,6 @@ class Service:
             os.waitpid(pid, 0)
             self._refuse(conn, peer, answer.decode(errors="replace").removeprefix("error: ")
                          or "the child did not start")
-            return
-        try:
-            reply(conn, {"pid": pid})
-        except OSError:  # the client went away before it heard of its child
-            _kill(pid)
-            os.waitpid(pid, 0)
-            conn.close()
             return
         conn.settimeout(None)
         pidfd = os.pidfd_open(pid)
@@ -404,30 +402,53 @@ class Service:
         return f"the service's code changed on disk since it started ({f}): restart hai-admin warm-start" if f \
             else None
 
-    def _fork(self, request: dict, fds: list[int], peer: tuple[int, int, int]) -> tuple[int, int]:
-        """Fork the child: its pid, and the pipe on which it says it became the client's process."""
+    def _fork(self, request: dict, fds: list[int], peer: tuple[int, int, int], conn: socket.socket
+              ) -> tuple[int, int]:
+        """Fork the child: its pid, and the pipe on which it says it became the client's process.
+        The child then tells the client its pid, and at its end its exit status, itself: before
+        its memory is torn down (2 ms of a warm command's 10 with the commands preloaded), the
+        client has ended. The service tells the status of a child that ended otherwise (a
+        signal), and again of one that told it (a client reads the first)."""
         ready_r, ready_w = os.pipe()
         pid = os.fork()
         if pid == 0:  # the child: never returns into the service's loop
-            code = 1
+            code, said = 1, False
             try:
                 os.close(ready_r)
                 self.sel.close()
                 become(request, fds, peer)
-                os.closerange(3, ready_w)  # the service's sockets and every other request's descriptors
-                os.closerange(ready_w + 1, _max_fd())
+                _close_all_but(ready_w, conn.fileno())  # the service's sockets, other requests' descriptors
                 os.write(ready_w, b"ok")
                 os.close(ready_w)
+                said = True
+                conn.settimeout(None)
+                reply(conn, {"pid": os.getpid()})
+                self._started_hooks(request["argv"])
                 code = run_as_main(request["argv"], self.base_path)
-            except BaseException as e:  # noqa: BLE001 - told to the service, which refuses
-                try:
-                    os.write(ready_w, f"error: {type(e).__name__}: {e}".encode()[:4000])
-                except OSError:
-                    pass
+                reply(conn, {"status": code << 8})  # as waitpid would say it
+            except BaseException as e:  # noqa: BLE001 - before it said "ok": told to the service, which refuses
+                if not said:
+                    try:
+                        os.write(ready_w, f"error: {type(e).__name__}: {e}".encode()[:4000])
+                    except OSError:
+                        pass
             finally:
                 os._exit(code)
         os.close(ready_w)
         return pid, ready_r
+
+    def _started_hooks(self, argv: list[str]) -> None:
+        """In the child, as the client's process and before its command: each preloaded
+        module's `started(argv)`, if it has one (`hai` starts its first queue read there, 2 ms
+        ahead of the command's own start: cli/preload.py). A hook's error is the command's to
+        meet: it is logged to the client's stderr and the command runs."""
+        for name in self.preload:
+            hook = getattr(sys.modules.get(name), "started", None)
+            if callable(hook):
+                try:
+                    hook(argv)
+                except Exception as e:  # noqa: BLE001 - the command runs all the same
+                    print(f"slurm-hai: {name}.started: {type(e).__name__}: {e}", file=sys.stderr)
 
     def _child_ended(self, pidfd: int) -> None:
         pid, conn = self.children.pop(pidfd)
@@ -443,9 +464,13 @@ class Service:
         conn.close()
 
     def _client_gone(self, pidfd: int) -> None:
-        """The client's connection is readable: it closed (a client sends nothing more)."""
+        """The client's connection is readable: it closed (a client sends nothing more). A
+        client told its child's exit status by the child goes as the child ends: a child that
+        is ending, or ends within EXIT_AFTER_STATUS_S, is left to end."""
         pid, conn = self.children[pidfd]
         self.sel.unregister(conn)
+        if _exiting(pid) or select.select([pidfd], [], [], EXIT_AFTER_STATUS_S)[0]:
+            return
         log.info("pid %d: its client is gone; killed, with its process group and every process below it", pid)
         below = descendants(pid)
         _kill(pid)  # _child_ended follows, and finds the connection closed
@@ -470,6 +495,28 @@ def _kill(pid: int) -> None:
             kill(pid, signal.SIGKILL)
         except ProcessLookupError:
             pass
+
+
+PF_EXITING = 0x4  # a task's flag from the start of its exit (linux/sched.h)
+
+
+def _exiting(pid: int) -> bool:
+    """Whether process `pid` has begun to exit (or is a zombie): /proc/PID/stat's flags."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return True
+    fields = stat[stat.rindex(b")") + 2:].split()  # after the command's name, which may hold anything
+    return fields[0] in (b"Z", b"X") or bool(int(fields[6]) & PF_EXITING)
+
+
+def _close_all_but(*keep: int) -> None:
+    """Close every descriptor from 3 up but `keep`."""
+    low = 3
+    for fd in sorted(keep):
+        os.closerange(low, fd)
+        low = fd + 1
+    os.closerange(low, _max_fd())
 
 
 def _max_fd() -> int:

@@ -384,3 +384,53 @@ def test_the_service_refuses_to_run_as_another_user_than_root(shared):
                         str(HAI_ADMIN), "warm-start", "--socket", str(shared / "x.sock")],
                        capture_output=True, text=True, timeout=60)
     assert p.returncode == 1 and p.stderr.strip().endswith("run it as root") and p.stderr.count("\n") == 1
+
+
+def test_a_preloaded_modules_started_hook_runs_in_the_child_as_the_client_before_the_command(shared, monkeypatch):
+    """A preloaded module's `started(argv)` runs in each child once it is the client's process
+    and before the command (`hai` starts its first queue read there); a hook that fails is
+    told on the client's stderr and the command runs all the same."""
+    script(shared, """
+        import os, sys
+        seen = []
+        def started(argv):
+            if os.environ.get("HAI_TEST_HOOK_FAILS"):
+                raise OSError("no such thing")
+            seen.append((os.getuid(), argv[1:], os.environ["HAI_TEST_VAR"]))
+    """, name="hai_hook.py")
+    job = script(shared, "import hai_hook\nprint(hai_hook.seen)\n")
+    sock = shared / "hook.sock"
+    proc = start_service(sock, "json,hai_hook", env={"PYTHONPATH": str(shared)})
+    try:
+        p = client(sock, [sys.executable, str(job), "an-arg"], user=str(NOBODY.pw_uid))
+        out, err = p.communicate(timeout=30)
+        assert p.returncode == 0 and out == f"[({NOBODY.pw_uid}, ['an-arg'], 'seen')]\n", (out, err)
+        monkeypatch.setenv("HAI_TEST_HOOK_FAILS", "1")
+        p = client(sock, [sys.executable, str(job)])
+        out, err = p.communicate(timeout=30)
+        assert p.returncode == 0 and out == "[]\n" and "hai_hook.started: OSError: no such thing" in err, (out, err)
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+def test_the_child_tells_its_exit_status_and_what_it_leaves_running_is_not_killed(service, shared):
+    """The child tells its client its exit status before it ends (its memory's teardown is no
+    longer the client's wait); the client, gone at once, is no reason to kill a process the
+    command left running in its group, as when the service told the status."""
+    job = script(shared, """
+        import subprocess, sys
+        p = subprocess.Popen(["sleep", "30"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        print(p.pid)
+        ballast = b"x" * (1 << 30)  # its teardown, 0.1 s: the client has gone before the child has ended
+        sys.exit(3)
+    """)
+    p = client(service, [sys.executable, str(job)], user=str(NOBODY.pw_uid))
+    out, err = p.communicate(timeout=30)
+    assert p.returncode == 3 and err == "", (out, err)
+    time.sleep(0.5)  # what _client_gone would have done by now
+    pid = int(out)
+    try:
+        assert not gone(pid), "the command's background process was killed with its client"
+    finally:
+        os.kill(pid, signal.SIGKILL)
