@@ -165,9 +165,19 @@ def table(headers: Sequence[str], rows: Iterable[Sequence[object]]) -> str:
 
 def table_of_columns(headers: Sequence[str], columns: Sequence[Iterable[object]]) -> str:
     """table() of its columns (10,000 rows: 10 ms; the loops are map's, not Python's)."""
-    texts = [[h, *map(str, _dashed(list(column)))] for h, column in zip(headers, columns)]
-    padded = [list(map(str.ljust, text, repeat(max(map(len, text))))) for text in texts[:-1]]
-    return "\n".join(map(str.rstrip, map("  ".join, zip(*padded, texts[-1]))))
+    return table_of_texts(headers, column_texts(columns))
+
+
+def column_texts(columns: Iterable[Iterable[object]]) -> list[list[str]]:
+    """Each column's cells as a table shows them (None as "-")."""
+    return [list(map(str, _dashed(list(column)))) for column in columns]
+
+
+def table_of_texts(headers: Sequence[str], texts: Sequence[list[str]]) -> str:
+    """table() of columns_texts()."""
+    cells = [[h, *text] for h, text in zip(headers, texts)]
+    padded = [list(map(str.ljust, text, repeat(max(map(len, text))))) for text in cells[:-1]]
+    return "\n".join(map(str.rstrip, map("  ".join, zip(*padded, cells[-1]))))
 
 
 def _dashed(values: list) -> list:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import functools
 import os
@@ -10,7 +11,7 @@ import sys
 import time
 from operator import attrgetter
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Any, Callable, Iterable, Sequence
 
 import click
 
@@ -27,8 +28,8 @@ from ..policy.rules import is_held
 from ..slurm.records import JobInfo
 from .ckpt import ckpt
 from .front import daemon_service
-from .common import (Group, Refused, backend, check_owner, current_user, did_you_mean, emit_json, job_dir_of,
-                     job_id_arg, lookup, one_line_errors, table, table_of_columns, timeline_options)
+from .common import (Group, Refused, backend, check_owner, column_texts, current_user, did_you_mean, emit_json,
+                     job_dir_of, job_id_arg, lookup, one_line_errors, table, table_of_texts, timeline_options)
 
 RUN_MARK = re.compile(r"^==== slurm-hai run (\d+) ")
 TERMINAL = ("finished-succeeded", "finished-failed", "finished-stopped")
@@ -204,14 +205,23 @@ def _own_ended_jobs(known: set[int]) -> list[tuple[int, JobDir]]:
     return [(int(n), JobDir.for_job(n, root)) for n in names if n.isdigit() and int(n) not in known]
 
 
+LIST_HEADERS = ("JOB", "NAME", "USER", "STATE", "LEVEL", "NODES", "RESTARTS", "SUBMITTED", "STARTED", "ENDED", "REASON")
+
+
 def _list(all_users: bool, as_json: bool, since: float | None = None, state: str | None = None) -> None:
     from ..policy.model import find_policy
 
     me = current_user()
     policy = find_policy()
+    when = functools.lru_cache(maxsize=None)(_when)  # many jobs share a second
     # everyone else's jobs (--all) as the policy daemon last read them, where it answers
     # (controller/why.py): one whole-queue read of slurmctld per daemon cycle, not per command
     theirs = ask_everyone(policy.daemon_service) if all_users and policy.daemon_service else None
+    their_texts = None
+    if theirs is not None:
+        theirs = _shown([r for r in theirs if r.user != me], since, state)
+        if not as_json:  # their part of the table, made while Slurm reads your own jobs
+            their_texts = _list_texts(theirs, when)
     yours = not all_users or theirs is not None
     queue = backend().jobs(user=me if yours else None)  # yours alone: one small RPC
     said: dict[int, str] = {}
@@ -220,7 +230,7 @@ def _list(all_users: bool, as_json: bool, since: float | None = None, state: str
         waiting = [j for j in as_one_job(queue) if j.state == "PENDING" and (not is_held(j) or j.restart_count)]
         said = ask_daemon(policy.daemon_service, waiting) if waiting and policy.daemon_service else {}
         if len(said) < len(waiting):
-            queue, said, theirs = backend().jobs(), {}, None
+            queue, said, theirs, their_texts = backend().jobs(), {}, None, None
     explainer = Explainer(queue, policy)  # one policy read, one snapshot of the queue
     by_id = {j.job_id: j for j in queue}
 
@@ -234,28 +244,46 @@ def _list(all_users: bool, as_json: bool, since: float | None = None, state: str
     # your jobs with what their directories say; other users' (--all) as Slurm shows them, for
     # root too: 10,000 directories on a shared file system are seconds (`hai status JOB` reads one)
     rows = [job_status(j.job_id, j, job_dir_of(j.job_id, j, root) if j.user == me else None, find, why)
-            for j in sorted(as_one_job(queue), key=lambda j: j.job_id) if all_users or j.user == me]
-    if theirs is not None:
-        rows = sorted([*rows, *(r for r in theirs if r.user != me)], key=lambda r: r.job_id)
+            for j in as_one_job(queue) if (all_users and theirs is None) or j.user == me]
     if since is not None or state is not None:  # ended jobs too, from your own job directories
         rows += [job_status(jid, None, d, find, why) for jid, d in _own_ended_jobs({j.job_id for j in queue})]
-        rows.sort(key=lambda r: r.job_id)
+    rows = _shown(sorted(rows, key=lambda r: r.job_id), since, state)
+    if as_json:
+        emit_json([r.as_dict() for r in sorted([*rows, *(theirs or ())], key=lambda r: r.job_id)])
+        return
+    texts = _list_texts(rows, when)
+    if theirs is not None and their_texts is not None:
+        texts = _merged([r.job_id for r in theirs], their_texts, [r.job_id for r in rows], texts)
+    click.echo(table_of_texts(LIST_HEADERS, texts))
+
+
+def _shown(rows: list[HaiStatus], since: float | None, state: str | None) -> list[HaiStatus]:
+    """The rows `hai list --since/--state` shows."""
     if since is not None:
         rows = [r for r in rows if (r.submitted or r.started or r.ended) >= since]
     if state is not None:
         rows = [r for r in rows if r.state == state or (state == "finished" and r.state in TERMINAL)]
-    if as_json:
-        emit_json([r.as_dict() for r in rows])
-        return
-    when = functools.lru_cache(maxsize=None)(_when)  # many jobs share a second
+    return rows
 
-    def of(name: str) -> Iterable[object]:
+
+def _list_texts(rows: Sequence[HaiStatus], when: Callable[[int], str]) -> list[list[str]]:
+    """The LIST_HEADERS columns of `rows`, as text."""
+    def of(name: str) -> Iterable[Any]:
         return map(attrgetter(name), rows)
 
-    click.echo(table_of_columns(
-        ["JOB", "NAME", "USER", "STATE", "LEVEL", "NODES", "RESTARTS", "SUBMITTED", "STARTED", "ENDED", "REASON"],
-        [of("job_id"), of("name"), of("user"), of("state"), of("level"), of("nodes_text"), of("restarts"),
-         map(when, of("submitted")), map(when, of("started")), map(when, of("ended")), of("reason")]))
+    return column_texts([of("job_id"), of("name"), of("user"), of("state"), of("level"), of("nodes_text"),
+                         of("restarts"), map(when, of("submitted")), map(when, of("started")),
+                         map(when, of("ended")), of("reason")])
+
+
+def _merged(ids: list[int], texts: list[list[str]], more_ids: list[int], more: list[list[str]]) -> list[list[str]]:
+    """Two tables' columns, each in job id order, as one in job id order; `more` is a few rows
+    (yours), each put in its place in `texts` (everyone else's)."""
+    places = [bisect.bisect(ids, job_id) for job_id in more_ids]
+    for k in reversed(range(len(more_ids))):  # the last first: the earlier places stay right
+        for column, extra in zip(texts, more):
+            column.insert(places[k], extra[k])
+    return texts
 
 
 def _nodes_line(st) -> str:

@@ -161,3 +161,10 @@ def test_logs_follow_asks_slurm_about_its_own_job_only_every_few_seconds(world, 
     assert 5 <= len(asked) <= 8  # the lookup, then once per 5 s over 30 s (not 60 times)
     out = capsys.readouterr()
     assert out.out == "hello\n" and out.err.strip().endswith("---- job 11 finished-succeeded")
+
+
+def test_your_rows_take_their_places_among_everyone_elses_in_job_id_order():
+    theirs = [["1", "4", "9"], ["a1", "a4", "a9"]]
+    merged = user._merged([1, 4, 9], theirs, [0, 5, 6, 10], [["0", "5", "6", "10"], ["b0", "b5", "b6", "b10"]])
+    assert merged == [["0", "1", "4", "5", "6", "9", "10"], ["b0", "a1", "a4", "b5", "b6", "a9", "b10"]]
+    assert user._merged([], [[], []], [3], [["3"], ["b3"]]) == [["3"], ["b3"]]
