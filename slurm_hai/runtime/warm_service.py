@@ -21,7 +21,6 @@ import importlib
 import logging
 import os
 import resource  # a child's, imported here: loading it in each child cost it 1 ms of its start
-import select
 import selectors
 import signal
 import socket
@@ -263,6 +262,7 @@ class Service:
         self.path, self.preload = path, preload
         self.children: dict[int, tuple[int, socket.socket]] = {}  # pidfd -> (pid, its client)
         self.starting: dict[int, _Start] = {}  # a child's ready pipe -> its start, until it says
+        self.orphans: dict[int, float] = {}  # pidfd -> when its child is killed, its client gone (monotonic)
         self.sel = selectors.DefaultSelector()
         self.base_path = list(sys.path[1:])  # the interpreter's own path, without the service's script dir
         self.code: dict[str, tuple[int, int]] = {}  # the files of what it loaded, as they were then
@@ -306,7 +306,7 @@ class Service:
         log.info("warm-start service on %s (pid %d)", self.path, os.getpid())
         try:
             while not stop:
-                for key, _ in self.sel.select(timeout=1.0):
+                for key, _ in self.sel.select(timeout=self._next_timeout()):
                     try:
                         if key.data == "accept":
                             self._accept(server)
@@ -319,6 +319,7 @@ class Service:
                     except Exception:  # noqa: BLE001 - one start's fault is not every later start's
                         log.exception("while handling %s", key.data)
                 self._overdue()
+                self._kill_orphans()
         finally:  # the children are the jobs': they run on, their clients learn no exit status
             for _pid, conn in self.children.values():
                 conn.close()
@@ -452,6 +453,7 @@ class Service:
 
     def _child_ended(self, pidfd: int) -> None:
         pid, conn = self.children.pop(pidfd)
+        self.orphans.pop(pidfd, None)
         self.sel.unregister(pidfd)
         if conn.fileno() in self.sel.get_map():  # not when its client went first (_client_gone)
             self.sel.unregister(conn)
@@ -465,17 +467,34 @@ class Service:
 
     def _client_gone(self, pidfd: int) -> None:
         """The client's connection is readable: it closed (a client sends nothing more). A
-        client told its child's exit status by the child goes as the child ends: a child that
-        is ending, or ends within EXIT_AFTER_STATUS_S, is left to end."""
+        child told its status to its client, which went as the child ended: a child that is
+        ending, or ends within EXIT_AFTER_STATUS_S, is left to end (`_kill_orphans`)."""
         pid, conn = self.children[pidfd]
         self.sel.unregister(conn)
-        if _exiting(pid) or select.select([pidfd], [], [], EXIT_AFTER_STATUS_S)[0]:
-            return
-        log.info("pid %d: its client is gone; killed, with its process group and every process below it", pid)
-        below = descendants(pid)
-        _kill(pid)  # _child_ended follows, and finds the connection closed
-        for other in below:
-            _kill(other)
+        if not _exiting(pid):
+            self.orphans[pidfd] = time.monotonic() + EXIT_AFTER_STATUS_S
+
+    def _kill_orphans(self) -> None:
+        """Kill the children whose clients went EXIT_AFTER_STATUS_S ago and that still run,
+        with their process groups and every process below them."""
+        now = time.monotonic()
+        for pidfd in [p for p, deadline in self.orphans.items() if deadline <= now]:
+            del self.orphans[pidfd]
+            if pidfd not in self.children or _exiting(self.children[pidfd][0]):
+                continue
+            pid = self.children[pidfd][0]
+            log.info("pid %d: its client is gone; killed, with its process group and every process below it", pid)
+            below = descendants(pid)
+            _kill(pid)  # _child_ended follows, and finds the connection closed
+            for other in below:
+                _kill(other)
+
+    def _next_timeout(self) -> float:
+        """How long the loop may wait for its next event: at most 1 s, and no later than the
+        next orphan is due."""
+        if not self.orphans:
+            return 1.0
+        return max(0.0, min(1.0, min(self.orphans.values()) - time.monotonic()))
 
 
 class _Start(NamedTuple):
