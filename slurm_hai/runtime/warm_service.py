@@ -315,7 +315,7 @@ class Service:
                         elif key.data[0] == "child":
                             self._child_ended(key.fd)
                         else:
-                            self._client_gone(key.data[1])
+                            self._client_gone(key.data[1], key.fileobj)
                     except Exception:  # noqa: BLE001 - one start's fault is not every later start's
                         log.exception("while handling %s", key.data)
                 self._overdue()
@@ -465,11 +465,16 @@ class Service:
             pass
         conn.close()
 
-    def _client_gone(self, pidfd: int) -> None:
-        """The client's connection is readable: it closed (a client sends nothing more). A
-        child told its status to its client, which went as the child ended: a child that is
-        ending, or ends within EXIT_AFTER_STATUS_S, is left to end (`_kill_orphans`)."""
-        pid, conn = self.children[pidfd]
+    def _client_gone(self, pidfd: int, conn: object) -> None:
+        """The client's connection `conn` is readable: it closed (a client sends nothing more).
+        A child told its status to its client, which went as the child ended: a child that is
+        ending, or ends within EXIT_AFTER_STATUS_S, is left to end (`_kill_orphans`). An event
+        of a child handled already in the same round is nothing (its pidfd's number may be
+        another child's by now)."""
+        child = self.children.get(pidfd)
+        if child is None or child[1] is not conn:
+            return
+        pid = child[0]
         self.sel.unregister(conn)
         if not _exiting(pid):
             self.orphans[pidfd] = time.monotonic() + EXIT_AFTER_STATUS_S

@@ -434,3 +434,38 @@ def test_the_child_tells_its_exit_status_and_what_it_leaves_running_is_not_kille
         assert not gone(pid), "the command's background process was killed with its client"
     finally:
         os.kill(pid, signal.SIGKILL)
+
+
+def test_a_stale_client_event_does_not_touch_the_child_that_took_its_pidfds_number(tmp_path):
+    """A child that ended and whose client went in the same round of the loop: the client's
+    event names the child's pidfd by number, which the round may have given to a new child
+    already; that child and its client are left alone, and a client that did go has its child
+    killed only if the child is still there EXIT_AFTER_STATUS_S later."""
+    import selectors
+    import socket
+
+    from slurm_hai.runtime import warm_service
+
+    service = warm_service.Service(str(tmp_path / "s.sock"), [])
+    new_child = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    new_client, _peer = socket.socketpair()
+    old_client, _old_peer = socket.socketpair()
+    pidfd = os.pidfd_open(new_child.pid)
+    try:
+        service.children[pidfd] = (new_child.pid, new_client)
+        service.sel.register(new_client, selectors.EVENT_READ, ("client", pidfd))
+        service._client_gone(pidfd, old_client)  # the ended child's client, by the reused number
+        assert new_client in [k.fileobj for k in service.sel.get_map().values()] and not service.orphans
+        service._client_gone(pidfd, new_client)  # its own client goes: killed 50 ms on
+        assert list(service.orphans) == [pidfd]
+        service._kill_orphans()
+        assert new_child.poll() is None  # not yet
+        time.sleep(warm_service.EXIT_AFTER_STATUS_S)
+        service._kill_orphans()
+        assert new_child.wait(5) == -signal.SIGKILL
+    finally:
+        new_child.kill()
+        new_child.wait()
+        os.close(pidfd)
+        for s in (new_client, _peer, old_client, _old_peer):
+            s.close()
