@@ -8,10 +8,11 @@ and each child's pidfd. A request is read whole (with its three descriptors), ch
 pipe before any of the job's code runs, or says why it could not, which the client is told as
 a refusal; then a preloaded module's `started(argv)` hook, if it has one, and the command. The loop takes other requests meanwhile (a burst of users' commands is not
 queued behind each child's start). The child tells its client its pid, and its exit status
-when its command is done; when a child ends, its client is sent the wait status (again); when a client's connection closes first (Slurm
-killed the step), its child is killed, with its process group and every process below it. A
-service that stops leaves its children running (they are the jobs' processes); their clients
-then end with exit 1 and a line once they end.
+when its command is done; when a child ends, its client is sent the wait status (again). When
+a client's connection closes while its child runs on (Slurm killed the step), the child is
+killed, with its process group and every process below it. A service that stops leaves its
+children running (they are the jobs' processes); their clients hear each child's status from
+the child, and end with exit 1 and a line where the child died of a signal.
 """
 
 from __future__ import annotations
@@ -320,7 +321,7 @@ class Service:
                         log.exception("while handling %s", key.data)
                 self._overdue()
                 self._kill_orphans()
-        finally:  # the children are the jobs': they run on, their clients learn no exit status
+        finally:  # the children are the jobs': they run on, and tell their clients how they ended
             for _pid, conn in self.children.values():
                 conn.close()
             for ready in list(self.starting):

@@ -469,3 +469,27 @@ def test_a_stale_client_event_does_not_touch_the_child_that_took_its_pidfds_numb
         os.close(pidfd)
         for s in (new_client, _peer, old_client, _old_peer):
             s.close()
+
+
+def test_a_service_stopped_while_its_child_runs_leaves_the_child_to_tell_its_client_how_it_ended(shared):
+    started = shared / "stopped-service-child"
+    job = script(shared, f"""
+        import sys, time
+        open({str(started)!r}, "w").close()
+        time.sleep(1.5)
+        sys.exit(4)
+    """)
+    sock = shared / "stopping.sock"
+    proc = start_service(sock, "json")
+    p = client(sock, [sys.executable, str(job)])
+    try:
+        deadline = time.monotonic() + 30
+        while not started.exists():
+            assert p.poll() is None and time.monotonic() < deadline, p.communicate()
+            time.sleep(0.05)
+        proc.terminate()
+        assert proc.wait(10) == 0
+        assert p.wait(30) == 4, p.communicate()
+    finally:
+        p.kill()
+        proc.kill()
