@@ -174,7 +174,7 @@ def column_texts(columns: Iterable[Iterable[object]]) -> list[list[str]]:
 
 
 def table_of_texts(headers: Sequence[str], texts: Sequence[list[str]]) -> str:
-    """table() of columns_texts()."""
+    """table() of column_texts()."""
     cells = [[h, *text] for h, text in zip(headers, texts)]
     padded = [list(map(str.ljust, text, repeat(max(map(len, text))))) for text in cells[:-1]]
     return "\n".join(map(str.rstrip, map("  ".join, zip(*padded, cells[-1]))))

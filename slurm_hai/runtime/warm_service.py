@@ -6,8 +6,9 @@ One thread, one loop: the listening socket, each child's ready pipe, each client
 and each child's pidfd. A request is read whole (with its three descriptors), checked
 (`refusal`), and forked; the child becomes the client's process (`become`) and says so on a
 pipe before any of the job's code runs, or says why it could not, which the client is told as
-a refusal; then a preloaded module's `started(argv)` hook, if it has one, and the command. The loop takes other requests meanwhile (a burst of users' commands is not
-queued behind each child's start). The child tells its client its pid, and its exit status
+a refusal; then a preloaded module's `started(argv)` hook, if it has one, and the command.
+The loop takes other requests meanwhile (a burst of users' commands is not queued behind
+each child's start). The child tells its client its pid, and its exit status
 when its command is done; when a child ends, its client is sent the wait status (again). When
 a client's connection closes while its child runs on (Slurm killed the step), the child is
 killed, with its process group and every process below it. A service that stops leaves its
