@@ -179,17 +179,25 @@ def become(request: dict, fds: list[int], peer: tuple[int, int, int]) -> None:
     os.setresuid(uid, uid, uid)
     os.umask(request["umask"])
     os.chdir(request["cwd"])
-    os.environ.clear()
-    os.environ.update(request["env"])
+    # the client's environment, each variable changed only where it differs (every change
+    # writes to pages the child shares with the service: copied, at a fault each)
+    env = request["env"]
+    for key in [k for k in os.environ if k not in env]:
+        del os.environ[key]
+    for key, value in env.items():
+        if os.environ.get(key) != value:
+            os.environ[key] = value
     for target, fd in enumerate(fds):
         os.dup2(fd, target)
     for n in range(1, signal.NSIG):
         if n in (signal.SIGKILL, signal.SIGSTOP):
             continue
+        default = (signal.default_int_handler if n == signal.SIGINT else
+                   signal.SIG_IGN if n in (signal.SIGPIPE, signal.SIGXFSZ) else signal.SIG_DFL)
+        wanted = signal.SIG_IGN if n in ignored else default
         try:
-            default = (signal.default_int_handler if n == signal.SIGINT else
-                       signal.SIG_IGN if n in (signal.SIGPIPE, signal.SIGXFSZ) else signal.SIG_DFL)
-            signal.signal(n, signal.SIG_IGN if n in ignored else default)
+            if signal.getsignal(n) != wanted:
+                signal.signal(n, wanted)
         except (OSError, ValueError):
             continue
     signal.pthread_sigmask(signal.SIG_SETMASK, blocked)

@@ -87,6 +87,40 @@ def test_a_warm_child_is_the_clients_process_its_user_ids_limits_place_and_strea
     assert seen["main"] == "__main__" and seen["warm"]  # json came preloaded: the child is the service's fork
 
 
+def test_a_warm_childs_environment_and_signals_are_the_clients_not_the_services(shared):
+    """become() changes only what differs from the service's: a variable the service has and
+    the client not is gone, one both have takes the client's value; a signal the service
+    handles is the default again, one the client ignores is ignored, as a cold start has them."""
+    sock = shared / "env.sock"
+    proc = start_service(sock, "json", env={"HAI_TEST_SERVICE_ONLY": "1", "HAI_TEST_VAR": "the service's"})
+    try:
+        job = script(shared, """
+            import json, os, signal
+            def name(h):
+                return {signal.SIG_DFL: "default", signal.SIG_IGN: "ignored",
+                        signal.default_int_handler: "interrupt"}.get(h, repr(h))
+            print(json.dumps({"var": os.environ.get("HAI_TEST_VAR"), "only": os.environ.get("HAI_TEST_SERVICE_ONLY"),
+                              "env": dict(os.environ),
+                              "sig": {s: name(signal.getsignal(getattr(signal, s)))
+                                      for s in ("SIGTERM", "SIGINT", "SIGUSR2", "SIGPIPE", "SIGHUP")}}))
+        """)
+        env = {k: v for k, v in os.environ.items() if k != "HAI_TEST_SERVICE_ONLY"}
+        env.update(HAI_WARM_SOCKET=str(sock), HAI_TEST_VAR="seen")
+        p = subprocess.run(["sh", "-c", "trap '' USR2; exec \"$@\"", "sh", sys.executable, "-m",
+                            "slurm_hai.runtime.warm", "--", sys.executable, str(job)], env=env, capture_output=True,
+                           text=True, timeout=60)
+        import json
+
+        seen = json.loads(p.stdout)
+        assert p.returncode == 0 and (seen["var"], seen["only"]) == ("seen", None), p.stderr
+        assert {k: v for k, v in seen["env"].items() if k != "PWD"} == {k: v for k, v in env.items() if k != "PWD"}
+        assert seen["sig"] == {"SIGTERM": "default", "SIGINT": "interrupt", "SIGUSR2": "ignored",
+                               "SIGPIPE": "ignored", "SIGHUP": "default"}
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
 def test_a_warm_child_takes_the_control_groups_of_its_client_where_they_differ_from_the_services(service, shared):
     """The client in a control group of its own (a step's, or a login session's): the child is
     moved there; in every other hierarchy it stays where the service is, as the client is."""
