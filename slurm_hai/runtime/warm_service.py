@@ -118,13 +118,13 @@ def _limits(pid: int) -> dict[int, tuple[int, int]]:
     """Process `pid`'s resource limits, {RLIMIT_*: (soft, hard)}."""
     out = {}
     for line in Path(f"/proc/{pid}/limits").read_text().splitlines()[1:]:
-        name = next((n for n in LIMIT_NAMES if line.startswith(n)), None)
-        if name is None or not hasattr(resource, LIMIT_NAMES[name]):
+        name = LIMIT_NAMES.get(line[:25].rstrip())  # fs/proc/base.c: "%-25s %-20s %-20s %-10s"
+        if name is None or not hasattr(resource, name):
             continue
-        soft, hard = line[len(name):].split()[:2]
-        out[getattr(resource, LIMIT_NAMES[name])] = tuple(resource.RLIM_INFINITY if v == "unlimited" else int(v)
-                                                           for v in (soft, hard))
-    return out  # type: ignore[return-value]
+        soft, hard = line[25:].split()[:2]
+        out[getattr(resource, name)] = (resource.RLIM_INFINITY if soft == "unlimited" else int(soft),
+                                        resource.RLIM_INFINITY if hard == "unlimited" else int(hard))
+    return out
 
 
 def _signal_set(status: dict[str, list[str]], field: str) -> set[int]:
@@ -138,9 +138,12 @@ def _join_cgroups(pid: int) -> None:
     its one path; v1: each hierarchy's, under /sys/fs/cgroup/<controllers>). A move costs the
     kernel a wait for its RCU readers (1-2 ms a hierarchy on this VM's nine v1 hierarchies,
     15 ms in all); a hierarchy where the service's group is the client's is left as it is."""
-    own = set(Path("/proc/self/cgroup").read_text().splitlines())
-    for line in Path(f"/proc/{pid}/cgroup").read_text().splitlines():
-        if line in own:
+    own, theirs = Path("/proc/self/cgroup").read_text(), Path(f"/proc/{pid}/cgroup").read_text()
+    if own == theirs:
+        return
+    mine = set(own.splitlines())
+    for line in theirs.splitlines():
+        if line in mine:
             continue
         hierarchy, controllers, path = line.split(":", 2)
         if hierarchy == "0" and not controllers:
@@ -158,8 +161,6 @@ def _join_cgroups(pid: int) -> None:
 def become(request: dict, fds: list[int], peer: tuple[int, int, int]) -> None:
     """In the forked child, as root: become the client's process (module docstring). Raises
     on anything it cannot take over; the service then refuses, and the client starts cold."""
-    import random
-
     pid, uid, gid = peer
     # A session and process group of its own, as a launcher's cold start has: the client
     # relays its signals to the group (the command and the processes it started), and the
@@ -167,7 +168,8 @@ def become(request: dict, fds: list[int], peer: tuple[int, int, int]) -> None:
     os.setsid()
     _join_cgroups(pid)
     for res, limits in _limits(pid).items():
-        resource.setrlimit(res, limits)
+        if resource.getrlimit(res) != limits:
+            resource.setrlimit(res, limits)
     status = _proc_status(pid)
     uids, gids = [int(x) for x in status["Uid"]], [int(x) for x in status["Gid"]]
     groups = [int(x) for x in status.get("Groups", [])]
@@ -203,7 +205,7 @@ def become(request: dict, fds: list[int], peer: tuple[int, int, int]) -> None:
     signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
     logging.root.handlers.clear()  # the service's logging is not the job's: a fresh root logger
     logging.root.setLevel(logging.WARNING)
-    random.seed()
+    # random reseeds itself in a forked child (its os.register_at_fork); numpy does not
     if "numpy" in sys.modules:
         sys.modules["numpy"].random.seed()
     if "torch" in sys.modules:
