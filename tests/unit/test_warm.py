@@ -90,28 +90,30 @@ def test_a_warm_child_is_the_clients_process_its_user_ids_limits_place_and_strea
 def test_a_warm_childs_environment_and_signals_are_the_clients_not_the_services(shared):
     """become() changes only what differs from the service's: a variable the service has and
     the client not is gone, one both have takes the client's value; a signal the service
-    handles is the default again, one the client ignores is ignored, as a cold start has them."""
+    handles is the default again, one the client ignores is ignored, as a cold start has them;
+    and no two children draw the same random numbers."""
     sock = shared / "env.sock"
     proc = start_service(sock, "json", env={"HAI_TEST_SERVICE_ONLY": "1", "HAI_TEST_VAR": "the service's"})
     try:
         job = script(shared, """
-            import json, os, signal
+            import json, os, random, signal
             def name(h):
                 return {signal.SIG_DFL: "default", signal.SIG_IGN: "ignored",
                         signal.default_int_handler: "interrupt"}.get(h, repr(h))
             print(json.dumps({"var": os.environ.get("HAI_TEST_VAR"), "only": os.environ.get("HAI_TEST_SERVICE_ONLY"),
-                              "env": dict(os.environ),
+                              "env": dict(os.environ), "random": random.getrandbits(64),
                               "sig": {s: name(signal.getsignal(getattr(signal, s)))
                                       for s in ("SIGTERM", "SIGINT", "SIGUSR2", "SIGPIPE", "SIGHUP")}}))
         """)
         env = {k: v for k, v in os.environ.items() if k != "HAI_TEST_SERVICE_ONLY"}
         env.update(HAI_WARM_SOCKET=str(sock), HAI_TEST_VAR="seen")
-        p = subprocess.run(["sh", "-c", "trap '' USR2; exec \"$@\"", "sh", sys.executable, "-m",
-                            "slurm_hai.runtime.warm", "--", sys.executable, str(job)], env=env, capture_output=True,
-                           text=True, timeout=60)
+        runs = [subprocess.run(["sh", "-c", "trap '' USR2; exec \"$@\"", "sh", sys.executable, "-m",
+                                "slurm_hai.runtime.warm", "--", sys.executable, str(job)], env=env,
+                               capture_output=True, text=True, timeout=60) for _ in range(2)]
         import json
 
-        seen = json.loads(p.stdout)
+        p, seen = runs[0], json.loads(runs[0].stdout)
+        assert seen["random"] != json.loads(runs[1].stdout)["random"]  # each child reseeded after its fork
         assert p.returncode == 0 and (seen["var"], seen["only"]) == ("seen", None), p.stderr
         assert {k: v for k, v in seen["env"].items() if k != "PWD"} == {k: v for k, v in env.items() if k != "PWD"}
         assert seen["sig"] == {"SIGTERM": "default", "SIGINT": "interrupt", "SIGUSR2": "ignored",
