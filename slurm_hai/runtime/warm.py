@@ -75,22 +75,25 @@ class Refused(Exception):
 # --- replies of one JSON line each: {"pid": N}, then {"status": WAITSTATUS} (from the child, then
 # again from the service once it has reaped it: a client reads the first); or {"refused": WHY}
 
-def send_request(sock: socket.socket, request: dict) -> None:
-    body = json.dumps(request).encode()
-    sock.sendmsg([HEADER.pack(len(body)) + body],
-                 [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", [0, 1, 2]))])
+def send_request(sock: socket.socket, request: dict, fds: tuple[int, ...] = (0, 1, 2)) -> None:
+    """The request, with `fds` alongside (the client's 0-2; the service hands a child forked
+    ahead the client's connection and those three)."""
+    data = HEADER.pack(len(body := json.dumps(request).encode())) + body
+    sent = sock.sendmsg([data], [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds))])
+    if sent < len(data):
+        sock.sendall(data[sent:])
 
 
-def receive_request(sock: socket.socket) -> tuple[dict, list[int]]:
-    """A request and the three descriptors that came with it (the caller owns them)."""
+def receive_request(sock: socket.socket, nfds: int = 3) -> tuple[dict, list[int]]:
+    """A request and the `nfds` descriptors that came with it (the caller owns them)."""
     fds = array.array("i")
-    data, ancdata, _flags, _addr = sock.recvmsg(1 << 16, socket.CMSG_LEN(3 * fds.itemsize))
+    data, ancdata, _flags, _addr = sock.recvmsg(1 << 16, socket.CMSG_LEN(nfds * fds.itemsize))
     for level, kind, payload in ancdata:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             fds.frombytes(payload[:len(payload) - len(payload) % fds.itemsize])
     try:
-        if len(data) < HEADER.size or len(fds) != 3:
-            raise Refused("a request without its length or its three descriptors")
+        if len(data) < HEADER.size or len(fds) != nfds:
+            raise Refused(f"a request without its length or its {nfds} descriptors")
         (size,) = HEADER.unpack_from(data)
         if size > MAX_REQUEST:
             raise Refused(f"a request of {size} bytes")

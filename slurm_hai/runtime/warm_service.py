@@ -3,9 +3,11 @@ modules it preloads once, then forks each job process a client (slurm_hai.runtim
 docstring says what a child takes over and when a start is made cold) asks for.
 
 One thread, one loop: the listening socket, each child's ready pipe, each client's connection
-and each child's pidfd. A request is read whole (with its three descriptors), checked
-(`refusal`), and forked; the child becomes the client's process (`become`) and says so on a
-pipe before any of the job's code runs, or says why it could not, which the client is told as
+and each child's pidfd. While no client waits, one child is forked ahead (`_fork_spare`): it
+waits on a socket pair of its own. A request is read whole (with its three descriptors),
+checked (`refusal`), and handed to that child with the client's connection (or, where there
+is none, a child is forked for it); the child becomes the client's process (`become`) and says
+so before any of the job's code runs, or says why it could not, which the client is told as
 a refusal; then a preloaded module's `started(argv)` hook, if it has one, and the command.
 The loop takes other requests meanwhile (a burst of users' commands is not queued behind
 each child's start). The child tells its client its pid, and its exit status
@@ -29,14 +31,16 @@ import socket
 import sys
 import time
 from pathlib import Path
-from typing import NamedTuple
+from typing import NamedTuple, NoReturn
 
 from .proctree import descendants
-from .warm import START_ONLY, Refused, peer_of, receive_request, reply, same_python
+from .warm import START_ONLY, Refused, peer_of, receive_request, reply, same_python, send_request
 
 log = logging.getLogger("slurm_hai.warm")
 # How long a child may take to become the client's process before the service refuses.
 BECOME_WITHIN_S = 10.0
+# A child forked ahead that died before it was given a request is forked again this much later.
+SPARE_AGAIN_AFTER_S = 1.0
 CODE_CHECK_EVERY_S = 1.0
 # A child that told its client its exit status ends at once; its client, gone meanwhile, is
 # not a reason to kill it (and its process group) unless it is still there after this long.
@@ -280,6 +284,8 @@ class Service:
         self.code: dict[str, tuple[int, int]] = {}  # the files of what it loaded, as they were then
         self.code_checked = float("-inf")  # when they were last compared with the disk (monotonic)
         self.stale: str | None = None  # a file of them that changed since
+        self.spare: _Spare | None = None  # a child forked ahead, waiting for its request
+        self.spare_after = 0.0  # when one may be forked (monotonic): later, where the last one died
 
     def listen(self) -> socket.socket:
         """Bind the socket, then preload: a step that asks meanwhile waits in the backlog for
@@ -326,13 +332,19 @@ class Service:
                             self._started(key.fd, os.read(key.fd, 4096))
                         elif key.data[0] == "child":
                             self._child_ended(key.fd)
+                        elif key.data[0] == "spare":
+                            self._spare_died()
                         else:
                             self._client_gone(key.data[1], key.fileobj)
                     except Exception:  # noqa: BLE001 - one start's fault is not every later start's
                         log.exception("while handling %s", key.data)
                 self._overdue()
                 self._kill_orphans()
+                self._fork_spare()
         finally:  # the children are the jobs': they run on, and tell their clients how they ended
+            if self.spare is not None:
+                os.kill(self.spare.pid, signal.SIGKILL)
+                os.waitpid(self.spare.pid, 0)
             for _pid, conn in self.children.values():
                 conn.close()
             for ready in list(self.starting):
@@ -358,7 +370,7 @@ class Service:
         try:
             why = refusal(request, peer[0]) or self._stale()
             if not why:
-                pid, ready = self._fork(request, fds, peer, conn)
+                pid, ready = self._hand(request, fds, peer, conn) or self._fork(request, fds, peer, conn)
                 self.starting[ready] = _Start(pid, conn, peer, request["argv"][:2], time.monotonic() + BECOME_WITHIN_S)
                 self.sel.register(ready, selectors.EVENT_READ, ("ready", ready))
                 return
@@ -417,38 +429,97 @@ class Service:
 
     def _fork(self, request: dict, fds: list[int], peer: tuple[int, int, int], conn: socket.socket
               ) -> tuple[int, int]:
-        """Fork the child: its pid, and the pipe on which it says it became the client's process.
-        The child then tells the client its pid, and at its end its exit status, itself: before
-        its memory is torn down (2 ms of a warm command's 10 with the commands preloaded), the
-        client has ended. The service tells the status of a child that ended otherwise (a
-        signal), and again of one that told it (a client reads the first)."""
+        """Fork the child: its pid, and the pipe on which it says it became the client's process."""
         ready_r, ready_w = os.pipe()
         pid = os.fork()
         if pid == 0:  # the child: never returns into the service's loop
-            code, said = 1, False
-            try:
-                os.close(ready_r)
-                self.sel.close()
-                become(request, fds, peer)
-                _close_all_but(ready_w, conn.fileno())  # the service's sockets, other requests' descriptors
-                os.write(ready_w, b"ok")
-                os.close(ready_w)
-                said = True
-                conn.settimeout(None)
-                reply(conn, {"pid": os.getpid()})
-                self._started_hooks(request["argv"])
-                code = run_as_main(request["argv"], self.base_path)
-                reply(conn, {"status": code << 8})  # as waitpid would say it
-            except BaseException as e:  # noqa: BLE001 - before it said "ok": told to the service, which refuses
-                if not said:
-                    try:
-                        os.write(ready_w, f"error: {type(e).__name__}: {e}".encode()[:4000])
-                    except OSError:
-                        pass
-            finally:
-                os._exit(code)
+            os.close(ready_r)
+            self.sel.close()
+            self._child(request, fds, peer, conn, ready_w)
         os.close(ready_w)
         return pid, ready_r
+
+    def _fork_spare(self) -> None:
+        """Fork a child ahead of the next request, where there is none: the fork, the child's
+        own start and the pages it touches first are then paid before a client asks, not while
+        it waits (`_hand`). The child closes every descriptor it took from the service but its
+        end of a socket pair, and waits there for its request."""
+        if self.spare is not None or self.stale or time.monotonic() < self.spare_after:
+            return
+        ours, theirs = socket.socketpair()
+        pid = os.fork()
+        if pid == 0:  # the spare: never returns into the service's loop
+            code = 1
+            try:
+                self.sel.close()
+                _close_all_but(theirs.fileno())
+                _touch_ahead()
+                message, fds = receive_request(theirs, 4)
+            except BaseException:  # noqa: BLE001 - the service gone, or no request: nothing to tell
+                os._exit(code)
+            self._child(message["request"], fds[1:], tuple(message["peer"]), socket.socket(fileno=fds[0]),
+                        theirs.detach())
+        theirs.close()
+        ours.settimeout(1.0)  # a request is handed over at once: a spare that does not take it is passed by
+        self.spare = _Spare(pid, ours)
+        self.sel.register(ours, selectors.EVENT_READ, ("spare",))
+
+    def _hand(self, request: dict, fds: list[int], peer: tuple[int, int, int], conn: socket.socket
+              ) -> tuple[int, int] | None:
+        """Give the request to the child forked ahead: its pid, and the socket on which it says it
+        became the client's process; None where there is none, or it is gone."""
+        spare, self.spare = self.spare, None
+        if spare is None:
+            return None
+        self.sel.unregister(spare.sock)
+        try:
+            send_request(spare.sock, {"request": request, "peer": peer}, (conn.fileno(), *fds))
+        except OSError:
+            spare.sock.close()
+            os.kill(spare.pid, signal.SIGKILL)
+            os.waitpid(spare.pid, 0)
+            return None
+        return spare.pid, spare.sock.detach()
+
+    def _spare_died(self) -> None:
+        """The child forked ahead ended before it was given a request (killed, out of memory):
+        reaped, and another forked SPARE_AGAIN_AFTER_S later."""
+        spare, self.spare = self.spare, None
+        if spare is None:
+            return
+        self.sel.unregister(spare.sock)
+        spare.sock.close()
+        _, status = os.waitpid(spare.pid, 0)
+        log.warning("the child forked ahead (pid %d) ended before its request, wait status %d", spare.pid, status)
+        self.spare_after = time.monotonic() + SPARE_AGAIN_AFTER_S
+
+    def _child(self, request: dict, fds: list[int], peer: tuple[int, int, int], conn: socket.socket,
+               ready_w: int) -> NoReturn:
+        """In the child: become the client's process, say so on `ready_w`, run the command.
+        The child tells the client its pid, and at its end its exit status, itself: before its
+        memory is torn down (2 ms of a warm command's 10 with the commands preloaded), the
+        client has ended. The service tells the status of a child that ended otherwise (a
+        signal), and again of one that told it (a client reads the first)."""
+        code, said = 1, False
+        try:
+            become(request, fds, peer)
+            _close_all_but(ready_w, conn.fileno())  # the service's sockets, other requests' descriptors
+            os.write(ready_w, b"ok")
+            os.close(ready_w)
+            said = True
+            conn.settimeout(None)
+            reply(conn, {"pid": os.getpid()})
+            self._started_hooks(request["argv"])
+            code = run_as_main(request["argv"], self.base_path)
+            reply(conn, {"status": code << 8})  # as waitpid would say it
+        except BaseException as e:  # noqa: BLE001 - before it said "ok": told to the service, which refuses
+            if not said:
+                try:
+                    os.write(ready_w, f"error: {type(e).__name__}: {e}".encode()[:4000])
+                except OSError:
+                    pass
+        finally:
+            os._exit(code)
 
     def _started_hooks(self, argv: list[str]) -> None:
         """In the child, as the client's process and before its command: each preloaded
@@ -514,6 +585,13 @@ class Service:
         return max(0.0, min(1.0, min(self.orphans.values()) - time.monotonic()))
 
 
+class _Spare(NamedTuple):
+    """A child forked ahead of its request, and the service's end of the socket it waits on."""
+
+    pid: int
+    sock: socket.socket
+
+
 class _Start(NamedTuple):
     """A child forked for a client, until it says it became the client's process."""
 
@@ -522,6 +600,14 @@ class _Start(NamedTuple):
     peer: tuple[int, int, int]
     argv: list[str]
     deadline: float  # monotonic
+
+
+def _touch_ahead() -> None:
+    """In a child forked ahead: read what `become` reads, of this process, so that the pages
+    those reads touch are this child's own before a client waits on it."""
+    _proc_status(os.getpid())
+    _limits(os.getpid())
+    Path("/proc/self/cgroup").read_text()
 
 
 def _kill(pid: int) -> None:

@@ -529,3 +529,42 @@ def test_a_service_stopped_while_its_child_runs_leaves_the_child_to_tell_its_cli
     finally:
         p.kill()
         proc.kill()
+
+
+def _children(pid: int) -> list[int]:
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def _waited(what, timeout: float = 30):
+    deadline = time.monotonic() + timeout
+    while not (got := what()):
+        assert time.monotonic() < deadline, "not in time"
+        time.sleep(0.02)
+    return got
+
+
+def test_the_service_forks_a_child_ahead_and_the_next_command_runs_in_it(shared):
+    """While no client waits, the service keeps one child forked ahead; a request is handed to
+    it (the client is told its pid, the command runs there warm, as the client), and another is
+    forked. One that died before its request is passed by: the command runs in a child forked
+    for it, and a new one is forked ahead. The service that stops ends the one waiting."""
+    sock = shared / "ahead.sock"
+    proc = start_service(sock, "json")
+    job = script(shared, "import json, os, sys\nprint(os.getpid(), os.getuid(), 'json' in sys.modules)\n")
+    try:
+        (ahead,) = _waited(lambda: _children(proc.pid))
+        p = client(sock, [sys.executable, str(job)], user=str(NOBODY.pw_uid))
+        out, err = p.communicate(timeout=60)
+        assert p.returncode == 0 and out.split() == [str(ahead), str(NOBODY.pw_uid), "True"], (out, err)
+        (again,) = _waited(lambda: [c for c in _children(proc.pid) if c != ahead and not gone(c)])
+        os.kill(again, signal.SIGKILL)
+        _waited(lambda: "ended before its request" in sock.with_suffix(".log").read_text())
+        p = client(sock, [sys.executable, str(job)])
+        out, err = p.communicate(timeout=60)
+        pid, uid, warm = out.split()
+        assert p.returncode == 0 and int(pid) not in (ahead, again) and warm == "True", (out, err)
+        (last,) = _waited(lambda: [c for c in _children(proc.pid) if not gone(c) and c != int(pid)])
+    finally:
+        proc.terminate()
+        assert proc.wait(10) == 0, sock.with_suffix(".log").read_text()
+    assert gone(last)
