@@ -446,8 +446,20 @@ class Service:
         end of a socket pair, and waits there for its request."""
         if self.spare is not None or self.stale or time.monotonic() < self.spare_after:
             return
-        ours, theirs = socket.socketpair()
-        pid = os.fork()
+        try:
+            ours, theirs = socket.socketpair()
+        except OSError as e:  # out of descriptors: the requests are forked as they come
+            log.warning("no child forked ahead: %s", e)
+            self.spare_after = time.monotonic() + SPARE_AGAIN_AFTER_S
+            return
+        try:
+            pid = os.fork()
+        except OSError as e:  # out of processes or memory: likewise
+            log.warning("no child forked ahead: %s", e)
+            ours.close()
+            theirs.close()
+            self.spare_after = time.monotonic() + SPARE_AGAIN_AFTER_S
+            return
         if pid == 0:  # the spare: never returns into the service's loop
             code = 1
             try:

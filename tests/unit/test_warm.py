@@ -568,3 +568,23 @@ def test_the_service_forks_a_child_ahead_and_the_next_command_runs_in_it(shared)
         proc.terminate()
         assert proc.wait(10) == 0, sock.with_suffix(".log").read_text()
     assert gone(last)
+
+
+def test_a_service_that_cannot_fork_ahead_goes_on_and_tries_again_later(monkeypatch, caplog):
+    """fork() failing (out of processes or memory) for the child forked ahead is one line in the
+    service's log, not its end; the next try is SPARE_AGAIN_AFTER_S later."""
+    from slurm_hai.runtime import warm_service
+
+    service = warm_service.Service("/nonexistent.sock", [])
+
+    def no_fork() -> int:
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+
+    monkeypatch.setattr(warm_service.os, "fork", no_fork)
+    before = len(os.listdir("/proc/self/fd"))
+    service._fork_spare()
+    assert service.spare is None and service.spare_after > time.monotonic() + 0.5
+    assert "no child forked ahead: [Errno 11]" in caplog.text
+    assert len(os.listdir("/proc/self/fd")) == before  # its socket pair closed
+    service._fork_spare()  # too soon: not tried again
+    assert caplog.text.count("no child forked ahead") == 1
