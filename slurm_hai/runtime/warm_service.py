@@ -343,8 +343,7 @@ class Service:
                 self._fork_spare()
         finally:  # the children are the jobs': they run on, and tell their clients how they ended
             if self.spare is not None:
-                os.kill(self.spare.pid, signal.SIGKILL)
-                os.waitpid(self.spare.pid, 0)
+                self._drop_spare()
             for _pid, conn in self.children.values():
                 conn.close()
             for ready in list(self.starting):
@@ -446,29 +445,26 @@ class Service:
         end of a socket pair, and waits there for its request."""
         if self.spare is not None or self.stale or time.monotonic() < self.spare_after:
             return
-        try:
+        try:  # out of descriptors, processes or memory: the requests are forked as they come
             ours, theirs = socket.socketpair()
-        except OSError as e:  # out of descriptors: the requests are forked as they come
+            try:
+                pid = os.fork()
+            except OSError:
+                ours.close()
+                theirs.close()
+                raise
+        except OSError as e:
             log.warning("no child forked ahead: %s", e)
-            self.spare_after = time.monotonic() + SPARE_AGAIN_AFTER_S
-            return
-        try:
-            pid = os.fork()
-        except OSError as e:  # out of processes or memory: likewise
-            log.warning("no child forked ahead: %s", e)
-            ours.close()
-            theirs.close()
             self.spare_after = time.monotonic() + SPARE_AGAIN_AFTER_S
             return
         if pid == 0:  # the spare: never returns into the service's loop
-            code = 1
             try:
                 self.sel.close()
                 _close_all_but(theirs.fileno())
                 _touch_ahead()
                 message, fds = receive_request(theirs, 4)
             except BaseException:  # noqa: BLE001 - the service gone, or no request: nothing to tell
-                os._exit(code)
+                os._exit(1)
             self._child(message["request"], fds[1:], tuple(message["peer"]), socket.socket(fileno=fds[0]),
                         theirs.detach())
         theirs.close()
@@ -480,30 +476,36 @@ class Service:
               ) -> tuple[int, int] | None:
         """Give the request to the child forked ahead: its pid, and the socket on which it says it
         became the client's process; None where there is none, or it is gone."""
-        spare, self.spare = self.spare, None
+        spare = self.spare
         if spare is None:
             return None
-        self.sel.unregister(spare.sock)
         try:
             send_request(spare.sock, {"request": request, "peer": peer}, (conn.fileno(), *fds))
         except OSError:
-            spare.sock.close()
-            os.kill(spare.pid, signal.SIGKILL)
-            os.waitpid(spare.pid, 0)
+            self._drop_spare()
             return None
+        self.spare = None
+        self.sel.unregister(spare.sock)
         return spare.pid, spare.sock.detach()
 
     def _spare_died(self) -> None:
         """The child forked ahead ended before it was given a request (killed, out of memory):
         reaped, and another forked SPARE_AGAIN_AFTER_S later."""
-        spare, self.spare = self.spare, None
-        if spare is None:
+        if self.spare is None:
             return
+        pid, status = self._drop_spare()
+        log.warning("the child forked ahead (pid %d) ended before its request, wait status %d", pid, status)
+        self.spare_after = time.monotonic() + SPARE_AGAIN_AFTER_S
+
+    def _drop_spare(self) -> tuple[int, int]:
+        """End the child forked ahead (where it has not ended) and reap it: its pid and wait
+        status. It has not setsid(): it is killed alone."""
+        assert self.spare is not None
+        spare, self.spare = self.spare, None
         self.sel.unregister(spare.sock)
         spare.sock.close()
-        _, status = os.waitpid(spare.pid, 0)
-        log.warning("the child forked ahead (pid %d) ended before its request, wait status %d", spare.pid, status)
-        self.spare_after = time.monotonic() + SPARE_AGAIN_AFTER_S
+        os.kill(spare.pid, signal.SIGKILL)
+        return os.waitpid(spare.pid, 0)
 
     def _child(self, request: dict, fds: list[int], peer: tuple[int, int, int], conn: socket.socket,
                ready_w: int) -> NoReturn:
