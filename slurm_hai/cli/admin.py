@@ -537,8 +537,11 @@ def persist_agent(spool: str | None, once: bool, sweep_every: float) -> None:
               help="Where the jobs' steps ask. [default: $HAI_WARM_SOCKET, else /dev/shm/slurm-hai-warm.sock]")
 @click.option("--preload", metavar="MODULES", default="torch", show_default=True,
               help="The modules imported once, before any start, comma-separated (e.g. torch,torchft).")
+@click.option("--keep-idle", metavar="SECONDS", type=click.FloatRange(min=0), default=None,
+              help="How long a child that ran a `hai` command waits for its user's next one "
+                   "(0: one command each). [default: 20]")
 @one_line_errors
-def warm_start(socket_path: str | None, preload: str) -> None:
+def warm_start(socket_path: str | None, preload: str, keep_idle: float | None) -> None:
     """Start jobs' Python processes, or the hai commands, warm on this host (as root).
 
     \b
@@ -548,17 +551,20 @@ def warm_start(socket_path: str | None, preload: str) -> None:
     then runs SCRIPT, and skips Python's start and torch's import. A start it cannot make
     warm (another Python, no service) is made cold by the step itself, with one line.
     On a login node, `--preload slurm_hai.cli.preload` does the same for `hai` and
-    `hai-submit`, which ask by themselves. docs/elastic-in-place.md ("Warm starts"),
-    docs/admin-guide.md; contrib/systemd/ has the unit files.
+    `hai-submit`, which ask by themselves; the child that ran one then runs its user's next
+    (same environment, directory, limits and groups) for --keep-idle s after, without a fork.
+    docs/elastic-in-place.md ("Warm starts"), docs/admin-guide.md; contrib/systemd/ has the
+    unit files.
     """
     from ..runtime.warm import DEFAULT_SOCKET, SOCKET_ENV
-    from ..runtime.warm_service import Service
+    from ..runtime.warm_service import IDLE_FOR_S, Service
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     if os.geteuid() != 0:
         raise click.ClickException("the warm-start service takes each job's user's ids: run it as root")
     service = Service(socket_path or os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET,
-                      [m.strip() for m in preload.split(",") if m.strip()])
+                      [m.strip() for m in preload.split(",") if m.strip()],
+                      IDLE_FOR_S if keep_idle is None else keep_idle)
     try:
         server = service.listen()
     except ImportError as e:

@@ -9,7 +9,10 @@ template changed on disk since is compiled again by the command that renders it 
 at its file each time), a policy changed since read again.
 
 `started` runs in each child the service forks, once it is the client's process: `hai`'s
-first queue read starts there, before the command's own start (runtime/warm_service.py)."""
+first queue read starts there, before the command's own start (runtime/warm_service.py).
+`reusable` tells a child that ran `hai` or `hai-submit` that it may run its user's next command
+(the service checks the rest: nothing left running or open, the same user, environment and
+directory)."""
 
 import difflib  # noqa: F401  (a near miss's suggestion)
 import sys
@@ -19,7 +22,7 @@ import click._textwrap  # noqa: F401  (--help's text, wrapped)
 from .. import render
 from ..jobs.request import JOB_TEMPLATE, PARTS_TEMPLATE
 from ..policy.model import PolicyError, find_policy
-from ..slurm import cli, commands, pyslurm_backend, version  # noqa: F401  (the backend a command picks)
+from ..slurm import cli, commands, pyslurm_backend, squeue, version  # noqa: F401  (the backend a command picks)
 from . import submit, user  # noqa: F401
 from .front import COMMANDS, start_first_read
 
@@ -38,3 +41,9 @@ def started(argv: list[str]) -> None:
     starts the queue read that `hai ARGS` makes first."""
     if argv[:3] == ["-m", "slurm_hai.cli", "hai"]:
         start_first_read(argv[3:])
+
+
+def reusable(argv: list[str]) -> bool:
+    """In a child of the service after its command: whether it may run its user's next one.
+    `hai` and `hai-submit` may, where no queue read started ahead waits to be taken."""
+    return argv[:2] == ["-m", "slurm_hai.cli"] and squeue.nothing_ahead()

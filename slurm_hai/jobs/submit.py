@@ -128,6 +128,9 @@ def submit(prepared: Prepared, slurm: Backend, root: Path) -> Submitted:
         raise
     jobdir = JobDir.for_job(job_id, root).claim(prepared.token)
     request = {k: ctx[k] for k in REQUEST_FIELDS}
-    write_atomic(jobdir.path / "job.json", json.dumps({**request, "job_id": job_id, "user": getpass.getuser()}))
+    # the request as asked, for `hai status`: Slurm has the job, and a reader takes a missing or
+    # cut job.json as none (JobDir.request), so a power loss right after may lose it, no fsync
+    write_atomic(jobdir.path / "job.json", json.dumps({**request, "job_id": job_id, "user": getpass.getuser()}),
+                 durable=False)
     jobdir.event("submit", level=ctx["level"], nodes=ctx["nodes"], node_range=ctx["node_range"])
     return Submitted(job_id, ctx["name"], ctx["level"], ctx["nodes"], ctx["node_range"], jobdir.path)

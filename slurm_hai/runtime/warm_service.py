@@ -11,7 +11,20 @@ so before any of the job's code runs, or says why it could not, which the client
 a refusal; then a preloaded module's `started(argv)` hook, if it has one, and the command.
 The loop takes other requests meanwhile (a burst of users' commands is not queued behind
 each child's start). The child tells its client its pid, and its exit status
-when its command is done; when a child ends, its client is sent the wait status (again). When
+when its command is done; when a child ends, its client is sent the wait status (again).
+
+A child whose command a preloaded module's `reusable(argv)` hook says may be followed by
+another (cli/preload.py: `hai` and `hai-submit`), and that left nothing behind (no thread, no
+process, no descriptor, no exit hook, limits as it took them), releases its client's streams,
+tells the service it is idle, tells its client the exit status and waits: the next request of
+the same user and group with the same command module, directory, umask and environment is
+handed to it (`_again`) instead of a new fork, and it checks that its client's limits, groups
+and control groups are the ones it took before it renews the rest (`become`). A burst of one
+user's commands then pays one fork, not one each (docs/benchmarks.md, issue 32). An idle
+child is ended after IDLE_FOR_S (`--keep-idle`), the oldest beyond MOST_IDLE, and each after
+COMMANDS_PER_CHILD commands.
+
+When
 a client's connection closes while its child runs on (Slurm killed the step), the child is
 killed, with its process group and every process below it. A service that stops leaves its
 children running (they are the jobs' processes); their clients hear each child's status from
@@ -20,6 +33,7 @@ the child, and end with exit 1 and a line where the child died of a signal.
 
 from __future__ import annotations
 
+import atexit
 import gc
 import importlib
 import logging
@@ -29,7 +43,9 @@ import selectors
 import signal
 import socket
 import sys
+import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple, NoReturn
 
@@ -45,6 +61,12 @@ CODE_CHECK_EVERY_S = 1.0
 # A child that told its client its exit status ends at once; its client, gone meanwhile, is
 # not a reason to kill it (and its process group) unless it is still there after this long.
 EXIT_AFTER_STATUS_S = 0.05
+# A child idle after its command (module docstring) is ended after this long without a
+# request for it (by default: `hai-admin warm-start --keep-idle`), the oldest beyond MOST_IDLE
+# at once, and each after COMMANDS_PER_CHILD.
+IDLE_FOR_S = 20.0
+MOST_IDLE = 32
+COMMANDS_PER_CHILD = 500
 
 
 def refusal(request: dict, peer_pid: int, python: str = sys.executable) -> str | None:
@@ -69,6 +91,30 @@ def refusal(request: dict, peer_pid: int, python: str = sys.executable) -> str |
         except FileNotFoundError:
             continue
     return None
+
+
+def reuse_key(request: dict, peer: tuple[int, int, int]) -> tuple | None:
+    """What a child that ran one command must share with the next request to run it: the
+    client's uid and gid (the kernel's word), its supplementary groups, resource limits and
+    control groups (/proc's), the command's module or script, its working directory, umask
+    and whole environment (what a command's module-level state may have been computed
+    from). None where the client is gone. (Raw reads: 40 us of the service's loop.)"""
+    try:
+        status, limits, cgroups = (_read(f"/proc/{peer[0]}/{name}") for name in ("status", "limits", "cgroup"))
+    except OSError:
+        return None
+    groups = status[status.find(b"\nGroups:"):].split(b"\n", 2)[1]
+    argv = request["argv"]
+    return (peer[1], peer[2], groups, limits, cgroups, tuple(argv[:2] if argv[0] == "-m" else argv[:1]),
+            request["cwd"], request["umask"], frozenset(request["env"].items()))
+
+
+def _read(path: str) -> bytes:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        return os.read(fd, 1 << 16)
+    finally:
+        os.close(fd)
 
 
 def loaded_code() -> dict[str, tuple[int, int]]:
@@ -137,12 +183,13 @@ def _signal_set(status: dict[str, list[str]], field: str) -> set[int]:
     return {n for n in range(1, signal.NSIG) if bits & (1 << (n - 1))}
 
 
-def _join_cgroups(pid: int) -> None:
-    """Move this process into every control group of process `pid` it is not in already (v2:
-    its one path; v1: each hierarchy's, under /sys/fs/cgroup/<controllers>). A move costs the
-    kernel a wait for its RCU readers (1-2 ms a hierarchy on this VM's nine v1 hierarchies,
-    15 ms in all); a hierarchy where the service's group is the client's is left as it is."""
-    own, theirs = Path("/proc/self/cgroup").read_text(), Path(f"/proc/{pid}/cgroup").read_text()
+def _join_cgroups(theirs: str) -> None:
+    """Move this process into every control group of `theirs` (a client's /proc/PID/cgroup) it
+    is not in already (v2: its one path; v1: each hierarchy's, under /sys/fs/cgroup/<controllers>).
+    A move costs the kernel a wait for its RCU readers (1-2 ms a hierarchy on this VM's nine v1
+    hierarchies, 15 ms in all); a hierarchy where the service's group is the client's is left
+    as it is."""
+    own = Path("/proc/self/cgroup").read_text()
     if own == theirs:
         return
     mine = set(own.splitlines())
@@ -162,27 +209,48 @@ def _join_cgroups(pid: int) -> None:
             procs.write_text("0")
 
 
-def become(request: dict, fds: list[int], peer: tuple[int, int, int]) -> None:
-    """In the forked child, as root: become the client's process (module docstring). Raises
-    on anything it cannot take over; the service then refuses, and the client starts cold."""
+class Identity(NamedTuple):
+    """What a child takes of its first client once, as root, and what each later client of
+    the child must have too: the ids, the supplementary groups, the resource limits and the
+    control groups (the kernel's word, from /proc)."""
+
+    uid: int
+    gid: int
+    groups: tuple[int, ...]
+    limits: tuple[tuple[int, tuple[int, int]], ...]
+    cgroups: str
+
+
+def become(request: dict, fds: list[int], peer: tuple[int, int, int], taken: Identity | None = None) -> Identity:
+    """In the forked child, as root: become the client's process (module docstring); what it
+    took. A child that ran a command already (`taken`: what it took then) takes the next
+    request of a client of the same identity: it renews the rest (directory, umask,
+    environment, streams, signals). Raises on anything it cannot take over; the service then
+    refuses, and the client starts cold."""
     pid, uid, gid = peer
-    # A session and process group of its own, as a launcher's cold start has: the client
-    # relays its signals to the group (the command and the processes it started), and the
-    # service ends the group and everything below it when the client goes.
-    os.setsid()
-    _join_cgroups(pid)
-    for res, limits in _limits(pid).items():
-        if resource.getrlimit(res) != limits:
-            resource.setrlimit(res, limits)
+    cgroups = Path(f"/proc/{pid}/cgroup").read_text()
+    limits = _limits(pid)
     status = _proc_status(pid)
     uids, gids = [int(x) for x in status["Uid"]], [int(x) for x in status["Gid"]]
     groups = [int(x) for x in status.get("Groups", [])]
-    ignored, blocked = _signal_set(status, "SigIgn"), _signal_set(status, "SigBlk")
     if uids[0] != uid or gids[0] != gid:  # the pid was reused: not the process that connected
         raise Refused("the client's process is gone")
-    os.setgroups(groups)
-    os.setresgid(gid, gid, gid)
-    os.setresuid(uid, uid, uid)
+    identity = Identity(uid, gid, tuple(groups), tuple(sorted(limits.items())), cgroups)
+    if taken is None:
+        # A session and process group of its own, as a launcher's cold start has: the client
+        # relays its signals to the group (the command and the processes it started), and the
+        # service ends the group and everything below it when the client goes.
+        os.setsid()
+        _join_cgroups(cgroups)
+        for res, lim in limits.items():
+            if resource.getrlimit(res) != lim:
+                resource.setrlimit(res, lim)
+        os.setgroups(groups)
+        os.setresgid(gid, gid, gid)
+        os.setresuid(uid, uid, uid)
+    elif identity != taken:
+        raise Refused("the client's groups, limits or control groups are not those of the child that would run it")
+    ignored, blocked = _signal_set(status, "SigIgn"), _signal_set(status, "SigBlk")
     os.umask(request["umask"])
     os.chdir(request["cwd"])
     # the client's environment, each variable changed only where it differs (every change
@@ -216,15 +284,15 @@ def become(request: dict, fds: list[int], peer: tuple[int, int, int]) -> None:
         threads = os.environ.get("OMP_NUM_THREADS", "")
         sys.modules["torch"].set_num_threads(int(threads) if threads.isdigit() and int(threads) > 0
                                              else len(os.sched_getaffinity(0)))
+    return identity
 
 
 def run_as_main(argv: list[str], base_path: list[str]) -> int:
     """Run argv (a script's path, or -m MODULE, then its arguments) as __main__, as the
-    interpreter would; the exit code (a KeyboardInterrupt dies of SIGINT)."""
-    import atexit
+    interpreter would, and flush its streams: the exit code (-SIGINT: a KeyboardInterrupt).
+    `end_as_interpreter` then does what the interpreter does at its exit."""
     import io
     import runpy
-    import threading
     import traceback
 
     unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
@@ -258,27 +326,40 @@ def run_as_main(argv: list[str], base_path: list[str]) -> int:
     except BaseException:  # noqa: BLE001 - as the interpreter: the traceback, exit 1
         traceback.print_exc()
         code = 1
-    threading._shutdown()  # type: ignore[attr-defined]  # non-daemon threads, as at the interpreter's exit
+    _flush()
+    return code
+
+
+def end_as_interpreter(code: int) -> int:
+    """What the interpreter does at its exit, after run_as_main's `code`: join the non-daemon
+    threads, run the exit hooks, flush; die of SIGINT after a KeyboardInterrupt. The exit
+    status."""
+    threading._shutdown()  # type: ignore[attr-defined]
     atexit._run_exitfuncs()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):
-            pass
+    _flush()
     if code == -signal.SIGINT:
         signal.signal(signal.SIGINT, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGINT)
     return code & 0xFF
 
 
+def _flush() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):
+            pass
+
+
 class Service:
     """The loop; `serve()` runs it until SIGTERM or SIGINT."""
 
-    def __init__(self, path: str, preload: list[str]) -> None:
-        self.path, self.preload = path, preload
-        self.children: dict[int, tuple[int, socket.socket]] = {}  # pidfd -> (pid, its client)
+    def __init__(self, path: str, preload: list[str], keep_idle: float = IDLE_FOR_S) -> None:
+        self.path, self.preload, self.keep_idle = path, preload, keep_idle
+        self.children: dict[int, _Child] = {}  # pidfd -> a child that took its client's identity
         self.starting: dict[int, _Start] = {}  # a child's ready pipe -> its start, until it says
         self.orphans: dict[int, float] = {}  # pidfd -> when its child is killed, its client gone (monotonic)
+        self.idle: list[_Child] = []  # children that wait for their user's next command, the oldest first
         self.sel = selectors.DefaultSelector()
         self.base_path = list(sys.path[1:])  # the interpreter's own path, without the service's script dir
         self.code: dict[str, tuple[int, int]] = {}  # the files of what it loaded, as they were then
@@ -324,7 +405,10 @@ class Service:
         log.info("warm-start service on %s (pid %d)", self.path, os.getpid())
         try:
             while not stop:
-                for key, _ in self.sel.select(timeout=self._next_timeout()):
+                # a child's word that it started before its word that it is idle again (a quick
+                # command says both before the loop looks), and requests last: a child that said
+                # it is idle (before it told its client the status) is idle for that client's next
+                for key, _ in sorted(self.sel.select(timeout=self._next_timeout()), key=_in_turn):
                     try:
                         if key.data == "accept":
                             self._accept(server)
@@ -332,6 +416,8 @@ class Service:
                             self._started(key.fd, os.read(key.fd, 4096))
                         elif key.data[0] == "child":
                             self._child_ended(key.fd)
+                        elif key.data[0] == "idle":
+                            self._idle(key.data[1])
                         elif key.data[0] == "spare":
                             self._spare_died()
                         else:
@@ -340,12 +426,15 @@ class Service:
                         log.exception("while handling %s", key.data)
                 self._overdue()
                 self._kill_orphans()
+                self._retire_idle()
                 self._fork_spare()
         finally:  # the children are the jobs': they run on, and tell their clients how they ended
             if self.spare is not None:
                 self._drop_spare()
-            for _pid, conn in self.children.values():
-                conn.close()
+            for child in self.children.values():
+                for sock in (child.conn, child.chan):  # an idle child ends at its socket's end
+                    if sock is not None:
+                        sock.close()
             for ready in list(self.starting):
                 self._started(ready, b"")
             server.close()
@@ -355,8 +444,9 @@ class Service:
                 pass
 
     def _accept(self, server: socket.socket) -> None:
-        """Read a request, check it and fork its child; the client hears of it once the child
-        says it became the client's process (`_started`), meanwhile the loop goes on."""
+        """Read a request, check it and start its child: an idle child of the same user and
+        key, the child forked ahead, or a child forked for it. The client hears of it once the
+        child says it became the client's process (`_started`), meanwhile the loop goes on."""
         conn, _ = server.accept()
         conn.settimeout(1.0)  # a client sends its request at once: one that does not holds up the others
         peer = peer_of(conn)
@@ -369,9 +459,11 @@ class Service:
         try:
             why = refusal(request, peer[0]) or self._stale()
             if not why:
-                pid, ready = self._hand(request, fds, peer, conn) or self._fork(request, fds, peer, conn)
-                self.starting[ready] = _Start(pid, conn, peer, request["argv"][:2], time.monotonic() + BECOME_WITHIN_S)
-                self.sel.register(ready, selectors.EVENT_READ, ("ready", ready))
+                key = reuse_key(request, peer)
+                start = (self._again(key, request, fds, peer, conn) or self._hand(request, fds, peer, conn)
+                         or self._fork(request, fds, peer, conn))
+                self.starting[start.ready] = start._replace(key=key, deadline=time.monotonic() + BECOME_WITHIN_S)
+                self.sel.register(start.ready, selectors.EVENT_READ, ("ready", start.ready))
                 return
         finally:
             for fd in fds:
@@ -393,19 +485,30 @@ class Service:
         start = self.starting.pop(ready)
         self.sel.unregister(ready)
         os.close(ready)
-        pid, conn, peer = start.pid, start.conn, start.peer
+        pid, conn, peer, child = start.pid, start.conn, start.peer, start.child
         if answer != b"ok":
-            _kill(pid)
-            os.waitpid(pid, 0)
+            if child is None:
+                start.chan.close()
+                _kill(pid)
+                os.waitpid(pid, 0)
+            elif self.children.get(child.pidfd) is child:  # not reaped already (_child_ended)
+                self._forget(child)
+                _kill(pid)
+                os.waitpid(pid, 0)
             self._refuse(conn, peer, answer.decode(errors="replace").removeprefix("error: ")
                          or "the child did not start")
             return
         conn.settimeout(None)
-        pidfd = os.pidfd_open(pid)
-        self.children[pidfd] = (pid, conn)
-        self.sel.register(pidfd, selectors.EVENT_READ, ("child", pidfd))
-        self.sel.register(conn, selectors.EVENT_READ, ("client", pidfd))
-        log.info("uid %d pid %d: started %s as pid %d", peer[1], peer[0], start.argv, pid)
+        if child is None:
+            pidfd = os.pidfd_open(pid)
+            child = self.children[pidfd] = _Child(pid, pidfd, start.chan, start.key)
+            self.sel.register(pidfd, selectors.EVENT_READ, ("child", pidfd))
+            self.sel.register(start.chan, selectors.EVENT_READ, ("idle", pidfd))
+        child.conn = conn
+        child.commands += 1
+        self.sel.register(conn, selectors.EVENT_READ, ("client", child.pidfd))
+        log.info("uid %d pid %d: started %s as pid %d (its command %d)", peer[1], peer[0], start.argv, pid,
+                 child.commands)
 
     def _overdue(self) -> None:
         """Refuse the starts whose child has not said within BECOME_WITHIN_S."""
@@ -426,17 +529,20 @@ class Service:
         return f"the service's code changed on disk since it started ({f}): restart hai-admin warm-start" if f \
             else None
 
-    def _fork(self, request: dict, fds: list[int], peer: tuple[int, int, int], conn: socket.socket
-              ) -> tuple[int, int]:
-        """Fork the child: its pid, and the pipe on which it says it became the client's process."""
+    def _fork(self, request: dict, fds: list[int], peer: tuple[int, int, int], conn: socket.socket) -> _Start:
+        """Fork the child, with the pipe on which it says it became the client's process and
+        the socket pair on which it may later say it is idle and take its next request."""
+        ours, theirs = socket.socketpair()
         ready_r, ready_w = os.pipe()
         pid = os.fork()
         if pid == 0:  # the child: never returns into the service's loop
             os.close(ready_r)
+            ours.close()
             self.sel.close()
-            self._child(request, fds, peer, conn, ready_w)
+            self._child(request, fds, peer, conn, ready_w, theirs)
         os.close(ready_w)
-        return pid, ready_r
+        theirs.close()
+        return _Start(pid, ready_r, ours, conn, peer, request["argv"][:2])
 
     def _fork_spare(self) -> None:
         """Fork a child ahead of the next request, where there is none: the fork, the child's
@@ -462,31 +568,104 @@ class Service:
                 self.sel.close()
                 _close_all_but(theirs.fileno())
                 _touch_ahead()
-                message, fds = receive_request(theirs, 4)
+                request, peer, conn, ready_w, fds = _next_request(theirs)
             except BaseException:  # noqa: BLE001 - the service gone, or no request: nothing to tell
                 os._exit(1)
-            self._child(message["request"], fds[1:], tuple(message["peer"]), socket.socket(fileno=fds[0]),
-                        theirs.detach())
+            self._child(request, fds, peer, conn, ready_w, theirs)
         theirs.close()
         ours.settimeout(1.0)  # a request is handed over at once: a spare that does not take it is passed by
         self.spare = _Spare(pid, ours)
         self.sel.register(ours, selectors.EVENT_READ, ("spare",))
 
     def _hand(self, request: dict, fds: list[int], peer: tuple[int, int, int], conn: socket.socket
-              ) -> tuple[int, int] | None:
-        """Give the request to the child forked ahead: its pid, and the socket on which it says it
-        became the client's process; None where there is none, or it is gone."""
+              ) -> _Start | None:
+        """Give the request to the child forked ahead; None where there is none, or it is gone."""
         spare = self.spare
         if spare is None:
             return None
-        try:
-            send_request(spare.sock, {"request": request, "peer": peer}, (conn.fileno(), *fds))
-        except OSError:
+        ready = _give(spare.sock, request, fds, peer, conn)
+        if ready is None:
             self._drop_spare()
             return None
         self.spare = None
         self.sel.unregister(spare.sock)
-        return spare.pid, spare.sock.detach()
+        return _Start(spare.pid, ready, spare.sock, conn, peer, request["argv"][:2])
+
+    def _again(self, key: tuple | None, request: dict, fds: list[int], peer: tuple[int, int, int], conn: socket.socket
+               ) -> _Start | None:
+        """Give the request to an idle child of the same `key` (the latest idle first); None
+        where there is none. The child checks that the client's identity is the one it took."""
+        child = next((c for c in reversed(self.idle) if c.key == key), None) if key is not None else None
+        if child is None or child.chan is None:
+            return None
+        self.idle.remove(child)
+        ready = _give(child.chan, request, fds, peer, conn)
+        if ready is None:
+            self._retire(child)
+            return None
+        return _Start(child.pid, ready, child.chan, conn, peer, request["argv"][:2], child=child)
+
+    def _idle(self, pidfd: int) -> None:
+        """A child's socket pair is readable: the child ran its command and waits for its
+        user's next (its client's connection is closed here, and it joins `idle`), or it ends
+        (nothing to read: its pidfd says when it has)."""
+        child = self.children[pidfd]
+        assert child.chan is not None
+        try:
+            said = child.chan.recv(64)
+        except OSError:
+            said = b""
+        if not said:
+            self._retire(child)
+            return
+        if child.conn is None:
+            return  # said more than once: nothing more
+        self._unwatch(child.conn)
+        child.conn.close()
+        child.conn = None
+        self.orphans.pop(pidfd, None)
+        if self.stale or child.commands >= COMMANDS_PER_CHILD or self.keep_idle <= 0:
+            self._retire(child)
+            return
+        child.idle_since = time.monotonic()
+        self.idle.append(child)
+        while len(self.idle) > MOST_IDLE:
+            self._retire(self.idle.pop(0))
+
+    def _retire_idle(self) -> None:
+        """End the idle children no request took within `keep_idle` s (every one, once the
+        service's code is stale)."""
+        now = time.monotonic()
+        while self.idle and (self.stale or now - self.idle[0].idle_since >= self.keep_idle):
+            self._retire(self.idle.pop(0))
+
+    def _retire(self, child: _Child) -> None:
+        """End a child that waits for a request, or no longer take one from it: its socket
+        pair closed (it exits at its end); its pidfd says when it has ended."""
+        if child in self.idle:
+            self.idle.remove(child)
+        if child.chan is not None:
+            self._unwatch(child.chan)
+            child.chan.close()
+            child.chan = None
+
+    def _forget(self, child: _Child) -> None:
+        """Take a child out of the service's books (it is killed and reaped by the caller)."""
+        del self.children[child.pidfd]
+        self.orphans.pop(child.pidfd, None)
+        self._retire(child)
+        self._unwatch(child.pidfd)
+        if child.conn is not None:
+            self._unwatch(child.conn)
+            child.conn.close()
+        os.close(child.pidfd)
+
+    def _unwatch(self, fileobj: int | socket.socket) -> None:
+        """Stop watching `fileobj`, where the loop watches it."""
+        try:
+            self.sel.unregister(fileobj)
+        except (KeyError, ValueError):
+            pass
 
     def _spare_died(self) -> None:
         """The child forked ahead ended before it was given a request (killed, out of memory):
@@ -508,23 +687,43 @@ class Service:
         return os.waitpid(spare.pid, 0)
 
     def _child(self, request: dict, fds: list[int], peer: tuple[int, int, int], conn: socket.socket,
-               ready_w: int) -> NoReturn:
+               ready_w: int, chan: socket.socket) -> NoReturn:
         """In the child: become the client's process, say so on `ready_w`, run the command.
         The child tells the client its pid, and at its end its exit status, itself: before its
         memory is torn down (2 ms of a warm command's 10 with the commands preloaded), the
         client has ended. The service tells the status of a child that ended otherwise (a
-        signal), and again of one that told it (a client reads the first)."""
-        code, said = 1, False
+        signal), and again of one that told it (a client reads the first). A child whose
+        command may be followed by another (`_may_run_again`) says so on `chan` and takes the
+        next request the service gives it there (module docstring)."""
+        code, said, taken = 1, False, None
         try:
-            become(request, fds, peer)
-            _close_all_but(ready_w, conn.fileno())  # the service's sockets, other requests' descriptors
-            os.write(ready_w, b"ok")
-            os.close(ready_w)
-            said = True
-            conn.settimeout(None)
-            reply(conn, {"pid": os.getpid()})
-            self._started_hooks(request["argv"])
-            code = run_as_main(request["argv"], self.base_path)
+            while True:
+                said = False
+                taken = become(request, fds, peer, taken)
+                _close_all_but(ready_w, conn.fileno(), chan.fileno())  # the service's, other requests'
+                os.write(ready_w, b"ok")
+                os.close(ready_w)
+                said = True
+                conn.settimeout(None)
+                reply(conn, {"pid": os.getpid()})
+                self._started_hooks(request["argv"])
+                exit_hooks = atexit._ncallbacks()
+                code = run_as_main(request["argv"], self.base_path)
+                if not self._may_run_again(request["argv"], code, exit_hooks, taken, conn, chan):
+                    break
+                _release_streams()
+                try:
+                    chan.send(b"idle", socket.MSG_NOSIGNAL)
+                except OSError:  # the service stopped: this command is the last
+                    break
+                reply(conn, {"status": (code & 0xFF) << 8})
+                conn.close()
+                try:
+                    request, peer, conn, ready_w, fds = _next_request(chan)
+                except (Refused, OSError, ValueError):  # ended by the service
+                    code = 0
+                    os._exit(0)
+            code = end_as_interpreter(code)
             reply(conn, {"status": code << 8})  # as waitpid would say it
         except BaseException as e:  # noqa: BLE001 - before it said "ok": told to the service, which refuses
             if not said:
@@ -534,6 +733,27 @@ class Service:
                     pass
         finally:
             os._exit(code)
+
+    def _may_run_again(self, argv: list[str], code: int, exit_hooks: int, taken: Identity,
+                       conn: socket.socket, chan: socket.socket) -> bool:
+        """In a child after its command: whether it may run its user's next one. Each preloaded
+        module's `reusable(argv)` hook that there is says it may (a command none claims is
+        not), and the command left nothing behind: no other thread, no process, no exit hook,
+        no descriptor but the client's and the service's, the limits the child took."""
+        hooks = [h for h in (getattr(sys.modules.get(name), "reusable", None) for name in self.preload) if callable(h)]
+        if code < 0 or not hooks or not all(hook(argv) for hook in hooks):
+            return False
+        if threading.active_count() != 1 or atexit._ncallbacks() != exit_hooks:
+            return False
+        try:
+            os.waitid(os.P_ALL, 0, os.WEXITED | os.WNOHANG | os.WNOWAIT)
+            return False  # a process it started is there still (running, or not yet waited for)
+        except ChildProcessError:
+            pass
+        listed = {int(fd) for fd in os.listdir("/proc/self/fd")} - {0, 1, 2, conn.fileno(), chan.fileno()}
+        if any(_is_open(fd) for fd in listed):  # (the listing's own is closed by now)
+            return False
+        return tuple(sorted(_limits(os.getpid()).items())) == taken.limits
 
     def _started_hooks(self, argv: list[str]) -> None:
         """In the child, as the client's process and before its command: each preloaded
@@ -549,18 +769,19 @@ class Service:
                     print(f"slurm-hai: {name}.started: {type(e).__name__}: {e}", file=sys.stderr)
 
     def _child_ended(self, pidfd: int) -> None:
-        pid, conn = self.children.pop(pidfd)
-        self.orphans.pop(pidfd, None)
-        self.sel.unregister(pidfd)
-        if conn.fileno() in self.sel.get_map():  # not when its client went first (_client_gone)
-            self.sel.unregister(conn)
-        os.close(pidfd)
-        _, status = os.waitpid(pid, 0)
-        try:
-            reply(conn, {"status": status})
-        except OSError:
-            pass
-        conn.close()
+        child = self.children[pidfd]
+        conn = child.conn
+        child.conn = None  # told here, not closed by _forget
+        if conn is not None:
+            self._unwatch(conn)  # (the loop no longer watches it where its client went first)
+        self._forget(child)
+        _, status = os.waitpid(child.pid, 0)
+        if conn is not None:
+            try:
+                reply(conn, {"status": status})
+            except OSError:
+                pass
+            conn.close()
 
     def _client_gone(self, pidfd: int, conn: object) -> None:
         """The client's connection `conn` is readable: it closed (a client sends nothing more).
@@ -569,22 +790,22 @@ class Service:
         of a child handled already in the same round is nothing (its pidfd's number may be
         another child's by now)."""
         child = self.children.get(pidfd)
-        if child is None or child[1] is not conn:
+        if child is None or child.conn is None or child.conn is not conn:
             return
-        pid = child[0]
-        self.sel.unregister(conn)
-        if not _exiting(pid):
+        self.sel.unregister(child.conn)
+        if not _exiting(child.pid):
             self.orphans[pidfd] = time.monotonic() + EXIT_AFTER_STATUS_S
 
     def _kill_orphans(self) -> None:
         """Kill the children whose clients went EXIT_AFTER_STATUS_S ago and that still run,
-        with their process groups and every process below them."""
+        with their process groups and every process below them (a child that said it is idle
+        meanwhile is not an orphan)."""
         now = time.monotonic()
         for pidfd in [p for p, deadline in self.orphans.items() if deadline <= now]:
             del self.orphans[pidfd]
-            if pidfd not in self.children or _exiting(self.children[pidfd][0]):
+            if pidfd not in self.children or _exiting(self.children[pidfd].pid):
                 continue
-            pid = self.children[pidfd][0]
+            pid = self.children[pidfd].pid
             log.info("pid %d: its client is gone; killed, with its process group and every process below it", pid)
             below = descendants(pid)
             _kill(pid)  # _child_ended follows, and finds the connection closed
@@ -599,6 +820,22 @@ class Service:
         return max(0.0, min(1.0, min(self.orphans.values()) - time.monotonic()))
 
 
+@dataclass(eq=False)
+class _Child:
+    """A child that took its client's identity: its pid and pidfd, its end of the socket pair
+    on which it says it is idle and takes its next request (None once closed), its client's
+    connection while it runs a command (None while idle), what a request must share with its
+    first to run in it (reuse_key), the commands it started, and since when it is idle."""
+
+    pid: int
+    pidfd: int
+    chan: socket.socket | None
+    key: tuple | None
+    conn: socket.socket | None = None
+    commands: int = 0
+    idle_since: float = 0.0
+
+
 class _Spare(NamedTuple):
     """A child forked ahead of its request, and the service's end of the socket it waits on."""
 
@@ -607,13 +844,66 @@ class _Spare(NamedTuple):
 
 
 class _Start(NamedTuple):
-    """A child forked for a client, until it says it became the client's process."""
+    """A child given a client's request, until it says it became the client's process: its
+    pid, the pipe it says it on, the service's end of its socket pair, the client's
+    connection and ids, the command (its first two words, for the log), the request's
+    reuse_key, when it is overdue (monotonic), and the idle child it is, if it is one."""
 
     pid: int
+    ready: int
+    chan: socket.socket
     conn: socket.socket
     peer: tuple[int, int, int]
     argv: list[str]
-    deadline: float  # monotonic
+    key: tuple | None = None
+    deadline: float = 0.0
+    child: _Child | None = None
+
+
+def _in_turn(event: tuple[selectors.SelectorKey, int]) -> int:
+    """The order the loop handles a round's events in: ready pipes, then the rest, then requests."""
+    data = event[0].data
+    return 2 if data == "accept" else 0 if data[0] == "ready" else 1
+
+
+def _give(chan: socket.socket, request: dict, fds: list[int], peer: tuple[int, int, int], conn: socket.socket
+          ) -> int | None:
+    """Send a request to a child waiting on its socket pair (`_next_request`), with the
+    client's connection, the write end of a new ready pipe and the client's streams: the
+    pipe's read end, or None where the child is gone."""
+    ready_r, ready_w = os.pipe()
+    try:
+        send_request(chan, {"request": request, "peer": peer}, (conn.fileno(), ready_w, *fds))
+    except OSError:
+        os.close(ready_r)
+        return None
+    finally:
+        os.close(ready_w)
+    return ready_r
+
+
+def _next_request(chan: socket.socket) -> tuple[dict, tuple[int, int, int], socket.socket, int, list[int]]:
+    """In a child waiting on its socket pair: the request `_give` sends, its client's ids,
+    connection, the ready pipe's write end and the client's streams."""
+    message, fds = receive_request(chan, 5)
+    return message["request"], tuple(message["peer"]), socket.socket(fileno=fds[0]), fds[1], fds[2:]
+
+
+def _release_streams() -> None:
+    """In a child that will wait for its next command: /dev/null as its 0-2, so that the
+    client's (a pipe's reader waits for every writer) are not held."""
+    null = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):
+        os.dup2(null, fd)
+    os.close(null)
+
+
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
 
 
 def _touch_ahead() -> None:

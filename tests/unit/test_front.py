@@ -94,8 +94,10 @@ def test_a_command_run_warm_says_and_exits_what_it_does_run_here(commands, front
     dry = command("hai-submit", "--dry-run", "--gpus-per-node", "0", "examples/train.py", sock=commands, front=front,
                   user=user)
     assert "#SBATCH --qos=bronze\n" in dry.stdout and ("/tmp/.hai/jobs" in dry.stdout) == (user is not None)
-    # every warm run was the service's child, as the caller's uid; the runs here never asked
+    # every warm run was the service's child, as the caller's uid; the runs here never asked;
+    # one child ran the five, each after the other (the same caller, environment and directory)
     assert started(commands) == [str(user or 0)] * 5
+    assert "(its command 5)" in commands.with_suffix(".log").read_text()
     assert not nowhere.exists()
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import os
 import pwd
+import resource
 import signal
 import subprocess
 import sys
@@ -32,8 +33,9 @@ def service(shared):
     assert not sock.exists()
 
 
-def client(sock: Path, cmd: list[str], user: str | None = None, **kw) -> subprocess.Popen:
-    env = {**os.environ, "HAI_WARM_SOCKET": str(sock), "HAI_TEST_VAR": "seen"}
+def client(sock: Path, cmd: list[str], user: str | None = None, env: dict[str, str] | None = None, **kw
+           ) -> subprocess.Popen:
+    env = {**os.environ, "HAI_WARM_SOCKET": str(sock), "HAI_TEST_VAR": "seen", **(env or {})}
     argv = [sys.executable, "-m", "slurm_hai.runtime.warm", "--", *cmd]
     if user:
         argv = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups", "--", *argv]
@@ -331,11 +333,11 @@ def test_a_child_slow_to_start_holds_up_no_other_start(shared):
         import time
         from slurm_hai.runtime import warm_service
         _become = warm_service.become
-        def become(request, fds, peer):
+        def become(request, fds, peer, taken=None):
             if request["env"].get("HAI_TEST_SLOW"):
                 open({str(forked)!r}, "w").close()
                 time.sleep(20)
-            _become(request, fds, peer)
+            return _become(request, fds, peer, taken)
         warm_service.become = become
     """, name="hai_slow_start.py")
     job = script(shared, "import sys\nprint('warm' if 'json' in sys.modules else 'cold')\n")
@@ -488,7 +490,7 @@ def test_a_stale_client_event_does_not_touch_the_child_that_took_its_pidfds_numb
     old_client, _old_peer = socket.socketpair()
     pidfd = os.pidfd_open(new_child.pid)
     try:
-        service.children[pidfd] = (new_child.pid, new_client)
+        service.children[pidfd] = warm_service._Child(new_child.pid, pidfd, None, (), new_client)
         service.sel.register(new_client, selectors.EVENT_READ, ("client", pidfd))
         service._client_gone(pidfd, old_client)  # the ended child's client, by the reused number
         assert new_client in [k.fileobj for k in service.sel.get_map().values()] and not service.orphans
@@ -588,3 +590,90 @@ def test_a_service_that_cannot_fork_ahead_goes_on_and_tries_again_later(monkeypa
     assert len(os.listdir("/proc/self/fd")) == before  # its socket pair closed
     service._fork_spare()  # too soon: not tried again
     assert caplog.text.count("no child forked ahead") == 1
+
+
+LEAVES = """
+    import atexit, json, os, resource, subprocess, sys, threading, time
+    left = sys.argv[1]
+    print(os.getpid(), os.getcwd(), os.environ.get("HAI_TEST_VAR"), resource.getrlimit(resource.RLIMIT_NOFILE)[0],
+          sys.stdin.read(), flush=True)
+    if left == "thread":
+        threading.Thread(target=time.sleep, args=(30,), daemon=True).start()
+    elif left == "process":
+        subprocess.Popen(["sleep", "30"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    elif left == "file":
+        json.kept = open(__file__)  # held by a preloaded module: open after the command
+    elif left == "exit hook":
+        atexit.register(print, "at exit")
+    elif left == "limit":
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+    sys.exit(int(sys.argv[2]))
+"""
+
+
+@pytest.fixture
+def again(shared):
+    """A service whose preloaded module says any command may be followed by another."""
+    script(shared, "def reusable(argv):\n    return True\n", name="hai_again.py")
+    sock = shared / "again.sock"
+    proc = start_service(sock, "json,hai_again", {"PYTHONPATH": str(shared)}, "--keep-idle", "30")
+    yield sock, proc
+    proc.terminate()
+    assert proc.wait(10) == 0, sock.with_suffix(".log").read_text()
+
+
+def test_a_child_runs_its_users_next_command_where_the_last_left_nothing_behind(again, shared):
+    """A child whose command its preloaded module calls reusable, and that left nothing
+    behind, runs the next command of the same user, environment, directory, limits and groups:
+    with that command's arguments, streams and exit status, its client's pipes closed at the
+    end of each (communicate() returns). A thread, a process, an open file, an exit hook or
+    lowered limits left by a command: the next runs in another child. Another environment,
+    user or limit: another child, warm. The service that stops ends the idle child."""
+    sock, proc = again
+    job = script(shared, LEAVES)
+
+    def run(*args: str, user: str | None = str(NOBODY.pw_uid), stdin: str = "", env: dict | None = None,
+            nofile: int | None = None) -> tuple[int, list[str], str]:
+        limit = (lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))) if nofile else None
+        p = client(sock, [sys.executable, str(job), *args], user=user, env=env, stdin=subprocess.PIPE, cwd=shared,
+                   preexec_fn=limit)
+        out, err = p.communicate(stdin, timeout=60)
+        return p.returncode, out.split(), err
+
+    code, (first, cwd, var, nofile, read), err = run("nothing", "3", stdin="a")
+    assert (code, cwd, var, read, err) == (3, str(shared), "seen", "a", ""), err
+    code, (pid, *_, read), err = run("nothing", "0", stdin="b")
+    assert (code, pid, read, err) == (0, first, "b", ""), "the next command ran in the same child, with its own stdin"
+    for left in ("thread", "process", "file", "exit hook", "limit"):
+        code, (ran_in, *_), err = run(left, "0", stdin="x")
+        assert code == 0 and ran_in == pid and err == "", (left, err)
+        code, (pid, *_), err = run("nothing", "0", stdin="x")
+        assert code == 0 and pid != ran_in and err == "", f"a command that left a {left} is the child's last"
+    _, (again_pid, *_), _ = run("nothing", "0", stdin="x")
+    assert again_pid == pid
+    _, (in_other_env, _, var, *_), err = run("nothing", "0", stdin="x", env={"HAI_TEST_VAR": "other"})
+    assert in_other_env != pid and var == "other" and err == ""
+    _, (as_root, *_), err = run("nothing", "0", stdin="x", user=None)
+    assert as_root not in (pid, in_other_env) and err == ""
+    _, (lower, _, _, nofile, _), err = run("nothing", "0", stdin="x", nofile=200)
+    assert lower not in (pid, in_other_env, as_root) and nofile == "200" and err == "", "warm, not cold"
+    log = sock.with_suffix(".log").read_text()
+    assert "(its command 2)" in log and "refused" not in log, log
+    proc.terminate()
+    assert proc.wait(10) == 0
+    wait_gone([int(pid)], "the idle child, once the service stopped")
+
+
+def test_an_idle_child_ends_after_keep_idle(shared):
+    script(shared, "def reusable(argv):\n    return True\n", name="hai_again.py")
+    job = script(shared, "import os\nprint(os.getpid())\n")
+    sock = shared / "short.sock"
+    proc = start_service(sock, "json,hai_again", {"PYTHONPATH": str(shared)}, "--keep-idle", "0.5")
+    try:
+        out, err = client(sock, [sys.executable, str(job)], cwd=shared).communicate(timeout=60)
+        wait_gone([int(out)], "the idle child, after --keep-idle")
+        again_out, err = client(sock, [sys.executable, str(job)], cwd=shared).communicate(timeout=60)
+        assert again_out != out and err == ""
+    finally:
+        proc.terminate()
+        assert proc.wait(10) == 0

@@ -24,9 +24,9 @@ def shared():
     subprocess.run(["rm", "-rf", str(d)], check=False)
 
 
-def start_service(sock: Path, preload: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+def start_service(sock: Path, preload: str, env: dict[str, str] | None = None, *args: str) -> subprocess.Popen:
     log = open(sock.with_suffix(".log"), "w")
-    service = subprocess.Popen([str(HAI_ADMIN), "warm-start", "--socket", str(sock), "--preload", preload],
+    service = subprocess.Popen([str(HAI_ADMIN), "warm-start", "--socket", str(sock), "--preload", preload, *args],
                                stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
     deadline = time.monotonic() + 60
     while "warm-start service on" not in sock.with_suffix(".log").read_text():
