@@ -197,9 +197,10 @@ def start(cmd: list[str], socket_path: str | None = None) -> tuple[io.BufferedRe
                             "env": dict(os.environ), "cwd": os.getcwd(), "umask": _umask()})
         reader = sock.makefile("rb")
         first = _read_reply(reader)
-        if "refused" not in first:
+        if "pid" in first:
             return reader, int(first["pid"]), relay
-        why = str(first["refused"])
+        # a status first: the child ended before it said its pid, so before the command
+        why = str(first.get("refused") or "the child ended before it started the command")
     except Refused as e:
         why = str(e)
     except OSError as e:

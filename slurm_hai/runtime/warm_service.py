@@ -296,11 +296,13 @@ def run_as_main(argv: list[str], base_path: list[str]) -> int:
     import traceback
 
     unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
-    sys.stdin = io.TextIOWrapper(io.open(0, "rb", closefd=False), errors="strict")
+    # None for a stream that is not open, as the interpreter has it
+    sys.stdin = io.TextIOWrapper(io.open(0, "rb", closefd=False), errors="strict") if _is_open(0) else None
     sys.stdout = io.TextIOWrapper(io.open(1, "wb", buffering=0 if unbuffered else -1, closefd=False),
-                                  line_buffering=os.isatty(1), write_through=unbuffered)
+                                  line_buffering=os.isatty(1), write_through=unbuffered) if _is_open(1) else None
     sys.stderr = io.TextIOWrapper(io.open(2, "wb", buffering=0 if unbuffered else -1, closefd=False),
-                                  line_buffering=True, errors="backslashreplace", write_through=unbuffered)
+                                  line_buffering=True, errors="backslashreplace",
+                                  write_through=unbuffered) if _is_open(2) else None
     extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     module = argv[0] == "-m"
     sys.argv = argv[1:] if module else list(argv)
@@ -355,6 +357,12 @@ class Service:
     """The loop; `serve()` runs it until SIGTERM or SIGINT."""
 
     def __init__(self, path: str, preload: list[str], keep_idle: float = IDLE_FOR_S) -> None:
+        # A standard stream the service was started without is /dev/null, before it opens
+        # anything: its selector, a connection or a descriptor it receives must not take 0-2,
+        # which a child closes or makes its client's.
+        for fd in (0, 1, 2):
+            if not _is_open(fd):
+                os.open(os.devnull, os.O_RDWR)  # the lowest free number: fd
         self.path, self.preload, self.keep_idle = path, preload, keep_idle
         self.children: dict[int, _Child] = {}  # pidfd -> a child that took its client's identity
         self.starting: dict[int, _Start] = {}  # a child's ready pipe -> its start, until it says
@@ -405,25 +413,7 @@ class Service:
         log.info("warm-start service on %s (pid %d)", self.path, os.getpid())
         try:
             while not stop:
-                # a child's word that it started before its word that it is idle again (a quick
-                # command says both before the loop looks), and requests last: a child that said
-                # it is idle (before it told its client the status) is idle for that client's next
-                for key, _ in sorted(self.sel.select(timeout=self._next_timeout()), key=_in_turn):
-                    try:
-                        if key.data == "accept":
-                            self._accept(server)
-                        elif key.data[0] == "ready":
-                            self._started(key.fd, os.read(key.fd, 4096))
-                        elif key.data[0] == "child":
-                            self._child_ended(key.fd)
-                        elif key.data[0] == "idle":
-                            self._idle(key.data[1])
-                        elif key.data[0] == "spare":
-                            self._spare_died()
-                        else:
-                            self._client_gone(key.data[1], key.fileobj)
-                    except Exception:  # noqa: BLE001 - one start's fault is not every later start's
-                        log.exception("while handling %s", key.data)
+                self._round(server, self.sel.select(timeout=self._next_timeout()))
                 self._overdue()
                 self._kill_orphans()
                 self._retire_idle()
@@ -442,6 +432,31 @@ class Service:
                 os.unlink(self.path)
             except FileNotFoundError:
                 pass
+
+    def _round(self, server: socket.socket, events: list[tuple[selectors.SelectorKey, int]]) -> None:
+        """Handle one round of the loop's events: a child's word that it started before its word
+        that it is idle again (a quick command says both before the loop looks), and requests
+        last (a child that said it is idle, before it told its client the status, is idle for
+        that client's next). An event of a file the round let go of already (a child that
+        failed to start is forgotten with its pidfd and socket pair) is passed by."""
+        for key, _ in sorted(events, key=_in_turn):
+            if self.sel.get_map().get(key.fd) is not key:
+                continue
+            try:
+                if key.data == "accept":
+                    self._accept(server)
+                elif key.data[0] == "ready":
+                    self._started(key.fd, os.read(key.fd, 4096))
+                elif key.data[0] == "child":
+                    self._child_ended(key.fd)
+                elif key.data[0] == "idle":
+                    self._idle(key.data[1])
+                elif key.data[0] == "spare":
+                    self._spare_died()
+                else:
+                    self._client_gone(key.data[1], key.fileobj)
+            except Exception:  # noqa: BLE001 - one start's fault is not every later start's
+                log.exception("while handling %s", key.data)
 
     def _accept(self, server: socket.socket) -> None:
         """Read a request, check it and start its child: an idle child of the same user and
@@ -731,6 +746,11 @@ class Service:
                     os.write(ready_w, f"error: {type(e).__name__}: {e}".encode()[:4000])
                 except OSError:
                     pass
+            else:  # after: to the client's stderr (its 2 by now), as a cold start's would be
+                import traceback
+
+                traceback.print_exc()
+                _flush()
         finally:
             os._exit(code)
 

@@ -677,3 +677,98 @@ def test_an_idle_child_ends_after_keep_idle(shared):
     finally:
         proc.terminate()
         assert proc.wait(10) == 0
+
+
+def test_an_idle_child_that_dies_as_it_is_given_a_request_is_let_go_of_once(tmp_path, caplog):
+    """An idle child handed a request dies before it says it started: its ready pipe, its
+    pidfd and its socket pair all say so in one round of the loop. The client is refused
+    (it starts cold), the child is forgotten and reaped once, and the round's other events of
+    it are passed by, not errors."""
+    import selectors
+    import socket
+
+    from slurm_hai.runtime import warm_service
+
+    service = warm_service.Service(str(tmp_path / "s.sock"), [])
+    proc = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    ours, theirs = socket.socketpair()
+    client, client_end = socket.socketpair()
+    stream_r, stream_w = os.pipe()
+    pidfd = os.pidfd_open(proc.pid)
+    child = warm_service._Child(proc.pid, pidfd, ours, ("key",))
+    service.children[pidfd] = child
+    service.sel.register(pidfd, selectors.EVENT_READ, ("child", pidfd))
+    service.sel.register(ours, selectors.EVENT_READ, ("idle", pidfd))
+    service.idle.append(child)
+    try:
+        start = service._again(("key",), {"argv": ["-m", "x"]}, [stream_r, stream_r, stream_w],
+                               (os.getpid(), 0, 0), client)
+        assert start is not None and start.child is child and not service.idle
+        service.starting[start.ready] = start._replace(deadline=time.monotonic() + 10)
+        service.sel.register(start.ready, selectors.EVENT_READ, ("ready", start.ready))
+        theirs.close()  # the child's end, and the request's descriptors in it, go with the child
+        proc.kill()
+        events = _waited(lambda: (lambda e: e if len(e) == 3 else None)(service.sel.select(0.1)))
+        service._round(None, events)  # type: ignore[arg-type]  # no request among them
+        assert "while handling" not in caplog.text
+        assert not service.children and not service.starting and child.chan is None
+        assert proc.returncode is None and gone(proc.pid)  # reaped by the service, not by Popen
+        assert client_end.recv(4096).startswith(b'{"refused": "the child did not start"')
+    finally:
+        for s in (client, client_end, theirs):
+            s.close()
+        for fd in (stream_r, stream_w):
+            os.close(fd)
+
+
+def test_a_client_whose_child_ended_before_its_pid_starts_cold(tmp_path):
+    """The service's first word is the child's wait status where the child ended before it
+    told its pid (so before the command): the client takes it as a refusal, and starts the
+    command itself, rather than failing on the missing pid."""
+    import socket
+    import threading
+
+    from slurm_hai.runtime.warm import receive_request, reply, start
+
+    path = tmp_path / "ended.sock"
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(path))
+    server.listen(1)
+
+    def serve() -> None:
+        conn, _ = server.accept()
+        _request, fds = receive_request(conn)
+        for fd in fds:
+            os.close(fd)
+        reply(conn, {"status": 256})
+        conn.close()
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    try:
+        assert start([sys.executable, "-m", "json.tool"], str(path)) == "the child ended before it started the command"
+    finally:
+        thread.join(10)
+        server.close()
+
+
+def test_a_service_started_without_standard_streams_gives_each_child_its_clients(shared):
+    """A service started with 0-2 closed takes /dev/null for them: a connection or a
+    descriptor it receives would otherwise take 0, which its child makes its client's stdin."""
+    sock = shared / "closed.sock"
+    log = open(sock.with_suffix(".log"), "w")
+
+    def close_streams() -> None:
+        os.close(0)
+
+    proc = subprocess.Popen([str(HAI_ADMIN), "warm-start", "--socket", str(sock), "--preload", "json"],
+                            stdout=log, stderr=subprocess.STDOUT, preexec_fn=close_streams)
+    try:
+        _waited(lambda: "warm-start service on" in sock.with_suffix(".log").read_text())
+        job = script(shared, "import sys\nprint(sys.stdin.read(), 'json' in sys.modules)\n")
+        for _ in range(2):
+            p = client(sock, [sys.executable, str(job)], stdin=subprocess.PIPE)
+            assert p.communicate("from the client", timeout=60) == ("from the client True\n", "")
+    finally:
+        proc.terminate()
+        assert proc.wait(10) == 0, sock.with_suffix(".log").read_text()
