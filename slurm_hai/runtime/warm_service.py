@@ -557,6 +557,7 @@ class Service:
             self._child(request, fds, peer, conn, ready_w, theirs)
         os.close(ready_w)
         theirs.close()
+        ours.settimeout(1.0)  # a later request is taken at once: a child that does not is passed by
         return _Start(pid, ready_r, ours, conn, peer, request["argv"][:2])
 
     def _fork_spare(self) -> None:
