@@ -24,9 +24,8 @@ user's commands then pays one fork, not one each (docs/benchmarks.md, issue 32).
 child is ended after IDLE_FOR_S (`--keep-idle`), the oldest beyond MOST_IDLE, and each after
 COMMANDS_PER_CHILD commands.
 
-When
-a client's connection closes while its child runs on (Slurm killed the step), the child is
-killed, with its process group and every process below it. A service that stops leaves its
+When a client's connection closes while its child runs on (Slurm killed the step), the child
+is killed, with its process group and every process below it. A service that stops leaves its
 children running (they are the jobs' processes); their clients hear each child's status from
 the child, and end with exit 1 and a line where the child died of a signal.
 """
