@@ -295,13 +295,11 @@ def run_as_main(argv: list[str], base_path: list[str]) -> int:
     import traceback
 
     unbuffered = bool(os.environ.get("PYTHONUNBUFFERED"))
-    # None for a stream that is not open, as the interpreter has it
-    sys.stdin = io.TextIOWrapper(io.open(0, "rb", closefd=False), errors="strict") if _is_open(0) else None
+    sys.stdin = io.TextIOWrapper(io.open(0, "rb", closefd=False), errors="strict")
     sys.stdout = io.TextIOWrapper(io.open(1, "wb", buffering=0 if unbuffered else -1, closefd=False),
-                                  line_buffering=os.isatty(1), write_through=unbuffered) if _is_open(1) else None
+                                  line_buffering=os.isatty(1), write_through=unbuffered)
     sys.stderr = io.TextIOWrapper(io.open(2, "wb", buffering=0 if unbuffered else -1, closefd=False),
-                                  line_buffering=True, errors="backslashreplace",
-                                  write_through=unbuffered) if _is_open(2) else None
+                                  line_buffering=True, errors="backslashreplace", write_through=unbuffered)
     extra = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
     module = argv[0] == "-m"
     sys.argv = argv[1:] if module else list(argv)
@@ -501,12 +499,11 @@ class Service:
         os.close(ready)
         pid, conn, peer, child = start.pid, start.conn, start.peer, start.child
         if answer != b"ok":
-            if child is None:
-                start.chan.close()
-                _kill(pid)
-                os.waitpid(pid, 0)
-            elif self.children.get(child.pidfd) is child:  # not reaped already (_child_ended)
-                self._forget(child)
+            if child is None or self.children.get(child.pidfd) is child:  # not reaped already (_child_ended)
+                if child is None:
+                    start.chan.close()
+                else:
+                    self._forget(child)
                 _kill(pid)
                 os.waitpid(pid, 0)
             self._refuse(conn, peer, answer.decode(errors="replace").removeprefix("error: ")
@@ -611,8 +608,9 @@ class Service:
         """Give the request to an idle child of the same `key` (the latest idle first); None
         where there is none. The child checks that the client's identity is the one it took."""
         child = next((c for c in reversed(self.idle) if c.key == key), None) if key is not None else None
-        if child is None or child.chan is None:
+        if child is None:
             return None
+        assert child.chan is not None  # an idle child has its socket pair (_retire takes both)
         self.idle.remove(child)
         ready = _give(child.chan, request, fds, peer, conn)
         if ready is None:
@@ -736,7 +734,6 @@ class Service:
                 try:
                     request, peer, conn, ready_w, fds = _next_request(chan)
                 except (Refused, OSError, ValueError):  # ended by the service
-                    code = 0
                     os._exit(0)
             code = end_as_interpreter(code)
             reply(conn, {"status": code << 8})  # as waitpid would say it
@@ -773,7 +770,7 @@ class Service:
         listed = {int(fd) for fd in os.listdir("/proc/self/fd")} - {0, 1, 2, conn.fileno(), chan.fileno()}
         if any(_is_open(fd) for fd in listed):  # (the listing's own is closed by now)
             return False
-        return tuple(sorted(_limits(os.getpid()).items())) == taken.limits
+        return _limits(os.getpid()) == dict(taken.limits)
 
     def _started_hooks(self, argv: list[str]) -> None:
         """In the child, as the client's process and before its command: each preloaded
