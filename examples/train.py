@@ -47,7 +47,7 @@ from torch.utils.data import DataLoader, TensorDataset
 
 import slurm_hai as hai
 from slurm_hai import get_rank, get_world_size, init_process_group, spawn
-from slurm_hai.checkpoint import CheckpointError, CheckpointManager, ResumableSampler, TrainingState
+from slurm_hai.checkpoint import CheckpointError, CheckpointManager, PerRank, ResumableSampler, TrainingState
 
 # The lines the demo (examples/demo.py) and the tests read from the log start with this.
 TAG = "[train]"
@@ -72,6 +72,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                     help="seconds to sleep per step, to make a demo watchable (does not change the result)")
     ap.add_argument("--ballast-mb", type=float, default=0.0,
                     help="extra MiB carried in every checkpoint, to make saves take as long as a real model's")
+    ap.add_argument("--ballast-per-rank", action="store_true",
+                    help="each rank carries its own --ballast-mb (as an FSDP shard is its rank's) instead of one "
+                         "copy that a single rank saves: every node's share of a checkpoint is that large")
     return ap.parse_args(argv)
 
 
@@ -114,6 +117,21 @@ def settled(mgr: CheckpointManager) -> None:
         mgr.wait()
     except CheckpointError as exc:
         log(f"checkpoint failed: {exc} Training goes on; the next save tries again.")
+
+
+class RankBallast:
+    """--ballast-per-rank: a tensor saved in each rank's own file (PerRank), not once for all
+    ranks as a tensor every rank holds (the model's, a plain ballast) is."""
+
+    def __init__(self, tensor: torch.Tensor) -> None:
+        self.tensor = tensor
+
+    def state_dict(self) -> dict:
+        return {"tensor": PerRank(self.tensor)}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["tensor"] is not None:  # None: a rank the checkpoint had no file of
+            self.tensor = state["tensor"]
 
 
 def suspend_now(mgr: CheckpointManager, state: TrainingState) -> None:
@@ -159,7 +177,10 @@ def main(local_rank: int, args: argparse.Namespace) -> None:
     sampler = ResumableSampler(len(dataset), shuffle=True, seed=args.seed)  # rank/world from torch.distributed
     # Its own generator: otherwise each iter(loader) draws from the global RNG (see docs/checkpoint.md).
     loader = DataLoader(dataset, batch_size=args.batch, sampler=sampler, generator=torch.Generator())
-    extra = {"ballast": torch.zeros(int(args.ballast_mb * 2**20) // 4)} if args.ballast_mb else None
+    extra = None
+    if args.ballast_mb:
+        ballast = torch.zeros(int(args.ballast_mb * 2**20) // 4)
+        extra = {"ballast": RankBallast(ballast) if args.ballast_per_rank else ballast}
     state = TrainingState(model, optimizer, scheduler, sampler, extra=extra)
 
     # HAI_NODE_MEMORY: the job's directory in this node's memory (set by the launcher), where

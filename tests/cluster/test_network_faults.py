@@ -386,9 +386,12 @@ def test_a_node_unplugged_during_the_agents_durable_commit_the_step_commits_and_
 def submit_without_periodic_saves(live, ballast_mb: int) -> tuple[int, Path]:
     """A 2-node job of SHORT_ARGS with `ballast_mb` MiB of extra state a rank and no periodic
     saves (a suspend at a step already saved durably goes to no node memory): (id, dir).
+    Each rank's own ballast (--ballast-per-rank): a ballast that every rank holds alike is
+    saved by one rank only, and the other node's share was 23 KB, copied and committed in
+    milliseconds when its agent came last (CI, 2026-11-29).
     Without GPUs, as in the cut-off test: on 22.05 a gres job whose node failed while the job
     was requeued fails the first step of its next run (docs/reliability.md)."""
-    args = [*SHORT_ARGS, "--ballast-mb", str(ballast_mb)]
+    args = [*SHORT_ARGS, "--ballast-mb", str(ballast_mb), "--ballast-per-rank"]
     args[args.index("--save-every") + 1] = "1000"
     p = live.run(["hai-submit", "--json", "--gpus-per-node", "0", "-n", "2", "-p", "LOW", "--grace", "60",
                   str(TRAIN), "--", *args], user="hai-alice")
