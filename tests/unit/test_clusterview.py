@@ -1,17 +1,20 @@
 """What hai-submit asks Slurm of the cluster, kept 10 s per user (jobs/clusterview.py): a
 sweep of submissions asks once; a kept view never refuses; a dry run, another Slurm, an
-edited slurm.conf, an old or a broken file asks again."""
+edited slurm.conf, an old or a broken file asks again, the notice's signal only after an
+hour or with another key; the CLI backend's commands are asked at once."""
 
 from __future__ import annotations
 
 import json
 import stat
+import threading
 
 import pytest
 from click.testing import CliRunner
 
 from slurm_hai.cli import submit as submit_cli
 from slurm_hai.jobs import clusterview
+from slurm_hai.slurm import SlurmError
 from slurm_hai.slurm.commands import nodes_from_text
 
 
@@ -81,9 +84,9 @@ def test_a_kept_view_never_refuses_a_group_slurm_has_now(cluster):
     submit("-p", "LOW")
     cluster.groups.append("new")
     out = submit("-p", "LOW", "-g", "new")  # not in the kept view: asked again, and found
-    assert "Submitted job" in out and cluster.asked == ["partitions", "nodes", "signal"] * 2
+    assert "Submitted job" in out and cluster.asked == ["partitions", "nodes", "signal", "partitions", "nodes"]
     submit("-p", "LOW", "-g", "new")  # what was asked again is kept
-    assert cluster.asked == ["partitions", "nodes", "signal"] * 2
+    assert cluster.asked == ["partitions", "nodes", "signal", "partitions", "nodes"]
     r = CliRunner().invoke(submit_cli.main, ["-p", "LOW", "-g", "nosuch", "train.py"])
     assert r.exit_code == 2 and "no such node group" in r.output
 
@@ -113,3 +116,52 @@ def test_an_old_view_another_slurm_an_edited_conf_or_a_broken_file_asks_again_an
     submit("--dry-run", "-p", "LOW")
     assert cluster.asked.count("partitions") == 7 and cluster.asked[-1] == "nodes"  # no notice asked in a dry run
     assert (path.read_text(), path.stat().st_mtime_ns) == before
+
+
+def test_an_old_view_asks_again_without_the_notice_signal_until_an_hour_has_passed(cluster, tmp_path):
+    submit("-p", "LOW")
+    path = view_file(tmp_path)
+    data = json.loads(path.read_text())
+    path.write_text(json.dumps({**data, "taken": data["taken"] - clusterview.VIEW_TTL_S}))
+    submit("-p", "LOW")
+    assert cluster.asked == ["partitions", "nodes", "signal", "partitions", "nodes"]
+    data = json.loads(path.read_text())
+    assert data["signal_taken"] < data["taken"] and data["user_signal"] is True
+    path.write_text(json.dumps({**data, "taken": data["taken"] - clusterview.VIEW_TTL_S,
+                                "signal_taken": data["signal_taken"] - clusterview.SIGNAL_TTL_S}))
+    submit("-p", "LOW")
+    assert cluster.asked[-3:] == ["partitions", "nodes", "signal"]
+
+
+class AtOnce:
+    """A CLI backend's three answers, each given only once all three are being asked."""
+
+    name = "cli"
+
+    def __init__(self, failing: str = "") -> None:
+        self.barrier = threading.Barrier(3, timeout=5)
+        self.failing = failing
+
+    def _answer(self, what: str, value):
+        self.barrier.wait()  # BrokenBarrierError after 5 s when asked one after the other
+        if what == self.failing:
+            raise SlurmError(f"scontrol: {what} failed")
+        return value
+
+    def partitions(self):
+        return self._answer("partitions", [{"PartitionName": "gpu", "Default": "YES"}])
+
+    def nodes(self):
+        return self._answer("nodes", nodes_from_text("NodeName=n1 Gres=gpu:8 Partitions=gpu State=IDLE\n"))
+
+    def preempt_sends_user_signal(self):
+        return self._answer("signal", False)
+
+
+def test_the_cli_backends_commands_are_asked_at_once_and_one_that_fails_fails_the_view():
+    threads = threading.active_count()
+    view = clusterview.asked(AtOnce())
+    assert view.partitions[0]["PartitionName"] == "gpu" and view.gpus == {"gpu": [8]} and view.user_signal is False
+    assert threading.active_count() == threads  # every thread it started has ended (a warm child stays reusable)
+    with pytest.raises(SlurmError, match="nodes failed"):
+        clusterview.asked(AtOnce(failing="nodes"))
