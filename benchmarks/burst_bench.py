@@ -85,9 +85,12 @@ def cluster_name() -> str:
 def add_users(users: list[str], account: str, home_root: Path) -> None:
     for user in users:
         try:
-            pwd.getpwnam(user)
+            if Path(pwd.getpwnam(user).pw_dir).is_dir():
+                continue
+            run(["userdel", user])  # left by an interrupted run, its home gone with a cluster's state
         except KeyError:
-            run(["useradd", "--create-home", "--base-dir", str(home_root), "--shell", "/bin/bash", user])
+            pass
+        run(["useradd", "--create-home", "--base-dir", str(home_root), "--shell", "/bin/bash", user])
     run(["sacctmgr", "-i", "add", "user", f"name={','.join(users)}", f"account={account}",
          f"cluster={cluster_name()}"], check=False)  # already there: fine
 
