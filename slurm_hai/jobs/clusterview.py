@@ -44,7 +44,7 @@ class ClusterView:
     partitions: list[dict[str, str]]  # `scontrol show partition -o`, KEY=VALUE each
     gpus: dict[str, list[int]]  # node group -> the GPUs of each of its nodes
     user_signal: bool | None  # a preempted job gets its --signal (else SIGTERM); None: not asked
-    kept: bool = False  # read from the user's file, not from Slurm now
+    kept: bool = False  # read from the user's file, fresh (VIEW_TTL_S), not asked of Slurm now
     signal_taken: float = 0.0  # when user_signal was asked (epoch)
 
 
