@@ -48,19 +48,20 @@ class ClusterView:
     signal_taken: float = 0.0  # when user_signal was asked (epoch)
 
 
-def asked(slurm: Backend, notice: bool = True, user_signal: bool | None = None) -> ClusterView:
-    """The view as Slurm gives it now (the notice's signal only if `notice`, and unless
-    `user_signal` is given: one asked before)."""
+def asked(slurm: Backend, notice: bool = True, signal_of: ClusterView | None = None) -> ClusterView:
+    """The view as Slurm gives it now: the notice's signal only if `notice`, and not where
+    `signal_of` (a view asked before) gives it."""
     calls: list[Callable[[], object]] = [slurm.partitions, slurm.nodes]
-    if notice and user_signal is None:
+    if notice and signal_of is None:
         calls.append(slurm.preempt_sends_user_signal)
     answers: list[Any] = _at_once(calls) if slurm.name == "cli" else [call() for call in calls]
     gpus: dict[str, list[int]] = {}
     for node in answers[1]:
         for group in node.partitions:
             gpus.setdefault(group, []).append(node.gpus)
-    signal = answers[2] if len(answers) > 2 else user_signal
-    return ClusterView(answers[0], gpus, signal, signal_taken=time.time())
+    if signal_of is not None:
+        return ClusterView(answers[0], gpus, signal_of.user_signal, signal_taken=signal_of.signal_taken)
+    return ClusterView(answers[0], gpus, answers[2] if notice else None, signal_taken=time.time())
 
 
 def _at_once(calls: list[Callable[[], object]]) -> list[object]:
@@ -96,10 +97,8 @@ def cluster_view(slurm: Backend, home: Path, fresh: bool = False) -> ClusterView
     kept = _read(path, key)
     if kept is not None and kept.kept and not fresh:
         return kept
-    signal_kept = kept is not None and 0 <= time.time() - kept.signal_taken < SIGNAL_TTL_S
-    view = asked(slurm, user_signal=kept.user_signal if kept is not None and signal_kept else None)
-    if kept is not None and signal_kept:
-        view = ClusterView(view.partitions, view.gpus, view.user_signal, signal_taken=kept.signal_taken)
+    signal_of = kept if kept is not None and 0 <= time.time() - kept.signal_taken < SIGNAL_TTL_S else None
+    view = asked(slurm, signal_of=signal_of)
     try:
         home.mkdir(mode=0o700, parents=True, exist_ok=True)
         write_atomic(path, json.dumps({"key": key, "taken": time.time(), "partitions": view.partitions,
