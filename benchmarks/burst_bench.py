@@ -22,11 +22,20 @@ The hai-submit burst runs three times: as each command starts by itself (HAI_WAR
 a login node's warm-start service (`hai-admin warm-start --preload slurm_hai.cli.preload`, root,
 started by the bench on a socket of its own), through the Python front (cli/front.py); and warm
 through the C front (`hai-admin front build`, contrib/front/hai_front.c). --kinds picks some.
+
+Printed beside the table: where each kind's slowest 1% started in its burst, and how many of
+them were a user's first command; --trace FILE keeps every submission (its user, place, start
+on the host's monotonic clock, as `perf record -k mono` stamps its samples, and time).
+slurm_hai's modules are byte-compiled first, as an installed wheel has them: the jobs that
+start during a burst import them on the same cores (a source tree whose user never wrote
+__pycache__, PYTHONDONTWRITEBYTECODE, compiles them in every job).
 """
 
 from __future__ import annotations
 
 import argparse
+import compileall
+import json
 import os
 import pwd
 import signal
@@ -55,6 +64,8 @@ JOB = "#!/bin/bash\nexec sleep 600\n"
 @dataclass
 class Result:
     user: str
+    seq: int  # its place in its user's submissions, from 0
+    start: float  # when it started: time.perf_counter() (the host's monotonic clock, as `perf record -k mono`)
     seconds: float
     rc: int
     out: str
@@ -138,10 +149,11 @@ def submit_all(kind: str, users: list[str], per_user: int, policy: Policy, scrip
                ) -> list[Result]:
     def one_user(user: str) -> list[Result]:
         results = []
-        for level, nodes, refused in plan(per_user):
+        for seq, (level, nodes, refused) in enumerate(plan(per_user)):
             t0 = time.perf_counter()
             p = run(argv_for(kind, user, level, nodes, policy, script, socket), check=False, cwd="/")
-            results.append(Result(user, time.perf_counter() - t0, p.returncode, p.stdout, p.stderr, refused))
+            results.append(Result(user, seq, t0, time.perf_counter() - t0, p.returncode, p.stdout, p.stderr,
+                                  refused))
         return results
 
     with ThreadPoolExecutor(len(users)) as pool:
@@ -184,14 +196,14 @@ def burst(kind: str, users: list[str], per_user: int, policy: Policy, script: Pa
           socket: Path) -> dict:
     watch = QuotaWatch(policy, set(users), every)
     watch.start()
-    t0 = time.monotonic()
+    begin = time.perf_counter()
     results = submit_all(kind, users, per_user, policy, script, socket)
-    wall = time.monotonic() - t0
+    wall = time.perf_counter() - begin
     time.sleep(3 * every)  # the daemon's answer to the last submissions
     watch.stop.set()
     watch.join()
     cancel_all(users)
-    return {"results": results, "wall": wall, "watch": watch}
+    return {"results": results, "begin": begin, "wall": wall, "watch": watch}
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -206,9 +218,12 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2, help="bursts of each kind, in turn")
     ap.add_argument("--sample", type=float, default=0.5, help="seconds between quota samples")
     ap.add_argument("--keep-users", action="store_true", help="leave the bench's users in place")
+    ap.add_argument("--trace", type=Path, help="write every submission (kind, round, user, place, start, seconds, "
+                    "exit) to this file, as JSON lines")
     ap.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS), metavar="KIND",
                     help=f"the bursts to run, of: {', '.join(repr(k) for k in KINDS)} (default: all)")
     args = ap.parse_args()
+    compileall.compile_dir(REPO / "slurm_hai", quiet=1)
     kinds = [k for k in KINDS if k in args.kinds]
     state = Path(os.environ.get("HAI_CLUSTER_DIR", "/var/lib/slurm-hai/localcluster"))
     policy = load_policy(state / "etc" / "policy.toml")
@@ -273,6 +288,19 @@ def main() -> None:
             print(f"  {kind} as {x.user}: exit {x.rc}: {(x.out + x.err).strip()[:300]!r}")
         for v in over[:3]:
             print(f"  over quota: {v}")
+        slowest = sorted(results, key=lambda x: x.seconds)[-max(1, len(results) // 100):]
+        slow = {id(x) for x in slowest}
+        into = [x.start - b["begin"] for b in bursts for x in b["results"] if id(x) in slow]
+        print(f"  its slowest 1% ({len(slowest)}): {sum(x.seq == 0 for x in slowest)} a user's first; started "
+              f"{', '.join(f'{t:.1f}' for t in sorted(into))} s into their burst")
+    if args.trace:
+        with open(args.trace, "w") as f:
+            for kind, bursts in runs.items():
+                for r, b in enumerate(bursts):
+                    for x in b["results"]:
+                        f.write(json.dumps({"kind": kind, "round": r, "user": x.user, "seq": x.seq,
+                                            "start": round(x.start, 4), "into": round(x.start - b["begin"], 4),
+                                            "seconds": round(x.seconds, 4), "rc": x.rc}) + "\n")
     warm_starts = (work / "commands.log").read_text().count(": started ")
     warm = sum(len(b["results"]) for kind in kinds if "warm" in kind for b in runs[kind])
     print(f"\nwarm starts the service made: {warm_starts} (of {warm})")

@@ -101,9 +101,11 @@ def cluster_view(slurm: Backend, home: Path, fresh: bool = False) -> ClusterView
     view = asked(slurm, signal_of=signal_of)
     try:
         home.mkdir(mode=0o700, parents=True, exist_ok=True)
+        # no fsync: a view lost or cut by a power loss is asked again (_read takes it as none),
+        # and two fsyncs cost a submission 8-25 ms here, far more on a disk busy with a burst
         write_atomic(path, json.dumps({"key": key, "taken": time.time(), "partitions": view.partitions,
                                        "gpus": view.gpus, "user_signal": view.user_signal,
-                                       "signal_taken": view.signal_taken}))
+                                       "signal_taken": view.signal_taken}), durable=False)
     except OSError:
         pass  # a home that cannot be written: asked each time
     return view

@@ -11,8 +11,9 @@ socket, handing it its standard input, output and error, its environment, workin
 and umask. The service (root) forks a child that becomes the job's process as a cold start
 would be, before any of the job's code runs:
 - it joins the client's control groups (Slurm's step cgroup: its devices, memory and CPUs),
-  takes the client's resource limits, supplementary groups, gid and uid (in that order), its
-  umask, working directory, environment, ignored and blocked signals, and its stdio;
+  takes the client's resource limits, nice value, supplementary groups, gid and uid (in that
+  order), its CPU affinity (Slurm's task/affinity binding, `taskset`), umask, working
+  directory, environment, ignored and blocked signals, and its stdio;
 - Python's state that a fresh process would not share is renewed: `random`'s and numpy's
   seeds, sys.argv and sys.path, the standard streams; torch's thread count is what a cold
   process computes (OMP_NUM_THREADS, else the CPUs it may run on);

@@ -94,17 +94,18 @@ def refusal(request: dict, peer_pid: int, python: str = sys.executable) -> str |
 
 def reuse_key(request: dict, peer: tuple[int, int, int]) -> tuple | None:
     """What a child that ran one command must share with the next request to run it: the
-    client's uid and gid (the kernel's word), its supplementary groups, resource limits and
-    control groups (/proc's), the command's module or script, its working directory, umask
-    and whole environment (what a command's module-level state may have been computed
-    from). None where the client is gone. (Raw reads: 40 us of the service's loop.)"""
+    client's uid and gid (the kernel's word), its supplementary groups, resource limits,
+    control groups and nice value (/proc's), the command's module or script, its working
+    directory, umask and whole environment (what a command's module-level state may have been
+    computed from). None where the client is gone. (Raw reads: 50 us of the service's loop.)"""
     try:
-        status, limits, cgroups = (_read(f"/proc/{peer[0]}/{name}") for name in ("status", "limits", "cgroup"))
+        status, limits, cgroups, stat = (_read(f"/proc/{peer[0]}/{name}") for name in ("status", "limits", "cgroup",
+                                                                                        "stat"))
     except OSError:
         return None
     groups = status[status.find(b"\nGroups:"):].split(b"\n", 2)[1]
     argv = request["argv"]
-    return (peer[1], peer[2], groups, limits, cgroups, tuple(argv[:2] if argv[0] == "-m" else argv[:1]),
+    return (peer[1], peer[2], groups, limits, cgroups, _nice(stat), tuple(argv[:2] if argv[0] == "-m" else argv[:1]),
             request["cwd"], request["umask"], frozenset(request["env"].items()))
 
 
@@ -141,6 +142,21 @@ def changed(code: dict[str, tuple[int, int]]) -> str | None:
         if (st.st_mtime_ns, st.st_size) != (mtime, size):
             return f
     return None
+
+
+def _nice(stat: bytes) -> int:
+    """The nice value in a /proc/PID/stat: its 19th field, the 17th after the command's name
+    (which may hold spaces and parentheses, so counted from its closing one)."""
+    return int(stat[stat.rindex(b")") + 2:].split()[16])
+
+
+def _cpus(status: dict[str, list[str]]) -> set[int]:
+    """The CPUs a /proc/PID/status allows (Cpus_allowed_list: "0-3,6")."""
+    cpus: set[int] = set()
+    for part in status["Cpus_allowed_list"][0].split(","):
+        first, _, last = part.partition("-")
+        cpus.update(range(int(first), int(last or first) + 1))
+    return cpus
 
 
 def _proc_status(pid: int) -> dict[str, list[str]]:
@@ -210,14 +226,16 @@ def _join_cgroups(theirs: str) -> None:
 
 class Identity(NamedTuple):
     """What a child takes of its first client once, as root, and what each later client of
-    the child must have too: the ids, the supplementary groups, the resource limits and the
-    control groups (the kernel's word, from /proc)."""
+    the child must have too: the ids, the supplementary groups, the resource limits, the
+    control groups and the nice value (the kernel's word, from /proc; a process that is no
+    longer root cannot lower its nice value again)."""
 
     uid: int
     gid: int
     groups: tuple[int, ...]
     limits: tuple[tuple[int, tuple[int, int]], ...]
     cgroups: str
+    nice: int
 
 
 def become(request: dict, fds: list[int], peer: tuple[int, int, int], taken: Identity | None = None) -> Identity:
@@ -229,12 +247,13 @@ def become(request: dict, fds: list[int], peer: tuple[int, int, int], taken: Ide
     pid, uid, gid = peer
     cgroups = Path(f"/proc/{pid}/cgroup").read_text()
     limits = _limits(pid)
+    nice = _nice(_read(f"/proc/{pid}/stat"))
     status = _proc_status(pid)
     uids, gids = [int(x) for x in status["Uid"]], [int(x) for x in status["Gid"]]
     groups = [int(x) for x in status.get("Groups", [])]
     if uids[0] != uid or gids[0] != gid:  # the pid was reused: not the process that connected
         raise Refused("the client's process is gone")
-    identity = Identity(uid, gid, tuple(groups), tuple(sorted(limits.items())), cgroups)
+    identity = Identity(uid, gid, tuple(groups), tuple(sorted(limits.items())), cgroups, nice)
     if taken is None:
         # A session and process group of its own, as a launcher's cold start has: the client
         # relays its signals to the group (the command and the processes it started), and the
@@ -244,11 +263,20 @@ def become(request: dict, fds: list[int], peer: tuple[int, int, int], taken: Ide
         for res, lim in limits.items():
             if resource.getrlimit(res) != lim:
                 resource.setrlimit(res, lim)
+        # the client's nice value (`nice hai-submit ...`, a niced job step), not the service's
+        if os.getpriority(os.PRIO_PROCESS, 0) != nice:
+            os.setpriority(os.PRIO_PROCESS, 0, nice)
         os.setgroups(groups)
         os.setresgid(gid, gid, gid)
         os.setresuid(uid, uid, uid)
     elif identity != taken:
-        raise Refused("the client's groups, limits or control groups are not those of the child that would run it")
+        raise Refused("the client's groups, limits, control groups or nice value are not those of the child that "
+                      "would run it")
+    # the CPUs it may run on (Slurm's task/affinity binds a task's with sched_setaffinity, which
+    # no control group carries; `taskset`), any subset of its cpuset: its own to set, each time
+    cpus = _cpus(status)
+    if os.sched_getaffinity(0) != cpus:
+        os.sched_setaffinity(0, cpus)
     ignored, blocked = _signal_set(status, "SigIgn"), _signal_set(status, "SigBlk")
     os.umask(request["umask"])
     os.chdir(request["cwd"])

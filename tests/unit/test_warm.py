@@ -89,6 +89,28 @@ def test_a_warm_child_is_the_clients_process_its_user_ids_limits_place_and_strea
     assert seen["main"] == "__main__" and seen["warm"]  # json came preloaded: the child is the service's fork
 
 
+def test_a_warm_child_runs_at_its_clients_nice_value_on_its_clients_cpus(service, shared):
+    """`nice` and `taskset` (Slurm's task/affinity binds a task's CPUs so, not by a control
+    group) before the client: the child runs as niced and on the CPUs it was given, and torch
+    would count those CPUs (its thread count is computed after); not at the service's."""
+    job = script(shared, """
+        import json, os, sys
+        print(json.dumps({"nice": os.getpriority(os.PRIO_PROCESS, 0), "cpus": sorted(os.sched_getaffinity(0)),
+                          "warm": "json" in sys.modules}))
+    """)
+    cpu = max(os.sched_getaffinity(0))
+    p = subprocess.run(["nice", "-n", "7", "taskset", "-c", str(cpu), "setpriv", f"--reuid={NOBODY.pw_uid}",
+                        f"--regid={NOBODY.pw_gid}", "--clear-groups", "--", sys.executable, "-m", "slurm_hai.runtime.warm",
+                        "--", sys.executable, str(job)],
+                       env={**os.environ, "HAI_WARM_SOCKET": str(service)}, cwd=shared, capture_output=True, text=True,
+                       timeout=60)
+    import json
+
+    assert p.returncode == 0 and p.stderr == "", p.stderr
+    assert json.loads(p.stdout) == {"nice": 7, "cpus": [cpu], "warm": True}
+    assert os.getpriority(os.PRIO_PROCESS, 0) == 0  # (the service's own: nice 0, every CPU)
+
+
 def test_a_warm_childs_environment_and_signals_are_the_clients_not_the_services(shared):
     """become() changes only what differs from the service's: a variable the service has and
     the client not is gone, one both have takes the client's value; a signal the service
@@ -633,8 +655,9 @@ def test_a_child_runs_its_users_next_command_where_the_last_left_nothing_behind(
     job = script(shared, LEAVES)
 
     def run(*args: str, user: str | None = str(NOBODY.pw_uid), stdin: str = "", env: dict | None = None,
-            nofile: int | None = None) -> tuple[int, list[str], str]:
-        limit = (lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))) if nofile else None
+            nofile: int | None = None, nice: int = 0) -> tuple[int, list[str], str]:
+        limit = (lambda: resource.setrlimit(resource.RLIMIT_NOFILE, (nofile, nofile))) if nofile else (
+            (lambda: os.nice(nice)) if nice else None)
         p = client(sock, [sys.executable, str(job), *args], user=user, env=env, stdin=subprocess.PIPE, cwd=shared,
                    preexec_fn=limit)
         out, err = p.communicate(stdin, timeout=60)
@@ -657,6 +680,10 @@ def test_a_child_runs_its_users_next_command_where_the_last_left_nothing_behind(
     assert as_root not in (pid, in_other_env) and err == ""
     _, (lower, _, _, nofile, _), err = run("nothing", "0", stdin="x", nofile=200)
     assert lower not in (pid, in_other_env, as_root) and nofile == "200" and err == "", "warm, not cold"
+    _, (niced, *_), err = run("nothing", "0", stdin="x", nice=5)  # a child no longer root cannot go back to 0
+    assert niced not in (pid, in_other_env, as_root, lower) and err == "", "another child, warm, not refused"
+    _, (after, *_), err = run("nothing", "0", stdin="x")
+    assert after == pid and err == ""
     log = sock.with_suffix(".log").read_text()
     assert "(its command 2)" in log and "refused" not in log, log
     proc.terminate()
