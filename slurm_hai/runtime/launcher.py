@@ -41,7 +41,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 from .contract import node_contract
 from .multiprocessing import default_nprocs
@@ -126,9 +126,12 @@ class NodeRun:
 
     def __init__(self, cmd: list[str], env: dict[str, str], jobdir: JobDir, run: int, rank: int, grace: float,
                  notices: frozenset[signal.Signals], force_suspend: Callable[[], object], flag: Path | None,
-                 why_notice: Callable[[], dict] | None = None, notice_lost: Callable[[], bool] | None = None) -> None:
+                 why_notice: Callable[[], Callable[[], dict]] | None = None,
+                 notice_lost: Callable[[], bool] | None = None) -> None:
         self.cmd, self.env, self.jobdir, self.run, self.rank = cmd, env, jobdir, run, rank
-        self.why_notice = why_notice  # the notice's cause (preempted, user, time_limit), for `hai status`
+        # starts asking Slurm the notice's cause (preempted, user, time_limit), for `hai status`,
+        # and gives the call that reads the answer
+        self.why_notice = why_notice
         self.notice_lost = notice_lost  # whether Slurm's time-limit notice may have come before the handlers
         self.grace, self.notices, self.force_suspend, self.flag = grace, notices, force_suspend, flag
         self.term_is_notice = signal.SIGTERM in notices  # until the first SIGTERM: later ones end the step
@@ -181,15 +184,21 @@ class NodeRun:
     def notice(self, source: str) -> None:
         if self.flag is None or self.noticed_at is not None:
             return
+        cause: dict = {}
+        answer = None
+        if self.why_notice is not None:  # asked before the flag, read after it (_why_notice)
+            try:
+                answer = self.why_notice()
+            except Exception as e:  # noqa: BLE001 - the cause is for people; the protocol goes on
+                cause = {"cause": "unknown", "cause_error": str(e)}
         with open(self.flag, "r+b", buffering=0) as f:
             f.write(b"1")
         self.noticed_at = time.monotonic()
         at = round(time.time(), 3)
-        cause: dict = {}
-        if self.why_notice is not None:  # after the flag: the job learns of the notice first
+        if answer is not None:
             try:
-                cause = self.why_notice()
-            except Exception as e:  # noqa: BLE001 - the cause is for people; the protocol goes on
+                cause = answer()
+            except Exception as e:  # noqa: BLE001 - as above
                 cause = {"cause": "unknown", "cause_error": str(e)}
         self.jobdir.event("notice", run=self.run, source=source, grace=self.grace, **cause, t=at)
 
@@ -303,32 +312,51 @@ def _notice_lost(slurm, job_id: int, grace: float) -> bool:
         return False
 
 
-def _why_notice(slurm, job_id: int, jobdir: JobDir, grace: float) -> dict:
-    """Ask Slurm why the notice came (one squeue call, after the flag is set). A SIGTERM
+@contextlib.contextmanager
+def _term_blocked() -> Iterator[None]:
+    """SIGTERM blocked in this thread (and in the processes it starts meanwhile)."""
+    was = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, was)
+
+
+def _why_notice(slurm, job_id: int, jobdir: JobDir, grace: float) -> Callable[[], dict]:
+    """Start asking Slurm why the notice came (one squeue call), before the flag is set, and
+    give the call that reads the answer, after it: a job that suspends within milliseconds of
+    its flag had its go_suspend()'s requeue reach slurmctld before the squeue did, which then
+    showed the job requeued, no longer preempted (cause 'unknown'; CI, 22.05). A SIGTERM
     notice reaches every process of the step, an squeue started by it too (seen on 25.11
     and 22.05: squeue killed, nothing on stderr, cause 'unknown'). So the squeue starts with
     SIGTERM blocked (a blocked mask survives fork and exec; the launcher's own pending
     SIGTERM arrives when it is unblocked again), and one more try for anything else. The
     node's policy gives the ladder that tells which waiting job preempted this one."""
-    from ..jobs.status import notice_cause
-    from ..policy.model import PolicyError, find_policy
-    from ..slurm import SlurmError
+    from ..slurm import squeue
 
-    was = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM})
-    try:
+    if slurm.name == "cli":  # its jobs() takes the read started ahead (pyslurm asks when called)
+        with _term_blocked():
+            squeue.start_ahead()
+
+    def answer() -> dict:
+        from ..jobs.status import notice_cause
+        from ..policy.model import PolicyError, find_policy
+        from ..slurm import SlurmError
+
+        with _term_blocked():
+            try:
+                queue = slurm.jobs()
+            except SlurmError:
+                time.sleep(0.2)
+                queue = slurm.jobs()
+        me = next((j for j in queue if j.job_id == job_id), None)
         try:
-            queue = slurm.jobs()
-        except SlurmError:
-            time.sleep(0.2)
-            queue = slurm.jobs()
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, was)
-    me = next((j for j in queue if j.job_id == job_id), None)
-    try:
-        ladder, error = find_policy().ladder, {}
-    except PolicyError as e:  # the cause is for people: told without the preemptor, and why
-        ladder, error = (), {"cause_error": str(e)}
-    return notice_cause(me, queue, ladder, jobdir.events(), time.time(), grace + NOTICE_MARGIN) | error
+            ladder, error = find_policy().ladder, {}
+        except PolicyError as e:  # the cause is for people: told without the preemptor, and why
+            ladder, error = (), {"cause_error": str(e)}
+        return notice_cause(me, queue, ladder, jobdir.events(), time.time(), grace + NOTICE_MARGIN) | error
+
+    return answer
 
 
 def main(argv: list[str] | None = None) -> int:

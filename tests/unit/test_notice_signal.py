@@ -208,3 +208,29 @@ def test_hai_suspend_sends_the_policys_notice_signal(tmp_path, sig):
     jobdir = JobDir(tmp_path / "7").create()
     control.request_suspend(Slurm(), 7, jobdir, writable=True, notice_signal=sig)
     assert sent == [(7, sig)] and [e["event"] for e in jobdir.events()] == ["suspend_requested"]
+
+
+def test_the_notices_cause_is_asked_of_slurm_before_the_flag_and_read_after_it(tmp_path):
+    """A job that suspends within milliseconds of its flag requeues itself at once: Slurm's
+    queue read after that shows it requeued, not preempted (CI: cause 'unknown'). The read
+    starts before the flag is set, its answer is taken after: the job learns of the notice
+    no later than it would without the question."""
+    jobdir = JobDir(tmp_path / "7").create()
+    flag = tmp_path / "flag"
+    seen = []
+
+    def ask():
+        seen.append(("asked", flag.read_text()))
+
+        def answer():
+            seen.append(("read", flag.read_text()))
+            return {"cause": "preempted", "by_job": 8}
+        return answer
+
+    node = NodeRun([sys.executable, "-c", "pass"], {**os.environ, "OMP_NUM_THREADS": "1"}, jobdir, 0, 0, 30.0,
+                   notice_signals("USR1", False), force_suspend=lambda: None, flag=flag, why_notice=ask)
+    node.start()
+    node.notice("signal")
+    assert node.wait() == 0
+    assert seen == [("asked", "0"), ("read", "1")]
+    assert [(e["cause"], e["by_job"]) for e in jobdir.events() if e["event"] == "notice"] == [("preempted", 8)]
