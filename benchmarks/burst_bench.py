@@ -27,8 +27,7 @@ Printed beside the table: where each kind's slowest 1% started in its burst, and
 them were a user's first command; --trace FILE keeps every submission (its user, place, start
 on the host's monotonic clock, as `perf record -k mono` stamps its samples, and time).
 slurm_hai's modules are byte-compiled first, as an installed wheel has them: the jobs that
-start during a burst import them on the same cores (a source tree whose user never wrote
-__pycache__, PYTHONDONTWRITEBYTECODE, compiles them in every job).
+start during a burst import them on the same cores.
 """
 
 from __future__ import annotations
