@@ -54,6 +54,8 @@ def test_the_preemptor_is_told_by_the_sites_ladder_not_hais():
 
 
 class OneQueue:
+    name = "test"  # not the commands backend: no squeue started ahead
+
     def __init__(self, queue: list[JobInfo]) -> None:
         self.queue = queue
 
@@ -72,10 +74,10 @@ def test_the_launcher_asks_the_nodes_policy_for_the_ladder_and_a_broken_one_cost
     policy = tmp_path / "policy.toml"
     policy.write_text('default_level = "BRONZE"\n[levels]\nGOLD = 30\nBRONZE = 0\n')
     monkeypatch.setenv("HAI_POLICY", str(policy))
-    assert _why_notice(slurm, 5, jobdir, 5.0) == {"cause": "preempted", "by_job": 8, "by_level": "GOLD",
+    assert _why_notice(slurm, 5, jobdir, 5.0)() == {"cause": "preempted", "by_job": 8, "by_level": "GOLD",
                                                   "target_size": 0}
     policy.write_text("[levels]\nGOLD = -1\n")
-    cause = _why_notice(slurm, 5, jobdir, 5.0)
+    cause = _why_notice(slurm, 5, jobdir, 5.0)()
     assert cause["cause"] == "preempted" and "by_job" not in cause
     assert cause["cause_error"].startswith(f"{policy}: [levels] GOLD: expected")
 

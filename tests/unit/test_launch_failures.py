@@ -114,6 +114,8 @@ def test_the_squeue_asking_why_a_notice_came_is_not_killed_by_the_same_sigterm(t
     from slurm_hai.slurm.records import JobInfo
 
     class Slurm:
+        name = "test"  # not the commands backend: no squeue started ahead
+
         def jobs(self):
             # the child terminates itself as Slurm would: with SIGTERM blocked it lives on
             p = subprocess.run(["sh", "-c", "kill -TERM $$; echo alive"], capture_output=True, text=True)
@@ -123,7 +125,7 @@ def test_the_squeue_asking_why_a_notice_came_is_not_killed_by_the_same_sigterm(t
                             eligible_time=0, priority=1, preempt_time=200)]
 
     before = signal.pthread_sigmask(signal.SIG_BLOCK, set())
-    cause = launcher._why_notice(Slurm(), 5, JobDir(tmp_path / "5").create(), 5.0)
+    cause = launcher._why_notice(Slurm(), 5, JobDir(tmp_path / "5").create(), 5.0)()
     assert cause["cause"] == "preempted"
     assert signal.pthread_sigmask(signal.SIG_BLOCK, set()) == before
 
