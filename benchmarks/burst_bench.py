@@ -28,12 +28,21 @@ them were a user's first command; --trace FILE keeps every submission (its user,
 on the host's monotonic clock, as `perf record -k mono` stamps its samples, and time).
 slurm_hai's modules are byte-compiled first, as an installed wheel has them: the jobs that
 start during a burst import them on the same cores.
+
+--nodes-apart: the local cluster's nodes run on the cores the users submit from, which a
+site's compute nodes do not (they are other machines than its login node and its controller).
+With it, every process of every node (its slurmd and all below it: the jobs' scripts,
+launchers and steps; its warm-start service and persist agent: each node's mount namespace)
+is moved into a CPU control group of its own at the default weight, where new ones are born
+too: the nodes together then weigh as one process against the submissions, not one each. They
+are moved back, and the group removed, at the end.
 """
 
 from __future__ import annotations
 
 import argparse
 import compileall
+import contextlib
 import json
 import os
 import pwd
@@ -51,6 +60,9 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "contrib" / "localcluster"))
+
+import localcluster  # noqa: E402
 
 from slurm_hai.policy.levels import level_of_qos  # noqa: E402
 from slurm_hai.policy.model import Policy, load_policy  # noqa: E402
@@ -205,6 +217,41 @@ def burst(kind: str, users: list[str], per_user: int, policy: Policy, script: Pa
     return {"results": results, "begin": begin, "wall": wall, "watch": watch}
 
 
+class NodesApart:
+    """Every process of the local cluster's nodes in a CPU control group of its own (cgroup v1
+    `cpu` or v2), at the default weight; moved back and the group removed on exit."""
+
+    NAME = "slurm-hai-burst-nodes"
+
+    def __init__(self, c: localcluster.Cluster):
+        v2 = Path("/sys/fs/cgroup/cgroup.controllers").exists()
+        self.root = Path("/sys/fs/cgroup") if v2 else Path("/sys/fs/cgroup/cpu")
+        self.group = self.root / self.NAME
+        holders = [localcluster.running_pid(localcluster.node_holder(c, n)) for n in c.nodes]
+        if None in holders:
+            sys.exit("burst_bench: --nodes-apart: a node of the local cluster is not running (contrib/localcluster/up)")
+        self.pids = [pid for holder in holders for pid in localcluster.namespace_processes(holder or 0)]
+        if v2 and "cpu" not in (self.root / "cgroup.subtree_control").read_text().split():
+            (self.root / "cgroup.subtree_control").write_text("+cpu")
+
+    def __enter__(self) -> NodesApart:
+        self.group.mkdir(exist_ok=True)
+        for pid in self.pids:
+            try:
+                (self.group / "cgroup.procs").write_text(str(pid))
+            except OSError:
+                pass  # ended since
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for pid in (self.group / "cgroup.procs").read_text().split():
+            try:
+                (self.root / "cgroup.procs").write_text(pid)
+            except OSError:
+                pass
+        self.group.rmdir()
+
+
 def pct(xs: list[float], q: float) -> float:
     xs = sorted(xs)
     return xs[min(len(xs) - 1, int(q * len(xs)))]
@@ -219,6 +266,9 @@ def main() -> None:
     ap.add_argument("--keep-users", action="store_true", help="leave the bench's users in place")
     ap.add_argument("--trace", type=Path, help="write every submission (kind, round, user, place, start, seconds, "
                     "exit) to this file, as JSON lines")
+    ap.add_argument("--nodes-apart", action="store_true", help="the local nodes' processes in a CPU control group "
+                    "of their own at the default weight (together as one process against the submissions), as a "
+                    "site's compute nodes are not its login node")
     ap.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS), metavar="KIND",
                     help=f"the bursts to run, of: {', '.join(repr(k) for k in KINDS)} (default: all)")
     args = ap.parse_args()
@@ -246,29 +296,30 @@ def main() -> None:
                                 "slurm_hai.cli.preload"], stdout=open(work / "commands.log", "w"),
                                stderr=subprocess.STDOUT)
     runs: dict[str, list[dict]] = {kind: [] for kind in kinds}
-    try:
-        deadline = time.monotonic() + 60
-        while "warm-start service on" not in (work / "commands.log").read_text():
-            if service.poll() is not None or time.monotonic() > deadline:
-                sys.exit(f"burst_bench: the warm-start service did not start: {(work / 'commands.log').read_text()}")
-            time.sleep(0.1)
-        for r in range(args.rounds):
-            for kind in kinds[r % len(kinds):] + kinds[:r % len(kinds)]:
-                one = burst(kind, users, args.jobs // args.users, policy, script, args.sample, socket)
-                lat = [x.seconds for x in one["results"]]
-                print(f"round {r + 1} {kind}: {len(lat)} in {one['wall']:.1f} s, p50 {pct(lat, .5):.3f} s, "
-                      f"p99 {pct(lat, .99):.3f} s, {one['watch'].samples} quota samples", flush=True)
-                runs[kind].append(one)
-    finally:
-        service.terminate()
-        service.wait(30)
-        daemon.send_signal(signal.SIGTERM)
-        daemon.wait(30)
-        cancel_all(users)
-        if not args.keep_users:
-            remove_users(users)
+    with NodesApart(localcluster.cluster_from_env()) if args.nodes_apart else contextlib.nullcontext():
+        try:
+            deadline = time.monotonic() + 60
+            while "warm-start service on" not in (work / "commands.log").read_text():
+                if service.poll() is not None or time.monotonic() > deadline:
+                    sys.exit(f"burst_bench: the warm-start service did not start: {(work / 'commands.log').read_text()}")
+                time.sleep(0.1)
+            for r in range(args.rounds):
+                for kind in kinds[r % len(kinds):] + kinds[:r % len(kinds)]:
+                    one = burst(kind, users, args.jobs // args.users, policy, script, args.sample, socket)
+                    lat = [x.seconds for x in one["results"]]
+                    print(f"round {r + 1} {kind}: {len(lat)} in {one['wall']:.1f} s, p50 {pct(lat, .5):.3f} s, "
+                          f"p99 {pct(lat, .99):.3f} s, {one['watch'].samples} quota samples", flush=True)
+                    runs[kind].append(one)
+        finally:
+            service.terminate()
+            service.wait(30)
+            daemon.send_signal(signal.SIGTERM)
+            daemon.wait(30)
+            cancel_all(users)
+            if not args.keep_users:
+                remove_users(users)
     print(f"\n{args.jobs} submissions per burst from {args.users} users at once, {args.rounds} bursts each; "
-          f"{os.cpu_count()} cores")
+          f"{os.cpu_count()} cores" + ("; the nodes' processes apart (--nodes-apart)" if args.nodes_apart else ""))
     print("| command | p50 | p90 | p99 | max | burst wall time | one line, right answer | quota samples | "
           "over quota | most jobs running |")
     print("|---|---|---|---|---|---|---|---|---|---|")
