@@ -7,7 +7,10 @@ process forked from the service imports none of it:
 - torch._dynamo, which torch imports only when a script makes its first optimizer
   (`torch.optim.SGD(...)`: 822 modules, sympy among them, 0.87 s on this VM; cluster_bench
   --first-step);
-- torchft and slurm_hai.runtime.parts, where torchft is installed (the `elastic` extra).
+- torchft and slurm_hai.runtime.parts, where torchft is installed (the `elastic` extra);
+- the job's batch driver (slurm_hai.runtime.batch, started through the service by the job's
+  script at every run: templates/job/sbatch.sh.j2) with the launcher and the Slurm backends
+  it loads: 0.1 s of CPU a cold start took to import at every start and restart of a job.
 
 None of them starts CUDA: a child forked after that could not use the GPU."""
 
@@ -20,3 +23,6 @@ if importlib.util.find_spec("torchft") is not None:
     import torchft  # noqa: F401
 
     from . import parts  # noqa: F401
+
+from . import batch  # noqa: F401
+from ..slurm import cli, pyslurm_backend  # noqa: F401  (the backend batch picks)

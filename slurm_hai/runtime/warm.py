@@ -5,6 +5,7 @@ import (3-4 s of a part's rejoin on this VM; docs/elastic-in-place.md, "Warm sta
     hai-admin warm-start [--socket PATH] [--preload slurm_hai.runtime.preload]   # one per node, as root
     python -m slurm_hai.runtime.warm -- PYTHON SCRIPT ARGS...             # in the job's step
     python -m slurm_hai.runtime.warm -- PYTHON -m MODULE ARGS...
+    python -m slurm_hai.runtime.warm --if-there -- ...     # cold and silent where no service listens
 
 The step's process (the client, standard library only) asks the node's service over a Unix
 socket, handing it its standard input, output and error, its environment, working directory
@@ -161,12 +162,14 @@ def same_python(asked: object, own: str) -> bool:
         return False
 
 
-def run(cmd: list[str], socket_path: str | None = None) -> int:
+def run(cmd: list[str], socket_path: str | None = None, if_there: bool = False) -> int:
     """Start `cmd` warm through the node's service and wait for it; cold (exec) when it
-    cannot be warm. Returns the child's exit code, or dies of its signal."""
-    started = start(cmd, socket_path)
+    cannot be warm, saying why in one line (`if_there`: not where no service listens on this
+    node). Returns the child's exit code, or dies of its signal."""
+    path = socket_path or os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET
+    started = start(cmd, path) if not if_there or os.path.exists(path) else ""
     if isinstance(started, str):
-        if os.environ.get(OFF_ENV) != "0":
+        if started and os.environ.get(OFF_ENV) != "0":
             print(f"slurm-hai: starting cold: {started}", file=sys.stderr, flush=True)
         try:
             os.execvp(cmd[0], cmd)
@@ -326,12 +329,15 @@ def _relay(pidfd: int, pid: int, sig: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if_there = args[:1] == ["--if-there"]
+    args = args[1:] if if_there else args
     if args[:1] == ["--"]:
         args = args[1:]
     if not args:
-        print("usage: python -m slurm_hai.runtime.warm -- PYTHON SCRIPT|-m MODULE [ARGS...]", file=sys.stderr)
+        print("usage: python -m slurm_hai.runtime.warm [--if-there] -- PYTHON SCRIPT|-m MODULE [ARGS...]",
+              file=sys.stderr)
         return 2
-    return run(args)
+    return run(args, if_there=if_there)
 
 
 if __name__ == "__main__":

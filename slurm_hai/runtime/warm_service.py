@@ -487,7 +487,8 @@ class Service:
                 key = reuse_key(request, peer)
                 start = (self._again(key, request, fds, peer, conn) or self._hand(request, fds, peer, conn)
                          or self._fork(request, fds, peer, conn))
-                self.starting[start.ready] = start._replace(key=key, deadline=time.monotonic() + BECOME_WITHIN_S)
+                self.starting[start.ready] = start._replace(key=key, deadline=time.monotonic() + BECOME_WITHIN_S,
+                                                            job=_job_of(request))
                 self.sel.register(start.ready, selectors.EVENT_READ, ("ready", start.ready))
                 return
         finally:
@@ -531,8 +532,8 @@ class Service:
         child.conn = conn
         child.commands += 1
         self.sel.register(conn, selectors.EVENT_READ, ("client", child.pidfd))
-        log.info("uid %d pid %d: started %s as pid %d (its command %d)", peer[1], peer[0], start.argv, pid,
-                 child.commands)
+        log.info("uid %d pid %d: started %s as pid %d (its command %d)%s", peer[1], peer[0], start.argv, pid,
+                 child.commands, f", job {start.job}" if start.job else "")
 
     def _overdue(self) -> None:
         """Refuse the starts whose child has not said within BECOME_WITHIN_S."""
@@ -877,7 +878,8 @@ class _Start(NamedTuple):
     """A child given a client's request, until it says it became the client's process: its
     pid, the pipe it says it on, the service's end of its socket pair, the client's
     connection and ids, the command (its first two words, for the log), the request's
-    reuse_key, when it is overdue (monotonic), and the idle child it is, if it is one."""
+    reuse_key, when it is overdue (monotonic), the idle child it is, if it is one, and the
+    Slurm job it is of (SLURM_JOB_ID, for the log)."""
 
     pid: int
     ready: int
@@ -888,6 +890,14 @@ class _Start(NamedTuple):
     key: tuple | None = None
     deadline: float = 0.0
     child: _Child | None = None
+    job: str = ""
+
+
+def _job_of(request: dict) -> str:
+    """The Slurm job a request's command is of, as its environment says (a job's step or
+    batch script: SLURM_JOB_ID), or ""."""
+    job = request["env"].get("SLURM_JOB_ID", "")
+    return job if job.isdigit() else ""
 
 
 def _in_turn(event: tuple[selectors.SelectorKey, int]) -> int:

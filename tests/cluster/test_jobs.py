@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import textwrap
 import time
 from pathlib import Path
@@ -172,11 +173,20 @@ WARM_PROBE = """
 """
 
 
+def batch_starts(live, job: int) -> int:
+    """How many runs of `job` had their batch driver (runtime/batch.py) started warm: the
+    nodes' warm-start services log each start with the job it is of."""
+    logs = (live.log_dir / f"warm-{node}.console" for node in ("n1", "n2", "n3", "n4"))
+    return sum(re.findall(r": started \['-m', 'slurm_hai\.runtime\.batch'\] as pid \d+ \(its command 1\), job (\d+)$",
+                          log.read_text(), re.M).count(str(job)) for log in logs)
+
+
 def test_a_jobs_command_starts_warm_from_the_nodes_service_and_its_processes_end_with_each_run(live):
-    """The launcher starts a Python command through the node's warm-start service (torch
-    imported already): each run's command is the service's child, and what the command
-    started ends with its run (the service's child leads a process group, which the client
-    passes the launcher's SIGTERM to), at a suspend and at the end."""
+    """The job's script starts its batch driver, and the launcher the job's Python command,
+    through the node's warm-start service (torch and slurm-hai imported already): each run's
+    command is the service's child, and so is each run's driver; what the command started
+    ends with its run (the service's child leads a process group, which the client passes
+    the launcher's SIGTERM to), at a suspend and at the end. With HAI_WARM=0 both start cold."""
     out = live.shared_dir("warm-job")
     job = submit(live, write_script(out, WARM_PROBE), "-n", "1", "-p", "LOW", args=(str(out),))
     runs = []
@@ -185,6 +195,7 @@ def test_a_jobs_command_starts_warm_from_the_nodes_service_and_its_processes_end
         warm, parent, below = (out / f"run.{run}").read_text().split()
         assert warm == "True", f"run {run} started cold"
         assert "warm-start" in Path(f"/proc/{parent}/cmdline").read_text().replace("\0", " ")
+        assert batch_starts(live, job) == run + 1, f"run {run}'s batch driver did not start warm"
         runs.append(int(below))
         if run == 0:
             live.run(["hai", "suspend", str(job)])
@@ -195,7 +206,7 @@ def test_a_jobs_command_starts_warm_from_the_nodes_service_and_its_processes_end
     cold = live.shared_dir("cold-job")  # HAI_WARM=0 in the job's environment: as without a service
     job = submit(live, write_script(cold, WARM_PROBE), "-n", "1", "-p", "LOW", "-e", "HAI_WARM=0", args=(str(cold),))
     wait_for(lambda: (cold / "run.0").exists(), 120, "the cold job's command")
-    assert (cold / "run.0").read_text().split()[0] == "False"
+    assert (cold / "run.0").read_text().split()[0] == "False" and batch_starts(live, job) == 0
     live.run(["hai", "stop", str(job)])
 
 

@@ -38,7 +38,8 @@ def rendered(sig: str, term_is_notice: bool = False) -> tuple[dict, str]:
 def batch_options(script: str) -> list[str]:
     """The options the sbatch script gives `python -m slurm_hai.runtime.batch`."""
     argv = shlex.split(next(line for line in script.splitlines() if line.startswith("exec ")))
-    return argv[argv.index("slurm_hai.runtime.batch") + 1:argv.index("--")]
+    options = argv[argv.index("slurm_hai.runtime.batch") + 1:]
+    return options[:options.index("--")]
 
 
 @pytest.mark.parametrize("sig", NOTICE_SIGNALS)

@@ -314,6 +314,22 @@ def test_what_cannot_be_warm_starts_cold_with_one_line(service, shared):
         assert p.stderr.startswith("slurm-hai: starting cold: ") and why in p.stderr and p.stderr.count("\n") == 1
 
 
+def test_if_there_a_node_without_a_service_starts_cold_and_silent_and_one_with_it_warm(service, shared):
+    """`--if-there` (a job's script starting its batch driver): where no service listens the
+    command starts cold and the client says nothing; where one does, the command is its child;
+    a refusal is still said."""
+    job = script(shared, "import sys\nprint('ran', 'json' in sys.modules)\n")
+    client = [sys.executable, "-m", "slurm_hai.runtime.warm", "--if-there", "--"]
+    for sock, env, out, err in (
+            (shared / "none.sock", {}, "ran False\n", ""),
+            (service, {}, "ran True\n", ""),
+            (service, {"LD_PRELOAD": "libm.so.6"}, "ran False\n", "slurm-hai: starting cold: LD_PRELOAD differs"),
+    ):
+        p = subprocess.run([*client, sys.executable, str(job)], env={**os.environ, "HAI_WARM_SOCKET": str(sock), **env},
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0 and p.stdout == out and p.stderr.startswith(err) and p.stderr.count("\n") == bool(err)
+
+
 def test_a_service_whose_code_changed_on_disk_starts_cold_until_it_is_restarted(shared):
     """An upgrade under a running service: its children would run the code it loaded before.
     The service notices within a second (it looks at its files once a second at most)."""
