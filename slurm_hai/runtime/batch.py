@@ -47,9 +47,13 @@ def launcher_argv(args: argparse.Namespace, cmd: list[str]) -> list[str]:
     """The per-node launcher, which the job step starts once on every node. The notice
     signals are ignored from the step's first instant (a disposition that exec keeps):
     one that came while Python starts would otherwise kill the launcher, and the job with
-    it, for good. The launcher takes them over once its handlers are in place."""
+    it, for good. The launcher takes them over once its handlers are in place. It starts
+    warm where the node runs a warm-start service (runtime/warm.py, --if-there), whose
+    client relays the notices although it ignores them: its child, the launcher, starts
+    with them ignored, as a cold one would."""
     notices = sorted(sig.name.removeprefix("SIG") for sig in notice_signals(args.notice_signal, args.term_is_notice))
     argv = ["/bin/sh", "-c", f"trap '' {' '.join(notices)}; exec \"$@\"", "sh",
+            sys.executable, "-m", "slurm_hai.runtime.warm", "--if-there", f"--relay-ignored={','.join(notices)}", "--",
             sys.executable, "-m", "slurm_hai.runtime.launcher", f"--job-dir={args.job_dir}", f"--grace={args.grace}",
             f"--notice-signal={args.notice_signal}"]
     if args.term_is_notice:

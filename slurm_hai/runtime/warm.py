@@ -6,6 +6,8 @@ import (3-4 s of a part's rejoin on this VM; docs/elastic-in-place.md, "Warm sta
     python -m slurm_hai.runtime.warm -- PYTHON SCRIPT ARGS...             # in the job's step
     python -m slurm_hai.runtime.warm -- PYTHON -m MODULE ARGS...
     python -m slurm_hai.runtime.warm --if-there -- ...     # cold and silent where no service listens
+    python -m slurm_hai.runtime.warm --relay-ignored=USR2,TERM -- ...   # relayed though ignored here
+    python -m slurm_hai.runtime.warm --child-only -- ...   # signals to the child, not its process group
 
 The step's process (the client, standard library only) asks the node's service over a Unix
 socket, handing it its standard input, output and error, its environment, working directory
@@ -20,8 +22,11 @@ would be, before any of the job's code runs:
   process computes (OMP_NUM_THREADS, else the CPUs it may run on);
 - then it runs SCRIPT (or MODULE) as __main__, and exits as the interpreter would (atexit,
   non-daemon threads, SystemExit, an uncaught exception's traceback, KeyboardInterrupt).
-The client relays every signal it gets to the child (Slurm signals the step's processes,
-the child is not one of them under proctrack/linuxproc) and exits as the child did: with
+The client relays every signal it gets to the child and its process group (Slurm signals the
+step's processes, the child is not one of them under proctrack/linuxproc; --child-only: to
+the child alone, as Slurm signals a batch script but not what it started), ignored ones only
+where it is told to (--relay-ignored: the child starts with them ignored all the same), and
+exits as the child did: with
 its code, or of its signal. A client that dies takes the child with it (the service kills
 it when the connection closes).
 
@@ -162,12 +167,14 @@ def same_python(asked: object, own: str) -> bool:
         return False
 
 
-def run(cmd: list[str], socket_path: str | None = None, if_there: bool = False) -> int:
+def run(cmd: list[str], socket_path: str | None = None, if_there: bool = False,
+        relay_ignored: frozenset[int] = frozenset(), group: bool = True) -> int:
     """Start `cmd` warm through the node's service and wait for it; cold (exec) when it
     cannot be warm, saying why in one line (`if_there`: not where no service listens on this
-    node). Returns the child's exit code, or dies of its signal."""
+    node). `relay_ignored` and `group`: as Relay takes them. Returns the child's exit code,
+    or dies of its signal."""
     path = socket_path or os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET
-    started = start(cmd, path) if not if_there or os.path.exists(path) else ""
+    started = start(cmd, path, Relay(relay_ignored, group)) if not if_there or os.path.exists(path) else ""
     if isinstance(started, str):
         if started and os.environ.get(OFF_ENV) != "0":
             print(f"slurm-hai: starting cold: {started}", file=sys.stderr, flush=True)
@@ -186,19 +193,23 @@ def run_if_warm(cmd: list[str], socket_path: str | None = None) -> int | None:
     return None if isinstance(started, str) else _supervise(*started)
 
 
-def start(cmd: list[str], socket_path: str | None = None) -> tuple[io.BufferedReader, int, Relay] | str:
+def start(cmd: list[str], socket_path: str | None = None, relay: Relay | None = None
+          ) -> tuple[io.BufferedReader, int, Relay] | str:
     """Ask the service to start `cmd`: (the reader of its replies, the child's pid, the relay
-    of this process's signals), or why it cannot start warm."""
+    of this process's signals: `relay`, made from before the request, so that a signal that
+    comes while the child starts waits for it), or why it cannot start warm."""
     why = _warm_refusal(cmd)
     if why is not None:
+        if relay is not None:
+            relay.stop()
         return why
     sock = None
-    relay = Relay()  # from before the request: a signal that comes while the child starts waits for it
+    relay = relay or Relay()
     try:
         sock = _connect(socket_path or os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET)
         python, argv = command_form(cmd)  # type: ignore[misc]  # _warm_refusal checked it
-        send_request(sock, {"python": interpreter_path(python), "argv": argv,
-                            "env": dict(os.environ), "cwd": os.getcwd(), "umask": _umask()})
+        send_request(sock, {"python": interpreter_path(python), "argv": argv, "env": dict(os.environ),
+                            "cwd": os.getcwd(), "umask": _umask(), "ignored": relay.ignored})
         reader = sock.makefile("rb")
         first = _read_reply(reader)
         if "pid" in first:
@@ -216,14 +227,19 @@ def start(cmd: list[str], socket_path: str | None = None) -> tuple[io.BufferedRe
 
 
 class Relay:
-    """The client's handlers of the RELAYED signals it does not ignore: each goes to the
-    child, or waits for it (`to`). A signal that came before a cold start is not passed on."""
+    """The client's handlers of the RELAYED signals it does not ignore, and of the ignored
+    ones in `ignored_too` (`ignored`: the request tells the service, whose child starts with
+    them ignored all the same): each goes to the child and its process group (`group`; else
+    to the child alone), or waits for it (`to`). A signal that came before a cold start is
+    not passed on."""
 
-    def __init__(self) -> None:
+    def __init__(self, ignored_too: frozenset[int] = frozenset(), group: bool = True) -> None:
         self.pidfd: int | None = None
         self.pid = 0
+        self.group = group
         self.pending: list[int] = []
-        self.signals = [s for s in RELAYED if signal.getsignal(s) is not signal.SIG_IGN]
+        self.ignored = sorted(s for s in RELAYED if s in ignored_too and signal.getsignal(s) is signal.SIG_IGN)
+        self.signals = [s for s in RELAYED if signal.getsignal(s) is not signal.SIG_IGN or s in self.ignored]
         self.before = {sig: signal.getsignal(sig) for sig in self.signals}
         for sig in self.signals:
             signal.signal(sig, self._handle)
@@ -232,12 +248,12 @@ class Relay:
         if self.pidfd is None:
             self.pending.append(sig)
         else:
-            _relay(self.pidfd, self.pid, sig)
+            _relay(self.pidfd, self.pid, sig, self.group)
 
     def to(self, pidfd: int, pid: int) -> None:
         self.pidfd, self.pid = pidfd, pid
         while self.pending:
-            _relay(pidfd, pid, self.pending.pop(0))
+            _relay(pidfd, pid, self.pending.pop(0), self.group)
 
     def stop(self) -> None:
         """The handlers this process had before (Python's own: Ctrl-C is KeyboardInterrupt
@@ -314,30 +330,42 @@ def _supervise(reader, pid: int, relay: Relay) -> int:
     return os.waitstatus_to_exitcode(status)
 
 
-def _relay(pidfd: int, pid: int, sig: int) -> None:
-    """`sig` to the child and its process group (it leads one, as a cold start under a
-    launcher does: the command's own processes get the signal too)."""
+def _relay(pidfd: int, pid: int, sig: int, group: bool = True) -> None:
+    """`sig` once to the child and to each process of its process group (it leads one, as a
+    cold start under a launcher does: the command's own processes get the signal too), or to
+    the child alone. Never twice to the child: a second SIGTERM is not the first (a launcher
+    takes the first as the notice and the next as the end of its run)."""
     try:
+        if group and os.getpgid(pid) == pid:
+            os.killpg(pid, sig)  # the child among them
+            return
         signal.pidfd_send_signal(pidfd, sig)
     except ProcessLookupError:
         return  # ended: its status is on its way
-    try:
-        os.killpg(pid, sig)
-    except (ProcessLookupError, PermissionError):
+    except PermissionError:
         pass
+    if group:  # the child left the group it led: its processes still get it
+        try:
+            os.killpg(pid, sig)
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    if_there = args[:1] == ["--if-there"]
-    args = args[1:] if if_there else args
+    options: dict[str, str] = {}
+    while args and args[0].startswith("--") and args[0] != "--":
+        name, _, value = args.pop(0).partition("=")
+        options[name] = value
+    names = {"SIG" + name for name in options.get("--relay-ignored", "").split(",") if name}
     if args[:1] == ["--"]:
         args = args[1:]
-    if not args:
-        print("usage: python -m slurm_hai.runtime.warm [--if-there] -- PYTHON SCRIPT|-m MODULE [ARGS...]",
-              file=sys.stderr)
+    if not args or set(options) - {"--if-there", "--child-only", "--relay-ignored"} or names - set(signal.Signals.__members__):
+        print("usage: python -m slurm_hai.runtime.warm [--if-there] [--child-only] [--relay-ignored=SIG,...] -- "
+              "PYTHON SCRIPT|-m MODULE [ARGS...]", file=sys.stderr)
         return 2
-    return run(args, if_there=if_there)
+    return run(args, if_there="--if-there" in options, group="--child-only" not in options,
+               relay_ignored=frozenset(signal.Signals[name] for name in names))
 
 
 if __name__ == "__main__":

@@ -83,6 +83,9 @@ def refusal(request: dict, peer_pid: int, python: str = sys.executable) -> str |
         return "no command"
     if not isinstance(request.get("cwd"), str) or not isinstance(request.get("umask"), int):
         return "no working directory or umask"
+    ignored = request.get("ignored", [])
+    if not isinstance(ignored, list) or not all(isinstance(n, int) and 0 < n < signal.NSIG for n in ignored):
+        return "the signals it ignores are not signal numbers"
     for ns in ("mnt", "net", "pid", "user", "ipc", "uts"):
         try:
             if os.stat(f"/proc/{peer_pid}/ns/{ns}").st_ino != os.stat(f"/proc/self/ns/{ns}").st_ino:
@@ -262,7 +265,9 @@ def become(request: dict, fds: list[int], peer: tuple[int, int, int], taken: Ide
     cpus = os.sched_getaffinity(pid)
     if os.sched_getaffinity(0) != cpus:
         os.sched_setaffinity(0, cpus)
-    ignored, blocked = _signal_set(status, "SigIgn"), _signal_set(status, "SigBlk")
+    # ignored: as /proc says, and those the client ignored before it caught them to relay them
+    ignored = _signal_set(status, "SigIgn") | set(request.get("ignored", ()))
+    blocked = _signal_set(status, "SigBlk")
     os.umask(request["umask"])
     os.chdir(request["cwd"])
     # the client's environment, each variable changed only where it differs (every change

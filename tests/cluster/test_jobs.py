@@ -173,18 +173,19 @@ WARM_PROBE = """
 """
 
 
-def batch_starts(live, job: int) -> int:
-    """How many runs of `job` had their batch driver (runtime/batch.py) started warm: the
-    nodes' warm-start services log each start with the job it is of."""
+def warm_starts(live, job: int, module: str) -> int:
+    """How many processes of `job` running `python -m MODULE` the nodes' warm-start services
+    forked (each start is logged with the job it is of)."""
     logs = (live.log_dir / f"warm-{node}.console" for node in ("n1", "n2", "n3", "n4"))
-    return sum(re.findall(r": started \['-m', 'slurm_hai\.runtime\.batch'\] as pid \d+ \(its command 1\), job (\d+)$",
-                          log.read_text(), re.M).count(str(job)) for log in logs)
+    started = re.compile(rf": started \['-m', '{re.escape(module)}'\] as pid \d+ \(its command 1\), job (\d+)$", re.M)
+    return sum(started.findall(log.read_text()).count(str(job)) for log in logs)
 
 
 def test_a_jobs_command_starts_warm_from_the_nodes_service_and_its_processes_end_with_each_run(live):
-    """The job's script starts its batch driver, and the launcher the job's Python command,
-    through the node's warm-start service (torch and slurm-hai imported already): each run's
-    command is the service's child, and so is each run's driver; what the command started
+    """The job's script starts its batch driver, the step its launcher, and the launcher the
+    job's Python command, each through the node's warm-start service (torch and slurm-hai
+    imported already): each run's command is the service's child, and so are each run's
+    driver and launcher (which hears the suspend notice all the same); what the command started
     ends with its run (the service's child leads a process group, which the client passes
     the launcher's SIGTERM to), at a suspend and at the end. With HAI_WARM=0 both start cold."""
     out = live.shared_dir("warm-job")
@@ -195,7 +196,8 @@ def test_a_jobs_command_starts_warm_from_the_nodes_service_and_its_processes_end
         warm, parent, below = (out / f"run.{run}").read_text().split()
         assert warm == "True", f"run {run} started cold"
         assert "warm-start" in Path(f"/proc/{parent}/cmdline").read_text().replace("\0", " ")
-        assert batch_starts(live, job) == run + 1, f"run {run}'s batch driver did not start warm"
+        for module in ("slurm_hai.runtime.batch", "slurm_hai.runtime.launcher"):
+            assert warm_starts(live, job, module) == run + 1, f"run {run}'s {module} did not start warm"
         runs.append(int(below))
         if run == 0:
             live.run(["hai", "suspend", str(job)])
@@ -206,7 +208,8 @@ def test_a_jobs_command_starts_warm_from_the_nodes_service_and_its_processes_end
     cold = live.shared_dir("cold-job")  # HAI_WARM=0 in the job's environment: as without a service
     job = submit(live, write_script(cold, WARM_PROBE), "-n", "1", "-p", "LOW", "-e", "HAI_WARM=0", args=(str(cold),))
     wait_for(lambda: (cold / "run.0").exists(), 120, "the cold job's command")
-    assert (cold / "run.0").read_text().split()[0] == "False" and batch_starts(live, job) == 0
+    assert (cold / "run.0").read_text().split()[0] == "False"
+    assert warm_starts(live, job, "slurm_hai.runtime.batch") == warm_starts(live, job, "slurm_hai.runtime.launcher") == 0
     live.run(["hai", "stop", str(job)])
 
 

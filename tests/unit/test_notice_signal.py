@@ -62,12 +62,17 @@ PROBE = ("import signal; print(' '.join(n for n in ('USR1', 'USR2', 'TERM') "
 def test_the_step_ignores_exactly_the_notice_signals_and_tells_the_launcher_which(sig, term_is_notice):
     argv = launcher_argv(argparse.Namespace(job_dir="/x", grace=5, notice_signal=sig, term_is_notice=term_is_notice),
                          ["cmd"])
-    launcher = argv[argv.index(sys.executable):argv.index("--")]
+    at = argv.index("slurm_hai.runtime.launcher") - 2
+    launcher = argv[at:at + argv[at:].index("--")]
     assert launcher[:3] == [sys.executable, "-m", "slurm_hai.runtime.launcher"]
     assert f"--notice-signal={sig}" in launcher and ("--term-is-notice" in launcher) == term_is_notice
-    wrapper = argv[:argv.index(sys.executable)]  # the part before the launcher's interpreter
-    out = subprocess.run([*wrapper, sys.executable, "-c", PROBE], capture_output=True, text=True, check=True)
-    assert set(out.stdout.split()) == {sig} | ({"TERM"} if term_is_notice else set()), out
+    wrapper = argv[:at]  # the part before the launcher's interpreter: the shell, then the warm-start client
+    assert wrapper[-6:-1] == [sys.executable, "-m", "slurm_hai.runtime.warm", "--if-there",
+                              f"--relay-ignored={','.join(sorted({sig} | ({'TERM'} if term_is_notice else set())))}"]
+    # no warm-start service here: the client starts it cold, the notices still ignored
+    out = subprocess.run([*wrapper, sys.executable, "-c", PROBE], capture_output=True, text=True, check=True,
+                         env={**os.environ, "HAI_WARM_SOCKET": "/nonexistent/warm.sock"})
+    assert set(out.stdout.split()) == {sig} | ({"TERM"} if term_is_notice else set()) and not out.stderr, out
 
 
 # ----------------------------------------------------------------------------- a real launcher

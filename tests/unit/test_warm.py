@@ -3,6 +3,7 @@ processes, as root, for root and for `nobody`; the client as a step would run it
 
 from __future__ import annotations
 
+import gc
 import os
 import pwd
 import resource
@@ -330,6 +331,62 @@ def test_if_there_a_node_without_a_service_starts_cold_and_silent_and_one_with_i
         assert p.returncode == 0 and p.stdout == out and p.stderr.startswith(err) and p.stderr.count("\n") == bool(err)
 
 
+@pytest.mark.parametrize("relay", [True, False])
+def test_a_signal_the_client_ignores_reaches_the_child_only_where_it_is_relayed_and_the_child_starts_ignoring_it(
+        service, shared, relay):
+    """The launcher's case: its step ignores the notice signals until its handlers are in
+    place. With --relay-ignored the client relays them all the same, and the child starts with
+    them ignored, as a cold start would; without it the child never hears them."""
+    ready, got = shared / "ready", shared / "got"
+    job = script(shared, f"""
+        import signal, sys, time
+        ignored = signal.getsignal(signal.SIGUSR2) is signal.SIG_IGN
+        signal.signal(signal.SIGUSR2, lambda *_: open({str(got)!r}, "w").write("got"))
+        open({str(ready)!r}, "w").write(str(ignored))
+        deadline = time.monotonic() + 3
+        while time.monotonic() < deadline and not __import__("os").path.exists({str(got)!r}):
+            time.sleep(0.01)
+    """)
+    options = ["--relay-ignored=USR2"] if relay else []
+    p = subprocess.Popen(["/bin/sh", "-c", "trap '' USR2; exec \"$@\"", "sh", sys.executable, "-m",
+                          "slurm_hai.runtime.warm", *options, "--", sys.executable, str(job)],
+                         env={**os.environ, "HAI_WARM_SOCKET": str(service)}, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 30
+    while not ready.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.kill(p.pid, signal.SIGUSR2)  # the client, as Slurm signals the step's process
+    _, err = p.communicate(timeout=30)
+    assert p.returncode == 0 and not err
+    assert ready.read_text() == "True" and got.exists() == relay
+
+
+@pytest.mark.parametrize("child_only", [True, False])
+def test_child_only_relays_a_signal_to_the_child_and_not_to_the_processes_it_started(service, shared, child_only):
+    """A job's batch driver (--child-only): Slurm signals the batch script, not the srun it
+    started, which would end the job's step; a command's client relays to the whole group."""
+    ready, got = shared / "ready", shared / "got"
+    job = script(shared, f"""
+        import os, signal, subprocess, sys, time
+        below = subprocess.Popen(["sleep", "30"])  # in the child's process group, as srun is
+        signal.signal(signal.SIGTERM, lambda *_: open({str(got)!r}, "w").write("got"))
+        open({str(ready)!r}, "w").write(str(below.pid))
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not os.path.exists({str(got)!r}):
+            time.sleep(0.01)
+        time.sleep(0.2)
+        sys.exit(0 if below.poll() is None else 3)  # 3: what it started got the signal too
+    """)
+    options = ["--child-only"] if child_only else []
+    p = subprocess.Popen([sys.executable, "-m", "slurm_hai.runtime.warm", *options, "--", sys.executable, str(job)],
+                         env={**os.environ, "HAI_WARM_SOCKET": str(service)})
+    deadline = time.monotonic() + 30
+    while not ready.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    os.kill(p.pid, signal.SIGTERM)
+    assert p.wait(30) == (0 if child_only else 3) and got.exists()
+    os.kill(int(ready.read_text()), signal.SIGKILL) if child_only else None
+
+
 def test_a_service_whose_code_changed_on_disk_starts_cold_until_it_is_restarted(shared):
     """An upgrade under a running service: its children would run the code it loaded before.
     The service notices within a second (it looks at its files once a second at most)."""
@@ -621,11 +678,17 @@ def test_a_service_that_cannot_fork_ahead_goes_on_and_tries_again_later(monkeypa
         raise BlockingIOError(11, "Resource temporarily unavailable")
 
     monkeypatch.setattr(warm_service.os, "fork", no_fork)
-    before = len(os.listdir("/proc/self/fd"))
-    service._fork_spare()
+    gc.collect()  # an earlier test's garbage (a Popen's pipes) closed now, not while the descriptors are counted
+    gc.disable()
+    try:
+        before = len(os.listdir("/proc/self/fd"))
+        service._fork_spare()
+        after = len(os.listdir("/proc/self/fd"))
+    finally:
+        gc.enable()
     assert service.spare is None and service.spare_after > time.monotonic() + 0.5
     assert "no child forked ahead: [Errno 11]" in caplog.text
-    assert len(os.listdir("/proc/self/fd")) == before  # its socket pair closed
+    assert after == before  # its socket pair closed
     service._fork_spare()  # too soon: not tried again
     assert caplog.text.count("no child forked ahead") == 1
 

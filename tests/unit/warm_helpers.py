@@ -25,9 +25,9 @@ def shared():
 
 
 def start_service(sock: Path, preload: str, env: dict[str, str] | None = None, *args: str) -> subprocess.Popen:
-    log = open(sock.with_suffix(".log"), "w")
-    service = subprocess.Popen([str(HAI_ADMIN), "warm-start", "--socket", str(sock), "--preload", preload, *args],
-                               stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
+    with open(sock.with_suffix(".log"), "w") as log:  # the service's own now: closed here, not whenever GC runs
+        service = subprocess.Popen([str(HAI_ADMIN), "warm-start", "--socket", str(sock), "--preload", preload, *args],
+                                   stdout=log, stderr=subprocess.STDOUT, env={**os.environ, **(env or {})})
     deadline = time.monotonic() + 60
     while "warm-start service on" not in sock.with_suffix(".log").read_text():
         assert service.poll() is None and time.monotonic() < deadline, sock.with_suffix(".log").read_text()
