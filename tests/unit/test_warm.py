@@ -360,6 +360,29 @@ def test_a_signal_the_client_ignores_reaches_the_child_only_where_it_is_relayed_
     assert ready.read_text() == "True" and got.exists() == relay
 
 
+def test_a_relayed_signal_is_sent_to_the_child_once(monkeypatch):
+    """By its process group where it leads one (the child among them), else by its pidfd
+    and then to the group it led: never both to the child (a launcher takes a second SIGTERM
+    as the end of its run; found live with a TERM notice)."""
+    from slurm_hai.runtime import warm
+
+    sent: list[tuple[str, int]] = []
+    monkeypatch.setattr(warm.signal, "pidfd_send_signal", lambda fd, sig: sent.append(("pidfd", sig)))
+    monkeypatch.setattr(warm.os, "killpg", lambda pgid, sig: sent.append(("group", sig)))
+    leader = subprocess.Popen(["sleep", "30"], start_new_session=True)
+    member = subprocess.Popen(["sleep", "30"])  # in this process's group, which it does not lead
+    try:
+        for pid, group, want in ((leader.pid, True, [("group", 15)]), (leader.pid, False, [("pidfd", 15)]),
+                                 (member.pid, True, [("pidfd", 15), ("group", 15)])):
+            sent.clear()
+            warm._relay(-1, pid, signal.SIGTERM, group)
+            assert sent == want, (pid, group)
+    finally:
+        for p in (leader, member):
+            p.kill()
+            p.wait()
+
+
 @pytest.mark.parametrize("child_only", [True, False])
 def test_child_only_relays_a_signal_to_the_child_and_not_to_the_processes_it_started(service, shared, child_only):
     """A job's batch driver (--child-only): Slurm signals the batch script, not the srun it
