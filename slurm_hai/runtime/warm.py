@@ -338,17 +338,12 @@ def _relay(pidfd: int, pid: int, sig: int, group: bool = True) -> None:
     try:
         if group and os.getpgid(pid) == pid:
             os.killpg(pid, sig)  # the child among them
-            return
-        signal.pidfd_send_signal(pidfd, sig)
-    except ProcessLookupError:
-        return  # ended: its status is on its way
-    except PermissionError:
-        pass
-    if group:  # the child left the group it led: its processes still get it
-        try:
-            os.killpg(pid, sig)
-        except (ProcessLookupError, PermissionError):
-            pass
+        else:
+            signal.pidfd_send_signal(pidfd, sig)
+            if group:  # the child left the group it led: its processes still get it
+                os.killpg(pid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass  # the child ended (its status is on its way), or its group did
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -74,8 +74,10 @@ def test_the_wrapper_outside_a_job_says_what_is_missing():
 
 
 def submitted_command(out: str) -> list[str]:
+    """The user's command, as the batch driver gets it after its own options."""
     line = exec_line(out)
-    return line[line.index("--") + 1:]
+    driver = line[line.index("slurm_hai.runtime.batch"):]
+    return driver[driver.index("--") + 1:]
 
 
 def test_hai_submit_torchrun_runs_torchrun_per_node_with_one_process_per_gpu(fake, tmp_path):
