@@ -8,6 +8,10 @@ RPCs per job of a sweep (docs/benchmarks.md, "A burst of submissions"). A user's
 in a row ask them once per VIEW_TTL_S: the answer is kept in the user's HAI_HOME
 (`cluster-view.HOST.json`, mode 0600), for this host, this SLURM_CONF and SLURM_CLUSTERS, and
 slurm.conf as it is (an edit of it, which a reconfigure follows, makes the view old at once).
+Each view is kept for its own share of VIEW_TTL_S, drawn when it is asked (FRESH_SHARE): users
+who start a sweep at the same moment would otherwise all ask Slurm again at the same moment
+too, each 10 s (a burst of 10 users' submissions, docs/benchmarks.md: one cluster of the
+slowest 1%).
 The notice's signal is slurm.conf's alone (no `scontrol update` changes it): it is kept up to
 SIGNAL_TTL_S while the key holds, so that most views are asked with two commands. The CLI
 backend's commands are asked at once, not one after the other (each waits on its process and
@@ -24,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import socket
 import threading
 import time
@@ -36,6 +41,7 @@ from ..slurm import Backend
 from .jobdir import write_atomic
 
 VIEW_TTL_S = 10.0
+FRESH_SHARE = (0.7, 1.0)  # a view is kept for a share of VIEW_TTL_S drawn from this range
 SIGNAL_TTL_S = 3600.0
 
 
@@ -44,7 +50,7 @@ class ClusterView:
     partitions: list[dict[str, str]]  # `scontrol show partition -o`, KEY=VALUE each
     gpus: dict[str, list[int]]  # node group -> the GPUs of each of its nodes
     user_signal: bool | None  # a preempted job gets its --signal (else SIGTERM); None: not asked
-    kept: bool = False  # read from the user's file, fresh (VIEW_TTL_S), not asked of Slurm now
+    kept: bool = False  # read from the user's file, fresh (its share of VIEW_TTL_S), not asked of Slurm now
     signal_taken: float = 0.0  # when user_signal was asked (epoch)
 
 
@@ -103,7 +109,8 @@ def cluster_view(slurm: Backend, home: Path, fresh: bool = False) -> ClusterView
         home.mkdir(mode=0o700, parents=True, exist_ok=True)
         # no fsync: a view lost or cut by a power loss is asked again (_read takes it as none),
         # and two fsyncs cost a submission 8-25 ms here, far more on a disk busy with a burst
-        write_atomic(path, json.dumps({"key": key, "taken": time.time(), "partitions": view.partitions,
+        write_atomic(path, json.dumps({"key": key, "taken": time.time(),
+                                       "fresh_s": VIEW_TTL_S * random.uniform(*FRESH_SHARE), "partitions": view.partitions,
                                        "gpus": view.gpus, "user_signal": view.user_signal,
                                        "signal_taken": view.signal_taken}), durable=False)
     except OSError:
@@ -131,12 +138,13 @@ def _key(slurm: Backend) -> list[str]:
 
 
 def _read(path: Path, key: list[str]) -> ClusterView | None:
-    """The view kept for `key`, whatever its age: kept=True while fresh (VIEW_TTL_S), else
-    only its notice's signal may be used (signal_taken). None: no such file, another key, or
-    a file that does not parse as one."""
+    """The view kept for `key`, whatever its age: kept=True while fresh (its `fresh_s`, at
+    most VIEW_TTL_S), else only its notice's signal may be used (signal_taken). None: no such
+    file, another key, or a file that does not parse as one."""
     try:
         data = json.loads(path.read_text())
         age = time.time() - float(data["taken"])
+        fresh_s = min(float(data.get("fresh_s", VIEW_TTL_S)), VIEW_TTL_S)
         signal_taken = float(data.get("signal_taken", data["taken"]))
         partitions, gpus, user_signal = data["partitions"], data["gpus"], data["user_signal"]
         same = data["key"] == key
@@ -148,4 +156,4 @@ def _read(path: Path, key: list[str]) -> ClusterView | None:
         and isinstance(user_signal, bool))
     if not (same and well_formed):
         return None
-    return ClusterView(partitions, gpus, user_signal, kept=0 <= age < VIEW_TTL_S, signal_taken=signal_taken)
+    return ClusterView(partitions, gpus, user_signal, kept=0 <= age < fresh_s, signal_taken=signal_taken)

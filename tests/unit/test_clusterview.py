@@ -118,6 +118,29 @@ def test_an_old_view_another_slurm_an_edited_conf_or_a_broken_file_asks_again_an
     assert (path.read_text(), path.stat().st_mtime_ns) == before
 
 
+def test_each_view_is_kept_for_a_share_of_the_ttl_of_its_own_so_users_do_not_ask_again_at_once(cluster, tmp_path):
+    submit("-p", "LOW")
+    path = view_file(tmp_path)
+    data = json.loads(path.read_text())
+    low, high = (clusterview.VIEW_TTL_S * share for share in clusterview.FRESH_SHARE)
+    assert low <= data["fresh_s"] <= high < clusterview.VIEW_TTL_S + 1e-9
+    shares = set()
+    for _ in range(5):  # views asked at one moment (by five users) run out at different ones
+        path.unlink()
+        submit("-p", "LOW")
+        shares.add(json.loads(path.read_text())["fresh_s"])
+    assert len(shares) == 5
+    data = json.loads(path.read_text())
+    path.write_text(json.dumps({**data, "fresh_s": 1.0, "taken": data["taken"] - 2.0}))  # past its own share
+    asked = len(cluster.asked)
+    submit("-p", "LOW")
+    assert cluster.asked[asked:] == ["partitions", "nodes"]
+    data = json.loads(path.read_text())
+    path.write_text(json.dumps({**data, "fresh_s": 1e9, "taken": data["taken"] - clusterview.VIEW_TTL_S}))  # at most the TTL
+    submit("-p", "LOW")
+    assert cluster.asked[-2:] == ["partitions", "nodes"] and len(cluster.asked) == asked + 4
+
+
 def test_an_old_view_asks_again_without_the_notice_signal_until_an_hour_has_passed(cluster, tmp_path):
     submit("-p", "LOW")
     path = view_file(tmp_path)

@@ -72,10 +72,14 @@ def test_the_step_ignores_exactly_the_notice_signals_and_tells_the_launcher_whic
               "--"]
     # warm, but not where SIGTERM is a notice (a second delivery would end the run)
     assert wrapper[-len(client):] == client if "TERM" not in notices else sys.executable not in wrapper
-    # no warm-start service here: the client starts it cold, the notices still ignored
-    out = subprocess.run([*wrapper, sys.executable, "-c", PROBE], capture_output=True, text=True, check=True,
-                         env={**os.environ, "HAI_WARM_SOCKET": "/nonexistent/warm.sock"})
-    assert set(out.stdout.split()) == {sig} | ({"TERM"} if term_is_notice else set()) and not out.stderr, out
+    # the shell starts the client only where the service's socket is there and HAI_WARM is not 0
+    # (a Python that runs the client imports slurm_hai.runtime: PYTHONPROFILEIMPORTTIME says so); here
+    # none listens: the command starts cold, the notices still ignored
+    for path, off, client in (("/nonexistent/warm.sock", "", False), (__file__, "", True), (__file__, "0", False)):
+        out = subprocess.run([*wrapper, sys.executable, "-c", PROBE], capture_output=True, text=True, check=True,
+                             env={**os.environ, "HAI_WARM_SOCKET": path, "HAI_WARM": off, "PYTHONPROFILEIMPORTTIME": "1"})
+        assert set(out.stdout.split()) == notices, out
+        assert ("| slurm_hai.runtime\n" in out.stderr) == (client and "TERM" not in notices), (path, off, out.stderr[-300:])
 
 
 # ----------------------------------------------------------------------------- a real launcher
