@@ -6,7 +6,8 @@
 #   make test-sites   the slurm_boundary cluster tests on the distributions' Slurm releases
 #               (SITE_SLURM_SOURCES, default ../shared/vendor-sites: 23.11.4 of Ubuntu 24.04,
 #               24.11.5 of Debian 13), each built once; outside CI's time budget
-#   make test-netns   the network fault tests alone (make test runs them), on the netns layout
+#   make test-debian  Debian's suite alone: the unit tests and the cluster tests on Debian's Slurm
+#   make test-netns   the network fault tests alone (make test runs them beside Debian's suite), on the netns layout
 #   make lint   ruff over the tree, mypy over slurm_hai/ (make test runs it first)
 #   make dist   a wheel and an sdist in dist/, for a site: pip install dist/slurm_hai-*.whl
 SHELL := /bin/bash

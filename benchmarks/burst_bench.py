@@ -36,6 +36,11 @@ launchers and steps; its warm-start service and persist agent: each node's mount
 is moved into a CPU control group of its own at the default weight, where new ones are born
 too: the nodes together then weigh as one process against the submissions, not one each. They
 are moved back, and the group removed, at the end.
+
+--controller-apart: likewise slurmctld, slurmdbd and MariaDB, at the highest weight, as on a
+controller host of their own: the users' commands no longer hold slurmctld off the cores
+while it holds its locks (a backfill pass holds the job lock, and every RPC waits for it).
+munged stays with the commands: every host runs its own.
 """
 
 from __future__ import annotations
@@ -217,25 +222,23 @@ def burst(kind: str, users: list[str], per_user: int, policy: Policy, script: Pa
     return {"results": results, "begin": begin, "wall": wall, "watch": watch}
 
 
-class NodesApart:
-    """Every process of the local cluster's nodes in a CPU control group of its own (cgroup v1
-    `cpu` or v2), at the default weight; moved back and the group removed on exit."""
+class Apart:
+    """Processes in a CPU control group of their own (cgroup v1 `cpu` or v2) at `weight` (v2's
+    cpu.weight, 100 its default; v1's cpu.shares scaled, 1024 its default), where what they
+    start is born too; moved back, and the group removed, on exit."""
 
-    NAME = "slurm-hai-burst-nodes"
-
-    def __init__(self, c: localcluster.Cluster):
+    def __init__(self, name: str, pids: list[int], weight: int = 100):
         v2 = Path("/sys/fs/cgroup/cgroup.controllers").exists()
         self.root = Path("/sys/fs/cgroup") if v2 else Path("/sys/fs/cgroup/cpu")
-        self.group = self.root / self.NAME
-        holders = [localcluster.running_pid(localcluster.node_holder(c, n)) for n in c.nodes]
-        if None in holders:
-            sys.exit("burst_bench: --nodes-apart: a node of the local cluster is not running (contrib/localcluster/up)")
-        self.pids = [pid for holder in holders for pid in localcluster.namespace_processes(holder or 0)]
+        self.group = self.root / name
+        self.pids = pids
+        self.weight = ("cpu.weight", str(weight)) if v2 else ("cpu.shares", str(weight * 1024 // 100))
         if v2 and "cpu" not in (self.root / "cgroup.subtree_control").read_text().split():
             (self.root / "cgroup.subtree_control").write_text("+cpu")
 
-    def __enter__(self) -> NodesApart:
+    def __enter__(self) -> Apart:
         self.group.mkdir(exist_ok=True)
+        (self.group / self.weight[0]).write_text(self.weight[1])
         for pid in self.pids:
             try:
                 (self.group / "cgroup.procs").write_text(str(pid))
@@ -250,6 +253,25 @@ class NodesApart:
             except OSError:
                 pass
         self.group.rmdir()
+
+
+def nodes_apart(c: localcluster.Cluster) -> Apart:
+    """Every process of the local cluster's nodes (each node's mount namespace), at the
+    default weight: together they weigh as one process against the submissions."""
+    holders = [localcluster.running_pid(localcluster.node_holder(c, n)) for n in c.nodes]
+    if None in holders:
+        sys.exit("burst_bench: --nodes-apart: a node of the local cluster is not running (contrib/localcluster/up)")
+    return Apart("slurm-hai-burst-nodes", [pid for holder in holders if holder
+                                           for pid in localcluster.namespace_processes(holder)])
+
+
+def controller_apart(c: localcluster.Cluster) -> Apart:
+    """slurmctld, slurmdbd and its MariaDB at the highest weight: they get the CPU they ask
+    for, as on a controller host of their own (munged stays: every host runs one)."""
+    pids = [localcluster.running_pid(d) for d in localcluster.daemons(c) if d.name in ("slurmctld", "slurmdbd", "mariadbd")]
+    if None in pids or len(pids) != 3:
+        sys.exit("burst_bench: --controller-apart: the local cluster's controller is not running (contrib/localcluster/up)")
+    return Apart("slurm-hai-burst-controller", [pid for pid in pids if pid], weight=10000)
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -269,6 +291,8 @@ def main() -> None:
     ap.add_argument("--nodes-apart", action="store_true", help="the local nodes' processes in a CPU control group "
                     "of their own at the default weight (together as one process against the submissions), as a "
                     "site's compute nodes are not its login node")
+    ap.add_argument("--controller-apart", action="store_true", help="slurmctld, slurmdbd and MariaDB in a CPU "
+                    "control group of their own at the highest weight, as on a controller host of their own")
     ap.add_argument("--kinds", nargs="+", choices=KINDS, default=list(KINDS), metavar="KIND",
                     help=f"the bursts to run, of: {', '.join(repr(k) for k in KINDS)} (default: all)")
     args = ap.parse_args()
@@ -278,6 +302,9 @@ def main() -> None:
     policy = load_policy(state / "etc" / "policy.toml")
     if not policy.accounts:
         sys.exit("burst_bench: the policy names no account (`accounts`) to add the bench's users to")
+    cluster = localcluster.cluster_from_env()
+    aparts = [*([nodes_apart(cluster)] if args.nodes_apart else []),
+              *([controller_apart(cluster)] if args.controller_apart else [])]
     users = [f"hai-burst{i + 1:02d}" for i in range(args.users)]
     work = state / "shared" / f"burst-bench-{os.getpid()}"
     work.mkdir(mode=0o755, parents=True)
@@ -296,7 +323,9 @@ def main() -> None:
                                 "slurm_hai.cli.preload"], stdout=open(work / "commands.log", "w"),
                                stderr=subprocess.STDOUT)
     runs: dict[str, list[dict]] = {kind: [] for kind in kinds}
-    with NodesApart(localcluster.cluster_from_env()) if args.nodes_apart else contextlib.nullcontext():
+    with contextlib.ExitStack() as stack:
+        for group in aparts:
+            stack.enter_context(group)
         try:
             deadline = time.monotonic() + 60
             while "warm-start service on" not in (work / "commands.log").read_text():
@@ -319,7 +348,8 @@ def main() -> None:
             if not args.keep_users:
                 remove_users(users)
     print(f"\n{args.jobs} submissions per burst from {args.users} users at once, {args.rounds} bursts each; "
-          f"{os.cpu_count()} cores" + ("; the nodes' processes apart (--nodes-apart)" if args.nodes_apart else ""))
+          f"{os.cpu_count()} cores" + ("; the nodes' processes apart (--nodes-apart)" if args.nodes_apart else "")
+          + ("; the controller apart (--controller-apart)" if args.controller_apart else ""))
     print("| command | p50 | p90 | p99 | max | burst wall time | one line, right answer | quota samples | "
           "over quota | most jobs running |")
     print("|---|---|---|---|---|---|---|---|---|---|")
