@@ -16,6 +16,7 @@ process forked from the service imports none of it:
 None of them starts CUDA: a child forked after that could not use the GPU."""
 
 import importlib.util
+import sys
 
 import torch  # noqa: F401
 import torch._dynamo  # noqa: F401
@@ -24,8 +25,6 @@ if importlib.util.find_spec("torchft") is not None:
     import torchft  # noqa: F401
 
     from . import parts  # noqa: F401
-
-import sys
 
 from . import batch  # noqa: F401
 from ..slurm import cli, pyslurm_backend  # noqa: F401  (the backend batch picks)
