@@ -846,13 +846,20 @@ def mysql(c: Cluster, sql: str) -> None:
 def start_mariadb(c: Cluster) -> None:
     d = daemons(c)[1]
     data = c.state / "mysql" / "data"
+    # A temporary directory of this cluster's own: a MariaDB server that starts removes every
+    # `#sql*` file of its tmpdir as a crash's leftovers, and with /tmp that is another cluster's
+    # server's tables too (CI, stop 63: two versions' clusters starting at once, one's
+    # mariadb-install-db failed with "Could not remove temporary table '/tmp/#sql-temptable-...'").
+    tmp = c.state / "mysql" / "tmp"
+    tmp.mkdir(mode=0o700, exist_ok=True)
+    os.chown(tmp, pwd.getpwnam("mysql").pw_uid, pwd.getpwnam("mysql").pw_gid)
     if not (data / "mysql").exists():
         run(["mariadb-install-db", "--user=mysql", f"--datadir={data}", "--auth-root-authentication-method=socket",
-             "--skip-test-db"])
+             "--skip-test-db", f"--tmpdir={tmp}"])
     sock = c.state / "mysql" / "mariadbd.sock"
     log = c.state / "log"
     start(d, ["mariadbd", "--no-defaults", "--user=mysql", f"--datadir={data}", f"--socket={sock}",
-              f"--port={c.ports['mysql']}", "--bind-address=127.0.0.1", f"--pid-file={d.pidfile}",
+              f"--port={c.ports['mysql']}", "--bind-address=127.0.0.1", f"--pid-file={d.pidfile}", f"--tmpdir={tmp}",
               f"--log-error={d.logfile}", "--innodb-buffer-pool-size=128M", "--innodb-lock-wait-timeout=900",
               "--innodb-log-file-size=64M"], c, foreground=True)
     os.chown(log / "mariadbd.log", pwd.getpwnam("mysql").pw_uid, -1) if (log / "mariadbd.log").exists() else None
