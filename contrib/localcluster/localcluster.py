@@ -34,6 +34,7 @@ import dataclasses
 import os
 import pwd
 import secrets
+import shutil
 import signal
 import socket
 import subprocess
@@ -853,9 +854,12 @@ def start_mariadb(c: Cluster) -> None:
     tmp = c.state / "mysql" / "tmp"
     tmp.mkdir(mode=0o700, exist_ok=True)
     os.chown(tmp, pwd.getpwnam("mysql").pw_uid, pwd.getpwnam("mysql").pw_gid)
-    if not (data / "mysql").exists():
-        run(["mariadb-install-db", "--user=mysql", f"--datadir={data}", "--auth-root-authentication-method=socket",
+    if not data.exists():  # made whole, then renamed: a failed install leaves no half a database
+        new = data.with_name("data.new")
+        shutil.rmtree(new, ignore_errors=True)
+        run(["mariadb-install-db", "--user=mysql", f"--datadir={new}", "--auth-root-authentication-method=socket",
              "--skip-test-db", f"--tmpdir={tmp}"])
+        new.rename(data)
     sock = c.state / "mysql" / "mariadbd.sock"
     log = c.state / "log"
     start(d, ["mariadbd", "--no-defaults", "--user=mysql", f"--datadir={data}", f"--socket={sock}",
