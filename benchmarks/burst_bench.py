@@ -283,7 +283,9 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--jobs", type=int, default=1000, help="submissions per burst, in all")
     ap.add_argument("--users", type=int, default=10)
-    ap.add_argument("--rounds", type=int, default=2, help="bursts of each kind, in turn")
+    ap.add_argument("--rounds", type=int, default=2, help="bursts of each kind, in turn (the first kind "
+                    "first in odd rounds: an even count gives each kind the same places, as a cluster holds more "
+                    "ended jobs with each burst)")
     ap.add_argument("--sample", type=float, default=0.5, help="seconds between quota samples")
     ap.add_argument("--keep-users", action="store_true", help="leave the bench's users in place")
     ap.add_argument("--trace", type=Path, help="write every submission (kind, round, user, place, start, seconds, "
