@@ -853,8 +853,7 @@ def start_mariadb(c: Cluster) -> None:
     # mariadb-install-db failed with "Could not remove temporary table '/tmp/#sql-temptable-...'").
     tmp = c.state / "mysql" / "tmp"
     tmp.mkdir(mode=0o700, exist_ok=True)
-    mysql_user = pwd.getpwnam("mysql")
-    os.chown(tmp, mysql_user.pw_uid, mysql_user.pw_gid)
+    os.chown(tmp, pwd.getpwnam("mysql").pw_uid, pwd.getpwnam("mysql").pw_gid)
     if not data.exists():  # made whole, then renamed: a failed install leaves no half a database
         new = data.with_name("data.new")
         shutil.rmtree(new, ignore_errors=True)
@@ -867,7 +866,7 @@ def start_mariadb(c: Cluster) -> None:
               f"--port={c.ports['mysql']}", "--bind-address=127.0.0.1", f"--pid-file={d.pidfile}", f"--tmpdir={tmp}",
               f"--log-error={d.logfile}", "--innodb-buffer-pool-size=128M", "--innodb-lock-wait-timeout=900",
               "--innodb-log-file-size=64M"], c, foreground=True)
-    os.chown(log / "mariadbd.log", mysql_user.pw_uid, -1) if (log / "mariadbd.log").exists() else None
+    os.chown(log / "mariadbd.log", pwd.getpwnam("mysql").pw_uid, -1) if (log / "mariadbd.log").exists() else None
     wait_for("MariaDB socket", sock.exists, 30, d)
     pw = c.db_password
     mysql(c, "CREATE DATABASE IF NOT EXISTS slurm_acct_db;"

@@ -1,7 +1,7 @@
 """What a login node's warm-start service preloads for `hai` and `hai-submit` (`hai-admin
 warm-start --preload slurm_hai.cli.preload`; contrib/systemd/slurm-hai-commands.service): the
 two commands, the modules they import on first use (jinja2, the Slurm commands backend, and
-runtime/warm.py, whose test for a node's service a job's script runs),
+runtime/warm.py, whose socket path a job's script names),
 the job templates compiled, each command's options parsed once (click's parser, and the abc
 and gettext lookups it makes: cached here, not in every child) and this host's policy read
 (`find_policy` keeps it while its file is unchanged and readable). A command forked from the
@@ -23,7 +23,7 @@ import click._textwrap  # noqa: F401  (--help's text, wrapped)
 from .. import render
 from ..jobs.request import JOB_TEMPLATE, PARTS_TEMPLATE
 from ..policy.model import PolicyError, find_policy
-from ..runtime import warm  # noqa: F401  (render_script takes its shell_test)
+from ..runtime import warm  # noqa: F401  (render_script names its DEFAULT_SOCKET)
 from ..slurm import cli, commands, pyslurm_backend, squeue, version  # noqa: F401  (the backend a command picks)
 from . import submit, user  # noqa: F401
 from .front import COMMANDS, start_first_read

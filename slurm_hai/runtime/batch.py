@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
+import shlex
 import signal
 import socket
 import sys
@@ -64,7 +65,8 @@ def launcher_argv(args: argparse.Namespace, cmd: list[str]) -> list[str]:
         sys.executable, "-m", "slurm_hai.runtime.warm", "--if-there", f"--relay-ignored={','.join(notices)}", "--"]
     script = f"trap '' {' '.join(notices)}; "
     if warm:
-        script += f"{warm_client.shell_test()} || shift {len(warm)}; "
+        script += (f"s=${{{warm_client.SOCKET_ENV}:-{shlex.quote(warm_client.DEFAULT_SOCKET)}}}; "
+                   f"[ \"${{{warm_client.OFF_ENV}-}}\" != 0 ] && [ -e \"$s\" ] || shift {len(warm)}; ")
     argv = ["/bin/sh", "-c", script + 'exec "$@"', "sh", *warm,
             sys.executable, "-m", "slurm_hai.runtime.launcher", f"--job-dir={args.job_dir}", f"--grace={args.grace}",
             f"--notice-signal={args.notice_signal}"]

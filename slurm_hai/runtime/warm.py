@@ -52,7 +52,6 @@ import array
 import io
 import json
 import os
-import shlex
 import shutil
 import signal
 import socket
@@ -149,15 +148,6 @@ def through_service(cmd: list[str], socket_path: str | None = None) -> list[str]
             or not same_python(interpreter_path(cmd[0]), sys.executable)):
         return cmd
     return [sys.executable, "-m", "slurm_hai.runtime.warm", "--", *cmd]
-
-
-def shell_test() -> str:
-    """A POSIX shell list that succeeds where a client would ask a service: HAI_WARM is not 0
-    and the socket's path ($HAI_WARM_SOCKET, else DEFAULT_SOCKET) is there, as `run`'s
-    `if_there` looks. The job's script and each step's shell start the client only then (a
-    client that can only exec its command cold costs a Python start: 48 ms of CPU here)."""
-    return (f"hai_warm_socket=${{{SOCKET_ENV}:-{shlex.quote(DEFAULT_SOCKET)}}}; "
-            f'[ "${{{OFF_ENV}-}}" != 0 ] && [ -e "$hai_warm_socket" ]')
 
 
 def interpreter_path(name: str) -> str:
