@@ -68,6 +68,9 @@ setup: venv cluster
 venv: $(VENV)/.installed
 
 # torch is pinned and installed first: an unpinned torch would pull several GB of CUDA wheels.
+# The package's bytecode is compiled here, as pip does for a wheel: an editable install leaves
+# it to the first import, and a user who may not write the tree compiles it again at every
+# command (hai status: 0.17 s cold, 0.08 s with it; docs/benchmarks.md, issue 57).
 $(VENV)/.installed: pyproject.toml
 	@test -x $(BASE_PYTHON) && $(BASE_PYTHON) -c 'import ensurepip, venv' 2>/dev/null || \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3 python3-venv python3-dev)
@@ -75,6 +78,7 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.13.0
 	$(PY) -m pip install -q -e '.[torch,metrics,transformers,lightning,elastic,dev]'
+	$(PY) -m compileall -q slurm_hai >/dev/null
 	@touch $@
 
 # What only the tests use: a real Prometheus (scrapes the daemon's metrics), a headless

@@ -18,10 +18,8 @@ quotas: every --sample s the running jobs of the bench's users are read (squeue 
 nodes each user runs at each level are held against the policy's quota for that user and
 level. The rounds rotate which burst goes first; each burst's jobs are cancelled before the next one starts.
 
-The hai-submit burst runs three times: as each command starts by itself (HAI_WARM=0); warm, from
-a login node's warm-start service (`hai-admin warm-start --preload slurm_hai.cli.preload`, root,
-started by the bench on a socket of its own), through the Python front (cli/front.py); and warm
-through the C front (`hai-admin front build`, contrib/front/hai_front.c). --kinds picks some.
+Each `hai-submit` starts by itself, in the user's own process, as `sbatch` does (no service
+starts it: issue 57). --kinds picks one burst or both.
 
 Printed beside the table: where each kind's slowest 1% started in its burst, and how many of
 them were a user's first command; --trace FILE keeps every submission (its user, place, start
@@ -32,7 +30,7 @@ start during a burst import them on the same cores.
 --nodes-apart: the local cluster's nodes run on the cores the users submit from, which a
 site's compute nodes do not (they are other machines than its login node and its controller).
 With it, every process of every node (its slurmd and all below it: the jobs' scripts,
-launchers and steps; its warm-start service and persist agent: each node's mount namespace)
+launchers and steps; its persist agent: each node's mount namespace)
 is moved into a CPU control group of its own at the default weight, where new ones are born
 too: the nodes together then weigh as one process against the submissions, not one each. They
 are moved back, and the group removed, at the end.
@@ -146,28 +144,25 @@ def plan(n: int) -> list[tuple[str, int, bool]]:
              k % REFUSED_EVERY == REFUSED_EVERY - 1) for k in range(n)]
 
 
-KINDS = ("sbatch", "hai-submit", "hai-submit warm", "hai-submit warm, C front")
+KINDS = ("sbatch", "hai-submit")
 
 
-def argv_for(kind: str, user: str, level: str, nodes: int, policy: Policy, script: Path, socket: Path) -> list[str]:
+def argv_for(kind: str, user: str, level: str, nodes: int, policy: Policy, script: Path) -> list[str]:
     home = pwd.getpwnam(user).pw_dir
     run_as = ["runuser", "-u", user, "--", "env", f"HOME={home}", f"USER={user}"]
-    if kind.startswith("hai-submit"):
-        how = "HAI_WARM=0" if kind == "hai-submit" else f"HAI_COMMANDS_SOCKET={socket}"
-        command = socket.with_name("front") / "hai-submit" if kind.endswith("C front") else BIN / "hai-submit"
-        return [*run_as, how, str(command), "-n", str(nodes), "-p", level, "--name", "burst", str(script)]
+    if kind == "hai-submit":
+        return [*run_as, str(BIN / "hai-submit"), "-n", str(nodes), "-p", level, "--name", "burst", str(script)]
     qos = policy.qos_for(level, user) if level in {lvl.name for lvl in policy.ladder} else level.lower()
     return [*run_as, "sbatch", "--parsable", "-N", str(nodes), f"--qos={qos}", "--job-name=burst",
             f"--output={home}/burst-%j.out", str(script)]
 
 
-def submit_all(kind: str, users: list[str], per_user: int, policy: Policy, script: Path, socket: Path
-               ) -> list[Result]:
+def submit_all(kind: str, users: list[str], per_user: int, policy: Policy, script: Path) -> list[Result]:
     def one_user(user: str) -> list[Result]:
         results = []
         for seq, (level, nodes, refused) in enumerate(plan(per_user)):
             t0 = time.perf_counter()
-            p = run(argv_for(kind, user, level, nodes, policy, script, socket), check=False, cwd="/")
+            p = run(argv_for(kind, user, level, nodes, policy, script), check=False, cwd="/")
             results.append(Result(user, seq, t0, time.perf_counter() - t0, p.returncode, p.stdout, p.stderr,
                                   refused))
         return results
@@ -208,12 +203,11 @@ class QuotaWatch(threading.Thread):
             self.stop.wait(self.every)
 
 
-def burst(kind: str, users: list[str], per_user: int, policy: Policy, script: Path, every: float,
-          socket: Path) -> dict:
+def burst(kind: str, users: list[str], per_user: int, policy: Policy, script: Path, every: float) -> dict:
     watch = QuotaWatch(policy, set(users), every)
     watch.start()
     begin = time.perf_counter()
-    results = submit_all(kind, users, per_user, policy, script, socket)
+    results = submit_all(kind, users, per_user, policy, script)
     wall = time.perf_counter() - begin
     time.sleep(3 * every)  # the daemon's answer to the last submissions
     watch.stop.set()
@@ -318,32 +312,19 @@ def main() -> None:
     daemon = subprocess.Popen([str(BIN / "hai-admin"), "daemon", "--policy", str(state / "etc" / "policy.toml"),
                                "--interval", "2", "--lock", str(work / "policyd.lock")],
                               stdout=daemon_log, stderr=subprocess.STDOUT)
-    socket = work / "commands.sock"
-    subprocess.run([str(BIN / "hai-admin"), "front", "build", "--out", str(work / "front")], check=True,
-                   stdout=subprocess.DEVNULL)
-    service = subprocess.Popen([str(BIN / "hai-admin"), "warm-start", "--socket", str(socket), "--preload",
-                                "slurm_hai.cli.preload"], stdout=open(work / "commands.log", "w"),
-                               stderr=subprocess.STDOUT)
     runs: dict[str, list[dict]] = {kind: [] for kind in kinds}
     with contextlib.ExitStack() as stack:
         for group in aparts:
             stack.enter_context(group)
         try:
-            deadline = time.monotonic() + 60
-            while "warm-start service on" not in (work / "commands.log").read_text():
-                if service.poll() is not None or time.monotonic() > deadline:
-                    sys.exit(f"burst_bench: the warm-start service did not start: {(work / 'commands.log').read_text()}")
-                time.sleep(0.1)
             for r in range(args.rounds):
                 for kind in kinds[r % len(kinds):] + kinds[:r % len(kinds)]:
-                    one = burst(kind, users, args.jobs // args.users, policy, script, args.sample, socket)
+                    one = burst(kind, users, args.jobs // args.users, policy, script, args.sample)
                     lat = [x.seconds for x in one["results"]]
                     print(f"round {r + 1} {kind}: {len(lat)} in {one['wall']:.1f} s, p50 {pct(lat, .5):.3f} s, "
                           f"p99 {pct(lat, .99):.3f} s, {one['watch'].samples} quota samples", flush=True)
                     runs[kind].append(one)
         finally:
-            service.terminate()
-            service.wait(30)
             daemon.send_signal(signal.SIGTERM)
             daemon.wait(30)
             cancel_all(users)
@@ -383,12 +364,8 @@ def main() -> None:
                         f.write(json.dumps({"kind": kind, "round": r, "user": x.user, "seq": x.seq,
                                             "start": round(x.start, 4), "into": round(x.start - b["begin"], 4),
                                             "seconds": round(x.seconds, 4), "rc": x.rc}) + "\n")
-    warm_starts = (work / "commands.log").read_text().count(": started ")
-    warm = sum(len(b["results"]) for kind in kinds if "warm" in kind for b in runs[kind])
-    print(f"\nwarm starts the service made: {warm_starts} (of {warm})")
-    for kind in kinds:
-        if kind != "sbatch" and "sbatch" in p99:
-            print(f"p99 of {kind} / p99 of sbatch: {p99[kind] / p99['sbatch']:.2f}x (goal: within 2x)")
+    if "sbatch" in p99 and "hai-submit" in p99:
+        print(f"\np99 of hai-submit / p99 of sbatch: {p99['hai-submit'] / p99['sbatch']:.2f}x (goal: within 2x)")
 
 
 if __name__ == "__main__":

@@ -30,9 +30,9 @@ slurmctld with N held jobs (sdiag); --soak (issue 18) the goodput of a 4-node LO
 job while a 2-node HIGH job takes nodes for --hold s every --period s, against the same job
 undisturbed in the same run, and what each preemption costs beyond the HIGH job's hold and
 its own run (--with-elastic: the same job as an elastic 2:4 job too; --with-in-place: an elastic job
-in place, hai-submit --in-place -n 2:4, against itself undisturbed); --first-step (issue 32)
-a 4-node job's first step that imports torch, at its start and after a restart, warm from the
-nodes' warm-start services against cold. See docs/benchmarks.md.
+in place, hai-submit --in-place -n 2:4, against itself undisturbed); --first-step (issues 32, 57)
+a 4-node job's first step that imports torch, at its start and after a restart, against the same
+step in a plain `sbatch --requeue` job (`srun`, `scontrol requeue`). See docs/benchmarks.md.
 
     .venv/bin/python benchmarks/cluster_bench.py --latency --repeats 7 --lever before-19
     .venv/bin/python benchmarks/cluster_bench.py --latency --repeats 7 --lever conf=Epilog=/bin/true
@@ -605,43 +605,56 @@ def latency_main(args) -> None:
     print(f"Slurm's log lines of each job: {WORK}/preempt-lines.log, {WORK}/restart-lines.log")
 
 
-# ------------------------------------------------------------------ the first step (issue 32, item 5)
+# ------------------------------------------------------------------ the first step (issue 32, item 5; issue 57)
 #
 # --first-step: a 4-node job whose script imports torch and makes one training step on each
-# node, as a real job's would before it trains, started warm (the nodes' warm-start services,
-# runtime/warm.py) and cold (HAI_WARM=0 in its environment), alternating, in one run: its
-# first step on the idle cluster (submission -> the last node's first step) and after a
-# restart (go_suspend -> the last node's first step of run 1). All four nodes share this
-# machine's cores, as in the soak.
+# node, as a real job's would before it trains, as a hai-submit job and as a plain
+# `sbatch --requeue` job whose batch script runs the same step with `srun`, alternating, in
+# one run: its first step on the idle cluster (submission -> the last node's first step) and
+# after a restart (slurm-hai: go_suspend; stock: `scontrol requeue` -> the last node's first
+# step of run 1). Both start cold, in the job's step, as every job does since issue 57. All
+# four nodes share this machine's cores, as in the soak.
 
 TORCH_STEP = """
 import os, sys, time
 t_script = time.time()
-warm = "torch" in sys.modules  # the node's warm-start service imported it
 import torch
-import slurm_hai as hai
-run = hai.restart_count()
+stock = len(sys.argv) > 1  # the plain sbatch job: its logs' folder
+if stock:
+    run = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+else:
+    import slurm_hai as hai
+    run = hai.restart_count()
 model = torch.nn.Linear(512, 512)
 opt = torch.optim.SGD(model.parameters(), lr=0.01)
 model(torch.randn(64, 512)).square().mean().backward()
 opt.step()
-print(f"first step run={run} t={time.time():.3f} script={t_script:.3f} warm={warm}", flush=True)
+line = f"first step run={run} t={time.time():.3f} script={t_script:.3f}"
+if stock:
+    with open(os.path.join(sys.argv[1], f"rank-{os.environ['SLURM_NODEID']}.log"), "a") as log:
+        log.write(line + "\\n")
+else:
+    print(line, flush=True)
 if run > 0:
     sys.exit(0)
 print("ready", flush=True)
 while True:
-    if int(os.environ["RANK"]) == 0 and hai.receive_suspend_command():
+    if not stock and int(os.environ["RANK"]) == 0 and hai.receive_suspend_command():
         hai.go_suspend()
     time.sleep(0.02)
 """
 FIRST_STEP_NODES = 4
+STOCK_FIRST_STEP_BATCH = """#!/bin/bash
+echo "start run=${{SLURM_RESTART_COUNT:-0}} t=$(date +%s.%N)" >> {logs}/batch.log
+srun {python} {script} {logs}
+"""
 
 
-def first_steps(job_dir: Path, run_: int) -> list[tuple[float, float]] | None:
+def first_steps(logs: Path, run_: int) -> list[tuple[float, float]] | None:
     """(script started, first step) of every node's run `run_`, once each node printed it."""
     found = []
     for rank in range(FIRST_STEP_NODES):
-        line = next((x for x in read_text(job_dir / "logs" / f"rank-{rank}.log").splitlines()
+        line = next((x for x in read_text(logs / f"rank-{rank}.log").splitlines()
                      if x.startswith(f"first step run={run_} ")), None)
         if line is None:
             return None
@@ -650,49 +663,62 @@ def first_steps(job_dir: Path, run_: int) -> list[tuple[float, float]] | None:
     return found
 
 
-def first_step_round(warm: bool) -> dict[str, float]:
+def first_step_round(stock: bool) -> dict[str, float]:
     """One job: its first step on the idle cluster, then after a restart (seconds)."""
     script = WORK / "torch_step.py"
     script.write_text(TORCH_STEP)
     t0 = time.time()
-    info = json.loads(run(["hai-submit", "--json", "-n", str(FIRST_STEP_NODES), "-p", "LOW", "--gpus-per-node", "8",
-                           "--name", "bench-first-step", *([] if warm else ["-e", "HAI_WARM=0"]), str(script)]).stdout)
-    job, job_dir = int(info["job_id"]), Path(info["job_dir"])
-    first = wait_for("run 0's first steps", lambda: first_steps(job_dir, 0), 180)
-    run(["hai", "suspend", str(job)])
-    again = wait_for("run 1's first steps", lambda: first_steps(job_dir, 1), 180)
-    asked = event_time(job_dir, "go_suspend", run=0)
-    restarted = event_time(job_dir, "start", run=1)
+    if stock:
+        logs = WORK / f"first-step-{time.time_ns()}"
+        logs.mkdir(mode=0o755)
+        batch = STOCK_FIRST_STEP_BATCH.format(logs=logs, python=sys.executable, script=script)
+        job = int(run(["sbatch", "--parsable", "-N", str(FIRST_STEP_NODES), "--qos=low", "--gres=gpu:8", "--requeue",
+                       f"--output={WORK}/slurm-%j.out", "--open-mode=append", "--job-name=bench-first-step-stock"],
+                      input=batch).stdout.strip().split(";")[0])
+    else:
+        info = json.loads(run(["hai-submit", "--json", "-n", str(FIRST_STEP_NODES), "-p", "LOW", "--gpus-per-node",
+                               "8", "--name", "bench-first-step", str(script)]).stdout)
+        job, logs = int(info["job_id"]), Path(info["job_dir"]) / "logs"
+    first = wait_for("run 0's first steps", lambda: first_steps(logs, 0), 180)
+    if stock:
+        asked = time.time()
+        run(["scontrol", "requeue", str(job)])
+    else:
+        run(["hai", "suspend", str(job)])
+    again = wait_for("run 1's first steps", lambda: first_steps(logs, 1), 180)
+    if stock:
+        restarted = start_times(logs / "batch.log")[1]
+    else:
+        asked = event_time(logs.parent, "go_suspend", run=0)
+        restarted = event_time(logs.parent, "start", run=1)
     drain([job])
-    logs = "".join(read_text(job_dir / "logs" / f"rank-{r}.log") for r in range(FIRST_STEP_NODES))
-    if logs.count(f"warm={warm}") != 2 * FIRST_STEP_NODES:
-        raise SystemExit(f"job {job}: not every run started {'warm' if warm else 'cold'}; see {job_dir}/logs")
     return {"start": max(t for _, t in first) - t0, "restart": max(t for _, t in again) - asked,
             "script->step (start)": statistics.median(t - s for s, t in first),
             "script->step (restart)": statistics.median(t - s for s, t in again),
-            "launcher->step (restart)": max(t for _, t in again) - restarted}
+            "batch script->step (restart)": max(t for _, t in again) - restarted}
 
 
 def first_step_main(args) -> None:
     t_start = time.time()
-    res: dict[str, list[dict[str, float]]] = {"warm": [], "cold": []}
-    daemon = start_daemon()
-    try:
-        for i in range(args.repeats):
-            for name in (("warm", "cold") if i % 2 == 0 else ("cold", "warm")):
-                r = first_step_round(name == "warm")
-                res[name].append(r)
-                print(f"repeat {i + 1}/{args.repeats} {name}: " + ", ".join(f"{k} {v:.2f} s" for k, v in r.items()),
-                      flush=True)
-    finally:
-        stop_daemon(daemon)
+    res: dict[str, list[dict[str, float]]] = {"slurm-hai": [], "stock": []}
+    for i in range(args.repeats):
+        for name in (("slurm-hai", "stock") if i % 2 == 0 else ("stock", "slurm-hai")):
+            daemon = start_daemon() if name == "slurm-hai" else None  # the stock job without it, as in 1-3
+            try:
+                r = first_step_round(name == "stock")
+            finally:
+                if daemon:
+                    stop_daemon(daemon)
+            res[name].append(r)
+            print(f"repeat {i + 1}/{args.repeats} {name}: " + ", ".join(f"{k} {v:.2f} s" for k, v in r.items()),
+                  flush=True)
     print(f"\nfirst step of a {FIRST_STEP_NODES}-node job that imports torch, medians of {args.repeats}; "
           f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}, {platform.node()}, {os.cpu_count()} cores, "
           f"took {time.time() - t_start:.0f} s")
-    print("| measure | warm | cold | warm / cold |\n|---|---:|---:|---:|")
-    for key in res["warm"][0]:
-        w, c = (statistics.median(r[key] for r in res[n]) for n in ("warm", "cold"))
-        print(f"| {key} | {w:.2f} s | {c:.2f} s | {w / c:.2f}x |")
+    print("| measure | slurm-hai | stock Slurm | slurm-hai / stock |\n|---|---:|---:|---:|")
+    for key in res["slurm-hai"][0]:
+        h, c = (statistics.median(r[key] for r in res[n]) for n in ("slurm-hai", "stock"))
+        print(f"| {key} | {h:.2f} s | {c:.2f} s | {h / c:.2f}x |")
     print("raw: " + json.dumps({n: [{k: round(v, 3) for k, v in r.items()} for r in rs] for n, rs in res.items()}))
 
 
@@ -1171,8 +1197,8 @@ def main() -> None:
                                     "conf=KEY=VALUE (one slurm.conf line), before-19 (defer_batch and no epilog, "
                                     "the settings before issue 19)")
     ap.add_argument("--first-step", action="store_true",
-                    help="(issue 32, item 5) a 4-node job that imports torch: its first step at its start and "
-                         "after a restart, started warm (the nodes' warm-start services) and cold, alternating")
+                    help="(issues 32, 57) a 4-node job that imports torch: its first step at its start and after "
+                         "a restart, against the same step in a plain sbatch --requeue job (srun), alternating")
     ap.add_argument("--sched-cost", type=int, metavar="N",
                     help="what a SchedulerParameters lever costs slurmctld with N held jobs (sdiag), against the "
                          "baseline; --lever sched=... (default: the baseline without defer)")

@@ -15,8 +15,9 @@ lighthouse from `hai-admin lighthouse`, which outlives the parts. The array is p
 3. exact: every part ends with weights bitwise equal to the others' (healed ones included);
    the parts split a global batch of 64 rows by their participating rank.
 
-Each repeat runs the parts started cold and started warm (a rejoin that skips Python's start
-and torch's import: `hai-admin warm-start` on every node, runtime/warm.py), then the fixed job.
+Each repeat runs the parts, then the fixed job: the baseline, measured in the same run, for
+the HIGH job's start. Each part's process is started by Slurm in the part's step (`srun`), as
+part_task starts it: Python's start and torch's import are part of every rejoin.
 
 Run as root on an idle local cluster (torchft installed: pip install 'slurm-hai[elastic]'):
 
@@ -89,13 +90,10 @@ note(event="end", bits=hashlib.sha256(w.numpy().tobytes()).hexdigest())
 
 # The part runs as a step: at preemption Slurm signals a job's steps, not its batch shell (a
 # part run by the batch shell itself heard nothing until the grace time ran out).
-# Each part's process through the warm-start client, as part_task starts it: warm from the
-# node's `hai-admin warm-start` (the local cluster runs one per node), or cold with HAI_WARM=0.
 BATCH = """#!/bin/bash
 echo '{{"event": "task", "part": '$SLURM_ARRAY_TASK_ID', "restart": '${{SLURM_RESTART_COUNT:-0}}', "t": '$(date +%s.%N)'}}' >> {out}/part$SLURM_ARRAY_TASK_ID.log
-srun {python} -m slurm_hai.runtime.warm -- {python} {script} {out} {steps} {state_mb}
+srun {python} {script} {out} {steps} {state_mb}
 """
-STARTS = ("cold", "warm")
 
 
 def start_lighthouse_service(out: Path) -> tuple[subprocess.Popen, str, Path]:
@@ -158,8 +156,8 @@ def records(out: Path) -> list[dict]:
     return sorted(rows, key=lambda r: r["t"])
 
 
-def one_round(args, n: int, start: str) -> dict:
-    out = cb.WORK / f"round-{n}-{start}"
+def one_round(args, n: int) -> dict:
+    out = cb.WORK / f"round-{n}"
     out.mkdir(parents=True)
     out.chmod(0o777)
     script = out / "part.py"
@@ -170,8 +168,7 @@ def one_round(args, n: int, start: str) -> dict:
         # in sbatch's environment with --export=ALL: any other --export (ALL,VAR=...) implies
         # --get-user-env, and slurmd then runs the user's login shell before each launch (1.1 s
         # per task here: `_get_user_env` in slurmd's log at debug)
-        env = {**cb.ENV, "HAI_LIGHTHOUSE_SERVICE": url, "HAI_WARM": "0" if start == "cold" else "1",
-               "OMP_NUM_THREADS": str(args.threads)}
+        env = {**cb.ENV, "HAI_LIGHTHOUSE_SERVICE": url, "OMP_NUM_THREADS": str(args.threads)}
         array = int(cb.run(["sbatch", "--parsable", f"--array=0-{PARTS - 1}", "-N1", "--qos=low", "--gres=gpu:8",
                             "--requeue", "--export=ALL", f"--output={out}/slurm-%A_%a.out",
                             "--job-name=bench-parts"], input=batch, env=env).stdout.strip().split(";")[0])
@@ -217,7 +214,6 @@ def one_round(args, n: int, start: str) -> dict:
         "restarts_in_place": sum(1 for r in rows if r["event"] == "start" and r["restart"] > 0),
         "bitwise": len(set(ends.values())) == 1 and len(ends) == PARTS,
         "array": array, "lighthouse_rss_mb": lighthouse_cost[0], "lighthouse_cpu_s": lighthouse_cost[1],
-        "start": start, "fell_back_cold": sum(cb.read_text(f).count("starting cold") for f in out.glob("slurm-*.out")),
     }
 
 
@@ -231,8 +227,6 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--threads", type=int, default=1, help="torch's threads in each part (OMP_NUM_THREADS): the "
                    "local cluster's nodes share the host's cores, and torch's OpenMP threads, more of them than "
                    "cores, spin (zeroing 1 GiB took 2.2 s of CPU with 2 threads a part on 2 cores, 0.5 s with 1)")
-    p.add_argument("--starts", default=",".join(STARTS), help="how the parts' processes start, in each repeat: "
-                   "cold (HAI_WARM=0), warm (the node's hai-admin warm-start), or both, in that order")
     args = p.parse_args(argv)
     if not (cb.BIN / "torchft_lighthouse").exists():
         raise SystemExit("elastic_parts_bench: torchft is not installed: pip install 'slurm-hai[elastic]'")
@@ -242,30 +236,28 @@ def main(argv: list[str] | None = None) -> int:
     daemon = cb.start_daemon()
     try:
         results = []
-        for n in range(args.repeats):  # alternating: the parts started cold, warm, then the fixed job
-            for start in args.starts.split(","):
-                results.append(one_round(args, n, start))
+        for n in range(args.repeats):  # alternating: the parts, then the fixed job
+            results.append(one_round(args, n))
             results[-1]["high_start_fixed"] = fixed_round(n)
     finally:
         cb.stop_daemon(daemon)
     for r in results:
         print(json.dumps(r))
-    starts = args.starts.split(",")
     keys = ("median_step", "longest_around", "lost", "to_quorum_of_survivors", "high_start", "rejoin_task_started",
             "rejoin_process_started", "rejoin_imported", "rejoin_allocated", "rejoin_manager", "rejoin_healed", "rejoin", "heal_load")
-    med = {(k, start): statistics.median(r[k] for r in results if r["start"] == start) for k in keys for start in starts}
+    med = {k: statistics.median(r[k] for r in results) for k in keys}
+    fixed = statistics.median(r["high_start_fixed"] for r in results)
     print(f"\nparts=4, HIGH takes 2 nodes for {args.hold:g} s, {args.state_mb} MiB of state a part, "
-          f"medians of {args.repeats}; the parts' processes started {' / '.join(starts)}")
-    print(f"| measure | {' | '.join(starts)} |{' ' + starts[-1] + ' / ' + starts[0] + ' |' if len(starts) > 1 else ''}")
-    print("|---|" + "---:|" * (len(starts) + (len(starts) > 1)))
+          f"medians of {args.repeats}")
+    print("| measure | seconds |\n|---|---:|")
     for k in keys:
-        ratio = f" {med[k, starts[-1]] / med[k, starts[0]]:.2f}x |" if len(starts) > 1 and med[k, starts[0]] else ""
-        print(f"| {k.replace('_', ' ')} | {' | '.join(f'{med[k, s]:.2f}' for s in starts)} |{ratio}")
-    print(f"| HIGH start against a fixed job | {statistics.median(r['high_start_fixed'] for r in results if 'high_start_fixed' in r):.2f} |")
-    for start in starts:
-        mine = [r for r in results if r["start"] == start]
-        print(f"{start}: every part bitwise equal at the end {sum(r['bitwise'] for r in mine)}/{len(mine)}, "
-              f"starts that fell back to cold {sum(r['fell_back_cold'] for r in mine)}")
+        print(f"| {k.replace('_', ' ')} | {med[k]:.2f} |")
+    print("\n| against the baseline of the same run | parts | baseline | parts / baseline |\n|---|---:|---:|---:|")
+    print(f"| HIGH submitted -> HIGH running, against a fixed 4-node job | {med['high_start']:.2f} | {fixed:.2f} "
+          f"| {med['high_start'] / fixed:.2f}x |")
+    print(f"| the survivors' longest step around the leave, against their median step | {med['longest_around']:.2f} "
+          f"| {med['median_step']:.2f} | {med['longest_around'] / med['median_step']:.2f}x |")
+    print(f"every part bitwise equal at the end {sum(r['bitwise'] for r in results)}/{len(results)}")
     print(f"\nthe lighthouse, one job of 4 parts, at the end of a round: "
           f"{statistics.median(r['lighthouse_rss_mb'] for r in results):.1f} MiB resident, "
           f"{statistics.median(r['lighthouse_cpu_s'] for r in results):.2f} s of CPU (medians)")

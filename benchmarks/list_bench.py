@@ -20,14 +20,6 @@ jobs (the policy says why it waits: it needs the whole queue); of one that Slurm
 (no final.json: nothing to explain); and of your newest job whose directory says it ended
 (if there is one, e.g. from the cluster tests). --cleanup cancels the jobs at the end.
 
---warm: the after tree's commands run through a login node's warm-start service
-(`hai-admin warm-start --preload slurm_hai.cli.preload`, started by the bench from that tree, on a
-socket of its own; cli/front.py), the before tree's as each starts by itself (HAI_WARM=0);
---before may then be this checkout. A warm command's peak memory is its own process's (the
-client's): the child that runs the command is the service's. --warm c: the after tree's
-commands run from the C front (`hai-admin front build`, contrib/front/hai_front.c) instead of
-the Python console script.
-
 --daemon PORT: the after tree's commands ask the policy daemon why a job waits
 (controller/why.py): the bench runs `hai-admin daemon --dry-run` from the after tree beside
 them, with the policy and `[daemon] service = "http://127.0.0.1:PORT"` (the before tree keeps
@@ -92,15 +84,12 @@ class Hai:
         self.env = {**{k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"},
                     "PATH": f"{shim_dir}:{os.environ['PATH']}", "HAI_SLURM_BACKEND": "cli"}
 
-    def run(self, tree: Path, argv: list[str], env: dict[str, str], front: Path | None = None
-            ) -> tuple[float, int, int]:
-        """(seconds, squeue calls, peak KiB of its processes) of one `hai ARGV` run from `tree`
-        (from the C `front` in that directory, if one is given)."""
+    def run(self, tree: Path, argv: list[str], env: dict[str, str]) -> tuple[float, int, int]:
+        """(seconds, squeue calls, peak KiB of its processes) of one `hai ARGV` run from `tree`."""
         self.log.write_text("")
         # -P and a neutral cwd: `python -c` would put the cwd first on sys.path, ahead of PYTHONPATH
-        hai = [str(front / "hai")] if front else [sys.executable, "-P", "-c", hai_entry(tree)]
         t0 = time.perf_counter()
-        p = subprocess.run([*PEAK, *hai, *argv],
+        p = subprocess.run([*PEAK, sys.executable, "-P", "-c", hai_entry(tree), *argv],
                            env={**self.env, "PYTHONPATH": str(tree), **env},
                            cwd=self.log.parent, capture_output=True, text=True)
         seconds = time.perf_counter() - t0
@@ -128,8 +117,6 @@ def main() -> int:
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--policy", default=os.environ.get("HAI_POLICY") or str(REPO / "contrib/localcluster/policy.toml"))
     ap.add_argument("--cleanup", action="store_true", help="cancel the bench jobs at the end")
-    ap.add_argument("--warm", nargs="?", const="python", choices=("python", "c"),
-                    help="the after tree's commands from a warm-start service, from the Python front or the C one")
     ap.add_argument("--daemon", type=int, metavar="PORT",
                     help="the after tree's commands ask a policy daemon (dry run) on this port why a job waits")
     args = ap.parse_args()
@@ -171,12 +158,6 @@ def main() -> int:
         hai = Hai(Path(shim_dir))
         trees = {"before": args.before.resolve(), "after": args.after.resolve()}
         envs: dict[str, dict[str, str]] = {"before": {}, "after": {}}
-        fronts: dict[str, Path | None] = {"before": None, "after": None}
-        if args.warm:
-            envs = {"before": {"HAI_WARM": "0"}, "after": {"HAI_COMMANDS_SOCKET": f"{shim_dir}/commands.sock"}}
-            service = warm_service(trees["after"], Path(shim_dir))
-            if args.warm == "c":
-                fronts["after"] = c_front(trees["after"], Path(shim_dir) / "front")
         daemon = None
         if args.daemon:
             envs["after"]["HAI_POLICY"] = policy_file = f"{shim_dir}/policy.toml"
@@ -193,12 +174,12 @@ def main() -> int:
         for name, argv, _ in rows:  # one counting run each (not timed): squeue processes, slurmctld's RPCs
             for side, tree in trees.items():
                 n0 = job_info_rpcs()[0]
-                _, calls[name, side], peak[name, side] = hai.run(tree, argv, envs[side], fronts[side])
+                _, calls[name, side], peak[name, side] = hai.run(tree, argv, envs[side])
                 rpcs[name, side] = job_info_rpcs()[0] - n0
         for r in range(args.repeats):
             for name, argv, _ in rows:
                 for side in (("before", "after") if r % 2 == 0 else ("after", "before")):
-                    seconds, _, _ = hai.run(trees[side], argv, envs[side], fronts[side])
+                    seconds, _, _ = hai.run(trees[side], argv, envs[side])
                     times.setdefault((name, side), []).append(seconds)
         reads = {what: statistics.median_low(timed(argv) for _ in range(args.repeats)) for what, argv in (
             (whole, ["squeue"]), (yours, ["squeue", f"--user={me}"]),
@@ -207,10 +188,6 @@ def main() -> int:
         if daemon is not None:
             daemon.terminate()
             daemon.wait(30)
-        if args.warm:
-            service.terminate()
-            service.wait(30)
-            print(f"warm starts the service made: {(Path(shim_dir) / 'commands.log').read_text().count(': started ')}")
     print()
     print("| command | before | after | after/before | after vs Slurm's | peak memory before -> after "
           "| squeue calls | job-info RPCs (sdiag) |")
@@ -228,21 +205,6 @@ def main() -> int:
     if args.cleanup:
         subprocess.run(["scancel", f"--name={BENCH_NAME}"], check=False)
     return 0
-
-
-def warm_service(tree: Path, where: Path) -> subprocess.Popen:
-    """`hai-admin warm-start` from `tree`, preloading the `hai` commands, on where/commands.sock."""
-    log = where / "commands.log"
-    service = subprocess.Popen([sys.executable, "-P", "-c", "from slurm_hai.cli.admin import main; main()", "warm-start",
-                                "--socket", str(where / "commands.sock"), "--preload", "slurm_hai.cli.preload"],
-                               env={**os.environ, "PYTHONPATH": str(tree)}, cwd=where, stdout=open(log, "w"),
-                               stderr=subprocess.STDOUT)
-    deadline = time.monotonic() + 60
-    while "warm-start service on" not in log.read_text():
-        if service.poll() is not None or time.monotonic() > deadline:
-            raise SystemExit(f"list_bench: the warm-start service did not start: {log.read_text()}")
-        time.sleep(0.1)
-    return service
 
 
 def policy_daemon(tree: Path, policy: Path, where: Path, port: int) -> subprocess.Popen:
@@ -266,13 +228,6 @@ def policy_daemon(tree: Path, policy: Path, where: Path, port: int) -> subproces
         if daemon.poll() is not None or time.monotonic() > deadline:
             raise SystemExit(f"list_bench: the policy daemon did not answer: {log.read_text()}")
         time.sleep(0.2)
-
-
-def c_front(tree: Path, out: Path) -> Path:
-    """The C front of `tree` (`hai-admin front build`), built into `out`."""
-    subprocess.run([sys.executable, "-P", "-c", "from slurm_hai.cli.admin import main; main()", "front", "build", "--out",
-                    str(out)], env={**os.environ, "PYTHONPATH": str(tree)}, check=True, stdout=subprocess.DEVNULL)
-    return out
 
 
 def timed(argv: list[str]) -> tuple[float, int]:

@@ -140,6 +140,15 @@ SPANK_PLUGIN(hai_spank, 1);
 #define HAI_DEFAULT_PORT_SPAN 10000L	/* MASTER_PORT_SPAN */
 /* The ladder as users read it: "NAME(1000), " at most per level. */
 #define HAI_LIST_LEN (HAI_MAX_LEVELS * (HAI_NAME_LEN + 8))
+/* What the plugin takes from a user, at most: an option value (a level name
+ * is 31 characters, a grace 4 digits: a longer one is refused in one line,
+ * unread), a variable of the task's environment that the job may set (longer:
+ * treated as unset or refused, never grown into), and of a value the logs
+ * show (non-printable bytes as '?': one log line per error, whatever it holds). */
+#define HAI_MAX_OPTION_LEN 256
+#define HAI_MAX_ENV_LEN 256
+#define HAI_MAX_NODELIST_LEN (1 << 20)
+#define HAI_SHOWN_LEN 68
 #define HAI_CONTRACT_MARK "spank"
 #define HAI_NO_POLICY "run `hai-admin render` and install the plugstack.conf " \
 	"it writes"
@@ -362,6 +371,20 @@ static int _no_policy(const char *opt)
 	return -1;
 }
 
+/* Refuses (one line, -1) an option value longer than HAI_MAX_OPTION_LEN;
+ * looks at no more of it than that. */
+static int _too_long(const char *opt, const char *optarg)
+{
+	if (!optarg || strnlen(optarg, HAI_MAX_OPTION_LEN + 1) <=
+	    HAI_MAX_OPTION_LEN)
+		return 0;
+	slurm_error("hai: --%s refused: its value is longer than %d bytes; "
+		    "give a %s", opt, HAI_MAX_OPTION_LEN,
+		    strcmp(opt, "hai-grace") ? "level's name or number" :
+		    "number of seconds");
+	return -1;
+}
+
 static int _opt_priority(int val, const char *optarg, int remote)
 {
 	const char *name;
@@ -372,6 +395,8 @@ static int _opt_priority(int val, const char *optarg, int remote)
 		return 0;	/* validated at submission */
 	if (!hai.policy)
 		return _no_policy("hai-priority");
+	if (_too_long("hai-priority", optarg))
+		return -1;
 	name = _canonical_level(optarg);
 	_level_list(list, sizeof(list));
 	if (!name) {
@@ -407,6 +432,8 @@ static int _opt_grace(int val, const char *optarg, int remote)
 		return 0;	/* validated at submission */
 	if (!hai.policy)
 		return _no_policy("hai-grace");
+	if (_too_long("hai-grace", optarg))
+		return -1;
 	if (!optarg || _parse_digits(optarg, strlen(optarg), HAI_MIN_GRACE,
 				     hai.max_grace, &grace)) {
 		slurm_error("hai: grace '%s' is not allowed on this cluster; "
@@ -766,12 +793,14 @@ int slurm_spank_local_user_init(spank_t sp, int ac, char **av)
 /* remote: the environment contract                                          */
 
 /*
- * Copy of variable var of the step env into a malloc'ed string (*out).
- * Returns ESPANK_SUCCESS, ESPANK_ENV_NOEXIST (*out NULL) or an error.
+ * Copy of variable var of the step env, of at most max bytes, into a
+ * malloc'ed string (*out). Returns ESPANK_SUCCESS, ESPANK_ENV_NOEXIST (*out
+ * NULL), ESPANK_NOSPACE for a longer value, or an error.
  */
-static spank_err_t _getenv_dup(spank_t sp, const char *var, char **out)
+static spank_err_t _getenv_dup(spank_t sp, const char *var, size_t max,
+			       char **out)
 {
-	size_t len = 256;
+	size_t len = max < 256 ? max + 1 : 256;
 	char *buf = NULL;
 	spank_err_t err;
 
@@ -784,9 +813,9 @@ static spank_err_t _getenv_dup(spank_t sp, const char *var, char **out)
 		}
 		buf = nbuf;
 		err = spank_getenv(sp, var, buf, (int) len);
-		if (err != ESPANK_NOSPACE || len >= (1U << 24))
+		if (err != ESPANK_NOSPACE || len > max)
 			break;
-		len *= 2;
+		len = len * 2 > max + 1 ? max + 1 : len * 2;
 	}
 	if (err == ESPANK_SUCCESS)
 		*out = buf;
@@ -823,6 +852,21 @@ static int _set_num(spank_t sp, const char *var, long val)
 	return _set(sp, var, buf);
 }
 
+/* Up to HAI_SHOWN_LEN - 4 bytes of s for a log line, each byte outside
+ * printable ASCII as '?', "..." after a cut: a value the job set cannot
+ * write a line of its own into slurmd's log. */
+static const char *_shown(const char *s, char *buf)
+{
+	size_t i;
+
+	for (i = 0; s && s[i] && i < HAI_SHOWN_LEN - 4; i++)
+		buf[i] = (s[i] >= ' ' && s[i] <= '~') ? s[i] : '?';
+	buf[i] = '\0';
+	if (s && s[i])
+		memcpy(buf + i, "...", 4);
+	return buf;
+}
+
 /*
  * d/e. The step's master node (malloc'ed, *master) and its IPv4 (ip):
  * HAI_MASTER_IP from the env when HAI_MASTER_NODE names this master, else a
@@ -832,26 +876,31 @@ static int _master(spank_t sp, uint32_t jobid, uint32_t stepid,
 		   char **master, char *ip, size_t len)
 {
 	char *nodelist = NULL, *env_node = NULL, *env_ip = NULL;
+	char shown[HAI_SHOWN_LEN];
 	spank_err_t err = ESPANK_ENV_NOEXIST;
 	int rc = -1;
 
 	*master = NULL;
 	if (stepid != SLURM_BATCH_SCRIPT)
-		err = _getenv_dup(sp, "SLURM_STEP_NODELIST", &nodelist);
+		err = _getenv_dup(sp, "SLURM_STEP_NODELIST",
+				  HAI_MAX_NODELIST_LEN, &nodelist);
 	if (err == ESPANK_ENV_NOEXIST)
-		err = _getenv_dup(sp, "SLURM_JOB_NODELIST", &nodelist);
+		err = _getenv_dup(sp, "SLURM_JOB_NODELIST",
+				  HAI_MAX_NODELIST_LEN, &nodelist);
 	if (err != ESPANK_SUCCESS) {
 		slurm_error("hai: cannot read the node list of step %u.%u: %s",
 			    jobid, stepid, spank_strerror(err));
 		goto out;
 	}
 	if (!(*master = _first_host(nodelist))) {
-		slurm_error("hai: bad node list '%s'", nodelist);
+		slurm_error("hai: bad node list '%s'",
+			    _shown(nodelist, shown));
 		goto out;
 	}
-	if (_getenv_dup(sp, "HAI_MASTER_NODE", &env_node) == ESPANK_SUCCESS &&
-	    !strcmp(env_node, *master) &&
-	    _getenv_dup(sp, "HAI_MASTER_IP", &env_ip) == ESPANK_SUCCESS &&
+	if (_getenv_dup(sp, "HAI_MASTER_NODE", HAI_MAX_ENV_LEN, &env_node) ==
+	    ESPANK_SUCCESS && !strcmp(env_node, *master) &&
+	    _getenv_dup(sp, "HAI_MASTER_IP", HAI_MAX_ENV_LEN, &env_ip) ==
+	    ESPANK_SUCCESS &&
 	    _is_ipv4(env_ip) && strlen(env_ip) < len) {
 		snprintf(ip, len, "%s", env_ip);
 		rc = 0;
@@ -874,6 +923,7 @@ static int _compute(spank_t sp, uint32_t jobid, uint32_t stepid,
 		    struct hai_contract *c)
 {
 	char *v = NULL;
+	char shown[HAI_SHOWN_LEN];
 	spank_err_t err;
 	long n;
 	int rc = -1;
@@ -892,14 +942,16 @@ static int _compute(spank_t sp, uint32_t jobid, uint32_t stepid,
 	/* c. the batch step reports 0 nodes: it is the job's launcher on
 	 *    node 0, so its world is the job's node count */
 	if (stepid == SLURM_BATCH_SCRIPT || c->world == 0) {
-		err = _getenv_dup(sp, "SLURM_JOB_NUM_NODES", &v);
+		err = _getenv_dup(sp, "SLURM_JOB_NUM_NODES", HAI_MAX_ENV_LEN,
+				  &v);
 		if (err == ESPANK_ENV_NOEXIST)
-			err = _getenv_dup(sp, "SLURM_NNODES", &v);
+			err = _getenv_dup(sp, "SLURM_NNODES", HAI_MAX_ENV_LEN,
+					  &v);
 		if (err != ESPANK_SUCCESS ||
 		    _parse_long(v, 1, UINT32_MAX, &n)) {
 			slurm_error("hai: cannot get the node count of job "
 				    "%u: %s", jobid, err != ESPANK_SUCCESS ?
-				    spank_strerror(err) : v);
+				    spank_strerror(err) : _shown(v, shown));
 			goto out;
 		}
 		c->world = (uint32_t) n;
@@ -909,7 +961,7 @@ static int _compute(spank_t sp, uint32_t jobid, uint32_t stepid,
 
 	/* g. restart count (Slurm 22.05 leaves the item at 0; the task env
 	 *    has SLURM_RESTART_COUNT after a requeue) */
-	err = _getenv_dup(sp, "SLURM_RESTART_COUNT", &v);
+	err = _getenv_dup(sp, "SLURM_RESTART_COUNT", HAI_MAX_ENV_LEN, &v);
 	if (err == ESPANK_SUCCESS && !_parse_long(v, 0, UINT32_MAX, &n) &&
 	    (uint32_t) n > c->restarts)
 		c->restarts = (uint32_t) n;
@@ -917,11 +969,11 @@ static int _compute(spank_t sp, uint32_t jobid, uint32_t stepid,
 	v = NULL;
 
 	/* f. port */
-	err = _getenv_dup(sp, "HAI_MASTER_PORT", &v);
-	if (err == ESPANK_SUCCESS) {
-		if (_parse_long(v, 1, 65535, &c->port)) {
+	err = _getenv_dup(sp, "HAI_MASTER_PORT", HAI_MAX_ENV_LEN, &v);
+	if (err == ESPANK_SUCCESS || err == ESPANK_NOSPACE) {
+		if (!v || _parse_long(v, 1, 65535, &c->port)) {
 			slurm_error("hai: HAI_MASTER_PORT='%s' is not a port "
-				    "number", v);
+				    "number", v ? _shown(v, shown) : "(too long)");
 			goto out;
 		}
 	} else if (err == ESPANK_ENV_NOEXIST) {

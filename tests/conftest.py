@@ -240,7 +240,6 @@ ONE_VERSION = {
     "test_frontdoor.py::test_every_command_shown_in_the_readme_the_guide_and_the_help_works",
     "test_frontdoor.py::test_ctrl_c_in_logs_follow_says_the_job_goes_on",
     "test_frontdoor.py::test_output_cut_short_by_head_ends_quietly",
-    "test_frontdoor.py::test_hai_and_hai_submit_run_warm_from_a_login_nodes_service_as_the_user_who_typed_them",
     # the cause's words; the notices themselves cross the boundary in test_jobs.py
     "test_frontdoor.py::test_a_notice_from_the_time_limit_says_time_limit",
     "test_frontdoor.py::test_hai_suspend_is_by_you_and_a_forced_suspend_shows_in_status",

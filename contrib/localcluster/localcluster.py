@@ -336,7 +336,6 @@ def daemons(c: Cluster) -> list[Daemon]:
     out += [node_holder(c, n) for n in c.nodes]
     out += [slurmd(c, n) for n in c.nodes]
     out += [persist_agent(c, n) for n in c.nodes]
-    out += [warm_start(c, n) for n in c.nodes]
     if c.runs_lighthouse:
         out.append(lighthouse_service(c))
     return out
@@ -403,22 +402,15 @@ def persist_agent(c: Cluster, n: Node) -> Daemon:
                   c.state / "log" / f"persist-{n.name}.log", "python3", 0)
 
 
-def warm_start(c: Cluster, n: Node) -> Daemon:
-    """Node `n`'s warm-start service (`hai-admin warm-start`): forks the Python processes of
-    job steps that ask (a job's command under the launcher, an elastic job's parts) from one
-    that imported torch and torchft once. Runs inside the node's namespace; its socket is in the node's own /dev/shm."""
-    return Daemon(f"warm-{n.name}", c.state / "run" / f"warm-{n.name}.pid",
-                  c.state / "log" / f"warm-{n.name}.log", "python3", 0)
-
-
-# What the local cluster's warm-start services import once: what a job's command and a part import
-WARM_PRELOAD = "slurm_hai.runtime.preload"
 HAI_ADMIN = Path(sys.executable).with_name("hai-admin")  # the project's venv (make setup)
 
 
 # Inside a new mount namespace (private propagation: nothing leaks to the host): fresh
-# tmpfs on /dev/shm and /tmp, the pid file ($1), then sleep forever as the namespace's holder.
-HOLDER_SCRIPT = ("mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs /dev/shm && "
+# tmpfs on /dev/shm and /tmp, a small one for the persist agent's spool (/run/slurm-hai/persist: each
+# node its own, under a root 0755 parent), the pid file ($1), then sleep forever as the namespace's holder.
+HOLDER_SCRIPT = ("mkdir -p /run/slurm-hai/persist && "
+                 "mount -t tmpfs -o mode=0755,size=16m,nosuid,nodev,noexec tmpfs /run/slurm-hai/persist && "
+                 "mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs /dev/shm && "
                  "mount -t tmpfs -o mode=1777,nosuid,nodev tmpfs /tmp && "
                  'echo $$ > "$1" && exec sleep infinity')
 
@@ -482,13 +474,13 @@ def start_node(c: Cluster, n: Node) -> None:
         stop(daemon)
     enter = node_enter(c, running_pid(holder))
     start(daemon, [*enter, c.tool("slurmd"), "-f", str(c.slurm_conf), "-N", n.name], c)
-    # the node's own slurm-hai services, in its namespace
-    for service, args in ((persist_agent(c, n), ["persist-agent", "--sweep-every", "5"]),
-                          (warm_start(c, n), ["warm-start", "--preload", WARM_PRELOAD])):
-        if fresh and running_pid(service):
-            stop(service)
-        if HAI_ADMIN.exists() and not c.site:  # not before `make setup` has installed the project
-            start(service, writing_pidfile(service, [*enter, str(HAI_ADMIN), *args]), c, foreground=True)
+    # the node's own persist agent, in its namespace
+    agent = persist_agent(c, n)
+    if fresh and running_pid(agent):
+        stop(agent)
+    if HAI_ADMIN.exists() and not c.site:  # not before `make setup` has installed the project
+        start(agent, writing_pidfile(agent, [*enter, str(HAI_ADMIN), "persist-agent", "--sweep-every", "5"]), c,
+              foreground=True)
 
 
 def running_pid(d: Daemon) -> int | None:

@@ -15,6 +15,7 @@ then calls go_suspend(). The durable copy is finished by the persist agent of ea
     FAST/spares/own-<rank>, peer-<rank> pre-faulted files (reserve_spares): a suspend save
                                         renames them into its part and overwrites them
     SPOOL/<uid>-<step>-<token>-<k>.json one request per node and save: {"part": path}
+                                        (SPOOL: /run/slurm-hai/persist, root 1733)
     DIR/.persisting-<N>.json            rank 0 wrote it once every node's part committed:
                                         a restart elsewhere waits for step N
     DIR/.persist-<N>-<token>/           the agents' shared staging dir; .part-<k>.done
@@ -38,12 +39,14 @@ Torch-free: the agent imports this module.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import logging
 import mmap
 import os
 import secrets
 import shutil
+import stat
 import threading
 import time
 from dataclasses import dataclass
@@ -66,7 +69,9 @@ PART_FILE = "part.json"
 PART_FORMAT = "slurm-hai-memory-part"
 PENDING_PREFIX = ".persisting-"
 AGENT_PIDFILE = "agent.pid"
-DEFAULT_SPOOL = "/dev/shm/slurm-hai-persist"
+FAILED_PREFIX = "failed-"  # a request given up on, kept in the spool for the admin
+# In a directory only root can write to: nobody can take the spool's name while the agent is down.
+DEFAULT_SPOOL = "/run/slurm-hai/persist"
 PENDING_WAIT_S = 120.0  # how long a restart elsewhere waits for the agents' durable commit
 
 
@@ -80,20 +85,66 @@ def node_name() -> str:
     return os.environ.get("SLURMD_NODENAME") or os.uname().nodename
 
 
-def agent_alive(spool: Path | None = None) -> bool:
-    """Does a persist agent run on this node? (its pid file: pid and start time)"""
+class UnsafeFile(CheckpointError):
+    """A file a user named is a link, a FIFO, a device or a socket (or a request is not one):
+    refused for good, never retried."""
+
+
+def open_regular(path: Path) -> int:
+    """Open a file a user may have put there for reading: without following a link, without
+    blocking (a FIFO's open waits for a writer), and only if it is a regular file."""
     try:
-        pid, ticks = (int(x) for x in ((spool or spool_dir()) / AGENT_PIDFILE).read_text().split())
-    except (OSError, ValueError):
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise UnsafeFile(f"{path} is a symbolic link") from None
+        raise
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise UnsafeFile(f"{path} is {file_kind(mode)}, not a regular file")
+    return fd
+
+
+def file_kind(mode: int) -> str:
+    for test, kind in ((stat.S_ISFIFO, "a FIFO"), (stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a directory"),
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device")):
+        if test(mode):
+            return kind
+    return "a regular file" if stat.S_ISREG(mode) else "not a file"
+
+
+def agent_alive(spool: Path | None = None) -> bool:
+    """Does a persist agent run on this node? (its pid file, written by the spool's owner:
+    pid and start time; anyone else's is not believed)"""
+    spool = spool or spool_dir()
+    try:
+        fd = open_regular(spool / AGENT_PIDFILE)
+        with open(fd, "rb") as f:
+            written_by, text = os.fstat(f.fileno()).st_uid, f.read(64)
+        if written_by != os.stat(spool).st_uid:
+            return False
+        pid, ticks = (int(x) for x in text.split())
+    except (OSError, ValueError, CheckpointError):
         return False
     return writer_alive(pid, ticks)
 
 
 def write_agent_pidfile(spool: Path) -> None:
+    """Anyone may create entries in the spool: the pid file is written under a new random
+    name (never through a link someone left) and renamed over whatever holds its name."""
     pid = os.getpid()
-    tmp = spool / f".{AGENT_PIDFILE}.{pid}"
-    tmp.write_text(f"{pid} {process_start_ticks(pid)}\n")
-    os.replace(tmp, spool / AGENT_PIDFILE)
+    tmp = spool / f".{AGENT_PIDFILE}.{pid}.{secrets.token_hex(8)}"
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+    try:
+        os.write(fd, f"{pid} {process_start_ticks(pid)}\n".encode())
+    finally:
+        os.close(fd)
+    try:
+        os.replace(tmp, spool / AGENT_PIDFILE)
+    except OSError:  # a directory was left there while no agent ran: set it aside
+        os.rename(spool / AGENT_PIDFILE, spool / f"{FAILED_PREFIX}{AGENT_PIDFILE}-{secrets.token_hex(4)}")
+        os.replace(tmp, spool / AGENT_PIDFILE)
 
 
 @dataclass
@@ -119,7 +170,8 @@ class PartInfo:
 
 def read_part(part_dir: Path) -> PartInfo:
     try:
-        raw = json.loads((part_dir / PART_FILE).read_bytes())
+        with open(open_regular(part_dir / PART_FILE), "rb") as f:
+            raw = json.loads(f.read())
         if raw.get("format") != PART_FORMAT:
             raise ValueError(f"not a {PART_FORMAT}")
         manifest = parse_manifest(json.dumps(raw["manifest"]).encode())
@@ -129,6 +181,8 @@ def read_part(part_dir: Path) -> PartInfo:
         raise CorruptCheckpointError(str(part_dir), [Problem(PART_FILE, "missing")]) from None
     except PermissionError:
         raise CheckpointError(f"cannot read {part_dir / PART_FILE}: permission denied") from None
+    except UnsafeFile:
+        raise
     except (OSError, ValueError, KeyError, TypeError, CheckpointError) as exc:
         raise CorruptCheckpointError(str(part_dir), [Problem(PART_FILE, str(exc))]) from None
 
@@ -385,7 +439,7 @@ def _copy_checked(source: Path, dest: Path, entry: FileEntry, name: str) -> None
     """Copy one file of a part to `dest`, a new name in the copier's own directory (written
     and fsynced with write_hashed_file), refusing it unless its checksum is the manifest's."""
     dest.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    with open(source, "rb") as f:
+    with open(open_regular(source), "rb") as f:
         size = os.fstat(f.fileno()).st_size
         if size != entry.size:
             raise CorruptCheckpointError(str(source.parent), [Problem(name, f"size {size}, manifest says {entry.size}")])

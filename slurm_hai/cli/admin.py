@@ -501,7 +501,7 @@ def daemon(policy_file: str | None, once: bool, interval: float, lock_file: str 
 @main.command("persist-agent")
 @click.option("--spool", metavar="DIR", default=None,
               help="Where jobs on this node leave their requests. [default: $HAI_PERSIST_SPOOL, "
-                   "else /dev/shm/slurm-hai-persist]")
+                   "else /run/slurm-hai/persist]")
 @click.option("--once", is_flag=True, help="Handle the requests waiting now, then exit (for a test).")
 @click.option("--sweep-every", metavar="SECONDS", type=click.FloatRange(min=1.0), default=30.0, show_default=True,
               help="How often to look for node memory of jobs that are over (it is removed once seen twice).")
@@ -530,48 +530,6 @@ def persist_agent(spool: str | None, once: bool, sweep_every: float) -> None:
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: sys.exit(0))
     Agent(where, jobs_over=_jobs_over, sweep_s=sweep_every).serve(once=once)
-
-
-@main.command("warm-start")
-@click.option("--socket", "socket_path", metavar="PATH", default=None,
-              help="Where the jobs' steps ask. [default: $HAI_WARM_SOCKET, else /dev/shm/slurm-hai-warm.sock]")
-@click.option("--preload", metavar="MODULES", default="torch", show_default=True,
-              help="The modules imported once, before any start, comma-separated (e.g. torch,torchft).")
-@click.option("--keep-idle", metavar="SECONDS", type=click.FloatRange(min=0), default=None,
-              help="How long a child that ran a `hai` command waits for its user's next one "
-                   "(0: one command each). [default: 20]")
-@one_line_errors
-def warm_start(socket_path: str | None, preload: str, keep_idle: float | None) -> None:
-    """Start jobs' Python processes, or the hai commands, warm on this host (as root).
-
-    \b
-    A step run as `python -m slurm_hai.runtime.warm -- PYTHON SCRIPT ARGS` (an elastic job
-    in place's parts are) asks this service, which has imported --preload once, to fork the
-    process: it takes the step's control groups, limits, ids, environment and descriptors,
-    then runs SCRIPT, and skips Python's start and torch's import. A start it cannot make
-    warm (another Python, no service) is made cold by the step itself, with one line.
-    On a login node, `--preload slurm_hai.cli.preload` does the same for `hai` and
-    `hai-submit`, which ask by themselves; the child that ran one then runs its user's next
-    (same environment, directory, limits and groups) for --keep-idle s after, without a fork.
-    docs/elastic-in-place.md ("Warm starts"), docs/admin-guide.md; contrib/systemd/ has the
-    unit files.
-    """
-    from ..runtime.warm import DEFAULT_SOCKET, SOCKET_ENV
-    from ..runtime.warm_service import IDLE_FOR_S, Service
-
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
-    if os.geteuid() != 0:
-        raise click.ClickException("the warm-start service takes each job's user's ids: run it as root")
-    service = Service(socket_path or os.environ.get(SOCKET_ENV) or DEFAULT_SOCKET,
-                      [m.strip() for m in preload.split(",") if m.strip()],
-                      IDLE_FOR_S if keep_idle is None else keep_idle)
-    try:
-        server = service.listen()
-    except ImportError as e:
-        raise click.ClickException(f"--preload: {e}") from None
-    except OSError as e:
-        raise click.ClickException(f"{service.path}: {e.strerror}") from None
-    service.serve(server)
 
 
 @main.command()
@@ -706,12 +664,10 @@ def timeline(policy_file: str | None, since: str, until: str | None, out: str, a
 # copies): name -> (place in the package, what it holds).
 SHARED = {
     "spank": ("share/spank", "the SPANK plugin's sources: `hai-admin spank install` builds and installs it"),
-    "systemd": ("share/systemd", "hai-policyd.service (slurmctld hosts), slurm-hai-persist.service and "
-                           "slurm-hai-warm.service (every node), slurm-hai-commands.service (login nodes), "
+    "systemd": ("share/systemd", "hai-policyd.service (slurmctld hosts), slurm-hai-persist.service (every node), "
                            "hai-lighthouse.service (one host)"),
     "grafana": ("share/grafana", "slurm-hai.json: a Grafana dashboard of the daemon's metrics (--metrics-port)"),
     "slurm-docker": ("share/slurm-docker", "slurm-hai on giovtorres/slurm-docker-cluster (its README.md)"),
-    "front": ("share/front", "hai_front.c: hai and hai-submit in C (`hai-admin front install` builds it)"),
     "templates": ("templates", "the templates `hai-admin render` and `hai-submit` fill in (read-only)"),
 }
 # The Makefile's flags (spank/Makefile) less -Werror: a site's newer compiler may warn where
@@ -847,75 +803,6 @@ def spank_install(slurm_include: str | None, plugin_dir: str) -> None:
     click.echo(f"installed {target}, built for {slurm}")
     if str(target) != DEFAULT_SPANK_SO:
         click.echo(f"render plugstack.conf with: hai-admin render --spank-plugin {target}")
-
-
-# --- the commands' front in C (contrib/front/hai_front.c)
-
-FRONT_CFLAGS = ("-O2", "-Wall", "-Wextra", "-Wshadow", "-Wformat=2", "-Wpointer-arith")
-FRONT_COMMANDS = ("hai", "hai-submit")
-
-
-def _c_string(text: str) -> str:
-    if not text.isprintable():
-        raise click.ClickException(f"{text!r}: a path of unprintable characters cannot be built into the front")
-    return '"' + text.replace("\\", "\\\\").replace('"', '\\"') + '"'
-
-
-def build_front(out_dir: Path) -> list[Path]:
-    """Compile the commands' front for this installation into out_dir/hai and out_dir/hai-submit
-    (each replaced whole); returns them."""
-    import sysconfig
-
-    scripts = Path(sysconfig.get_path("scripts"))
-    if not all((scripts / name).is_file() for name in FRONT_COMMANDS):
-        raise click.ClickException(f"no hai and hai-submit in {scripts}, where this Python installs slurm-hai's "
-                                   "commands: reinstall slurm-hai with this Python")
-    if out_dir.resolve() == scripts.resolve():
-        raise click.ClickException(f"{out_dir} holds the Python hai and hai-submit the front runs where it cannot "
-                                   "start a command warm: install the front into another directory, one earlier "
-                                   "on the users' PATH (e.g. /usr/local/bin)")
-    built = out_dir / FRONT_COMMANDS[0]
-    _compile(shared_dir("front") / "hai_front.c", built,
-             [*FRONT_CFLAGS, f"-DHAI_PYTHON={_c_string(sys.executable)}", f"-DHAI_SCRIPTS={_c_string(str(scripts))}"])
-    for name in FRONT_COMMANDS[1:]:  # the same program: its name says which command it is
-        link = out_dir / f".{name}.{os.getpid()}.tmp"
-        os.link(built, link)
-        os.replace(link, out_dir / name)
-    return [out_dir / name for name in FRONT_COMMANDS]
-
-
-@main.group(context_settings=CONTEXT)
-def front() -> None:
-    """Build and install hai and hai-submit as a small C program, for login nodes that run the
-    commands' warm-start service (slurm-hai-commands.service).
-
-    \b
-    The program hands each command to the service, which runs it in a child forked with
-    slurm-hai already imported, as the user: a command then starts in about 1 ms instead of
-    Python's 20-30 ms. Where it cannot start a command warm (no service, HAI_WARM=0, a
-    service of other code), it runs this installation's Python hai or hai-submit, as without
-    it. Needs gcc. Install it into a directory before this installation's on the users' PATH.
-    """
-
-
-@front.command("build")
-@click.option("--out", "-o", "out_dir", metavar="DIR", default=".", show_default=True,
-              type=click.Path(file_okay=False), help="Directory to write hai and hai-submit into (created if missing).")
-@one_line_errors
-def front_build(out_dir: str) -> None:
-    """Compile hai and hai-submit into DIR."""
-    built = build_front(Path(out_dir))
-    click.echo(f"built {' and '.join(map(str, built))} for {sys.executable}")
-
-
-@front.command("install")
-@click.option("--bin-dir", metavar="DIR", default="/usr/local/bin", show_default=True,
-              type=click.Path(file_okay=False), help="Directory on the users' PATH to install hai and hai-submit into.")
-@one_line_errors
-def front_install(bin_dir: str) -> None:
-    """Compile hai and hai-submit and install them into DIR (each replaced whole, mode 0755)."""
-    built = build_front(Path(bin_dir))
-    click.echo(f"installed {' and '.join(map(str, built))}, running {sys.executable}'s slurm-hai")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,19 +1,9 @@
 """The entry points of `hai` and `hai-submit` (pyproject.toml): light until the command runs.
 
-Where a warm-start service listens on this host (`hai-admin warm-start --preload
-slurm_hai.cli.preload`, on a login node; runtime/warm.py), the command runs in a child the
-service forks from itself, as this user, with this process's descriptors, environment,
-directory, control groups and limits: Python's start and the imports of click, jinja2 and
-slurm-hai (0.1-0.15 s of CPU; in a burst of submissions on a busy login node, most of each
-one's: docs/benchmarks.md, issue 32) were paid once, by the service. This process relays
-its signals to the child and ends as the child did. $HAI_COMMANDS_SOCKET names the service
-where it is not the host's warm-start socket; HAI_WARM=0 runs the command here.
-
-Else (no service, or one that cannot start it warm: runtime/warm.py says when) the command
-runs here, saying nothing more, and `hai` starts the queue read a command makes first before
-the command has loaded: Python's start and slurm-hai's imports take about 0.1 s, as long as
-squeue over a queue of 10,000 jobs; started first, the two overlap. The commands backend's
-jobs() takes the read started here when its call is the same (slurm/squeue.py).
+`hai` starts the queue read a command makes first before the command has loaded: Python's
+start and slurm-hai's imports take about 0.1 s, as long as squeue over a queue of 10,000
+jobs; started first, the two overlap. The commands backend's jobs() takes the read started
+here when its call is the same (slurm/squeue.py).
 """
 
 from __future__ import annotations
@@ -24,36 +14,21 @@ import os
 import sys
 from collections.abc import Sequence
 
-COMMANDS_SOCKET_ENV = "HAI_COMMANDS_SOCKET"
 # each command's click object: (module, name)
 COMMANDS = {"hai": ("slurm_hai.cli.user", "main"), "hai-submit": ("slurm_hai.cli.submit", "main")}
 
 
 def hai() -> None:
-    args = sys.argv[1:]
-    run_warm("hai", args)
-    run_here("hai", args)
+    run_here("hai", sys.argv[1:])
 
 
 def hai_submit() -> None:
-    args = sys.argv[1:]
-    run_warm("hai-submit", args)
-    run_here("hai-submit", args)
-
-
-def run_warm(command: str, args: list[str]) -> None:
-    """Run `command ARGS` in a child of the host's warm-start service and exit as it did;
-    return (having done nothing) where it cannot."""
-    from ..runtime.warm import run_if_warm
-
-    rc = run_if_warm([sys.executable, "-m", "slurm_hai.cli", command, *args], os.environ.get(COMMANDS_SOCKET_ENV))
-    if rc is not None:
-        sys.exit(rc)
+    run_here("hai-submit", sys.argv[1:])
 
 
 def run_here(command: str, args: list[str]) -> None:
     """Run the command in this process; `hai` starts its first queue read before the command
-    loads (warm, the command is loaded already, but its parsing and set-up still overlap it)."""
+    loads."""
     if command == "hai":
         start_first_read(args)
     module, name = COMMANDS[command]

@@ -1,7 +1,7 @@
 """The policy daemon's loop (I/O): read the queue, decide (slurm_hai.policy.rules), act, log.
 
-One leader at a time: the daemon holds an exclusive lock on a lock file (filelock) for as
-long as it runs; a second one exits with a message, or waits as a standby (`wait_for_lock`).
+One leader at a time: the daemon holds an exclusive lock (flock) on a lock file for as
+long as it runs (a file a user planted at its path is refused: LeaderLock); a second one exits with a message, or waits as a standby (`wait_for_lock`).
 The lock lives in Slurm's StateSaveLocation by default, which a site with a backup
 slurmctld shares between its controller hosts: daemons on both hosts see one lock.
 A Slurm that does not answer (slurmctld restarting) is logged and retried with back-off;
@@ -14,15 +14,15 @@ daemon answers when a command asks why a job waits.
 
 from __future__ import annotations
 
+import fcntl
 import logging
 import os
+import stat
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
-
-import filelock
 
 from ..jobs.jobdir import JobDir, user_uid
 from ..policy import tags
@@ -54,6 +54,8 @@ SLOW_CYCLE = 10.0
 # (0.25 s was measured too: on the 2-core test host its load slowed the preempted job's exit.)
 FAST_INTERVAL = 0.5
 MAX_DUTY = 0.1
+# A standby tries the lock this often (a new leader acts this much after the old one is gone).
+STANDBY_POLL = 0.1
 
 
 class LockBusy(Exception):
@@ -305,37 +307,100 @@ def shared_lock_path(backend: Backend, stop: threading.Event) -> Path:
         wait = min(MAX_BACKOFF, wait * 2)
 
 
-def leader_lock(path: str | Path, wait: bool = False, stop: threading.Event | None = None) -> filelock.BaseFileLock:
-    """Take the daemon's lock (the caller releases it). Raises LockBusy when another daemon
-    holds it and `wait` is false; with `wait`, stands by until it is free (or `stop`)."""
-    path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError:
-        pass
-    lock = filelock.FileLock(str(path), thread_local=False)  # released by whichever thread stops it
-    try:
-        lock.acquire(timeout=0)
-        return lock
-    except filelock.Timeout:
-        if not wait:
-            raise LockBusy(f"another hai-admin daemon holds {path} (pid in {path}.pid); "
-                           "stop it first, or pass --wait-for-lock to stand by") from None
-    log.info("another daemon holds %s; standing by", path)
-    while not (stop and stop.is_set()):
+class LeaderLock:
+    """An exclusive flock on the lock file, opened without following a link nor blocking, and
+    only when it is this daemon's: a regular file of root's or of the daemon's own user, in a
+    directory no group or other user can write (users cannot put anything there; the default,
+    Slurm's StateSaveLocation, is the SlurmUser's). Anything else at the path is refused in
+    one line (LockBusy) and the daemon does not start: it never acts on a file a user planted."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self._fd: int | None = None
+
+    def _open(self) -> int:
         try:
-            lock.acquire(timeout=1)
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            parent = os.stat(self.path.parent)
+        except OSError as e:
+            raise LockBusy(f"cannot use the lock {self.path}: {e.strerror}") from None
+        if parent.st_mode & 0o022:
+            raise LockBusy(f"{self.path.parent} is writable by others than its owner, who could put anything "
+                           "at the lock's path: pass --lock FILE in a directory only root or the SlurmUser can write")
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+        except OSError as e:
+            raise LockBusy(f"{self.path} is not this daemon's lock ({e.strerror}: a link?); remove it, "
+                           "or pass --lock FILE elsewhere") from None
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_uid not in (0, os.geteuid()) or st.st_nlink != 1:
+            os.close(fd)
+            raise LockBusy(f"{self.path} is not this daemon's lock (not a regular file of root's or uid "
+                           f"{os.geteuid()}'s, or a hard link); remove it, or pass --lock FILE elsewhere")
+        return fd
+
+    def try_take(self) -> bool:
+        """Take the lock if it is free (LockBusy when the path is not the daemon's)."""
+        fd = self._open()
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            taken = os.fstat(fd).st_ino == os.stat(self.path, follow_symlinks=False).st_ino
+        except OSError:
+            taken = False  # held by another daemon; or removed, or replaced, since it was opened
+        if not taken:
+            os.close(fd)
+            return False
+        self._fd = fd
+        return True
+
+    @property
+    def is_locked(self) -> bool:
+        return self._fd is not None
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # lets go of the flock
+            self._fd = None
+
+
+def leader_lock(path: str | Path, wait: bool = False, stop: threading.Event | None = None) -> LeaderLock:
+    """Take the daemon's lock (the caller releases it). Raises LockBusy when another daemon
+    holds it and `wait` is false, or when the path is not the daemon's (LeaderLock); with
+    `wait`, stands by until it is free (or `stop`)."""
+    path = Path(path)
+    lock = LeaderLock(path)
+    if lock.try_take():
+        return lock
+    if not wait:
+        raise LockBusy(f"another hai-admin daemon holds {path} (pid in {path}.pid); "
+                       "stop it first, or pass --wait-for-lock to stand by")
+    log.info("another daemon holds %s; standing by", path)
+    stop = stop or threading.Event()
+    while not stop.wait(STANDBY_POLL):
+        if lock.try_take():
             log.info("took over the lock %s", path)
             return lock
-        except filelock.Timeout:
-            continue
     raise LockBusy(f"stopped while waiting for {path}")
 
 
 def write_pid(lock_path: str | Path) -> Path:
+    """The daemon's pid beside its lock, for an admin; opened as the lock is (no link, no FIFO,
+    a regular file of the daemon's own), else left unwritten with one line in the log."""
     pid_file = Path(f"{lock_path}.pid")
     try:
-        pid_file.write_text(f"{os.getpid()}\n")
-    except OSError:
-        pass
+        fd = os.open(pid_file, os.O_WRONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o644)
+    except OSError as e:
+        log.warning("pid not written to %s: %s (remove what is there)", pid_file, e.strerror)
+        return pid_file
+    try:
+        st = os.fstat(fd)
+        if stat.S_ISREG(st.st_mode) and st.st_uid in (0, os.geteuid()) and st.st_nlink == 1:
+            os.ftruncate(fd, 0)
+            os.write(fd, f"{os.getpid()}\n".encode())
+        else:
+            log.warning("pid not written to %s: not a regular file of the daemon's (remove it)", pid_file)
+    except OSError as e:
+        log.warning("pid not written to %s: %s", pid_file, e.strerror)
+    finally:
+        os.close(fd)
     return pid_file

@@ -42,13 +42,15 @@ from __future__ import annotations
 import json
 import math
 import os
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
-from prometheus_client import CollectorRegistry, Counter, Histogram, start_http_server
+from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.exposition import choose_encoder
 
 from ..jobs.jobdir import JobDir, owned, user_uid
 from ..jobs.status import level_name
@@ -62,8 +64,14 @@ CAUSES = ("preempted", "user", "time_limit", "unknown")  # jobs.status.notice_ca
 PART_CAUSES = ("preempted", "below_min", "lighthouse_lost", "time_limit", "failed")
 NO_NOTICE = "none"
 HOLDING_NODES = ("RUNNING", "CONFIGURING", "COMPLETING")
-# A job's file is read at most this much per cycle (the file is the user's: never trusted).
+# A job's file is read at most this much per cycle (the file is the user's: never trusted),
+# and all the jobs' files at most MAX_CYCLE_READ together: the files least lately read go
+# first, so that one user's busy files never keep another's from being read (nor the cycle long).
 MAX_READ = 1 << 20
+MAX_CYCLE_READ = 8 << 20
+# The runs (or parts' runs) whose times a job's events pair that are kept (the newest): a
+# file that names a new run on every line cannot grow the daemon's memory.
+MAX_RUNS_KEPT = 64
 FORGET_AFTER = 600.0  # seconds after a job left the queue
 
 PREEMPTION_BUCKETS = (0.5, 1, 2, 3, 5, 7.5, 10, 15, 20, 30, 45, 60, 120, 300, 600)
@@ -86,6 +94,7 @@ class _Followed:
     suspended: dict[int, float] = field(default_factory=dict)  # run -> when it ended by a suspend
     left: dict[tuple[int, int], float] = field(default_factory=dict)  # (part, run) -> when it left
     last_seen: float = 0.0  # when the job was last in the queue
+    turn: int = 0  # the cycle whose read reached this file last (MAX_CYCLE_READ)
 
 
 class EventFollower:
@@ -93,68 +102,81 @@ class EventFollower:
 
     The file is found through the job's `hai-dir` comment, which its user may edit: it is
     read only when it is a regular file owned by the job's user, without blocking, and at
-    most MAX_READ bytes a cycle. Jobs that never ran are skipped (their file only says
-    `submit`); a job is forgotten FORGET_AFTER seconds after it left the queue."""
+    most MAX_READ bytes a cycle (MAX_CYCLE_READ for all); a line that is not one flat JSON
+    event is skipped. Jobs that never ran are skipped (their file only says `submit`); a job is
+    forgotten FORGET_AFTER seconds after it left the queue."""
 
     def __init__(self) -> None:
         self._jobs: dict[int, _Followed] = {}
+        self._cycle = 0
 
     def new_events(self, jobs: Sequence[JobInfo], now: float) -> list[tuple[JobInfo, _Followed, dict]]:
         """(job, what is known of its runs, event) for each whole new line of the jobs' files."""
-        out = []
-        read: set[int] = set()
+        due: dict[int, tuple[JobInfo, _Followed]] = {}
         for job in jobs:
             root = job.tags.get(tags.DIR)
             key = job_of(job)  # the parts of a job in place: one directory, read once
-            if not root or (job.state == "PENDING" and job.restart_count == 0) or key in read:
+            if not root or (job.state == "PENDING" and job.restart_count == 0) or key in due:
                 continue
-            read.add(key)
             f = self._jobs.get(key)
             if f is None:
                 f = self._jobs[key] = _Followed(JobDir.for_job(key, root).path / "events.jsonl")
             f.last_seen = now
-            out += [(job, f, event) for event in self._read(f, user_uid(job.user))]
+            due[key] = (job, f)
+        self._cycle += 1
+        budget = MAX_CYCLE_READ
+        out = []
+        for job, f in sorted(due.values(), key=lambda d: d[1].turn):  # the least lately read first
+            if budget <= 0:
+                break
+            f.turn = self._cycle
+            events, size = self._read(f, user_uid(job.user), min(MAX_READ, budget))
+            budget -= size
+            out += [(job, f, event) for event in events]
         # Forgotten a while after it left the queue, not at once: a job left out of one
         # snapshot (a record the backend could not read) must not be read, and counted, again.
         self._jobs = {jid: f for jid, f in self._jobs.items() if now - f.last_seen < FORGET_AFTER}
         return out
 
     @staticmethod
-    def _read(f: _Followed, uid: int | None) -> list[dict]:
+    def _read(f: _Followed, uid: int | None, most: int) -> tuple[list[dict], int]:
+        """The whole new events of `f`'s file, of at most `most` bytes read, and the bytes read."""
         try:
             st = os.lstat(f.path)
         except (OSError, ValueError):  # not written yet, not readable (a root-squashed share), a bad path
-            return []
+            return [], 0
         if st.st_ino == f.inode and st.st_size == f.offset:
-            return []  # the common case: nothing new, one lstat
+            return [], 0  # the common case: nothing new, one lstat
         if not owned(st, uid):
-            return []
+            return [], 0
         try:
             with open(os.open(f.path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW), "rb") as fh:
                 st = os.fstat(fh.fileno())
                 if not owned(st, uid):
-                    return []
+                    return [], 0
                 if st.st_ino != f.inode or st.st_size < f.offset:  # a new file (the job id reused)
                     f.inode, f.offset = st.st_ino, 0
                     f.notices.clear()
                     f.suspended.clear()
                     f.left.clear()
                 fh.seek(f.offset)
-                data = fh.read(min(st.st_size - f.offset, MAX_READ))
+                data = fh.read(min(st.st_size - f.offset, most))
         except OSError:  # replaced meanwhile, a stale NFS handle, ...: tried again next cycle
-            return []
+            return [], 0
         whole = data[: data.rfind(b"\n") + 1]  # a line still being written waits for the next cycle
+        if not whole and len(data) >= MAX_READ:
+            whole = data  # a line longer than MAX_READ is no event: passed over, not waited for
         f.offset += len(whole)
         events = []
         for line in whole.splitlines():
             try:
                 event = json.loads(line)
                 event["t"] = float(event["t"])
-            except (ValueError, TypeError, KeyError):
-                continue  # a line cut by a crash mid-write
+            except (ValueError, TypeError, KeyError, RecursionError):
+                continue  # a line cut by a crash mid-write; not an event (`[[[[...`: nested past the parser)
             if math.isfinite(event["t"]):
                 events.append(event)
-        return events
+        return events, len(data)
 
 
 def _number(value: object) -> int:
@@ -163,6 +185,12 @@ def _number(value: object) -> int:
         return int(value or 0)  # type: ignore[call-overload]
     except (TypeError, ValueError, OverflowError):  # OverflowError: Infinity
         return 0
+
+
+def _keep_newest(times: dict) -> None:
+    """Drop the oldest of a job's paired times beyond MAX_RUNS_KEPT."""
+    while len(times) > MAX_RUNS_KEPT:
+        del times[next(iter(times))]
 
 
 # ------------------------------------------------------------------ the metrics
@@ -177,7 +205,7 @@ class DaemonMetrics:
         self.registry = registry or CollectorRegistry()
         self.since = time.time() if since is None else since
         self.events = EventFollower()
-        self._server: Any = None  # prometheus_client's WSGIServer once serve() ran
+        self._server: Any = None  # the HTTP server once serve() ran
         r = self.registry
         self.suspensions = Counter("hai_suspensions", "Runs ended by a suspend (go_suspend or forced), "
                                    "by the cause of their notice", ["level", "cause"], registry=r)
@@ -221,8 +249,30 @@ class DaemonMetrics:
 
     # -- serving -------------------------------------------------------------------
     def serve(self, port: int, address: str = "0.0.0.0") -> None:
-        """Serve /metrics on address:port in a thread (OSError when the port is taken)."""
-        self._server, _ = start_http_server(port, addr=address, registry=self.registry)
+        """Serve /metrics on address:port in a thread (OSError when the port is taken), as
+        prometheus_client's own server does (any path; text or OpenMetrics as the scraper
+        accepts), each request bounded in size and time (controller/bounded_http.py)."""
+        from http.server import BaseHTTPRequestHandler, HTTPServer
+
+        from .bounded_http import BoundedHandler, BoundedServer, family_of
+
+        registry = self.registry
+
+        class Handler(BoundedHandler, BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802 - http.server's name
+                encoder, content_type = choose_encoder(self.headers.get("Accept", ""))
+                body = encoder(registry)
+                self.send_response(200)
+                self.send_header("Content-Type", content_type)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        class Server(BoundedServer, HTTPServer):
+            address_family = family_of(address)
+
+        self._server = Server((address, port), Handler)
+        threading.Thread(target=self._server.serve_forever, args=(0.1,), name="metrics", daemon=True).start()
 
     def close(self) -> None:
         if self._server is not None:
@@ -251,10 +301,12 @@ class DaemonMetrics:
         elif kind == "notice":
             cause = e["cause"] if e.get("cause") in CAUSES else "unknown"
             f.notices.setdefault(run, (t, cause))  # the first notice of a run is the one that counts
+            _keep_newest(f.notices)
         elif kind == "go_suspend" and run in f.notices and new:
             self.checkpoint.labels(level).observe(max(0.0, t - f.notices[run][0]))
         elif kind == "suspended":
             f.suspended[run] = t
+            _keep_newest(f.suspended)
             notice, cause = f.notices.get(run, (None, NO_NOTICE))
             if new:
                 self.suspensions.labels(level, cause).inc()
@@ -273,6 +325,7 @@ class DaemonMetrics:
         part = _number(e.get("part"))
         if kind == "left":
             f.left[(part, run)] = t
+            _keep_newest(f.left)
             cause = next((c for c in ("below_min", "lighthouse_lost", "time_limit") if e.get(c) is True),
                          "preempted" if e.get("preempted") is True else "failed")
             if new:

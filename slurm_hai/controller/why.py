@@ -51,9 +51,12 @@ log = logging.getLogger("hai-policyd")
 
 TIMEOUT = 1.0  # seconds a command waits for the daemon's answer before reading the queue itself
 MAX_AGE = 10.0  # a read older than this is not used (a daemon stuck on a slurmctld that does not answer)
-# job ids in one question (its request line stays under http.server's 64 KiB); a user with more
-# jobs waiting is told from the command's own read of the queue
+# job ids in one question (its request line stays under QUESTION_HEAD); a user with more jobs
+# waiting is told from the command's own read of the queue
 MAX_JOBS = 5_000
+# bytes of a question's request line and headers the service reads (controller/bounded_http.py):
+# MAX_JOBS ids of up to 10 digits and their commas, and the rest of a question
+QUESTION_HEAD = 1 << 16
 # The daemon's cycle holds the GIL for most of its 0.2-0.6 s at 10,000 jobs; an answer waits for
 # it at each of its few switches, by default 5 ms each (measured: p99 of an answer in a cycle).
 SWITCH_INTERVAL = 0.0005
@@ -161,15 +164,19 @@ def _fields() -> list[str]:
 
 
 class WhyService:
-    """The daemon's answers, on address:port (a thread per request); `seen` is called with
-    each cycle's queue."""
+    """The daemon's answers, on address:port (a thread per request, each bounded in size and
+    time: controller/bounded_http.py); `seen` is called with each cycle's queue."""
 
     def __init__(self, port: int, address: str = "0.0.0.0") -> None:
-        from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+        from http.server import BaseHTTPRequestHandler, HTTPServer
+
+        from .bounded_http import BoundedHandler, BoundedServer, family_of
 
         service = self
 
-        class Handler(BaseHTTPRequestHandler):
+        class Handler(BoundedHandler, BaseHTTPRequestHandler):
+            max_head = QUESTION_HEAD
+
             def do_GET(self) -> None:  # noqa: N802 - http.server's name
                 url = urlsplit(self.path)
                 try:
@@ -191,17 +198,8 @@ class WhyService:
                 self.end_headers()
                 self.wfile.write(body)
 
-            def log_message(self, format: str, *args: object) -> None:  # noqa: A002 - http.server's name
-                log.debug("why service: " + format, *args)
-
-        class Server(ThreadingHTTPServer):
-            daemon_threads = True
-
-            def handle_error(self, request: object, client_address: object) -> None:
-                if isinstance(sys.exc_info()[1], ConnectionError):  # a command that did not need its answer
-                    log.debug("why service: %s went before its answer", client_address)
-                else:
-                    log.exception("why service: answering %s", client_address)
+        class Server(BoundedServer, HTTPServer):
+            address_family = family_of(address)
 
         self._lock = threading.Lock()  # an Explainer builds its lines of waiting jobs on first use
         self._explained: tuple[float, Explainer, dict[int, JobInfo]] | None = None

@@ -209,9 +209,7 @@ def find_policy() -> Policy:
         return load_policy(path)  # which says why
     key = (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
     kept = _kept.get(path)
-    # kept by another user (a warm-start service's, before it forked this command): taken only
-    # where this one may read the file too
-    if kept is None or kept[0] != key or not os.access(path, os.R_OK):
+    if kept is None or kept[0] != key:
         kept = _kept[path] = (key, load_policy(path))
     return kept[1]
 

@@ -21,14 +21,12 @@ from __future__ import annotations
 import argparse
 import ipaddress
 import os
-import shlex
 import signal
 import socket
 import sys
 import time
 from typing import MutableMapping
 
-from . import warm as warm_client
 from .contract import master_node, restart_count
 from .launcher import notice_signals
 from ..jobs.jobdir import JobDir, run_sizes
@@ -49,25 +47,9 @@ def launcher_argv(args: argparse.Namespace, cmd: list[str]) -> list[str]:
     """The per-node launcher, which the job step starts once on every node. The notice
     signals are ignored from the step's first instant (a disposition that exec keeps):
     one that came while Python starts would otherwise kill the launcher, and the job with
-    it, for good. The launcher takes them over once its handlers are in place.
-
-    It starts warm where the node runs a warm-start service (runtime/warm.py), whose
-    client relays the notices although it ignores them: its child, the launcher, starts
-    with them ignored, as a cold one would. The step's shell starts the client only where
-    the service's socket is there and HAI_WARM is not 0, on each node (a client that only
-    execs the launcher cold costs a Python start). Not where SIGTERM is a notice: the
-    launcher takes a first SIGTERM as the notice and the next as the end of its run, and
-    under proctrack/cgroup Slurm's SIGTERM reaches a warm launcher twice, from Slurm (it
-    is in the step's cgroup) and from its client."""
-    notice_set = notice_signals(args.notice_signal, args.term_is_notice)
-    notices = sorted(sig.name.removeprefix("SIG") for sig in notice_set)
-    warm = [] if signal.SIGTERM in notice_set else [
-        sys.executable, "-m", "slurm_hai.runtime.warm", "--if-there", f"--relay-ignored={','.join(notices)}", "--"]
-    script = f"trap '' {' '.join(notices)}; "
-    if warm:
-        script += (f"s=${{{warm_client.SOCKET_ENV}:-{shlex.quote(warm_client.DEFAULT_SOCKET)}}}; "
-                   f"[ \"${{{warm_client.OFF_ENV}-}}\" != 0 ] && [ -e \"$s\" ] || shift {len(warm)}; ")
-    argv = ["/bin/sh", "-c", script + 'exec "$@"', "sh", *warm,
+    it, for good. The launcher takes them over once its handlers are in place."""
+    notices = sorted(sig.name.removeprefix("SIG") for sig in notice_signals(args.notice_signal, args.term_is_notice))
+    argv = ["/bin/sh", "-c", f"trap '' {' '.join(notices)}; exec \"$@\"", "sh",
             sys.executable, "-m", "slurm_hai.runtime.launcher", f"--job-dir={args.job_dir}", f"--grace={args.grace}",
             f"--notice-signal={args.notice_signal}"]
     if args.term_is_notice:

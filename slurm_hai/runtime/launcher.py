@@ -1,9 +1,8 @@
 """The per-node launcher: one per node under srun (started by the batch script).
 
 It sets the HAI environment contract, runs the user's command once on this node with its
-output appended to logs/rank-<R>.log (warm, forked by the node's warm-start service with
-torch imported, where there is one: runtime/warm.py), and turns Slurm's signals into the HAI
-protocol:
+output appended to logs/rank-<R>.log (a child of the launcher, in the job's step: Slurm
+tracks, signals and kills it), and turns Slurm's signals into the HAI protocol:
 
   --notice-signal (the policy's notice_signal: USR1, USR2 (the default) or TERM)
             the suspend notice (preemption grace with preempt_send_user_signal, the time
@@ -46,7 +45,6 @@ from typing import Callable, Iterator
 from .contract import node_contract
 from .multiprocessing import default_nprocs
 from .proctree import descendants
-from .warm import through_service
 from ..jobs.jobdir import JobDir
 from ..policy.limits import NOTICE_MARGIN, NOTICE_SIGNALS
 
@@ -390,10 +388,7 @@ def main(argv: list[str] | None = None) -> int:
         return could_not_start(jobdir, run, rank, f"no directory in node memory: {e}")
     if memory is not None:
         env["HAI_NODE_MEMORY"] = str(memory)
-    # started warm (torch imported already) where the node runs the warm-start service: its
-    # child leads a process group, to which the client passes the launcher's signals, and
-    # the service ends it and all below it once the client is gone (runtime/warm.py)
-    node = NodeRun(through_service(cmd), env, jobdir, run, rank, args.grace, notices,
+    node = NodeRun(cmd, env, jobdir, run, rank, args.grace, notices,
                    force_suspend=lambda: slurm.requeue_run(int(job_id)),
                    flag=flag,
                    why_notice=lambda: _why_notice(slurm, int(job_id), jobdir, args.grace),

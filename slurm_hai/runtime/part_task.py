@@ -9,8 +9,7 @@ and the array's id), the lighthouse service (HAI_LIGHTHOUSE_SERVICE, default the
 [elastic] lighthouse_service) and the job's MIN (HAI_PARTS_MIN, default the MIN of the
 job's `hai-parts=MIN:MAX` comment, which it must carry: it makes the array one job).
 
-The part's process is started warm where the node runs the warm-start service
-(`hai-admin warm-start`, runtime/warm.py), else cold. The job directory is the array's, shared by its parts; events carry the part (the task id)
+The job directory is the array's, shared by its parts; events carry the part (the task id)
 and its run (the task's restart count). The part runs as a job step, so that Slurm's
 preemption signals it (not this script): it dies of the notice (runtime/parts.py,
 `leave_on`), and its task is requeued: by Slurm as this script ends (24.05 and later), or
@@ -93,9 +92,7 @@ def main(argv: list[str] | None = None) -> int:
         threading.Thread(target=_watch_lighthouse, args=(service, array, min_parts(), slurm, task, lost, done),
                          daemon=True).start()
     try:
-        # started warm by the node's service where there is one (runtime/warm.py): a part that
-        # rejoins skips Python's start and torch's import
-        rc = slurm.run_step([sys.executable, "-m", "slurm_hai.runtime.warm", "--", *cmd], 1, args.gpus,
+        rc = slurm.run_step(cmd, 1, args.gpus,
                             os.environ.get("SLURM_JOB_NAME", "hai"))
     finally:
         done.set()

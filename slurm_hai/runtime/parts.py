@@ -45,11 +45,13 @@ lighthouse service (`hai-admin lighthouse`, HAI_LIGHTHOUSE_SERVICE) for the job'
 
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
 import signal
 import socket
+import subprocess
 import sys
 import threading
 import time
@@ -63,6 +65,10 @@ from typing import Any, Callable, Iterable, NoReturn
 SERVICE_ENV = "HAI_LIGHTHOUSE_SERVICE"
 MIN_ENV = "HAI_PARTS_MIN"  # the job's MIN: the fewest parts that train (hai-submit -n MIN:MAX)
 JOBS_PATH = "/v1/jobs/"  # the lighthouse service's: GET /v1/jobs/<job id>?min=<MIN>
+# An ask proves its user with a MUNGE credential, as Slurm does across nodes:
+# `Authorization: Munge <credential>`, the credential's payload the request's target
+AUTH_SCHEME = "Munge"
+MUNGE_SECONDS = 10.0
 # a step's collectives; a quorum waits for every part that still heartbeats (torchft's default)
 STEP_TIMEOUT = timedelta(seconds=30)
 # How long a part waits for a quorum of MIN parts: then it leaves with EXIT_BELOW_MIN
@@ -391,12 +397,53 @@ class Part:
                                "initialization (torch.manual_seed) or load one checkpoint in every part")
 
 
+@functools.cache
+def munge_socket() -> str | None:
+    """The MUNGE socket Slurm authenticates with (AuthInfo's `socket=`, or its older bare
+    path); None, MUNGE's default socket, when Slurm names none or cannot be asked."""
+    from ..slurm import SlurmError, backend
+
+    try:
+        auth_info = backend().config().get("AuthInfo", "")
+    except (SlurmError, OSError):
+        return None
+    for item in auth_info.split(","):
+        key, sep, value = item.strip().partition("=")
+        if sep and key == "socket":
+            return value
+        if not sep and key.startswith("/"):
+            return key
+    return None
+
+
+def munge_credential(payload: str) -> str:
+    """A MUNGE credential of this process's user, carrying `payload` (`munge`, on Slurm's
+    socket); PartError, one line, when MUNGE cannot make one."""
+    sock = munge_socket()
+    argv = ["munge", *(["--socket", sock] if sock else [])]
+    try:
+        p = subprocess.run(argv, input=payload, capture_output=True, text=True, timeout=MUNGE_SECONDS)
+    except FileNotFoundError:
+        raise PartError("the lighthouse service needs a MUNGE credential, and this node has no `munge`: "
+                        "install munge (apt install munge), as Slurm's auth/munge has it") from None
+    except subprocess.TimeoutExpired:
+        raise PartError(f"munge made no credential in {MUNGE_SECONDS:g} s: is munged running on this node?") from None
+    if p.returncode != 0:
+        why = (p.stderr.strip().splitlines() or [f"exit {p.returncode}"])[-1].removeprefix("munge: Error: ")
+        raise PartError(f"munge: {why}")
+    return p.stdout.strip()
+
+
 def ask(service_url: str, job: int, min_parts: int = 1, timeout: float = 10.0) -> str:
     """A part's ask: the address of `job`'s lighthouse from the service at `service_url`
-    (http://host:port). The first ask starts it: a quorum there needs `min_parts` parts."""
-    url = f"{service_url.rstrip('/')}{JOBS_PATH}{job}?min={min_parts}"
+    (http://host:port), as this process's user, proven by a MUNGE credential. The first ask
+    starts it: a quorum there needs `min_parts` parts. PartError, one line, when there is no
+    answer (a service that refuses says why: not the job's owner, a replayed credential)."""
+    target = f"{JOBS_PATH}{job}?min={min_parts}"
+    url = f"{service_url.rstrip('/')}{target}"
+    request = urllib.request.Request(url, headers={"Authorization": f"{AUTH_SCHEME} {munge_credential(target)}"})
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as reply:
+        with urllib.request.urlopen(request, timeout=timeout) as reply:
             return json.load(reply)["address"]
     except urllib.error.HTTPError as e:
         try:

@@ -1,6 +1,5 @@
 """A process's descendants, from /proc: what ends with a run that is ended (the launcher's
-end of its command, runtime/launcher.py; the warm-start service's end of a child whose client
-went, runtime/warm_service.py). Standard library only."""
+end of its command, runtime/launcher.py). Standard library only."""
 
 from __future__ import annotations
 

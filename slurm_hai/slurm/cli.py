@@ -22,8 +22,7 @@ if TYPE_CHECKING:
 
 
 def timeout() -> float:
-    """How long a Slurm command may take, in seconds (read at each call: a `hai` command forked
-    by a warm-start service has the environment of its user, not of the service's start)."""
+    """How long a Slurm command may take, in seconds ($HAI_SLURM_TIMEOUT, read at each call)."""
     return float(os.environ.get("HAI_SLURM_TIMEOUT", "60"))
 
 

@@ -303,4 +303,5 @@ CONFIG_KEYS = {
     "PreemptType": "preempt_type",
     "SchedulerParameters": "scheduler_parameters",
     "MaxJobCount": "max_job_count",
+    "AuthInfo": "auth_info",  # the MUNGE socket a part asks its lighthouse through (runtime/parts.py)
 }

@@ -83,12 +83,6 @@ def start_ahead(job_ids: Sequence[int] = (), user: str | None = None) -> None:
         pass
 
 
-def nothing_ahead() -> bool:
-    """Whether no read started ahead waits to be taken (a process that runs another command
-    after must not hand it an old one: the warm-start service's children, cli/preload.py)."""
-    return not _ahead
-
-
 def take(job_ids: Sequence[int] = (), user: str | None = None) -> Read | None:
     """The read of jobs(job_ids, user) started ahead, once; None when there is none."""
     return _ahead.pop((tuple(job_ids), user), None)

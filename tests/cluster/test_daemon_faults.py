@@ -164,3 +164,61 @@ def test_daemon_killed_in_the_middle_of_a_yield_the_next_one_finishes_it_one_req
         if b is not None:
             stop(b)
     assert "Traceback" not in a_log.read_text() + b_log.read_text()
+
+
+def test_what_a_user_plants_in_a_job_directory_never_stops_or_fools_the_daemon(live, tmp_path):
+    """issue 57: hai-bob's FAILED jobs' suspend markers are a FIFO, a link to a root file, and a
+    1 TiB file; their events files a FIFO, a line nested past the parser, a 1 TiB file. The
+    daemon (with its metrics) goes on cycling and answering scrapes; only the regular marker of
+    bob's own counts (that job's lost requeue is made), the FIFO and the link do not."""
+    import urllib.request
+
+    from test_metrics_prometheus import free_port
+
+    user = "hai-bob"
+    root = live.shared_dir("planted", owner=user)
+    kinds = ("fifo", "symlink", "huge")
+    jobs = {kind: sbatch(live, "-H", "-N1", "--qos=low", f"--comment=hai-dir={root}", user=user, wrap="exit 1")
+            for kind in kinds}
+    plant = {"fifo": "mkfifo {d}/suspend.0 {d}/events.jsonl",
+             "symlink": "ln -s /etc/hostname {d}/suspend.0 && printf '%s\\n' \"$(head -c 200000 /dev/zero | "
+                        "tr '\\0' '[')\" > {d}/events.jsonl",
+             "huge": "truncate -s 1T {d}/suspend.0 {d}/events.jsonl"}
+    for kind, job in jobs.items():
+        d = root / str(job)
+        live.run(["sh", "-c", f"mkdir {d} && " + plant[kind].format(d=d)], user=user)
+    d_log = tmp_path / "daemon.log"
+    port = free_port()
+    daemon = start_daemon(live, d_log, "--lock", str(tmp_path / "policyd.lock"), "--log-level", "debug",
+                          "--metrics-port", str(port), "--metrics-address", "127.0.0.1")
+    try:
+        wait_for(lambda: "policy daemon started" in d_log.read_text() or daemon.poll() is not None, 30, "the daemon")
+        live.run(["scontrol", "release", ",".join(map(str, jobs.values()))])
+        for job in jobs.values():
+            live.wait_job(job, lambda j: j["JobState"] == "FAILED" or j["Restarts"] != "0", 60, "the job to fail")
+        wait_for(lambda: daemon_lines(d_log.read_text(), jobs["huge"], "requeue-failed"), 30,
+                 "the lost requeue of the job whose marker is bob's regular file")
+        cycles = d_log.read_text().count("cycle: ")
+        wait_for(lambda: d_log.read_text().count("cycle: ") >= cycles + 6, 30, "the daemon to go on cycling")
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
+        assert "hai_daemon_cycle_seconds_count" in text
+        assert daemon.poll() is None, d_log.read_text()
+        for kind in ("fifo", "symlink"):
+            assert not daemon_lines(d_log.read_text(), jobs[kind], "requeue-failed"), kind
+            assert live.job(jobs[kind])["Restarts"] == "0", kind
+    finally:
+        stop(daemon)
+        live.run(["scancel", *map(str, jobs.values())], check=False)
+    assert "Traceback" not in d_log.read_text(), d_log.read_text()[-3000:]
+
+
+def test_a_lock_where_users_can_write_is_refused_in_one_line(live, tmp_path):
+    shared = tmp_path / "sticky"
+    shared.mkdir()
+    shared.chmod(0o1777)
+    p = subprocess.run([sys.executable, "-m", "slurm_hai.cli.admin", "daemon", "--policy",
+                        str(live.state / "etc" / "policy.toml"), "--once", "--lock", str(shared / "policyd.lock")],
+                       env=live.env, cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 4 and p.stderr.count("\n") == 1, p.stderr
+    assert "writable by others than its owner" in p.stderr and "pass --lock FILE" in p.stderr
+    assert not (shared / "policyd.lock").exists()

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import os
-import re
+import pwd
 import textwrap
 import time
 from pathlib import Path
@@ -23,7 +23,7 @@ def write_script(d: Path, body: str, owner: str | None = None) -> Path:
     path = d / "job.py"
     path.write_text(textwrap.dedent(body))
     if owner:
-        os.chown(path, *(lambda pw: (pw.pw_uid, pw.pw_gid))(__import__("pwd").getpwnam(owner)))
+        os.chown(path, *(lambda pw: (pw.pw_uid, pw.pw_gid))(pwd.getpwnam(owner)))
     return path
 
 
@@ -116,7 +116,7 @@ def test_go_suspend_from_nonzero_rank_requeues_and_state_survives(live):
     assert "run=0 rank=1 state=0" in logs and "run=1 rank=1 state=41" in logs
     assert "finished run=1 rank=1" in logs and "finished run=0" not in logs
     jobdir = Path(st["job_dir"])
-    assert jobdir.stat().st_mode & 0o777 == 0o700 and jobdir.stat().st_uid == __import__("pwd").getpwnam("hai-alice").pw_uid
+    assert jobdir.stat().st_mode & 0o777 == 0o700 and jobdir.stat().st_uid == pwd.getpwnam("hai-alice").pw_uid
     # another user can neither read its logs nor suspend or stop it
     denied = live.run(["hai", "logs", str(job)], user="hai-bob", check=False)
     assert denied.returncode != 0 and "Traceback" not in denied.stderr
@@ -156,16 +156,15 @@ def test_hai_suspend_logs_and_stop_across_two_restarts(live):
     assert live.job(job).get("JobState") == "CANCELLED" and st["restarts"] == 2
 
 
-WARM_PROBE = """
+STEP_PROBE = """
     import os, subprocess, sys, time
     from pathlib import Path
-    warm = "torch" in sys.modules  # before this script imported anything: only the node's service had it
     import slurm_hai as client
 
     OUT = Path(sys.argv[1])
     run = client.restart_count()
     below = subprocess.Popen(["sleep", "600"])  # a process of the command's own
-    (OUT / f"run.{run}").write_text(f"{warm} {os.getppid()} {below.pid}")
+    (OUT / f"run.{run}").write_text(f"{os.getpid()} {below.pid}")
     while not client.receive_suspend_command():
         time.sleep(0.05)
     client.go_suspend()
@@ -173,44 +172,43 @@ WARM_PROBE = """
 """
 
 
-def warm_starts(live, job: int, module: str) -> int:
-    """How many processes of `job` running `python -m MODULE` the nodes' warm-start services
-    forked (each start is logged with the job it is of)."""
-    logs = (live.log_dir / f"warm-{node}.console" for node in ("n1", "n2", "n3", "n4"))
-    started = re.compile(rf": started \['-m', '{re.escape(module)}'\] as pid \d+ \(its command 1\), job (\d+)$", re.M)
-    return sum(started.findall(log.read_text()).count(str(job)) for log in logs)
+def ancestry(pid: int) -> list[tuple[int, str, int]]:
+    """(pid, command name, real uid) of `pid` and each of its parents, up to init."""
+    chain = []
+    while pid > 1:
+        status = dict(line.split(":\t", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
+                      if ":\t" in line)
+        chain.append((pid, status["Name"], int(status["Uid"].split()[0])))
+        pid = int(status["PPid"])
+    return chain
 
 
-def test_a_jobs_command_starts_warm_from_the_nodes_service_and_its_processes_end_with_each_run(live):
-    """The job's script starts its batch driver, the step its launcher, and the launcher the
-    job's Python command, each through the node's warm-start service (torch and slurm-hai
-    imported already): each run's command is the service's child, and so are each run's
-    driver and launcher (which hears the suspend notice all the same); what the command started
-    ends with its run (the service's child leads a process group, which the client passes
-    the launcher's SIGTERM to), at a suspend and at the end. With HAI_WARM=0 both start cold."""
-    out = live.shared_dir("warm-job")
-    job = submit(live, write_script(out, WARM_PROBE), "-n", "1", "-p", "LOW", args=(str(out),))
+def test_a_jobs_command_is_started_by_its_step_as_its_user_and_its_processes_end_with_each_run(live):
+    """No root process of slurm-hai's starts a job's code: each run's command is a child of
+    the node's launcher, which Slurm's step daemon (slurmstepd) started; everything between
+    slurmstepd and the command runs as the job's user. What the command started ends with
+    its run, at a suspend and at the end."""
+    alice = pwd.getpwnam("hai-alice").pw_uid
+    out = live.shared_dir("step-job", owner="hai-alice")
+    job = submit(live, write_script(out, STEP_PROBE, owner="hai-alice"), "-n", "1", "-p", "LOW", user="hai-alice",
+                 args=(str(out),))
     runs = []
     for run in (0, 1):
         wait_for(lambda r=run: (out / f"run.{r}").exists(), 120, f"run {run} of the command")
-        warm, parent, below = (out / f"run.{run}").read_text().split()
-        assert warm == "True", f"run {run} started cold"
-        assert "warm-start" in Path(f"/proc/{parent}/cmdline").read_text().replace("\0", " ")
-        for module in ("slurm_hai.runtime.batch", "slurm_hai.runtime.launcher"):
-            assert warm_starts(live, job, module) == run + 1, f"run {run}'s {module} did not start warm"
-        runs.append(int(below))
+        command, below = (int(p) for p in (out / f"run.{run}").read_text().split())
+        chain = ancestry(command)
+        names = [name for _, name, _ in chain]
+        assert "slurmstepd" in names, f"run {run}'s command is not below a step: {chain}"
+        to_step = chain[:names.index("slurmstepd")]
+        assert all(uid == alice for _, _, uid in to_step), f"a process between the step and the command: {chain}"
+        assert "slurm_hai.runtime.launcher" in Path(f"/proc/{to_step[1][0]}/cmdline").read_text().replace("\0", " ")
+        runs.append(below)
         if run == 0:
-            live.run(["hai", "suspend", str(job)])
+            live.run(["hai", "suspend", str(job)], user="hai-alice")
             wait_for(lambda: not Path(f"/proc/{runs[0]}").exists(), 60, "run 0's own process to end")
-    live.run(["hai", "stop", str(job)])
+    live.run(["hai", "stop", str(job)], user="hai-alice")
     wait_status(live, job, lambda s: s["state"] == "finished-stopped", 60, "stopped")
     wait_for(lambda: not Path(f"/proc/{runs[1]}").exists(), 60, "run 1's own process to end")
-    cold = live.shared_dir("cold-job")  # HAI_WARM=0 in the job's environment: as without a service
-    job = submit(live, write_script(cold, WARM_PROBE), "-n", "1", "-p", "LOW", "-e", "HAI_WARM=0", args=(str(cold),))
-    wait_for(lambda: (cold / "run.0").exists(), 120, "the cold job's command")
-    assert (cold / "run.0").read_text().split()[0] == "False"
-    assert warm_starts(live, job, "slurm_hai.runtime.batch") == warm_starts(live, job, "slurm_hai.runtime.launcher") == 0
-    live.run(["hai", "stop", str(job)])
 
 
 def test_time_limited_job_continues_past_its_limit_by_suspending(live):

@@ -80,6 +80,7 @@ def promql(live: LiveCluster, tmp_path: Path):
         assert doc["status"] == "success", doc
         return {tuple(sorted(r["metric"].items())): float(r["value"][1]) for r in doc["data"]["result"]}
 
+    query.metrics_port = metrics_port  # type: ignore[attr-defined]
     try:
         wait_for(lambda: "metrics at http" in log.read_text() or daemon.poll() is not None, 20, "the daemon")
         assert daemon.poll() is None, log.read_text()
@@ -136,3 +137,45 @@ def test_a_preemption_shows_up_in_the_prometheus_series(live: LiveCluster, promq
         one(promql(f'{name}_sum{{level="LOW"}}')) for name in ("hai_preemption_latency_seconds",
                                                              "hai_suspend_checkpoint_seconds",
                                                              "hai_restart_latency_seconds"))))
+
+
+# A user's client that holds the metrics port the slow way (issue 57): it sends its request one
+# byte every 0.9 s, connection after connection, for SECONDS, beside a crowd of idle connections;
+# it prints the status line each connection was cut with.
+SLOW_CLIENT = """
+import socket, sys, time
+port, seconds = int(sys.argv[1]), float(sys.argv[2])
+idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(150)]
+end = time.monotonic() + seconds
+while time.monotonic() < end:
+    s = socket.create_connection(("127.0.0.1", port))
+    try:
+        for byte in b"GET /metrics HTTP/1.0\\r\\nX-Slow: " + b"y" * 1000:
+            s.send(bytes([byte]))
+            time.sleep(0.9)
+    except OSError:
+        pass
+    s.settimeout(5)
+    try:
+        print(s.recv(4096).split(b"\\r\\n")[0].decode(), flush=True)
+    except OSError as e:
+        print("cut:", e, flush=True)
+    s.close()
+"""
+
+
+def test_a_slow_client_and_idle_connections_of_a_user_do_not_stall_prometheus_scrapes(live: LiveCluster, promql):
+    seconds = 20
+    client = live.shared_dir("metrics-slow", owner="hai-bob") / "slow.py"
+    client.write_text(SLOW_CLIENT)
+    client.chmod(0o644)
+    wait_for(lambda: promql('up{job="hai-policyd"} == 1'), 30, "Prometheus's first scrape")
+    p = live.run(["/usr/bin/python3", str(client), str(promql.metrics_port), str(seconds)], user="hai-bob",
+                 timeout=seconds + 30)
+    cuts = p.stdout.splitlines()
+    assert cuts and all(line.startswith("HTTP/1.0 408 ") for line in cuts), p.stdout + p.stderr
+    # every scrape of the last `seconds` answered, and fast (one a second)
+    window = f"[{seconds}s]"
+    assert one(promql(f'count_over_time(up{{job="hai-policyd"}}{window})')) >= seconds // 2
+    assert one(promql(f'min_over_time(up{{job="hai-policyd"}}{window})')) == 1
+    assert one(promql(f'max_over_time(scrape_duration_seconds{{job="hai-policyd"}}{window})')) < 0.5

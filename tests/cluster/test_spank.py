@@ -233,3 +233,40 @@ def test_no_plugin_errors_in_daemon_logs(live: LiveCluster, log_marks: dict[Path
                 if PLUGIN_ERROR.search(line):
                     bad.append(f"{path.name}: {line}")
     assert not bad, "\n".join(bad)
+
+
+# ----------------------------------------------------------------- what a user sends the plugin (issue 57)
+# After test_no_plugin_errors_in_daemon_logs: the second test makes the plugin log on purpose.
+
+
+@pytest.mark.parametrize("option", ["--hai-priority", "--hai-grace"])
+def test_an_oversized_option_value_is_refused_in_one_line(live: LiveCluster, option: str) -> None:
+    p = live.run(["sbatch", f"{option}={'9' * 100_000}", "-o", "/dev/null", "--wrap=true"], user="hai-bob",
+                 check=False)
+    assert p.returncode != 0
+    ours = [line for line in p.stderr.splitlines() if "hai:" in line]
+    assert ours == [f"sbatch: error: hai: {option} refused: its value is longer than 256 bytes; give a "
+                    + ("number of seconds" if option == "--hai-grace" else "level's name or number")], p.stderr
+    # (Slurm's own "Invalid --hai-... argument: VALUE" line after it echoes the value whole)
+    assert live.run(["squeue", "-h", "-u", "hai-bob", "-o", "%i"]).stdout.split() == []
+
+
+def test_a_port_the_job_sets_cannot_forge_a_line_in_slurmds_log(live: LiveCluster) -> None:
+    """HAI_MASTER_PORT is the job's: a bad one leaves the contract unset, and slurmd's log
+    shows at most 64 bytes of it, its new lines as '?' (a long one: not at all)."""
+    marks = {p: p.stat().st_size for p in live.log_dir.glob("slurmd-*.log")}
+    forged = "error: hai: FORGED by hai-bob"
+    for value in (f"7\n{forged}", f"7\n{forged}\n" + "x" * 10_000):
+        p = live.run(["srun", "-N1", "-w", "n1", f"--export=ALL,HAI_MASTER_PORT={value}", "sh", "-c",
+                      'echo "contract=${HAI_CONTRACT:-none}"'], user="hai-bob", timeout=120)
+        assert "contract=none" in p.stdout, p.stdout + p.stderr
+    logged = ""
+    for path, mark in marks.items():
+        with path.open("rb") as f:
+            f.seek(mark)
+            logged += f.read().decode(errors="replace")
+    said = [line for line in logged.splitlines() if "HAI_MASTER_PORT=" in line]
+    assert len(said) == 2, logged[-2000:]
+    assert f"HAI_MASTER_PORT='7?{forged}' is not a port number" in said[0]
+    assert "HAI_MASTER_PORT='(too long)' is not a port number" in said[1]
+    assert not [line for line in logged.splitlines() if line.startswith(forged) or "xxxxxxxx" in line]

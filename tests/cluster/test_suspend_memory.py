@@ -18,6 +18,7 @@ from test_acceptance import (ALICE, BOB, STEPS, TRAIN, committed_steps, daemon, 
 
 from slurm_hai.checkpoint import verify_checkpoint
 from slurm_hai.checkpoint.manifest import step_dir_name
+from slurm_hai.checkpoint.memory import DEFAULT_SPOOL
 
 pytestmark = pytest.mark.cluster
 
@@ -51,7 +52,7 @@ def test_a_suspend_goes_to_each_node_memory_the_restart_loads_it_there_and_the_a
     # (The agent's log is the whole session's: read what it says from here on.)
     agent_log = live.state / "log" / "persist-n1.console"
     log_from = agent_log.stat().st_size
-    bob_request = f"/dev/shm/slurm-hai-persist/{live.uid(BOB)}-{at:012d}-bob-0.json"
+    bob_request = f"{DEFAULT_SPOOL}/{live.uid(BOB)}-{at:012d}-bob-0.json"
     live.on_node("n1", ["sh", "-c", f"echo '{{\"part\": \"{memory['n1']}/parts/{step_dir_name(at)}\"}}' > "
                         f"{bob_request}"], user=BOB)
 

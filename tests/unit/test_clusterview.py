@@ -185,6 +185,6 @@ def test_the_cli_backends_commands_are_asked_at_once_and_one_that_fails_fails_th
     threads = threading.active_count()
     view = clusterview.asked(AtOnce())
     assert view.partitions[0]["PartitionName"] == "gpu" and view.gpus == {"gpu": [8]} and view.user_signal is False
-    assert threading.active_count() == threads  # every thread it started has ended (a warm child stays reusable)
+    assert threading.active_count() == threads  # every thread it started has ended
     with pytest.raises(SlurmError, match="nodes failed"):
         clusterview.asked(AtOnce(failing="nodes"))

@@ -32,7 +32,7 @@ BUILD_OUTPUTS = (".so", ".o", ".flags")  # never shipped (gitignored; spank/Make
 # Where each shipped directory of the wheel comes from in the repository.
 SHIPPED = {"slurm_hai/templates": "templates", "slurm_hai/share/spank": "spank",
            "slurm_hai/share/systemd": "contrib/systemd", "slurm_hai/share/grafana": "contrib/grafana",
-           "slurm_hai/share/slurm-docker": "contrib/slurm-docker", "slurm_hai/share/front": "contrib/front"}
+           "slurm_hai/share/slurm-docker": "contrib/slurm-docker"}
 
 
 def repo_files(rel: str) -> set[str]:
@@ -110,8 +110,7 @@ def test_the_wheel_holds_the_templates_and_the_admins_files(dist):
         have = {n[len(shipped) + 1:] for n in names if n.startswith(shipped + "/")}
         assert have == repo_files(source), f"{shipped} in the wheel is not {source}/ of the repository"
     assert {"hai_spank.c", "Makefile"} <= repo_files("spank")
-    assert {"hai-policyd.service", "slurm-hai-persist.service", "slurm-hai-warm.service",
-            "slurm-hai-commands.service", "hai-lighthouse.service"} <= repo_files("contrib/systemd")
+    assert {"hai-policyd.service", "slurm-hai-persist.service", "hai-lighthouse.service"} <= repo_files("contrib/systemd")
     assert "slurm-hai.json" in repo_files("contrib/grafana")
     assert not [n for n in names if n.endswith(BUILD_OUTPUTS)]
 
@@ -141,7 +140,7 @@ def test_the_installed_package_is_the_wheels(site):
 def test_files_says_where_the_shipped_files_are(site):
     p = installed(site, "hai-admin", "files")
     assert p.returncode == 0, p.stderr
-    for name in ("spank", "systemd", "grafana", "slurm-docker", "templates", "front"):
+    for name in ("spank", "systemd", "grafana", "slurm-docker", "templates"):
         q = installed(site, "hai-admin", "files", name)
         assert q.returncode == 0, q.stderr
         where = Path(q.stdout.strip())
@@ -190,22 +189,6 @@ def test_spank_build_and_install_compile_the_shipped_plugin(site):
     assert p.returncode == 0, p.stdout + p.stderr
     assert (plugin_dir / "hai_spank.so").read_bytes()[:4] == b"\x7fELF"
     assert f"--spank-plugin {plugin_dir / 'hai_spank.so'}" in p.stdout  # not the default place: says so
-
-
-def test_front_install_builds_hai_and_hai_submit_for_the_installation(site):
-    """The C front from the wheel: it runs the wheel's own Python commands where no service
-    listens (one here), whatever the caller's PATH."""
-    bin_dir = site["work"] / "usr-local-bin"
-    p = installed(site, "hai-admin", "front", "install", "--bin-dir", str(bin_dir))
-    assert p.returncode == 0 and p.stderr == "", p.stderr
-    assert p.stdout == (f"installed {bin_dir / 'hai'} and {bin_dir / 'hai-submit'}, running "
-                        f"{site['venv'] / 'bin' / 'python'}'s slurm-hai\n")
-    env = {**site["env"], "PATH": "/usr/bin:/bin", "HAI_COMMANDS_SOCKET": str(site["work"] / "none.sock")}
-    for tool, usage in (("hai", "Usage: hai [OPTIONS] COMMAND"), ("hai-submit", "Usage: hai-submit [OPTIONS] SCRIPT")):
-        assert (bin_dir / tool).read_bytes()[:4] == b"\x7fELF"
-        q = run([str(bin_dir / tool), "--help"], cwd=site["work"], env=env)
-        assert q.returncode == 0 and q.stdout.startswith(usage), q.stdout + q.stderr
-    assert not list(bin_dir.glob(".*"))  # no temporary file left
 
 
 def test_spank_build_says_what_to_install_in_one_line(site):

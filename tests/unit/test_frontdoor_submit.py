@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import json
-import os
 import shlex
-import subprocess
-import sys
 
 import pytest
 from click.testing import CliRunner
@@ -69,23 +66,6 @@ def test_arguments_after_the_script_reach_it_unchanged(fake, tmp_path):
     argv = exec_line(out)
     assert argv[argv.index(str(script)) + 1:] == ["--lr", "0.1", "-n", "5", "--dry-run", "a b"]
     assert "#SBATCH --nodes=2" in out and "#SBATCH --qos=high" in out
-
-
-def test_the_jobs_script_starts_the_warm_start_client_only_where_the_nodes_service_socket_is(fake, tmp_path):
-    script = tmp_path / "train.py"
-    script.write_text("print(1)\n")
-    rc, out = dry_run(str(script), "--lr", "0.1")
-    assert rc == 0, out
-    # the script as Slurm runs it, but printing what it would exec
-    shown = tmp_path / "job.sh"
-    shown.write_text(out[out.index("#!/bin/bash"):].replace("\nexec ", "\nprintf '%s\\n' ", 1))
-    for sock, off, warm in (("/nonexistent/warm.sock", "", False), (str(script), "", True), (str(script), "0", False)):
-        env = {"PATH": os.environ["PATH"], "SLURM_JOB_ID": "7", "HAI_WARM_SOCKET": sock, "HAI_WARM": off}
-        argv = subprocess.run(["bash", str(shown)], capture_output=True, text=True, check=True, env=env).stdout.splitlines()
-        client = [sys.executable, "-m", "slurm_hai.runtime.warm", "--if-there", "--child-only", "--"]
-        assert (argv[:len(client)] == client) == warm, (sock, off, argv)
-        driver = argv[len(client) if warm else 0:]
-        assert driver[:3] == [sys.executable, "-m", "slurm_hai.runtime.batch"] and driver[-3:] == [str(script), "--lr", "0.1"]
 
 
 def test_a_double_dash_right_after_the_script_is_dropped(fake, tmp_path):

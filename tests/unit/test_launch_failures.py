@@ -74,8 +74,7 @@ def test_the_step_ignores_the_notice_signals_until_the_launcher_hears_them():
         argv = launcher_argv(argparse.Namespace(job_dir="/x", grace=5, notice_signal="USR2", term_is_notice=term),
                              ["cmd"])
         wrapper = argv[:argv.index("slurm_hai.runtime.launcher") - 2]  # before the launcher's interpreter
-        out = subprocess.run([*wrapper, sys.executable, "-c", probe], capture_output=True, text=True, check=True,
-                             env={**os.environ, "HAI_WARM_SOCKET": "/nonexistent/warm.sock"})
+        out = subprocess.run([*wrapper, sys.executable, "-c", probe], capture_output=True, text=True, check=True)
         assert out.stdout.split() == expect.split(), (term, out)
         assert signal.getsignal(signal.SIGUSR2) is not signal.SIG_IGN  # ours untouched
 

@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import sys
 import threading
 import time
 from pathlib import Path
@@ -216,7 +215,7 @@ def test_a_plain_sbatch_part_takes_the_policys_service_its_jobs_min_and_the_user
     monkeypatch.setattr(part_task, "backend", lambda: slurm)
     assert part_task.main(["--", "python", "train.py"]) == 0
     # the part's step has what hai-submit's script exports
-    assert slurm.steps == [([sys.executable, "-m", "slurm_hai.runtime.warm", "--", "python", "train.py"],
+    assert slurm.steps == [(["python", "train.py"],
                             {SERVICE_ENV: "http://head:29600", MIN_ENV: "2", LEAVE_AT_ENV: ""})]
     events = [json.loads(line) for line in (tmp_path / "jobs" / "7" / "events.jsonl").read_text().splitlines()]
     assert [(e["event"], e.get("part")) for e in events] == [("start", 1), ("finished", 1)]

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from munge_fake import Unmunge, fake_munge
 from slurm_hai.controller.lighthouse import Service, serve
 from squeue_text import fake_squeue, recorded_rows
 from slurm_hai.checkpoint import CheckpointError
@@ -188,14 +189,18 @@ def test_a_part_whose_leaving_commit_fails_says_so_and_leaves_all_the_same(capsy
 
 @pytest.fixture
 def parts(tmp_path):
-    """start(index, **env): a part of job 7 as a process, under the job's lighthouse from a
-    lighthouse service in this process; the parts' records are in `start.out`;
-    `start.service(False)` stops the service, `start.service(True)` starts it again."""
-    state, out = tmp_path / "lighthouses", tmp_path / "out"
+    """start(index, **env): a part of job 7 (this user's) as a process, under the job's
+    lighthouse from a lighthouse service in this process, asked with a fake MUNGE credential
+    (munge_fake.py); the parts' records are in `start.out`; `start.service(False)` stops the
+    service, `start.service(True)` starts it again."""
+    state, out, munge_bin = tmp_path / "lighthouses", tmp_path / "out", tmp_path / "munge-bin"
     out.mkdir()
+    munge_bin.mkdir()
+    fake_munge(munge_bin)
     script = tmp_path / "part.py"
     script.write_text(PART)
-    service = Service(state, ended=lambda ids: set())
+    service = Service(state, ended=lambda ids: set(), owner=lambda job: os.geteuid())
+    unmunge = Unmunge()
     port: list[int] = []
     stop = [threading.Event()]
     thread: list[threading.Thread] = []
@@ -209,12 +214,13 @@ def parts(tmp_path):
         ready = threading.Event()
         thread.append(threading.Thread(target=serve, args=(service, "127.0.0.1", port[0] if port else 0, 60.0),
                                        kwargs={"ready": lambda p: (port[:1] or port.append(p), ready.set()),
-                                               "stop": stop[0]}, daemon=True))
+                                               "stop": stop[0], "identify": unmunge}, daemon=True))
         thread[0].start()
         assert ready.wait(10), "the lighthouse service did not start"
 
     serving(True)
-    env = {**os.environ, "HAI_LIGHTHOUSE_SERVICE": f"http://127.0.0.1:{port[0]}", "SLURM_ARRAY_JOB_ID": "7"}
+    env = {**os.environ, "HAI_LIGHTHOUSE_SERVICE": f"http://127.0.0.1:{port[0]}", "SLURM_ARRAY_JOB_ID": "7",
+           "PATH": f"{munge_bin}:{os.environ['PATH']}"}
     started: list[subprocess.Popen] = []
 
     def start(index: int, **more: str) -> subprocess.Popen:
@@ -384,6 +390,7 @@ def in_slurm(bin_dir: Path, running: int, pending: int) -> dict[str, str]:
             for k in range(running + pending)]
     bin_dir.mkdir()
     fake_squeue(bin_dir, rows)
+    fake_munge(bin_dir)  # this PATH replaces the parts fixture's
     return {"PATH": f"{bin_dir}:{os.environ['PATH']}", "SLURM_JOB_ID": "1007", "HAI_SLURM_BACKEND": "cli"}
 
 

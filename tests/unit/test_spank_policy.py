@@ -427,3 +427,19 @@ def test_the_plugin_has_no_ladder_or_grace_of_its_own():
     source = (REPO / "spank" / "hai_spank.c").read_text()
     for word in ("HAI_DEFAULT_LEVELS", "HAI_DEFAULT_MAX_GRACE", "EXTREME_HIGH", "NORMAL:"):
         assert word not in source, word
+
+
+def test_an_oversized_option_value_is_refused_in_one_line_without_being_echoed(spank_plugin):
+    """A value longer than HAI_MAX_OPTION_LEN (256 bytes) is refused unread, in one line that
+    says what to give; one of 256 bytes is still decided as the policy decides it."""
+    policy = default_policy()
+    long_values = ["9" * 257, "0" * 300 + "5", "A" * 30_000, "5\n" * 200]
+    asks = [(opt, v) for opt in ("priority", "grace") for v in long_values]
+    asks += [("grace", "0" * 255 + "5"), ("priority", " " * 250 + "normal")]
+    started = start_plugin(spank_plugin, plugstack_args(policy), asks)
+    for (opt, value), (kind, said) in zip(asks[:-2], started.answers):
+        assert kind == "refused", (opt, value[:20])
+        assert said.count("\n") == 1 and f"--hai-{opt} refused: its value is longer than 256 bytes" in said
+        assert len(said) < 120, said
+    assert started.answers[-2:] == [("ok", "5"), ("ok", "NORMAL")]
+    assert python_grace(policy, "0" * 255 + "5") == ("ok", "5")

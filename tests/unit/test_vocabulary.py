@@ -134,6 +134,24 @@ def test_job_submit_lua_gives_a_job_the_grace_it_asked_up_to_the_policy_maximum(
             assert rc == "0" and tags.parse(comment)[tags.GRACE] == str(want), how
 
 
+def test_job_submit_lua_reads_a_megabyte_of_a_users_comment_and_grace_in_linear_time(tmp_path):
+    """job_submit.lua runs inside slurmctld: what a user writes into a job's comment or
+    --hai-grace is read in one linear pass (no pattern that backtracks), and a grace that is
+    a megabyte of digits is refused like any other grace out of range."""
+    import time
+
+    job = {"user_name": "alice", "account": "hai", "min_nodes": 1, "tres_per_node": "gres/gpu:8"}
+    noise = ";".join(f"{tags.DIR}=/h/{i}{'=' * 7}" for i in range(40_000))[: 1 << 20]
+    cases = [{**job, "comment": f"{noise};{tags.GRACE}=20"},
+             {**job, "comment": f"{tags.GRACE}={'9' * (1 << 20)}"},
+             {**job, "spank_job_env": ["HAI_GRACE=" + "1" * (1 << 20)]}]
+    started = time.monotonic()
+    results = run_lua(tmp_path, cases, GRACE_POLICY)
+    assert time.monotonic() - started < 10
+    assert results[0][0] == "0" and tags.parse(results[0][2])[tags.GRACE] == "20"
+    assert [rc for rc, *_ in results[1:]] == ["-1", "-1"]
+
+
 def test_the_qos_grace_time_is_the_policy_maximum_and_the_default_is_unchanged():
     from slurm_hai.policy.ladder import desired_qos
 
