@@ -295,6 +295,13 @@ ONE_VERSION = {
     "test_parts.py::test_below_min_the_last_part_commits_and_leaves_and_the_job_resumes_from_that_commit",
     # A part's retry: the same requeue by the task's own script, and the heal (torchft's)
     "test_parts.py::test_a_part_that_fails_on_its_own_is_requeued_with_retries_and_rejoins_from_a_live_peer",
+    # Hostile users against our own services (issue 57): what they bound is ours, not Slurm's
+    # (the SPANK plugin's bounds stay on every version: it is loaded by each Slurm).
+    "test_daemon_faults.py::test_what_a_user_plants_in_a_job_directory_never_stops_or_fools_the_daemon",
+    "test_daemon_faults.py::test_a_lock_where_users_can_write_is_refused_in_one_line",
+    "test_lighthouse.py::test_only_the_jobs_owner_gets_its_lighthouse_and_a_slow_client_holds_no_ask",
+    "test_metrics_prometheus.py::test_a_slow_client_and_idle_connections_of_a_user_do_not_stall_prometheus_scrapes",
+    "test_persist_agent_hostile.py::test_a_users_fifo_link_and_oversized_requests_are_refused_and_do_not_hold_another_users_save",
 }
 
 
