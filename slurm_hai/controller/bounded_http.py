@@ -1,7 +1,8 @@
-"""The HTTP of the policy daemon's endpoints (metrics.py's /metrics, why.py's /why and /jobs):
-what any user who can reach the port sends is bounded (standard library only).
+"""The HTTP of the privileged services' endpoints (the policy daemon's: metrics.py's /metrics,
+why.py's /why and /jobs; the lighthouse service's, lighthouse.py): what any user who can
+reach the port sends is bounded (standard library only).
 
-Any local user (any host, at the default 0.0.0.0) can connect, and the daemon runs as root
+Any local user (any host, at the default 0.0.0.0) can connect, and the services run as root
 or as the SlurmUser. Each connection is answered on a thread of its own, so that a slow one
 never holds another, and each is bounded:
 

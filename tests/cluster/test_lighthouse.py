@@ -11,10 +11,8 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
-import select
 import threading
 import urllib.error
 import urllib.request
@@ -22,6 +20,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pytest
+from slow_client import SlowClient
 from waiting import wait_for
 
 from slurm_hai.runtime import parts
@@ -119,19 +118,7 @@ def test_only_the_jobs_owner_gets_its_lighthouse_and_a_slow_client_holds_no_ask(
     job = int(live.run(["sbatch", "--parsable", "--hold", "-o", "/dev/null", "--wrap", "sleep 600"],
                        user=ALICE).stdout.strip().split(";")[0])
     service, url = start_service(live, state, log)
-    slow = socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1])))
-    request, sent, cut = b"GET /v1/jobs/1?min=1 HTTP/1.1\r\nHost: x\r\n\r\n", [], threading.Event()
-
-    def trickle():  # one byte every 0.9 s, never the whole request in time
-        for byte in request:
-            try:
-                slow.sendall(bytes([byte]))
-            except OSError:
-                break
-            sent.append(byte)
-            if select.select([slow], [], [], 0.9)[0]:  # the service closed it
-                break
-        cut.set()
+    slow = SlowClient(int(url.rsplit(":", 1)[1]), b"GET /v1/jobs/1?min=1 HTTP/1.1\r\nHost: x\r\n\r\n")
 
     try:
         # hai-bob first, with a wrong MIN: no credential, his own, one of hers for another ask
@@ -146,13 +133,13 @@ def test_only_the_jobs_owner_gets_its_lighthouse_and_a_slow_client_holds_no_ask(
         assert not (state / f"{job}.json").exists()  # he started nothing
 
         # a client that sends one byte every 0.9 s holds no one's ask, and is cut off
-        threading.Thread(target=trickle, daemon=True).start()
-        wait_for(lambda: sent, 10, "the slow client's first byte", 0.05)
-        assert not cut.is_set()
+        slow.start()
+        wait_for(lambda: slow.sent, 10, "the slow client's first byte", 0.05)
+        assert not slow.cut.is_set()
         address = ask_as(live, ALICE, url, job, 2)  # her MIN
         assert address.startswith("http://127.0.0.1:"), address
-        wait_for(cut.is_set, 60, "the service to cut the slow client off", 0.1)
-        assert len(sent) < len(request)
+        wait_for(slow.cut.is_set, 60, "the service to cut the slow client off", 0.1)
+        assert len(slow.sent) < len(slow.request)
 
         # her credential, once used, is refused to him (munged: replayed)
         hers = munged_as(live, ALICE, f"/v1/jobs/{job}?min=2")

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import select
 import signal
 import subprocess
 import sys
@@ -27,6 +26,7 @@ from pathlib import Path
 import pytest
 
 from munge_fake import Unmunge, credential
+from slow_client import SlowClient
 from slurm_hai.controller import bounded_http
 from slurm_hai.controller.lighthouse import (LighthouseError, Refused, Service, allowed, bind_address, credential_of,
                                              own_state_dir, reported_address, serve, uid_of_unmunged)
@@ -307,27 +307,12 @@ def test_a_part_that_goes_away_before_its_answer_leaves_no_traceback(state, capf
 
 def test_a_client_that_trickles_its_request_holds_no_other_ask_and_is_cut_off(state, served, as_user):
     url = served(Fixed(state, ended=lambda ids: set()))
-    slow = socket.create_connection(("127.0.0.1", int(url.rsplit(":", 1)[1])))
-    request = b"GET /v1/jobs/12?min=1 HTTP/1.1\r\nHost: x\r\n\r\n"
-    sent: list[int] = []
-    cut = threading.Event()
-
-    def trickle():  # one byte every 0.9 s, never the whole request in time
-        for byte in request:
-            try:
-                slow.sendall(bytes([byte]))
-            except OSError:
-                break
-            sent.append(byte)
-            if select.select([slow], [], [], 0.9)[0]:  # the service answered (and closed it)
-                break
-        cut.set()
-
-    threading.Thread(target=trickle, daemon=True).start()
-    wait_for("the slow client's first bytes", lambda: len(sent) >= 2)
-    assert ask(url, 12) == "http://lighthouse:1" and not cut.is_set()  # answered while the slow one trickles
-    wait_for("the service to cut the slow client off", cut.is_set, timeout=60)
-    assert slow.recv(100).startswith(b"HTTP/1.0 408 ") and len(sent) < len(request)  # before it was whole
+    slow = SlowClient(int(url.rsplit(":", 1)[1]), b"GET /v1/jobs/12?min=1 HTTP/1.1\r\nHost: x\r\n\r\n").start()
+    wait_for("the slow client's first bytes", lambda: len(slow.sent) >= 2)
+    assert ask(url, 12) == "http://lighthouse:1" and not slow.cut.is_set()  # answered while the slow one trickles
+    wait_for("the service to cut the slow client off", slow.cut.is_set, timeout=60)
+    # before it was whole
+    assert slow.sock.recv(100).startswith(b"HTTP/1.0 408 ") and len(slow.sent) < len(slow.request)
     slow.close()
 
 
