@@ -55,7 +55,8 @@ from pathlib import Path
 from typing import Callable
 
 from ..jobs.jobdir import user_uid, write_atomic
-from ..runtime.parts import AUTH_SCHEME, JOBS_PATH, munge_socket
+from ..runtime.parts import AUTH_SCHEME, JOBS_PATH
+from ..slurm import munge_socket
 from .bounded_http import BoundedHandler, BoundedServer
 
 # Measured (docs/benchmarks.md, "Elastic in place"): the heartbeat timeout is what the parts

@@ -45,7 +45,6 @@ lighthouse service (`hai-admin lighthouse`, HAI_LIGHTHOUSE_SERVICE) for the job'
 
 from __future__ import annotations
 
-import functools
 import json
 import math
 import os
@@ -397,28 +396,11 @@ class Part:
                                "initialization (torch.manual_seed) or load one checkpoint in every part")
 
 
-@functools.cache
-def munge_socket() -> str | None:
-    """The MUNGE socket Slurm authenticates with (AuthInfo's `socket=`, or its older bare
-    path); None, MUNGE's default socket, when Slurm names none or cannot be asked."""
-    from ..slurm import SlurmError, backend
-
-    try:
-        auth_info = backend().config().get("AuthInfo", "")
-    except (SlurmError, OSError):
-        return None
-    for item in auth_info.split(","):
-        key, sep, value = item.strip().partition("=")
-        if sep and key == "socket":
-            return value
-        if not sep and key.startswith("/"):
-            return key
-    return None
-
-
 def munge_credential(payload: str) -> str:
     """A MUNGE credential of this process's user, carrying `payload` (`munge`, on Slurm's
     socket); PartError, one line, when MUNGE cannot make one."""
+    from ..slurm import munge_socket
+
     sock = munge_socket()
     argv = ["munge", *(["--socket", sock] if sock else [])]
     try:

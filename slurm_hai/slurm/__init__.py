@@ -10,6 +10,7 @@ when first named, so `hai` can start its first queue read (squeue.py) before the
 
 from __future__ import annotations
 
+import functools
 import importlib
 import os
 from typing import TYPE_CHECKING
@@ -18,7 +19,7 @@ if TYPE_CHECKING:
     from .base import Backend, SlurmError
     from .records import JobInfo
 
-__all__ = ["Backend", "JobInfo", "SlurmError", "backend", "config_missing", "reads_with_commands"]
+__all__ = ["Backend", "JobInfo", "SlurmError", "backend", "config_missing", "munge_socket", "reads_with_commands"]
 
 _LAZY = {"Backend": "base", "SlurmError": "base", "JobInfo": "records"}
 
@@ -64,3 +65,23 @@ def config_missing() -> bool:
     """SLURM_CONF names no file: every Slurm command would retry for 60 s before failing."""
     conf = os.environ.get("SLURM_CONF")
     return conf is not None and conf != "" and not os.path.isfile(conf)
+
+
+@functools.cache
+def munge_socket() -> str | None:
+    """The MUNGE socket Slurm authenticates with (AuthInfo's `socket=`, or its older bare
+    path); None, MUNGE's default socket, when Slurm names none or cannot be asked. A part's
+    lighthouse ask is proven with it (runtime/parts.py), and checked on it (controller/lighthouse.py)."""
+    from .base import SlurmError
+
+    try:
+        auth_info = backend().config().get("AuthInfo", "")
+    except (SlurmError, OSError):
+        return None
+    for item in auth_info.split(","):
+        key, sep, value = item.strip().partition("=")
+        if sep and key == "socket":
+            return value
+        if not sep and key.startswith("/"):
+            return key
+    return None

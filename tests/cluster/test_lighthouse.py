@@ -23,7 +23,7 @@ import pytest
 from slow_client import SlowClient
 from waiting import wait_for
 
-from slurm_hai.runtime import parts
+from slurm_hai import slurm
 from slurm_hai.runtime.parts import PartError, ask
 
 pytestmark = pytest.mark.cluster
@@ -54,7 +54,7 @@ def running(pid: int) -> bool:
 def test_a_jobs_lighthouse_runs_while_slurm_holds_the_job_and_through_the_services_kill_9(live, tmp_path,
                                                                                           monkeypatch):
     monkeypatch.setenv("SLURM_CONF", str(live.conf))  # this process's asks: MUNGE on the cluster's socket
-    parts.munge_socket.cache_clear()
+    slurm.munge_socket.cache_clear()
     state, log = tmp_path / "state", tmp_path / "service.log"
     job = int(live.run(["sbatch", "--parsable", "--hold", "-o", "/dev/null", "--wrap", "sleep 600"],
                        user=ALICE).stdout.strip().split(";")[0])

@@ -376,9 +376,9 @@ def test_the_parts_munge_on_slurms_socket(monkeypatch):
                                    ("/var/run/munge/munge.socket.2", "/var/run/munge/munge.socket.2"),
                                    ("(null)", None), ("cred_expire=5", None), (None, None)):
         conf.auth_info = auth_info
-        parts_module.munge_socket.cache_clear()
-        assert parts_module.munge_socket() == socket_path, auth_info
-    parts_module.munge_socket.cache_clear()
+        slurm.munge_socket.cache_clear()
+        assert slurm.munge_socket() == socket_path, auth_info
+    slurm.munge_socket.cache_clear()
 
 
 def test_lighthouses_bind_where_the_service_listens():
