@@ -39,8 +39,6 @@ part), and its start after it left counts as a rejoin, not as the job's restart.
 
 from __future__ import annotations
 
-import json
-import math
 import os
 import threading
 import time
@@ -52,7 +50,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import choose_encoder
 
-from ..jobs.jobdir import JobDir, owned, user_uid
+from ..jobs.jobdir import JobDir, open_owned, owned, parse_event, user_uid
 from ..jobs.status import level_name
 from ..policy import tags
 from ..policy.job import job_of
@@ -150,10 +148,8 @@ class EventFollower:
         if not owned(st, uid):
             return [], 0
         try:
-            with open(os.open(f.path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW), "rb") as fh:
+            with open_owned(f.path, uid) as fh:
                 st = os.fstat(fh.fileno())
-                if not owned(st, uid):
-                    return [], 0
                 if st.st_ino != f.inode or st.st_size < f.offset:  # a new file (the job id reused)
                     f.inode, f.offset = st.st_ino, 0
                     f.notices.clear()
@@ -161,30 +157,14 @@ class EventFollower:
                     f.left.clear()
                 fh.seek(f.offset)
                 data = fh.read(min(st.st_size - f.offset, most))
-        except OSError:  # replaced meanwhile, a stale NFS handle, ...: tried again next cycle
+        except OSError:  # replaced meanwhile, not the user's, a stale NFS handle, ...: tried again next cycle
             return [], 0
         whole = data[: data.rfind(b"\n") + 1]  # a line still being written waits for the next cycle
         if not whole and len(data) >= MAX_READ:
             whole = data  # a line longer than MAX_READ is no event: passed over, not waited for
         f.offset += len(whole)
-        events = []
-        for line in whole.splitlines():
-            try:
-                event = json.loads(line)
-                event["t"] = float(event["t"])
-            except (ValueError, TypeError, KeyError, RecursionError):
-                continue  # a line cut by a crash mid-write; not an event (`[[[[...`: nested past the parser)
-            if math.isfinite(event["t"]):
-                events.append(event)
+        events = [e for e in map(parse_event, whole.splitlines()) if e is not None]
         return events, len(data)
-
-
-def _number(value: object) -> int:
-    """A run's or a part's number as an event gives it (the user's file: anything), else 0."""
-    try:
-        return int(value or 0)  # type: ignore[call-overload]
-    except (TypeError, ValueError, OverflowError):  # OverflowError: Infinity
-        return 0
 
 
 def _keep_newest(times: dict) -> None:
@@ -294,7 +274,7 @@ class DaemonMetrics:
             self._on_event(level_name(job), followed, event)
 
     def _on_event(self, level: str, f: _Followed, e: dict) -> None:
-        kind, run, t = e.get("event"), _number(e.get("run")), e["t"]
+        kind, run, t = e.get("event"), e["run"], e["t"]
         new = t >= self.since
         if "part" in e:
             self._on_part_event(level, f, e, kind, run, t, new)
@@ -322,7 +302,7 @@ class DaemonMetrics:
     def _on_part_event(self, level: str, f: _Followed, e: dict, kind: object, run: int, t: float,
                        new: bool) -> None:
         """An event of one part of a job in place: its runs are the task's own."""
-        part = _number(e.get("part"))
+        part = e.get("part", 0)
         if kind == "left":
             f.left[(part, run)] = t
             _keep_newest(f.left)

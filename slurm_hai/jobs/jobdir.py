@@ -23,14 +23,16 @@ from __future__ import annotations
 import fcntl
 import functools
 import json
+import math
 import os
 import pwd
 import stat
 import time
 from pathlib import Path
-from typing import Iterable
+from typing import BinaryIO, Iterable
 
 FINAL_STATES = ("succeeded", "failed", "stopped")
+MAX_EVENTS_READ = 4 << 20  # a job's events.jsonl holds a few KiB a run; of a larger one, its last 4 MiB
 
 
 def default_root() -> Path:
@@ -50,6 +52,49 @@ def owned(st: os.stat_result, uid: int | None) -> bool:
     """A regular file (not a link) owned by `uid`: what root may trust in a job directory,
     which its user controls (the policy daemon reads them so)."""
     return uid is not None and stat.S_ISREG(st.st_mode) and st.st_uid == uid
+
+
+def open_owned(path: Path, uid: int | None) -> BinaryIO:
+    """Open for reading a file of a job directory, whose user may put anything there: without
+    following a link, without blocking (a FIFO's open waits for a writer). OSError as open's
+    (FileNotFoundError: none yet), or PermissionError when it is not `owned` by `uid`
+    (None: any owner, for a reader of its own files)."""
+    fh = open(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC), "rb")
+    st = os.fstat(fh.fileno())
+    if not stat.S_ISREG(st.st_mode) or (uid is not None and st.st_uid != uid):
+        fh.close()
+        raise PermissionError(f"{path} is not a regular file of the job's user")
+    return fh
+
+
+def parse_event(line: bytes | str) -> dict | None:
+    """One line of events.jsonl as an event (`t` a finite float, `event` a string, `run` and
+    `part` ints), None for a line that is none: cut by a crash mid-write, or made up by the
+    job's user (`[[[[...` nested past the parser, `Infinity`, a bare number)."""
+    try:
+        e = json.loads(line)
+        e["t"], e["run"] = float(e["t"]), int(e.get("run", 0) or 0)
+        if "part" in e:
+            e["part"] = int(e["part"])
+    except (ValueError, TypeError, KeyError, AttributeError, OverflowError, RecursionError):
+        return None
+    return e if math.isfinite(e["t"]) and isinstance(e.get("event"), str) else None
+
+
+def events_in(path: Path, uid: int | None) -> list[dict]:
+    """The events of an events.jsonl (`open_owned`'s rules), of its last MAX_EVENTS_READ
+    bytes; [] when there is none, or none to trust."""
+    try:
+        with open_owned(path, uid) as fh:
+            size = os.fstat(fh.fileno()).st_size
+            fh.seek(max(0, size - MAX_EVENTS_READ))
+            data = fh.read(MAX_EVENTS_READ)
+    except (OSError, ValueError):  # none yet, another user's private directory, a bad path
+        return []
+    lines = data.splitlines()
+    if size > MAX_EVENTS_READ:
+        lines = lines[1:]  # begun before the part read
+    return [e for e in map(parse_event, lines) if e is not None]
 
 
 def write_atomic(path: Path, text: str, durable: bool = True) -> None:
@@ -130,17 +175,8 @@ class JobDir:
             os.close(fd)
 
     def events(self) -> list[dict]:
-        try:
-            lines = (self.path / "events.jsonl").read_text().splitlines()
-        except FileNotFoundError:
-            return []
-        out = []
-        for line in lines:
-            try:
-                out.append(json.loads(line))
-            except ValueError:
-                continue  # a line cut by a crash mid-write
-        return out
+        """This job's events (`events_in`): its user's own process reads them."""
+        return events_in(self.path / "events.jsonl", None)
 
     # -- markers ------------------------------------------------------------------
     def suspend_marker(self, run: int) -> Path:

@@ -14,12 +14,8 @@ self-contained HTML file (inline SVG, CSS and JS; it loads nothing) drawn by the
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
-import os
 import pwd
 import re
-import stat
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -31,7 +27,7 @@ from ..policy.levels import Level, level_of_qos
 from ..slurm.base import Backend
 from ..policy.hostlist import expand
 from ..slurm.records import JobInfo
-from .jobdir import JobDir, default_root
+from .jobdir import JobDir, default_root, events_in, user_uid
 from .status import clock, why_notice
 
 MARK_KINDS = ("suspend", "forced-suspend", "restart", "shrink", "grow", "part-left", "part-rejoin")
@@ -39,7 +35,6 @@ MARK_KINDS = ("suspend", "forced-suspend", "restart", "shrink", "grow", "part-le
 # `start` a moment after Slurm records the run's start).
 START_SLACK = 5.0
 OTHER_LEVEL = "other"  # a QOS outside the ladder (e.g. `auto` before the job is placed)
-MAX_EVENTS_READ = 4 << 20  # a job's events.jsonl holds a few KiB; a larger one is read in part
 
 
 @dataclass(frozen=True)
@@ -231,33 +226,6 @@ def _part_mark(job_id: int, level: str, e: dict, part_nodes: dict[int, tuple[str
     return [Mark("part-left", job_id, t, part_nodes.get(part, ()), f"{head} left at {clock(t)}: {why}")]
 
 
-def owned_events(path: Path, uid: int) -> list[dict]:
-    """The events of a job's events.jsonl, read only when it is a regular file owned by `uid`
-    (the job's user, who may put anything there): opened without following a link or
-    blocking, at most MAX_EVENTS_READ bytes; a line that is not an event (cut by a crash, or
-    made up) is left out."""
-    try:
-        with open(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW), "rb") as fh:
-            st = os.fstat(fh.fileno())
-            if not stat.S_ISREG(st.st_mode) or st.st_uid != uid:
-                return []
-            data = fh.read(MAX_EVENTS_READ)
-    except (OSError, ValueError):  # none yet, another user's private directory, a bad path
-        return []
-    events = []
-    for line in data.splitlines():
-        try:
-            e = json.loads(line)
-            e["t"], e["run"] = float(e["t"]), int(e.get("run", 0) or 0)
-            if "part" in e:
-                e["part"] = int(e["part"])
-        except (ValueError, TypeError, KeyError, AttributeError, OverflowError):  # Overflow: Infinity
-            continue
-        if math.isfinite(e["t"]) and isinstance(e.get("event"), str):
-            events.append(e)
-    return events
-
-
 def read_events(records: Iterable[JobInfo], me: str) -> dict[int, list[dict]]:
     """Each job's events, from its directory (`job_root`), owned by the job's user; an
     elastic job in place's once, under its array's id (policy.job.job_of)."""
@@ -267,12 +235,8 @@ def read_events(records: Iterable[JobInfo], me: str) -> dict[int, list[dict]]:
         if job in found:
             continue
         root = job_root(rec, me)
-        try:
-            uid = pwd.getpwnam(rec.user).pw_uid
-        except KeyError:
-            uid = None
-        found[job] = [] if root is None or uid is None else owned_events(
-            JobDir.for_job(job, root).path / "events.jsonl", uid)
+        uid = user_uid(rec.user)
+        found[job] = [] if root is None or uid is None else events_in(JobDir.for_job(job, root).path / "events.jsonl", uid)
     return found
 
 

@@ -206,9 +206,14 @@ def test_what_a_user_plants_in_a_job_directory_never_stops_or_fools_the_daemon(l
         for kind in ("fifo", "symlink"):
             assert not daemon_lines(d_log.read_text(), jobs[kind], "requeue-failed"), kind
             assert live.job(jobs[kind])["Restarts"] == "0", kind
+        # bob's own commands and root's timeline read the same files: no hang, no traceback
+        listed = json.loads(live.run(["hai", "list", "--all", "--json"], user=user, timeout=30).stdout)
+        assert {r["job_id"] for r in listed} >= set(jobs.values())
+        live.run(["hai-admin", "timeline", "--since", "1h", "--out", str(tmp_path / "timeline.html")], timeout=60)
     finally:
         stop(daemon)
         live.run(["scancel", *map(str, jobs.values())], check=False)
+        live.run(["rm", "-rf", str(root)], check=False)  # what later tests' `hai list --all` would read
     assert "Traceback" not in d_log.read_text(), d_log.read_text()[-3000:]
 
 

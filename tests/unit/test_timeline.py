@@ -241,7 +241,7 @@ def test_events_are_read_from_each_jobs_directory_and_only_what_is_an_event(tmp_
     with open(JobDir.for_job(80).path / "events.jsonl", "a") as f:  # what a crash or a user may leave
         f.write('{"t": 5, "event": "suspended", "run"\n[1, 2]\n"text"\n{"t": "soon", "event": "start"}\n'
                 '{"t": NaN, "event": "start"}\n{"t": 7, "event": 3}\n{"t": 8, "event": "start", "run": "x"}\n'
-                '{"t": 9, "event": "start", "run": "2"}\n')
+                '{"t": 9, "event": "start", "run": "2"}\n' + "[" * 200_000 + "\n")  # nested past the parser
     secret = tmp_path / "secret"
     secret.write_text('{"t": 1, "event": "start"}\n')
     (JobDir.for_job(81).path / "events.jsonl").symlink_to(secret)  # a link is not followed
