@@ -66,7 +66,7 @@ def _node_range(ctx, param, value: str) -> str:
                    "rejoin one by one when a higher level needs some of their nodes, while the others train "
                    "on (SCRIPT uses slurm_hai.runtime.parts; docs/elastic-in-place.md). Needs the cluster's "
                    "lighthouse service.")
-@click.option("-f", "--follow", is_flag=True, help="After submitting, stream the logs of rank 0 until the job ends.")
+@click.option("-f", "--follow", is_flag=True, help="After submitting, stream the logs of rank 0 until the job ends (exit 1 unless it succeeded).")
 @click.option("--dry-run", is_flag=True, help="Print the rendered sbatch script; submit nothing.")
 @click.option("--json", "as_json", is_flag=True,
               help="Print the result as JSON (with --dry-run: the checked request, its script and warnings).")

@@ -470,8 +470,9 @@ def _show_markers(events: list[dict], owner_uid: int | None, restart: int | None
 
 
 def follow_logs(job_id: int, rank: int, restart: int | None) -> None:
-    """Print the rank's log and keep printing as it grows, across suspensions, until the end;
-    a marker line on stderr at each notice, suspend, retry and restart. Reads the job's own
+    """Print the rank's log and keep printing as it grows, across suspensions, until the end
+    (exit 1 unless the job succeeded); a marker line on stderr at each notice, suspend, retry
+    and restart. Reads the job's own
     files every FOLLOW_TICK s. Asks Slurm about this one job (never the queue) at most every
     FOLLOW_SLURM_EVERY s, and only while the log is quiet: new output says the job runs, and
     final.json says it has ended; Slurm is needed only for an end the job could not write."""
@@ -509,8 +510,10 @@ def follow_logs(job_id: int, rank: int, restart: int | None) -> None:
             state = hai_state(job, final, 0)
             ended = state in TERMINAL or state == "unknown"
             unshown = _show_markers(unshown, owner_uid, restart, settled=None if ended else time.time() - MARKER_SETTLE)
-            if ended:
+            if ended:  # exit 0 only for a job that succeeded, as a shell's `cmd; echo $?` would
                 click.echo(f"---- job {job_id} {state}", err=True)
+                if state != "finished-succeeded":
+                    raise click.exceptions.Exit(1)
                 return
             time.sleep(FOLLOW_TICK)
     except KeyboardInterrupt:
@@ -521,7 +524,8 @@ def follow_logs(job_id: int, rank: int, restart: int | None) -> None:
 
 @main.command()
 @click.argument("job", callback=lambda c, p, v: job_id_arg(v))
-@click.option("-f", "--follow", is_flag=True, help="Keep printing new output, across suspensions, until the job ends.")
+@click.option("-f", "--follow", is_flag=True,
+              help="Keep printing new output, across suspensions, until the job ends (exit 1 unless it succeeded).")
 @click.option("--rank", type=int, default=0, show_default=True, help="Node rank whose output to show.")
 @click.option("--restart", type=int, help="Only this run (0 = the first, 1 = after the first restart, ...).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON: the runs of the rank, each with its text.")
@@ -591,7 +595,10 @@ def suspend(job, as_json):
     check_owner(info, "suspend")
     writable = jobdir.path.is_dir() and may_read(info)
     control.check_running(job, info, jobdir, writable)
-    control.request_suspend(backend(), job, jobdir, writable, notice_signal=find_policy().notice_signal)
+    if writable:
+        control.check_no_notice_yet(job, info.restart_count, jobdir.events())
+    control.request_suspend(backend(), job, info.restart_count, jobdir, writable,
+                            notice_signal=find_policy().notice_signal)
     if as_json:
         emit_json({"job_id": job, "notice_sent": True})
     else:

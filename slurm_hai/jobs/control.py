@@ -16,7 +16,7 @@ import os
 from ..slurm import Backend, SlurmError
 from ..slurm.records import JobInfo
 from .jobdir import JobDir
-from .status import hai_state
+from .status import clock, hai_state
 
 # The HAI states in which a job is over: nothing is left to stop or suspend.
 OVER = ("finished-succeeded", "finished-failed", "finished-stopped", "unknown")
@@ -85,17 +85,29 @@ def check_running(job_id: int, job: JobInfo | None, jobdir: JobDir, readable: bo
         raise NoEffect(f"job {job_id} is {what}, not running; only a running job can be suspended")
 
 
-def request_suspend(slurm: Backend, job_id: int, jobdir: JobDir, writable: bool, notice_signal: str) -> None:
+def check_no_notice_yet(job_id: int, run: int, events: list[dict]) -> None:
+    """NoEffect when run `run` of the job has had its suspend notice (the launcher's `notice`
+    event of the run, or a request not known to have failed): it is suspending already, and a
+    second notice would change nothing."""
+    last = next((e for e in reversed(events) if e["run"] == run and e["event"] in
+                 ("notice", "suspend_requested", "suspend_request_failed")), None)
+    if last is not None and last["event"] != "suspend_request_failed":
+        raise NoEffect(f"job {job_id} has had its suspend notice since {clock(last['t'])}: it commits and is "
+                       f"requeued within its grace; no second notice sent (`hai status {job_id}` follows it)")
+
+
+def request_suspend(slurm: Backend, job_id: int, run: int, jobdir: JobDir, writable: bool,
+                    notice_signal: str) -> None:
     """Send the suspend notice (`notice_signal`, the policy's: the signal the job's launchers
-    take as the notice) to the steps of a job check_running() passed. The request is
-    recorded first: the launcher reads it to tell why the notice came."""
+    take as the notice) to the steps of run `run` of a job check_running() passed. The
+    request is recorded first: the launcher reads it to tell why the notice came."""
     if writable:
-        jobdir.event("suspend_requested", by=os.getuid())
+        jobdir.event("suspend_requested", by=os.getuid(), run=run)
     try:
         slurm.cancel(job_id, signal=notice_signal)
     except Exception as e:
         if writable:
-            jobdir.event("suspend_request_failed", by=os.getuid())
+            jobdir.event("suspend_request_failed", by=os.getuid(), run=run)
         now = _state_now(slurm, job_id, jobdir, writable) if isinstance(e, SlurmError) else ""
         if now not in ("", "running"):  # it ended, or was suspended, since the command read it
             raise NoEffect(f"job {job_id} is {now} now, not running: no suspend notice sent") from None

@@ -183,6 +183,19 @@ def test_suspend_of_a_running_job_sends_the_notice_and_records_the_request(world
     assert world.cancels() == [(21, "USR2")] and events(21)[-1] == "suspend_requested"
 
 
+def test_a_second_suspend_of_a_run_that_has_its_notice_sends_nothing_and_exits_1(world):
+    assert hai("suspend", "21").exit_code == 0
+    said = error_line(hai("suspend", "21"))
+    assert "job 21 has had its suspend notice since" in said and "no second notice sent" in said
+    assert world.cancels() == [(21, "USR2")]
+    JobDir.for_job(21).event("suspend_request_failed", by=0, run=0)  # the first did not reach it: another may
+    assert hai("suspend", "21").exit_code == 0 and len(world.cancels()) == 2
+    JobDir.for_job(21).event("notice", run=0, cause="preempted")  # the launcher heard one (the daemon's)
+    assert "no second notice sent" in error_line(hai("suspend", "21"))
+    world.set_state(21, "RUNNING", restart_count=1)  # the next run has had none
+    assert hai("suspend", "21").exit_code == 0 and len(world.cancels()) == 3
+
+
 @pytest.mark.parametrize("job_id, state", [(22, "waiting"), (23, "suspended"), (25, "finished-succeeded"),
                                            (27, "finished-succeeded"), (28, "unknown")])
 def test_suspend_of_a_job_that_does_not_run_sends_nothing(world, job_id, state):

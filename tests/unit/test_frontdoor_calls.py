@@ -287,25 +287,26 @@ def test_logs_follow_of_a_quiet_job_notices_its_end_without_final_json(world, mo
     monkeypatch.setattr(user, "time", clock)
     slurm.clock = clock.monotonic
     r = CliRunner().invoke(user.main, ["logs", "-f", "21"])
-    assert r.exit_code == 0 and "---- job 21 finished-stopped" in r.output
+    assert r.exit_code == 1 and "---- job 21 finished-stopped" in r.output  # the job did not succeed
     assert clock.now - 1_000 <= 10 + user.FOLLOW_SLURM_EVERY + user.FOLLOW_TICK
     assert_polls_own_job_only(slurm.reads(), 21, quiet_from=0, until=clock.now - 1_000)
 
 
-def test_submit_follow_polls_its_own_job_after_one_read_at_most(world, monkeypatch):
+@pytest.mark.parametrize("ends, exit_code", [("succeeded", 0), ("failed", 1)])
+def test_submit_follow_polls_its_own_job_after_one_read_at_most(world, monkeypatch, ends, exit_code):
     slurm, policy_reads, script = world
     first = max(j.job_id for j in slurm.queue) + 1  # the id the fake backend gives the job
 
     def on_tick(elapsed: float) -> None:
         if elapsed >= 12 and JobDir.for_job(first).final() is None:
-            JobDir.for_job(first).set_final("succeeded", 0)
+            JobDir.for_job(first).set_final(ends, 0 if ends == "succeeded" else 3)
 
     clock = Clock(on_tick)
     monkeypatch.setattr(user, "time", clock)
     monkeypatch.setattr(submit_cli, "time", clock)
     slurm.clock = clock.monotonic
     r = CliRunner().invoke(submit_cli.main, ["-f", "-p", "AUTO", script])
-    assert r.exit_code == 0 and f"---- job {first} finished-succeeded" in r.output, r.output
+    assert r.exit_code == exit_code and f"---- job {first} finished-{ends}" in r.output, r.output
     reads = slurm.reads()
     own = [c for c in reads if c[1:] in (("job", first), ("jobs", (first,), None))]
     before = reads[:len(reads) - len(own)]  # AUTO may read the queue once, before the job exists

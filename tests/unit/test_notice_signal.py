@@ -210,7 +210,7 @@ def test_hai_suspend_sends_the_policys_notice_signal(tmp_path, sig):
             sent.append((job_id, signal))
 
     jobdir = JobDir(tmp_path / "7").create()
-    control.request_suspend(Slurm(), 7, jobdir, writable=True, notice_signal=sig)
+    control.request_suspend(Slurm(), 7, 0, jobdir, writable=True, notice_signal=sig)
     assert sent == [(7, sig)] and [e["event"] for e in jobdir.events()] == ["suspend_requested"]
 
 
