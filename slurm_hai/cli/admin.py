@@ -629,6 +629,8 @@ def explain(policy_file: str | None, job_ids: tuple[int, ...], as_json: bool) ->
     if as_json:
         emit_json([{"job_id": j.job_id, "user": j.user, "state": j.state, "why": why} for j, why in rows])
         return
+    if not rows:
+        click.echo("no job is waiting or running: nothing to explain")
     for j, text in rows:
         click.echo(f"{j.job_id:>8}  {j.user:<12} {text}")
 

@@ -143,6 +143,9 @@ def backend():
     return slurm_backend()
 
 
+LOCAL_CLUSTER_ENV = "/var/lib/slurm-hai/localcluster/etc/env"  # contrib/localcluster's default state directory
+
+
 def no_config_hint(message: str) -> str:
     """One line in place of Slurm's DNS SRV errors when no Slurm configuration was found."""
     if not any(sign in message for sign in NO_CONFIG_SIGNS):
@@ -150,8 +153,9 @@ def no_config_hint(message: str) -> str:
     conf = os.environ.get("SLURM_CONF")
     where = f"SLURM_CONF={conf} does not point at a readable slurm.conf" if conf else (
         "SLURM_CONF is not set and there is no /etc/slurm/slurm.conf")
-    return (f"no Slurm configuration found: {where}; point at one with `export SLURM_CONF=/path/to/slurm.conf` "
-            "(on the local cluster: source /var/lib/slurm-hai/localcluster/etc/env)")
+    local = LOCAL_CLUSTER_ENV if os.path.exists(LOCAL_CLUSTER_ENV) else ""  # this host runs the local test cluster
+    return (f"no Slurm configuration found: {where}; point at one with `export SLURM_CONF=/path/to/slurm.conf`"
+            + (f" (on the local cluster: source {local})" if local else " (your site's documentation names it)"))
 
 
 def emit_json(data: object) -> None:

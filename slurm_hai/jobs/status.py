@@ -38,6 +38,7 @@ SLURM_REASONS = {
     "InvalidQOS": "its level is not open to its account",
     "Dependency": "waiting for its dependency",
     "NodeDown": "a node it needs is down",
+    "JobLaunchFailure": "Slurm could not start it on its node (its batch log or slurmd's log says why)",
 }
 
 # How a job ended, as Slurm tells it (for jobs whose directory we cannot or did not read).
@@ -87,11 +88,17 @@ class HaiStatus:
         return f"{self.nodes}/{self.node_range}" if self.node_range else str(self.nodes)
 
 
+def _min_parts(job: JobInfo) -> int:
+    """The MIN of a job in place's `hai-parts=MIN:MAX`: what it needs to train."""
+    parts = tags.parse_parts(tags.parse(job.comment, job.admin_comment).get(tags.PARTS))
+    return parts[0] if parts else 1
+
+
 def as_one_job(records: Sequence[JobInfo]) -> list[JobInfo]:
     """The records with each elastic job in place (the tasks of a job array with the
     `hai-parts` tag, one per part) as one record under the array's id: running while a part
-    runs, on the nodes of its running parts (0 while none runs), restarted as often as its
-    parts were; every other record as it is."""
+    runs, on the nodes of its running parts (while none runs: its MIN, the nodes it waits
+    for), restarted as often as its parts were; every other record as it is."""
     out: list[JobInfo] = []
     arrays: dict[int, list[JobInfo]] = {}
     for j in records:
@@ -105,7 +112,8 @@ def as_one_job(records: Sequence[JobInfo]) -> list[JobInfo]:
         own = next((t for t in tasks if t.job_id == array), tasks[0])
         first = (running or waiting or [own])[0]
         out.append(replace(own, job_id=array, state=first.state, reason=first.reason,
-                           num_nodes=len(running), node_list=",".join(t.node_list for t in running),
+                           num_nodes=len(running) or _min_parts(own),
+                           node_list=",".join(t.node_list for t in running),
                            restart_count=sum(t.restart_count for t in tasks),
                            submit_time=min(t.submit_time for t in tasks),
                            start_time=min((t.start_time for t in running), default=first.start_time)))
@@ -136,7 +144,7 @@ def reason_in_words(job: JobInfo | None, final: dict | None) -> str:
     if job is None:
         return "Slurm no longer knows this job"
     ended = ENDED_IN_WORDS.get(job.state)
-    if ended is not None and job.reason in ("None", ""):
+    if ended is not None and job.reason in ("None", "", "NonZeroExitCode", "RaisedSignal"):  # Slurm's own words for it
         return ended.format(code=job.exit_code)
     return SLURM_REASONS.get(job.reason, job.reason)
 
@@ -317,7 +325,7 @@ def back_estimate(events: Sequence[dict], find: Callable[[int], JobInfo | None],
         return f"job {other.job_id} is starting on its nodes; once it runs, its time limit bounds the wait"
     if other.end_time and other.end_time - other.start_time < UNLIMITED_SECONDS:
         return f"runs again when job {other.job_id} ends, by {clock(other.end_time, now)} at the latest (its time limit)"
-    return f"no estimate: job {other.job_id} has no time limit"
+    return f"runs again when job {other.job_id} ends, which has no time limit: no time can be told"
 
 
 def clock(t: float, now: float | None = None) -> str:

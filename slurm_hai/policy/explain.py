@@ -109,7 +109,8 @@ def _why(job: Job, snap: Snapshot, lines: Explainer, now: float) -> str:
     if reason == "BeginTime":
         wait = job.eligible_time - now
         if job.restart_count > 0:
-            return f"held back after requeue (restarts in ~{max(0, round(wait))} s)"
+            return ("held back after requeue: may start again at Slurm's next scheduling pass" if wait < 1 else
+                    f"held back after requeue: may start again in ~{round(wait)} s")
         return f"starts no earlier than in {_ago(wait)} (--begin)"
     if reason == "JobHeldUser":
         return f"held by its owner (scontrol release {job.job_id})"

@@ -353,6 +353,9 @@ def test_explain_of_a_job_not_in_the_queue_exits_1(world, monkeypatch):
     assert "no such job in the queue: 99" in error_line(_admin("explain", "--policy", POLICY, "21", "99"))
     r = _admin("explain", "--policy", POLICY, "21")
     assert r.exit_code == 0 and r.stdout.split()[:2] == ["21", common.current_user()]
+    world.queue = []  # an empty queue: said, not a blank answer
+    r = _admin("explain", "--policy", POLICY)
+    assert r.exit_code == 0 and r.stdout == "no job is waiting or running: nothing to explain\n"
 
 
 def test_an_unreadable_policy_is_one_line_exit_1(tmp_path):

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from slurm_hai import __version__
+from slurm_hai.cli import common
 from slurm_hai.cli.common import no_config_hint, one_line_errors
 
 BIN = Path(sys.executable).parent
@@ -58,6 +59,14 @@ def test_slurms_dns_srv_errors_become_one_line():
              "lookup failed fatal: Could not establish a configuration source")
     assert no_config_hint(slurm).startswith("no Slurm configuration found")
     assert no_config_hint("squeue: Invalid job id specified") == ""
+
+
+def test_the_no_configuration_hint_names_the_local_cluster_only_where_one_is(monkeypatch, tmp_path):
+    slurm = "fatal: Could not establish a configuration source"
+    monkeypatch.setattr(common, "LOCAL_CLUSTER_ENV", str(tmp_path / "env"))
+    assert "localcluster" not in no_config_hint(slurm) and "site's documentation" in no_config_hint(slurm)
+    (tmp_path / "env").write_text("export SLURM_CONF=...\n")
+    assert f"on the local cluster: source {tmp_path / 'env'}" in no_config_hint(slurm)
 
 
 def test_run_local_shows_progress_and_the_traceback_of_a_failed_run(tmp_path):

@@ -186,6 +186,8 @@ def test_a_running_job_with_a_notice_says_so():
 
 def test_another_users_ended_job_is_told_in_words_from_slurm_alone():
     assert reason_in_words(job(5, "FAILED", "low", exit_code=3), None) == "exit code 3"
+    assert reason_in_words(job(5, "FAILED", "low", exit_code=1, reason="NonZeroExitCode"), None) == "exit code 1"
+    assert reason_in_words(job(5, "FAILED", "low", reason="JobLaunchFailure"), None).startswith("Slurm could not start it")
     assert reason_in_words(job(5, "COMPLETED", "low", exit_code=0), None) == "exited 0"
     assert reason_in_words(job(5, "PENDING", "low", reason="PartitionNodeLimit"), None).startswith("asks for more")
 
@@ -201,7 +203,7 @@ def test_an_estimate_of_when_a_preempted_job_runs_again_or_why_there_is_none():
 
     assert back_estimate(evs, among(limited), NOW) == f"runs again when job 133 ends, by {at} at the latest (its time limit)"
     unlimited = job(133, "RUNNING", "high", start_time=int(NOW) - 10, end_time=int(NOW) + 10 * 365 * 86400)
-    assert back_estimate(evs, among(unlimited), NOW) == "no estimate: job 133 has no time limit"
+    assert back_estimate(evs, among(unlimited), NOW) == "runs again when job 133 ends, which has no time limit: no time can be told"
     assert back_estimate(evs, among(), NOW) == ""  # that job is gone: the line in the queue says the rest
     assert "is starting on its nodes" in back_estimate(evs, among(job(133, "PENDING", "high")), NOW)
 
@@ -253,8 +255,11 @@ def test_the_parts_of_a_job_in_place_are_one_job_running_on_its_running_parts():
     assert (one.state, one.num_nodes, one.node_list, one.restart_count) == ("RUNNING", 2, "n1,n3", 2)
     assert one.start_time == NOW - 50 and one.reason == "None"
     assert as_one_job([other, *tasks])[0] is other  # every other record as it is
-    (waiting,) = as_one_job([tasks[2], tasks[3]])  # no part runs: it waits, on no node
-    assert (waiting.job_id, waiting.state, waiting.reason, waiting.num_nodes) == (100, "PENDING", "Resources", 0)
+    (waiting,) = as_one_job([tasks[2], tasks[3]])  # no part runs: it waits for its MIN, on no node
+    assert (waiting.job_id, waiting.state, waiting.reason, waiting.num_nodes, waiting.node_list) == (
+        100, "PENDING", "Resources", 2, "")
+    (ended,) = as_one_job([tasks[2], replace(tasks[3], state="COMPLETED")])
+    assert (ended.state, ended.num_nodes) == ("COMPLETED", 2)  # 2/2:4 in a list, not 0/2:4
 
 
 def test_a_job_in_place_shows_its_size_over_time_from_its_parts_starts_and_leaves():

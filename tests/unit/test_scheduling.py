@@ -655,7 +655,9 @@ def test_explain_waiting_for_nodes_with_position():
 
 def test_explain_requeue_delay_and_holds():
     j = job(1, reason="BeginTime", restart_count=1, submit_time=NOW - 1, eligible_time=NOW + 4)
-    assert explain(j, [j], POLICY, NOW) == "held back after requeue (restarts in ~4 s)"
+    assert explain(j, [j], POLICY, NOW) == "held back after requeue: may start again in ~4 s"
+    due = job(1, reason="BeginTime", restart_count=1, submit_time=NOW - 5, eligible_time=NOW - 1)
+    assert explain(due, [due], POLICY, NOW) == "held back after requeue: may start again at Slurm's next scheduling pass"
     h = job(2, reason="JobHoldMaxRequeue", priority=0, restart_count=6)
     assert explain(h, [h], POLICY, NOW) == ("held by Slurm's requeue limit after 6 restarts "
                                             "(the policy daemon releases it)")
