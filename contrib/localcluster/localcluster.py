@@ -796,7 +796,10 @@ def render_configs(c: Cluster) -> bool:
     plug = render("slurm/plugstack.conf.j2", spank_so=spank_so, **ctx) if spank_so else ""
     changed |= write(etc / "plugstack.conf", plug)
     write_if_changed(etc / "slurmdbd.conf", render("slurm/slurmdbd.conf.j2", **ctx), 0o600, slurm)
-    path = f"export PATH={c.slurm_root}/bin:{c.slurm_root}/sbin:$PATH\n"
+    # Slurm's commands first; slurm-hai's (hai, hai-submit, hai-admin: beside the interpreter
+    # that runs this) last, so that a job's `python3` is still the system's, not the venv's
+    tail = f":{HAI_ADMIN.parent}" if HAI_ADMIN.exists() else ""
+    path = f"export PATH={c.slurm_root}/bin:{c.slurm_root}/sbin:$PATH{tail}\n"
     if c.site:
         write_if_changed(etc / "env", f"export SLURM_CONF={c.slurm_conf}\n{path}")
     else:

@@ -122,6 +122,12 @@ def submit(prepared: Prepared, slurm: Backend, root: Path) -> Submitted:
         policy_refusal = str(e).split("sbatch: hai: ", 1)
         if len(policy_refusal) == 2:  # job_submit.lua's own words (quota, level): nothing to add
             raise RequestError(policy_refusal[1]) from None
+        if "Invalid account or account/partition combination" in str(e):
+            user = getpass.getuser()
+            group = f" that may use node group {ctx['partition']}" if ctx.get("partition") else ""
+            raise RequestError(f"Slurm's accounting has no account for {user}{group}: "
+                               f"an administrator adds one (`sacctmgr add user {user} account=ACCOUNT`, "
+                               "docs/admin-guide.md, \"Adding a user\")") from None
         if "Requested node configuration is not available" in str(e):
             raise RequestError(f"no node of the job's group can run it ({ctx['node_range']} node(s), {ctx['gpus']} GPUs "
                                "each); `scontrol show partition` lists the groups") from None

@@ -5,6 +5,7 @@ hour or with another key; the CLI backend's commands are asked at once."""
 
 from __future__ import annotations
 
+import getpass
 import json
 import stat
 import threading
@@ -188,3 +189,16 @@ def test_the_cli_backends_commands_are_asked_at_once_and_one_that_fails_fails_th
     assert threading.active_count() == threads  # every thread it started has ended
     with pytest.raises(SlurmError, match="nodes failed"):
         clusterview.asked(AtOnce(failing="nodes"))
+
+
+def test_a_user_without_an_account_is_told_what_the_administrator_does(cluster, monkeypatch):
+    def refused(script, args=()):
+        raise SlurmError("sbatch: error: Batch job submission failed: Invalid account or account/partition "
+                         "combination specified")
+
+    monkeypatch.setattr(cluster, "submit", refused)
+    r = CliRunner().invoke(submit_cli.main, ["-g", "gpu", "train.py"])
+    me = getpass.getuser()
+    assert r.exit_code == 2 and r.output.count("\n") == 1, r.output  # refused, as the policy's refusals are
+    assert (f"Slurm's accounting has no account for {me} that may use node group gpu: an administrator adds one "
+            f"(`sacctmgr add user {me} account=ACCOUNT`") in r.output
