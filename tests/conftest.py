@@ -237,6 +237,7 @@ ONE_VERSION = {
     "test_site_install.py::test_added_from_the_wheel_to_a_sites_cluster_preempts_resumes_bitwise_and_comes_out_leaving_it_as_it_was",
     "test_frontdoor.py::test_arguments_after_the_script_reach_it_unchanged",
     "test_newcomer.py::test_a_new_user_in_a_fresh_shell_is_told_what_to_ask_for_and_then_runs_the_readmes_first_job",
+    "test_newcomer.py::test_a_job_submitted_from_an_interpreter_the_nodes_cannot_see_says_so_in_status_and_logs",
     "test_frontdoor.py::test_submit_refuses_what_could_only_fail_later_as_the_jobs_user",
     "test_frontdoor.py::test_every_command_shown_in_the_readme_the_guide_and_the_help_works",
     "test_frontdoor.py::test_ctrl_c_in_logs_follow_says_the_job_goes_on",

@@ -96,6 +96,11 @@ def job_status(job_id: int, job: JobInfo | None, jobdir: JobDir | None,
         explained = why(job)
     st = hai_status(job_id, job, final, request, runs, explained, last_run, events=events,
                     private=not readable, owner_uid=owner_uid)
+    if st.state == "finished-failed" and final is None and readable and not any(e["event"] == "start" for e in events):
+        said = jobdir.batch_said() if jobdir is not None else ""
+        if said:  # it ended before its launcher could record anything: its batch script says why
+            told = f"before it started, its batch script said: {said}"
+            st = dataclasses.replace(st, reason=f"{st.reason}; {told}" if st.reason else told)
     if st.state == "suspended" and events and find is not None:
         estimate = back_estimate(events, find)
         if estimate:
@@ -546,6 +551,10 @@ def logs(job, follow, rank, restart, as_json):
         if as_json:
             emit_json({"job_id": job, "rank": rank, "runs": []})
             return
+        said = jobdir.batch_said() if not any(e["event"] == "start" for e in jobdir.events()) else ""
+        if said and (info is None or info.state not in LIVE):
+            raise click.ClickException(f"job {job} ended before it started on rank {rank}; its batch script said: "
+                                       f"{said} (all of it: {jobdir.path.parent / f'batch-{job}.log'})")
         raise click.ClickException(f"no output yet for job {job} rank {rank} (the job has not started there; "
                                    f"`hai status {job}` says why)")
     runs = split_runs(path.read_text(errors="replace"))

@@ -253,6 +253,19 @@ class JobDir:
     def rank_log(self, rank: int) -> Path:
         return self.path / "logs" / f"rank-{rank}.log"
 
+    def batch_said(self) -> str:
+        """The last line the job's batch script printed (Slurm's --output, beside this
+        directory), '' for none: what says why a job ended before its ranks started (an
+        interpreter the node cannot see: `.../bin/python3: No such file or directory`)."""
+        try:
+            with open_owned(self.path.parent / f"batch-{self.path.name}.log", None) as fh:
+                fh.seek(max(0, os.fstat(fh.fileno()).st_size - 4096))
+                lines = fh.read(4096).decode(errors="replace").splitlines()
+        except (OSError, ValueError):
+            return ""
+        said = [line.strip() for line in lines if line.strip()]
+        return said[-1][:300] if said else ""
+
     @staticmethod
     def run_line(run: int, rank: int) -> str:
         """How the launcher opens run `run` in rank `rank`'s log (then "on HOST at TIME ====")."""

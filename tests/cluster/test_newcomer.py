@@ -9,6 +9,8 @@ import json
 import pwd
 import shutil
 import subprocess
+import tempfile
+from pathlib import Path
 
 from conftest import REPO, LiveCluster
 from waiting import wait_for
@@ -64,3 +66,35 @@ def test_a_new_user_in_a_fresh_shell_is_told_what_to_ask_for_and_then_runs_the_r
     assert status()["state"] == "finished-succeeded", status()
     logs = login_shell(live, home, f"hai logs {job}").stdout
     assert "run 0 starts at step 0" in logs and "done at step 300" in logs, logs
+
+
+def test_a_job_submitted_from_an_interpreter_the_nodes_cannot_see_says_so_in_status_and_logs(live):
+    """hai-submit from a venv on the login host's own disk (here the host's /tmp: each local
+    node has a /tmp of its own): Slurm takes the job, its batch script cannot exec the batch
+    driver on the node (exit 127); `hai status` and `hai logs` quote the script's last line."""
+    login = Path(tempfile.mkdtemp(prefix="hai-login-venv-", dir="/tmp"))
+    try:
+        venv = login / "venv"
+        subprocess.run(["/usr/bin/python3", "-m", "venv", "--without-pip", str(venv)], check=True)
+        site = next((REPO / ".venv" / "lib").glob("python3.*/site-packages"))
+        (next((venv / "lib").glob("python3.*")) / "site-packages" / "hai.pth").write_text(f"{REPO}\n{site}\n")
+        subprocess.run(["chmod", "-R", "a+rX", str(login)], check=True)
+        d = live.shared_dir("newcomer-venv", owner="hai-alice")
+        (d / "job.py").write_text("print('never runs')\n")
+        submit = "import sys; from slurm_hai.cli.front import hai_submit; sys.argv[0] = 'hai-submit'; hai_submit()"
+        p = live.run([str(venv / "bin" / "python3"), "-c", submit, "--json", "-p", "LOW", str(d / "job.py")],
+                     user="hai-alice", cwd=d)
+        job = json.loads(p.stdout)["job_id"]
+
+        def status() -> dict:
+            return json.loads(live.run(["hai", "status", "--json", str(job)], user="hai-alice").stdout)
+
+        wait_for(lambda: status()["state"].startswith("finished"), 120, "the job's end")
+        st = status()
+        missing = f"{venv}/bin/python3: No such file or directory"
+        assert st["state"] == "finished-failed" and "exit code 127" in st["reason"], st
+        assert "before it started, its batch script said: " in st["reason"] and missing in st["reason"], st
+        logs = live.run(["hai", "logs", str(job)], user="hai-alice", check=False)
+        assert logs.returncode == 1 and logs.stderr.count("\n") == 1 and missing in logs.stderr, logs.stderr
+    finally:
+        shutil.rmtree(login, ignore_errors=True)

@@ -263,6 +263,23 @@ def test_logs_of_a_job_with_no_output_yet_says_so_and_exits_1(world):
     assert r.exit_code == 0 and json.loads(r.stdout)["runs"] == []
 
 
+def test_a_job_that_ended_before_its_ranks_started_is_told_by_its_batch_scripts_last_line(world):
+    """An interpreter the nodes cannot see: the batch script's exec fails (exit 127) before
+    the batch driver can record anything; status and logs quote what the script said."""
+    world.set_state(22, "FAILED", exit_code=127, reason="NonZeroExitCode")
+    said = "/var/spool/slurmd/job00022/slurm_script: line 40: /home/me/venv/bin/python3: No such file or directory"
+    (JobDir.for_job(22).path.parent / "batch-22.log").write_text(f"{said}\n")
+    st = json.loads(hai("status", "--json", "22").stdout)
+    assert st["state"] == "finished-failed"
+    assert st["reason"] == f"exit code 127; before it started, its batch script said: {said}"
+    line = error_line(hai("logs", "22"))
+    assert f"job 22 ended before it started on rank 0; its batch script said: {said}" in line
+    assert "batch-22.log" in line
+    JobDir.for_job(22).event("start", run=0)  # a job that started: its ranks' logs say the rest
+    assert "no output yet for job 22 rank 0" in error_line(hai("logs", "22"))
+    assert "batch script said" not in json.loads(hai("status", "--json", "22").stdout)["reason"]
+
+
 def test_status_of_a_job_nobody_knows_exits_1(world):
     assert "no job 99: Slurm does not know it" in error_line(hai("status", "99"))
 
