@@ -224,7 +224,10 @@ def fit_to_group(group: str, node_gpus: Collection[int], want_nodes: NodeRange, 
     return gpus_per_node
 
 
-MULTI_PROCESS_SIGNS = ("spawn", "torch.distributed", "slurm_hai", "RANK", "init_process_group")
+# What a script that runs on several nodes uses to tell them apart (importing slurm_hai is
+# not one: every resumable script does, for its notice and checkpoints).
+MULTI_PROCESS_SIGNS = ("spawn", "torch.distributed", "RANK", "get_rank", "world_size", "init_process_group")
+PARTS_SIGNS = ("slurm_hai.runtime.parts", "slurm_hai.runtime import parts")
 
 
 def single_process_warning(req: JobRequest) -> str:
@@ -232,7 +235,7 @@ def single_process_warning(req: JobRequest) -> str:
     torch.distributed, no RANK) is asked to run on several nodes: it would run once per
     node, every copy writing the same checkpoint directory. '' when nothing to say."""
     nodes = requested_nodes(req)
-    if nodes.max <= 1 or req.torchrun or Path(req.script).suffix != ".py":
+    if nodes.max <= 1 or req.torchrun or req.in_place or Path(req.script).suffix != ".py":
         return ""
     try:
         text = Path(req.script).read_text(errors="replace")
@@ -243,6 +246,22 @@ def single_process_warning(req: JobRequest) -> str:
     return (f"warning: {req.script} looks single-process (no spawn, torch.distributed or RANK), but runs once on "
             f"each of {nodes} nodes, every copy writing the same checkpoints; use -n 1, or see "
             "examples/train.py for several nodes")
+
+
+def parts_warning(req: JobRequest) -> str:
+    """A warning when the script of an elastic job in place does not use the parts' API: each
+    of its MAX parts would run it whole (a wrapper that runs one that does is fine: a warning,
+    not a refusal). '' when nothing to say."""
+    if not req.in_place:
+        return ""
+    try:
+        text = Path(req.script).read_text(errors="replace")
+    except OSError:
+        return ""
+    if any(sign in text for sign in PARTS_SIGNS):
+        return ""
+    return (f"warning: {req.script} does not use slurm_hai.runtime.parts (join, leave_on): with --in-place each "
+            f"of its {requested_nodes(req).max} parts runs it whole; see examples/parts_train.py")
 
 
 def check_files(req: JobRequest) -> None:

@@ -18,7 +18,7 @@ from ..slurm import Backend, SlurmError
 from .clusterview import ClusterView, asked, cluster_view
 from .jobdir import JobDir, write_atomic
 from .request import (JobRequest, RequestError, check_files, check_group_name, did_you_mean, fit_to_group,
-                      fit_to_partition, render_script, requested_nodes, single_process_warning, validate)
+                      fit_to_partition, render_script, requested_nodes, parts_warning, single_process_warning, validate)
 
 
 @dataclass
@@ -93,7 +93,7 @@ def prepare(req: JobRequest, slurm: Backend, policy: Policy, dry_run: bool = Fal
     short = policy.min_gpus_refusal(group, req.gpus_per_node)
     if short:
         raise RequestError(short)
-    warnings = [w for w in (single_process_warning(req),) if w]
+    warnings = [w for w in (single_process_warning(req), parts_warning(req)) if w]
     # Ties this submission to its job directory, so a directory left by an older job with
     # the same id is never taken for this job's (JobDir.claim).
     token = os.urandom(8).hex()

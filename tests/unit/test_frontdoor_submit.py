@@ -163,8 +163,11 @@ def test_a_single_process_script_on_several_nodes_gets_a_warning(fake, tmp_path)
     single.write_text("import torch\nprint(1)\n")
     multi = tmp_path / "many.py"
     multi.write_text("from slurm_hai import spawn\n")
-    r = CliRunner().invoke(submit_cli.main, ["--dry-run", "-n", "2", str(single)])
-    assert r.exit_code == 0 and "looks single-process" in r.output and "each of 2 nodes" in r.output
+    resumable = tmp_path / "resumable.py"  # a slurm-hai script, but one process: examples/resumable.py's kind
+    resumable.write_text("import slurm_hai as hai\nif hai.receive_suspend_command(): hai.go_suspend()\n")
+    for script in (single, resumable):
+        r = CliRunner().invoke(submit_cli.main, ["--dry-run", "-n", "2", str(script)])
+        assert r.exit_code == 0 and "looks single-process" in r.output and "each of 2 nodes" in r.output
     for argv in (["-n", "2", str(multi)], ["-n", "1", str(single)]):
         assert "single-process" not in CliRunner().invoke(submit_cli.main, ["--dry-run", *argv]).output
 
@@ -212,3 +215,9 @@ def test_in_place_is_a_job_array_of_one_node_parts_under_the_sites_lighthouse_se
                          (["-n", "1:2", "--torchrun"], "--in-place runs a Python script of parts")):
         rc, out = dry_run("--in-place", *argv, str(script))
         assert rc == 2 and needle in out and "Traceback" not in out, (argv, out)
+    whole = tmp_path / "whole.py"  # a script not written for parts: four copies would each run it whole
+    whole.write_text("import slurm_hai as hai\nprint(hai.restart_count())\n")
+    rc, out = dry_run("--in-place", "-n", "1:2", str(whole))
+    assert rc == 0 and f"warning: {whole} does not use slurm_hai.runtime.parts (join, leave_on): with --in-place each " \
+        "of its 2 parts runs it whole" in out, out
+    assert "does not use slurm_hai.runtime.parts" not in dry_run("--in-place", "-n", "1:2", str(script))[1]
