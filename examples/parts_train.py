@@ -98,6 +98,7 @@ def main() -> None:
 
     index = int(os.environ["SLURM_ARRAY_TASK_ID"])
     assert args.out is not None, "--out is needed for a part"
+    args.out.mkdir(parents=True, exist_ok=True)  # every part may be first: each makes it if need be
     log = (args.out / f"part{index}.log").open("a")
 
     def note(**fields) -> None:

@@ -133,15 +133,19 @@ def main(argv: list[str] | None = None) -> int:
         record = slurm_record(slurm, job_id)  # read once: whether Slurm preempted the run, or ended it
         preempted = _preempted(record)
         jobdir.event("left", run=run, part=part, exit_code=rc, preempted=preempted)
-        print(f"slurm-hai: part {part} run {run} ended (exit {rc}{', preempted' if preempted else ''}); "
-              "the other parts train on", flush=True)
-        if not preempted:
+        if preempted:
+            print(f"slurm-hai: part {part} run {run} ended (exit {rc}, preempted): its task waits in the queue to "
+                  "rejoin", flush=True)
+        else:
             # its own failure (not Slurm ending the task: a cancel signals this script too, and
             # Slurm's record says so first): requeued while the job has retries left, else the
             # task ends; the others go on
             ended = ending or run_over(record, run)
             retry = None if ended else jobdir.take_retry(args.retries)
             if retry is None:
+                if not ended:
+                    print(f"slurm-hai: part {part} run {run} failed (exit {rc}); no retry left: this part is over, "
+                          f"the job's other parts go on if any still run (`hai status {array}`)", flush=True)
                 return rc
             jobdir.event("retry", run=run, part=part, exit_code=rc, retry=retry, of=args.retries)
             print(f"slurm-hai: part {part} run {run} failed (exit {rc}); retry {retry} of {args.retries}", flush=True)

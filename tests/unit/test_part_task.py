@@ -160,7 +160,7 @@ def test_a_part_that_leaves_below_min_or_at_its_time_limit_is_requeued_one_that_
     assert [k for k in ("below_min", "time_limit") if left[0].get(k) is True] == ([why] if why else [])
 
 
-def test_a_part_that_fails_on_its_own_is_requeued_while_the_job_has_retries_left(monkeypatch, tmp_path):
+def test_a_part_that_fails_on_its_own_is_requeued_while_the_job_has_retries_left(monkeypatch, tmp_path, capsys):
     # --retries 2 for the whole job: two failures of its parts are requeued (events `left` and
     # `retry`), the third ends its task; a part that Slurm ends (a cancel: this script gets
     # SIGTERM too, and Slurm's record is no longer RUNNING) spends none
@@ -189,6 +189,8 @@ def test_a_part_that_fails_on_its_own_is_requeued_while_the_job_has_retries_left
     assert [(e["part"], e["retry"], e["of"]) for e in events if e["event"] == "retry"] == [(2, 1, 2), (3, 2, 2)]
     assert len([e for e in events if e["event"] == "left" and not e["preempted"]]) == 5
     assert (tmp_path / "7" / "retries_used").read_text() == "2"
+    said = capsys.readouterr().out  # the part's log: what happened to it, no claim about the others
+    assert said.count("no retry left: this part is over") == 1 and "train on" not in said, said
 
 
 def away(service, job, min_parts):
