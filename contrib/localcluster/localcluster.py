@@ -342,7 +342,7 @@ def daemons(c: Cluster) -> list[Daemon]:
 
 
 def lighthouse_service(c: Cluster) -> Daemon:
-    """`hai-admin lighthouse` as a site runs it (contrib/systemd/hai-lighthouse.service): the
+    """`hai-admin lighthouse` as a site runs it (hai-lighthouse.service of `hai-admin units`): the
     torchft lighthouse of each elastic job in place, outliving the job's parts. Its log is its
     console; each job's lighthouse is recorded in `lighthouse/<job>.json`."""
     return Daemon("lighthouse", c.state / "run" / "lighthouse.pid", c.state / "log" / "lighthouse.console",

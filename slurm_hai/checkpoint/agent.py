@@ -1,7 +1,7 @@
 """The node-local persist agent: finishes the durable copy of suspend saves after the job
 has let go of the node (`hai-admin persist-agent`; memory.py has the protocol).
 
-One agent per node, started at boot (contrib/systemd/slurm-hai-persist.service; the local
+One agent per node, started at boot (slurm-hai-persist.service of `hai-admin units`; the local
 cluster starts one inside each node). It owns the spool directory (root, mode 1733: anyone
 may drop a request, nobody may touch another's) and writes its pid file there, which is
 how a job learns that an agent runs. The spool's parent must be a directory only root can

@@ -7,6 +7,7 @@ import logging
 import os
 import re
 import signal
+import shutil
 import sys
 import threading
 import time
@@ -54,7 +55,7 @@ def main() -> None:
       hai-admin render --policy /etc/slurm-hai/policy.toml --out /etc/slurm/hai
       hai-admin plan   --policy /etc/slurm-hai/policy.toml
       hai-admin apply  --policy /etc/slurm-hai/policy.toml
-      hai-admin daemon --policy /etc/slurm-hai/policy.toml    (or contrib/systemd/hai-policyd.service)
+      hai-admin daemon --policy /etc/slurm-hai/policy.toml    (or hai-policyd.service: hai-admin units)
 
     \b
     Exit status: 0 done (plan: nothing to change), 1 error, 2 bad usage,
@@ -516,7 +517,7 @@ def persist_agent(spool: str | None, once: bool, sweep_every: float) -> None:
     commits it. Each request runs as the job's user. Without an agent on every node of a
     job, suspend_save() saves to the durable directory itself, as a blocking save.
     It also removes the node memory (/dev/shm/slurm-hai-<job>-*) of jobs that are over.
-    docs/checkpoint.md ("Suspend in memory time"); contrib/systemd/ has a unit file.
+    docs/checkpoint.md ("Suspend in memory time"); `hai-admin units` writes its unit file.
     """
     from ..checkpoint.agent import Agent, AgentError, prepare_spool
     from ..checkpoint.memory import spool_dir
@@ -554,7 +555,7 @@ def lighthouse(listen: str, port: int, state_dir: str, sweep_every: float, heart
     process of its own (torchft's Rust lighthouse, no torch loaded: about 14 MiB): this
     service's restart leaves them running, and it finds them again in --state-dir. A job's
     lighthouse is stopped once the job ended. Needs torchft: pip install 'slurm-hai[elastic]'.
-    docs/elastic-in-place.md; contrib/systemd/ has a unit file.
+    docs/elastic-in-place.md; `hai-admin units` writes its unit file.
     """
     from ..controller.lighthouse import HEARTBEAT_TIMEOUT_MS, LighthouseError, Service, serve, torchft_extension
     from ..slurm import SlurmError
@@ -666,8 +667,7 @@ def timeline(policy_file: str | None, since: str, until: str | None, out: str, a
 # copies): name -> (place in the package, what it holds).
 SHARED = {
     "spank": ("share/spank", "the SPANK plugin's sources: `hai-admin spank install` builds and installs it"),
-    "systemd": ("share/systemd", "hai-policyd.service (slurmctld hosts), slurm-hai-persist.service (every node), "
-                           "hai-lighthouse.service (one host)"),
+    "docs": ("share/docs", "the guides, the policy reference (policy.md) and policy.example.toml to start from"),
     "grafana": ("share/grafana", "slurm-hai.json: a Grafana dashboard of the daemon's metrics (--metrics-port)"),
     "slurm-docker": ("share/slurm-docker", "slurm-hai on giovtorres/slurm-docker-cluster (its README.md)"),
     "templates": ("templates", "the templates `hai-admin render` and `hai-submit` fill in (read-only)"),
@@ -696,14 +696,40 @@ def files(what: str | None) -> None:
 
     \b
     With WHAT, print only that directory, e.g.
-      cp "$(hai-admin files systemd)"/*.service /etc/systemd/system/
-    The unit files run /usr/local/bin/hai-admin: edit ExecStart if hai-admin is elsewhere.
+      cp "$(hai-admin files docs)/policy.example.toml" /etc/slurm-hai/policy.toml
+    The systemd units: `hai-admin units`.
     """
     if what:
         click.echo(shared_dir(what))
         return
     for name, (_, about) in SHARED.items():
         click.echo(f"{name:<13} {shared_dir(name)}\n{'':<14}{about}")
+
+
+UNITS = {"hai-policyd.service": "the slurmctld host and its backup",
+         "slurm-hai-persist.service": "every compute node",
+         "hai-lighthouse.service": "one host the nodes reach: elastic jobs in place"}
+
+
+@main.command()
+@click.option("--out", default="/etc/systemd/system", show_default=True, type=click.Path(file_okay=False),
+              help="Directory to write the unit files into.")
+@one_line_errors
+def units(out: str) -> None:
+    """Write slurm-hai's systemd units into OUT, each running this installation's hai-admin
+    (whatever venv or prefix it is in) and naming its documentation. Then
+    `systemctl daemon-reload` and `systemctl enable --now UNIT` of those this host runs."""
+    from ..render import render
+
+    here = Path(sys.executable).with_name("hai-admin")
+    hai_admin = here if here.exists() else Path(shutil.which("hai-admin") or here)
+    docs = shared_dir("docs")
+    target = Path(out)
+    target.mkdir(parents=True, exist_ok=True)
+    for name, where in UNITS.items():
+        (target / name).write_text(render(f"systemd/{name}.j2", hai_admin=hai_admin, docs=docs))
+        click.echo(f"wrote {target / name}: for {where}")
+    click.echo(f"runs {hai_admin}; next: systemctl daemon-reload && systemctl enable --now UNIT")
 
 
 def _slurm_headers(include: str | None) -> tuple[Path, str]:

@@ -31,7 +31,7 @@ BUILD_OUTPUTS = (".so", ".o", ".flags")  # never shipped (gitignored; spank/Make
 
 # Where each shipped directory of the wheel comes from in the repository.
 SHIPPED = {"slurm_hai/templates": "templates", "slurm_hai/share/spank": "spank",
-           "slurm_hai/share/systemd": "contrib/systemd", "slurm_hai/share/grafana": "contrib/grafana",
+           "slurm_hai/share/docs": "docs", "slurm_hai/share/grafana": "contrib/grafana",
            "slurm_hai/share/slurm-docker": "contrib/slurm-docker"}
 
 
@@ -110,7 +110,9 @@ def test_the_wheel_holds_the_templates_and_the_admins_files(dist):
         have = {n[len(shipped) + 1:] for n in names if n.startswith(shipped + "/")}
         assert have == repo_files(source), f"{shipped} in the wheel is not {source}/ of the repository"
     assert {"hai_spank.c", "Makefile"} <= repo_files("spank")
-    assert {"hai-policyd.service", "slurm-hai-persist.service", "hai-lighthouse.service"} <= repo_files("contrib/systemd")
+    assert {f"systemd/{u}.service.j2" for u in ("hai-policyd", "slurm-hai-persist", "hai-lighthouse")} <= repo_files(
+        "templates")
+    assert {"admin-guide.md", "policy.md", "policy.example.toml"} <= repo_files("docs")
     assert "slurm-hai.json" in repo_files("contrib/grafana")
     assert not [n for n in names if n.endswith(BUILD_OUTPUTS)]
 
@@ -140,13 +142,28 @@ def test_the_installed_package_is_the_wheels(site):
 def test_files_says_where_the_shipped_files_are(site):
     p = installed(site, "hai-admin", "files")
     assert p.returncode == 0, p.stderr
-    for name in ("spank", "systemd", "grafana", "slurm-docker", "templates"):
+    for name in ("spank", "docs", "grafana", "slurm-docker", "templates"):
         q = installed(site, "hai-admin", "files", name)
         assert q.returncode == 0, q.stderr
         where = Path(q.stdout.strip())
         assert str(where) in p.stdout and where.is_relative_to(site["site_packages"]) and where.is_dir()
-    systemd = Path(installed(site, "hai-admin", "files", "systemd").stdout.strip())
-    assert (systemd / "hai-policyd.service").read_text() == (REPO / "contrib/systemd/hai-policyd.service").read_text()
+    docs = Path(installed(site, "hai-admin", "files", "docs").stdout.strip())
+    example = installed(site, "hai-admin", "check", "--policy", str(docs / "policy.example.toml"))
+    assert example.returncode == 0 and "valid" in example.stdout, example.stdout + example.stderr
+
+
+def test_units_run_this_installations_hai_admin_and_name_its_docs(site):
+    out = site["work"] / "units"
+    p = installed(site, "hai-admin", "units", "--out", str(out))
+    assert p.returncode == 0 and p.stdout.count("wrote ") == 3, p.stdout + p.stderr
+    venv_admin = site["venv"] / "bin" / "hai-admin"
+    for unit in ("hai-policyd.service", "slurm-hai-persist.service", "hai-lighthouse.service"):
+        text = (out / unit).read_text()
+        starts = [line.split("=", 1)[1].split()[0] for line in text.splitlines() if line.startswith("ExecStart")]
+        assert starts and set(starts) == {str(venv_admin)}, (unit, starts)
+        (doc,) = [line.split("file://", 1)[1] for line in text.splitlines() if line.startswith("Documentation=")]
+        assert Path(doc).is_file() and Path(doc).is_relative_to(site["site_packages"]), doc
+        assert "{{" not in text and "contrib/systemd" not in text
     grafana = Path(installed(site, "hai-admin", "files", "grafana").stdout.strip())
     assert json.loads((grafana / "slurm-hai.json").read_text())["panels"]
 
