@@ -103,7 +103,7 @@ bench: setup
 	$(PY) benchmarks/cluster_bench.py
 
 # The wheel holds the templates, the SPANK plugin's sources (hai-admin spank install), the
-# systemd units, the Grafana dashboard and the slurm-docker contrib (hai-admin files).
+# docs (with policy.example.toml), the Grafana dashboard and the slurm-docker contrib (hai-admin files; the systemd units: hai-admin units).
 # Built in a small venv of its own (no torch): build and hatchling from PyPI.
 DIST_VENV := build/dist-venv
 dist:
