@@ -220,22 +220,25 @@ def _remove_option(fn: Callable) -> Callable:
                         help="Take slurm-hai out again: undo what the install record says apply made.")(fn)
 
 
-def _site_warnings(changes, state, record_file: str | None) -> None:
-    """What of the site's would defeat slurm-hai or be changed by it, one line each on stderr."""
+def _site_warnings(changes, state, record_file: str | None) -> list[str]:
+    """What of the site's would defeat slurm-hai or be changed by it, one line each on stderr;
+    the site's QOS that `apply` changes only with --adopt."""
     from ..controller.apply import load_record, record_path
     from ..policy.install import config_warnings, conflict_warning, qos_conflicts
     from ..slurm import SlurmError, backend
 
     record = load_record(Path(record_file) if record_file else record_path())
-    for name in qos_conflicts(changes, state, record):
+    conflicts = list(qos_conflicts(changes, state, record))
+    for name in conflicts:
         click.echo(conflict_warning(name, state), err=True)
     try:
         config = backend().config()
     except SlurmError as e:  # slurmdbd answers, slurmctld not yet (plan --no-partitions before it starts)
         click.echo(f"note: slurm.conf's preemption settings not checked: {' '.join(str(e).split())}", err=True)
-        return
+        return conflicts
     for line in config_warnings(config):
         click.echo(line, err=True)
+    return conflicts
 
 
 def _removal(record_file: str | None, apply_it: bool, report=None):
@@ -262,7 +265,11 @@ def quota_loss_warning(changes) -> str:
     return f"warning: this policy {' and '.join(parts)}; is the policy file the one you meant?"
 
 
-RENDERED_CHECKED = {"job_submit.lua": ("slurm/job_submit.lua.j2", "--"), "hai-policy.conf": ("slurm/hai-policy.conf.j2", "#")}
+# Each rendered file as installed beside slurm.conf: where it may be (the first found is
+# compared; slurm-hai's job_submit.lua called from a site's own is hai_job_submit.lua, and the
+# site's job_submit.lua is then not ours to compare), its template, its comment mark.
+RENDERED_CHECKED = {("hai_job_submit.lua", "job_submit.lua"): ("slurm/job_submit.lua.j2", "--"),
+                    ("hai-policy.conf",): ("slurm/hai-policy.conf.j2", "#")}
 
 
 def stale_rendered_files(policy: Policy, conf_dir: Path) -> list[str]:
@@ -273,9 +280,9 @@ def stale_rendered_files(policy: Policy, conf_dir: Path) -> list[str]:
 
     ctx = template_context(policy)
     stale = []
-    for name, (template, comment) in RENDERED_CHECKED.items():
-        installed = conf_dir / name
-        if not installed.is_file():
+    for names, (template, comment) in RENDERED_CHECKED.items():
+        installed = next((conf_dir / name for name in names if (conf_dir / name).is_file()), None)
+        if installed is None:
             continue
 
         def body(text: str) -> list[str]:
@@ -323,6 +330,7 @@ def plan(policy_file: str | None, no_partitions: bool, as_json: bool, remove: bo
     would change only with --adopt. With --remove: the commands that take slurm-hai out.
     Changes nothing. Exit status 0: nothing to change, 3: changes.
     """
+    adopt: list[str] = []
     if remove:
         changes = _removal(record_file, apply_it=False)
     else:
@@ -331,7 +339,7 @@ def plan(policy_file: str | None, no_partitions: bool, as_json: bool, remove: bo
         warning = quota_loss_warning(changes)
         if warning:
             click.echo(warning, err=True)
-        _site_warnings(changes, state, record_file)
+        adopt = _site_warnings(changes, state, record_file)
         conf_dir = Path(os.environ.get("SLURM_CONF", "/etc/slurm/slurm.conf")).parent
         for path in stale_rendered_files(policy, conf_dir):
             click.echo(f"note: {path} differs from what this policy renders: run `hai-admin render` and install it "
@@ -344,7 +352,8 @@ def plan(policy_file: str | None, no_partitions: bool, as_json: bool, remove: bo
         return
     _show(changes, as_json)
     if not as_json:
-        click.echo(f"{len(changes)} change(s); run `hai-admin apply{' --remove' if remove else ''}` to make them")
+        how = " --remove" if remove else f" --adopt {','.join(adopt)}" if adopt else ""
+        click.echo(f"{len(changes)} change(s); run `hai-admin apply{how}` to make them")
     sys.exit(3)
 
 

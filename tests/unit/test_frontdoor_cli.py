@@ -104,3 +104,9 @@ def test_plan_notes_a_rendered_file_the_policy_no_longer_matches(tmp_path):
     assert stale_rendered_files(policy, tmp_path) == []  # comments aside, the same
     (tmp_path / "job_submit.lua").write_text(lua.replace("HIGH", "HIGHER", 1))
     assert stale_rendered_files(policy, tmp_path) == [str(tmp_path / "job_submit.lua")]
+    # the site's own job_submit.lua calling slurm-hai's (docs/admin-guide.md): only slurm-hai's is compared
+    (tmp_path / "job_submit.lua").write_text('dofile("/etc/slurm/hai_job_submit.lua")\n')
+    (tmp_path / "hai_job_submit.lua").write_text(lua)
+    assert stale_rendered_files(policy, tmp_path) == []
+    (tmp_path / "hai_job_submit.lua").write_text(lua.replace("HIGH", "HIGHER", 1))
+    assert stale_rendered_files(policy, tmp_path) == [str(tmp_path / "hai_job_submit.lua")]

@@ -303,7 +303,7 @@ def test_plan_exit_status_says_whether_changes_are_due(monkeypatch):
 
     from slurm_hai.policy.ladder import Change, ClusterState
 
-    monkeypatch.setattr("slurm_hai.cli.admin._site_warnings", lambda changes, state, record: None)
+    monkeypatch.setattr("slurm_hai.cli.admin._site_warnings", lambda changes, state, record: [])
     monkeypatch.setattr("slurm_hai.cli.admin._plan", lambda policy, partitions: ([], ClusterState()))
     r = CliRunner().invoke(admin, ["plan", "--policy", str(LOCAL)])
     assert r.exit_code == 0 and "no change" in r.output
@@ -313,6 +313,10 @@ def test_plan_exit_status_says_whether_changes_are_due(monkeypatch):
     assert r.exit_code == 3
     assert r.output.splitlines()[:2] == ["sacctmgr -i modify qos where name=high set GraceTime=5",
                                          "    # high: GraceTime"]
+    assert r.output.splitlines()[-1] == "1 change(s); run `hai-admin apply` to make them"
+    monkeypatch.setattr("slurm_hai.cli.admin._site_warnings", lambda changes, state, record: ["high", "normal"])
+    r = CliRunner().invoke(admin, ["plan", "--policy", str(LOCAL)])  # the site's own QOS: apply needs --adopt
+    assert r.exit_code == 3 and r.output.splitlines()[-1] == "1 change(s); run `hai-admin apply --adopt high,normal` to make them"
     r = CliRunner().invoke(admin, ["plan", "--policy", str(LOCAL), "--json"])
     assert r.exit_code == 3 and json.loads(r.output) == [
         {"argv": ["sacctmgr", "-i", "modify", "qos", "where", "name=high", "set", "GraceTime=5"], "why": "high: GraceTime"}]
