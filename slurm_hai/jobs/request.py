@@ -298,6 +298,31 @@ def check_files(req: JobRequest) -> None:
                            "give the training script, or add a #! line (e.g. #!/bin/bash)")
     if not os.access(script, os.X_OK):
         raise RequestError(f"script {shown} is not executable; chmod u+x {shlex.quote(shown)}")
+    missing = missing_interpreter(script)
+    if missing:
+        raise RequestError(f"script {shown}: {missing}; fix its first line")
+
+
+def missing_interpreter(program: str | Path) -> str:
+    """What is wrong with the `#!` line of `program` (which exists) on this host: its
+    interpreter does not exist, or `#!/usr/bin/env NAME` finds no NAME on PATH; '' when
+    nothing is (or it has no #! line)."""
+    try:
+        with open(program, "rb") as f:
+            first = f.readline(256)
+    except OSError:
+        return ""
+    if not first.startswith(b"#!"):
+        return ""
+    words = first[2:].decode(errors="replace").split()
+    if not words:
+        return "its #! line names no interpreter"
+    interpreter = words[0]
+    if not os.access(interpreter, os.X_OK):
+        return f"its #! interpreter {interpreter} does not exist here"
+    if Path(interpreter).name == "env" and len(words) > 1 and not words[1].startswith("-") and shutil.which(words[1]) is None:
+        return f"its #! line runs `env {words[1]}`, and there is no {words[1]} on PATH here"
+    return ""
 
 
 # the job scripts hai-submit renders: a job's, an elastic job in place's

@@ -159,7 +159,11 @@ class NodeRun:
                                           stderr=subprocess.STDOUT, start_new_session=True,
                                           preexec_fn=self._ignore_notice_signals)
         except OSError as e:
-            raise SystemExit(could_not_start(self.jobdir, self.run, self.rank, f"cannot start {self.cmd[0]!r}: {e}")) from None
+            from ..jobs.request import missing_interpreter  # the failure's path only: the start imports no policy
+
+            missing = missing_interpreter(self.cmd[0]) if isinstance(e, FileNotFoundError) else ""
+            why = f"{self.cmd[0]}: {missing} (on {os.uname().nodename})" if missing else f"cannot start {self.cmd[0]!r}: {e}"
+            raise SystemExit(could_not_start(self.jobdir, self.run, self.rank, why)) from None
         finally:
             os.close(log)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -76,16 +77,26 @@ def test_a_double_dash_right_after_the_script_is_dropped(fake, tmp_path):
     assert rc == 0 and argv[argv.index(str(script)) + 1:] == ["--nprocs", "2"]
 
 
+def executable(path: Path, text: str) -> Path:
+    path.write_text(text)
+    path.chmod(0o755)
+    return path
+
+
 @pytest.mark.parametrize("make,needle", [
     (lambda d: d / "missing.py", "no such file"),
     (lambda d: d, "is a directory"),
     (lambda d: (d / "README.md", (d / "README.md").write_text("# hello\n"))[0], "nor a program"),
     (lambda d: (d / "run.sh", (d / "run.sh").write_text("#!/bin/bash\necho hi\n"))[0], "chmod u+x"),
+    (lambda d: executable(d / "run.sh", "#!/opt/nowhere/bash\necho hi\n"),
+     "script {}: its #! interpreter /opt/nowhere/bash does not exist here; fix its first line"),
+    (lambda d: executable(d / "run.sh", "#!/usr/bin/env no-such-python3\nprint(1)\n"),
+     "its #! line runs `env no-such-python3`, and there is no no-such-python3 on PATH here"),
 ])
 def test_a_script_that_can_only_fail_later_is_refused_at_submit(fake, tmp_path, make, needle):
     script = make(tmp_path)
     rc, out = dry_run(str(script))
-    assert rc == 2 and needle in out and "#SBATCH" not in out
+    assert rc == 2 and needle.format(script) in out and "#SBATCH" not in out, out
     assert len(out.strip().splitlines()) == 1 and out.startswith("Error: ")
 
 

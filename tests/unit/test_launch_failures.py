@@ -42,6 +42,21 @@ def test_a_command_that_cannot_start_is_told_in_events_log_and_final_reason(tmp_
     assert failure_reason(jd, 1, 3) == "exit code 3"  # another run's failure is its own
 
 
+def test_a_program_whose_interpreter_the_node_lacks_is_told_so_not_as_a_missing_program(tmp_path):
+    jd = JobDir(tmp_path / "8").create()
+    program = tmp_path / "run.sh"  # it exists; its #! interpreter does not, on this node
+    program.write_text("#!/opt/only-on-the-login-node/bash\necho hi\n")
+    program.chmod(0o755)
+    run = launcher.NodeRun([str(program)], dict(os.environ), jd, run=0, rank=0, grace=1,
+                           notices=launcher.notice_signals("USR2", False), force_suspend=lambda: None, flag=None)
+    with pytest.raises(SystemExit) as e:
+        run.start()
+    assert e.value.code == 127
+    [ev] = [e for e in jd.events() if e["event"] == "launch_failed"]
+    assert ev["error"] == (f"{program}: its #! interpreter /opt/only-on-the-login-node/bash does not exist here "
+                           f"(on {os.uname().nodename})")
+
+
 def test_a_checkpoint_directory_someone_else_made_or_anyone_may_write_is_refused(tmp_path):
     from slurm_hai.checkpoint import CheckpointManager
     from slurm_hai.checkpoint.errors import CheckpointError
