@@ -83,7 +83,7 @@ def ls_command(directory: str, as_json: bool) -> None:
             {
                 "step": step,
                 "path": str(path),
-                "status": "ok" if result.ok else "bad",
+                "status": "sizes_ok" if result.ok else "bad",  # the data is verify's to check
                 "problems": [str(p) for p in result.problems],
                 "files": len(manifest.files) if manifest else None,
                 "bytes": manifest.total_bytes if manifest else None,
@@ -102,13 +102,14 @@ def ls_command(directory: str, as_json: bool) -> None:
     if not rows:
         click.echo(f"{root}: no committed checkpoints")
     else:
-        click.echo(f"{'STEP':>12}  {'SIZE':>10}  {'FILES':>5}  {'LAYOUT':<6}  {'WORLD':>5}  {'CREATED (UTC)':<19}  STATUS")
+        click.echo(f"{'STEP':>12}  {'SIZE':>10}  {'FILES':>5}  {'LAYOUT':<6}  {'WORLD':>5}  {'CREATED (UTC)':<19}  "
+                   "STATUS (`verify` checks the data)")
         for row in rows:
             created = (
                 time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(row["created_unix"])) if row["created_unix"] else "-"
             )
             size = _human_bytes(row["bytes"]) if row["bytes"] is not None else "-"
-            status = "ok" if row["status"] == "ok" else "BAD: " + "; ".join(row["problems"])
+            status = "sizes ok" if row["status"] == "sizes_ok" else "BAD: " + "; ".join(row["problems"])
             click.echo(
                 f"{row['step']:>12}  {size:>10}  {row['files'] or '-':>5}  {row['layout'] or '-':<6}  "
                 f"{row['world_size'] or '-':>5}  {created:<19}  {status}"

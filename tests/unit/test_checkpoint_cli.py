@@ -44,7 +44,9 @@ def test_ls_lists_checkpoints_newest_first(checkpoints):
     lines = result.output.splitlines()
     assert lines[0].split()[:2] == ["STEP", "SIZE"]
     assert [line.split()[0] for line in lines[1:3]] == ["20", "10"]
-    assert all(line.rstrip().endswith("ok") for line in lines[1:3])
+    assert all(line.rstrip().endswith("sizes ok") for line in lines[1:3])
+    corrupt(checkpoints, 20)  # a flipped byte: the sizes hold, only verify's checksums see it
+    assert invoke("ls", str(checkpoints)).output.splitlines()[1].rstrip().endswith("  sizes ok")
 
 
 def test_ls_json_is_machine_readable(checkpoints):
@@ -53,7 +55,7 @@ def test_ls_json_is_machine_readable(checkpoints):
     assert result.exit_code == 0
     listing = json.loads(result.output)
     assert [c["step"] for c in listing["checkpoints"]] == [20, 10]
-    assert listing["checkpoints"][0]["layout"] == "single" and listing["checkpoints"][0]["status"] == "ok"
+    assert listing["checkpoints"][0]["layout"] == "single" and listing["checkpoints"][0]["status"] == "sizes_ok"
     assert listing["in_progress"] == [".staging-000000000030-host-1-abcd"]
 
 
