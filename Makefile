@@ -21,7 +21,7 @@ PYTEST_ARGS ?=
 SLURM_SOURCES ?=
 SITE_SLURM_SOURCES ?= ../shared/vendor-sites
 
-.PHONY: demo test test-debian test-each-slurm test-netns test-sites lint test-tools setup venv cluster cluster-down bench dist clean
+.PHONY: demo test test-debian test-each-slurm test-netns test-sites lint test-tools setup venv cluster cluster-down bench docs dist clean
 
 demo: setup
 	$(PY) examples/demo.py
@@ -101,6 +101,10 @@ bench: setup
 	$(PY) benchmarks/suspend_bench.py
 	$(PY) benchmarks/policy_bench.py
 	$(PY) benchmarks/cluster_bench.py
+
+# docs/reference.md from the commands' own --help (tests/unit/test_docs.py checks it is current)
+docs: venv
+	$(PY) -m slurm_hai.cli.reference > docs/reference.md
 
 # The wheel holds the templates, the SPANK plugin's sources (hai-admin spank install), the
 # docs (with policy.example.toml), the Grafana dashboard and the slurm-docker contrib (hai-admin files; the systemd units: hai-admin units).

@@ -128,6 +128,11 @@ def _status_of(job_id: int) -> tuple[HaiStatus, JobInfo | None, JobDir]:
     question = why_question(service, [job_id]) if service else None
     try:
         job, jobdir = lookup(job_id)
+        if job is not None and in_place(job) and job.array_job_id != job_id:  # a part's own task id
+            click.echo(f"job {job_id} is a part of job {job.array_job_id}, an elastic job in place: its status",
+                       err=True)
+            job_id = job.array_job_id
+            job, jobdir = lookup(job_id)
         if job is not None and in_place(job):  # a job in place: its parts, as one job
             job = next(iter(as_one_job(backend().jobs([job_id]))), job)
         if job is None or job.state not in LIVE or _has_ended(job_id):

@@ -280,6 +280,18 @@ def test_a_job_that_ended_before_its_ranks_started_is_told_by_its_batch_scripts_
     assert "batch script said" not in json.loads(hai("status", "--json", "22").stdout)["reason"]
 
 
+def test_status_of_a_parts_task_id_is_the_status_of_its_job_in_place(world):
+    parts = dict(comment=f"hai-dir={JobDir.for_job(0).path.parent};hai-parts=1:2", array_job_id=40)
+    me = common.current_user()
+    world.queue += [dataclasses.replace(slurm_job(40, me, "RUNNING"), **parts),
+                    dataclasses.replace(slurm_job(41, me, "RUNNING"), **parts)]  # task 1 started: an id of its own
+    JobDir.for_job(40).create().event("submit", level="LOW", nodes=1, node_range="1:2")
+    r = CliRunner().invoke(user.main, ["status", "--json", "41"])
+    assert r.exit_code == 0 and json.loads(r.stdout)["job_id"] == 40, (r.stdout, r.stderr)
+    assert r.stderr == "job 41 is a part of job 40, an elastic job in place: its status\n"
+    assert hai("status", "--json", "40").exit_code == 0
+
+
 def test_status_of_a_job_nobody_knows_exits_1(world):
     assert "no job 99: Slurm does not know it" in error_line(hai("status", "99"))
 
