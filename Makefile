@@ -70,7 +70,7 @@ venv: $(VENV)/.installed
 # torch is pinned and installed first: an unpinned torch would pull several GB of CUDA wheels.
 # The package's bytecode is compiled here, as pip does for a wheel: an editable install leaves
 # it to the first import, and a user who may not write the tree compiles it again at every
-# command (hai status: 0.17 s cold, 0.08 s with it; docs/benchmarks.md, issue 57).
+# command (hai status: 0.165 s without it, 0.093 s with it; docs/results-archive.md, issue 57).
 $(VENV)/.installed: pyproject.toml
 	@test -x $(BASE_PYTHON) && $(BASE_PYTHON) -c 'import ensurepip, venv' 2>/dev/null || \
 	  (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq python3 python3-venv python3-dev)

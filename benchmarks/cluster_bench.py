@@ -32,7 +32,8 @@ undisturbed in the same run, and what each preemption costs beyond the HIGH job'
 its own run (--with-elastic: the same job as an elastic 2:4 job too; --with-in-place: an elastic job
 in place, hai-submit --in-place -n 2:4, against itself undisturbed); --first-step (issues 32, 57)
 a 4-node job's first step that imports torch, at its start and after a restart, against the same
-step in a plain `sbatch --requeue` job (`srun`, `scontrol requeue`). See docs/benchmarks.md.
+step in a plain `sbatch --requeue` job (`srun`, `scontrol requeue`). See docs/figures.md (current
+figures) and docs/results-archive.md (every run).
 
     .venv/bin/python benchmarks/cluster_bench.py --latency --repeats 7 --lever before-19
     .venv/bin/python benchmarks/cluster_bench.py --latency --repeats 7 --lever conf=Epilog=/bin/true

@@ -4,7 +4,7 @@
 
 device-to-host and host-to-device copies (pinned by torch, pinned in place with
 cudaHostRegister, pageable), xxh3_128 in 1-16 threads, writes into fresh tmpfs pages in
-1-16 threads, and the disk's O_DIRECT write and cold read. docs/benchmarks.md reads
+1-16 threads, and the disk's O_DIRECT write and cold read. docs/results-archive.md reads
 gpu_bench.py's table with them.
 """
 

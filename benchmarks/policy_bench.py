@@ -28,7 +28,7 @@ or pyslurm.Jobs.load), `decide`, and the actions logged, not done; `jobs()` and 
 also timed on their own, and slurmctld's time in job-info RPCs per cycle (sdiag) beside them. `--cleanup` cancels what it submitted at the end.
 
 Slurm's default MaxJobCount is 10000 (slurmctld refuses more jobs): for the measured table
-in docs/benchmarks.md, MaxJobCount was raised by hand in the bench cluster's own rendered
+in docs/results-archive.md, MaxJobCount was raised by hand in the bench cluster's own rendered
 slurm.conf (/var/lib/slurm-hai/lc-pyslurm/etc/slurm.conf, MaxJobCount=60000) and its
 slurmctld restarted; `contrib/localcluster/up` renders the default again.
 """

@@ -150,7 +150,7 @@ def stage_tensors(tensors: dict[str, torch.Tensor], buffer: HostBuffer) -> dict[
     for name, tensor, _, _, _ in plan:
         if isinstance(tensor, DTensor):
             # After the copies: from_local moves a host copy to a GPU mesh's device (an extra
-            # copy of the shard in GPU memory while the save runs; docs/benchmarks.md).
+            # copy of the shard in GPU memory while the save runs; docs/results-archive.md).
             staged[name] = DTensor.from_local(
                 staged[name], tensor.device_mesh, tensor.placements, run_check=False,
                 shape=tensor.shape, stride=tensor.stride(),

@@ -9,7 +9,7 @@ policy names `[daemon] service = "http://HOST:PORT"`, the leading daemon answers
 
 from its last read (`seen`: when it read it), leaving out the jobs it did not see waiting,
 and a command asks it instead of reading the whole queue itself (at 10,000 jobs 5 ms
-against 0.3 s, docs/benchmarks.md). It also answers
+against 0.3 s, docs/results-archive.md). It also answers
 
     GET /jobs  ->  {"seen": EPOCH, "fields": [NAME, ...], "jobs": [[VALUE, ...], ...]}
 

@@ -4,13 +4,13 @@ preempted job gets its own signal rather than SIGTERM.
 
 Three Slurm commands (`scontrol show partition`, `show node`, `show config`): most of a
 submission's cost beside sbatch, and on a busy login node three processes and three slurmctld
-RPCs per job of a sweep (docs/benchmarks.md, "A burst of submissions"). A user's submissions
+RPCs per job of a sweep (docs/results-archive.md, "A burst of submissions"). A user's submissions
 in a row ask them once per VIEW_TTL_S: the answer is kept in the user's HAI_HOME
 (`cluster-view.HOST.json`, mode 0600), for this host, this SLURM_CONF and SLURM_CLUSTERS, and
 slurm.conf as it is (an edit of it, which a reconfigure follows, makes the view old at once).
 Each view is kept for its own share of VIEW_TTL_S, drawn when it is asked (FRESH_SHARE): users
 who start a sweep at the same moment would otherwise all ask Slurm again at the same moment
-too, each 10 s (a burst of 10 users' submissions, docs/benchmarks.md: one cluster of the
+too, each 10 s (a burst of 10 users' submissions, docs/results-archive.md: one cluster of the
 slowest 1%).
 The notice's signal is slurm.conf's alone (no `scontrol update` changes it): it is kept up to
 SIGNAL_TTL_S while the key holds, so that most views are asked with two commands. The CLI

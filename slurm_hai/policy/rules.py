@@ -496,7 +496,7 @@ def start_now_at(job: Job) -> int:
     revocation when it requeues the job, and the job's new submit time after it
     (batch_requeue_fini). Given as that moment (`StartTime=uts...`), not as "now", it is
     slurmctld's clock that decides, whatever the daemon's clock says; slurmctld's scheduler
-    wakes on whole seconds, so the job starts at that very second (docs/benchmarks.md)."""
+    wakes on whole seconds, so the job starts at that very second (docs/figures.md)."""
     return int(job.submit_time) + 1
 
 

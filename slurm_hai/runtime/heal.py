@@ -6,7 +6,7 @@ unpickles it into new tensors, which it then copies into its own (measured, 1 Gi
 two parts alone on the VM: 2.2 s for the step that heals). This one sends each tensor's
 bytes over the process group the quorum has just configured (gloo send and recv) straight
 into the healing part's own tensors: no copy, no allocation, 0.45 s for the same step
-(docs/benchmarks.md, "The heal over the process group"). What travels besides the tensors'
+(docs/results-archive.md, "The heal over the process group"). What travels besides the tensors'
 bytes is a JSON header (the step, the state's pytree, and for each leaf its path and either
 the tensor's dtype and shape or its value), never a pickle. (torchft's own process-group
 transport unpickles its peer's header.)

@@ -355,7 +355,7 @@ class Part:
         """Sum the parameters' gradients over the quorum, in one allreduce of a flat buffer (a
         parameter without a gradient adds zeros). torchft's DistributedDataParallel hook
         crashed the parts that stayed when others left in the middle of an allreduce
-        (docs/benchmarks.md); an allreduce that fails here makes the step uncommitted."""
+        (docs/results-archive.md); an allreduce that fails here makes the step uncommitted."""
         import torch
         from torch.distributed import ReduceOp
 

@@ -128,7 +128,7 @@ class CliBackend:
     def jobs(self, job_ids: Sequence[int] = (), user: str | None = None) -> list[JobInfo]:
         """The jobs slurmctld has, in every state (or the ones asked for, or a user's): the
         fields slurm-hai reads, as text (records.QUEUE_FORMAT), not `squeue --json`, which
-        costs slurmctld and squeue 10-20x more at 10,000 jobs (docs/benchmarks.md)."""
+        costs slurmctld and squeue 10-20x more at 10,000 jobs (docs/results-archive.md)."""
         try:
             read = squeue.take(job_ids, user) or squeue.start(job_ids, user)
         except OSError as e:

@@ -1,7 +1,7 @@
 """No command reads the queue as JSON: the commands backend over a fake squeue that answers in
 the format it is asked for (what Slurm 22.05.8 printed, tests/fixtures/slurm) and writes down
 every argv. `squeue --json` costs squeue and slurmctld 10-20x the text at 10,000 jobs
-(docs/benchmarks.md); sacct --json stays, for history only."""
+(docs/results-archive.md); sacct --json stays, for history only."""
 
 from __future__ import annotations
 

@@ -1,0 +1,104 @@
+"""The docs name only what exists (issue 54): every `hai`, `hai-submit` and `hai-admin`
+command and option they show, every repository file they point at; and the command
+reference is what the commands print (slurm_hai/cli/reference.py writes it)."""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+
+import click
+import pytest
+
+from slurm_hai.cli.reference import commands, reference
+
+REPO = Path(__file__).resolve().parents[2]
+# The manual: what a user or an admin reads. The dated record of runs (results-archive.md)
+# and the CHANGELOG are history: they may name what has since gone.
+MANUAL = sorted({REPO / "README.md", *(REPO / "docs").glob("*.md"), *(REPO / "contrib").glob("*/README.md"),
+                 REPO / "spank" / "README.md"} - {REPO / "docs" / "results-archive.md"})
+PROGRAMS = ("hai-submit", "hai-admin", "hai")
+TREE = {path: (command, ctx) for path, command, ctx in commands()}
+# Files the docs name by their repository path.
+PATH = re.compile(r"(?<![\w./~-])((?:contrib|docs|tests|slurm_hai|examples|benchmarks|templates|spank|\.ci)/[\w./*-]*[\w*])")
+
+
+def test_the_command_reference_is_what_the_commands_print():
+    assert (REPO / "docs" / "reference.md").read_text() == reference(), "run `make docs`"
+
+
+def code_spans(text: str) -> list[str]:
+    """The inline code and the lines of code blocks of a markdown text."""
+    blocks = re.findall(r"^```[^\n]*\n(.*?)^```", text, re.S | re.M)
+    outside = re.sub(r"^```[^\n]*\n.*?^```", "", text, flags=re.S | re.M)
+    return [line for block in blocks for line in block.splitlines()] + re.findall(r"`([^`\n]+)`", outside)
+
+
+def invocations(text: str) -> list[list[str]]:
+    """Each command line of ours in `text`'s code: from the program's name to the end of the
+    line, a pipe, a `;` or a comment."""
+    found = []
+    for span in code_spans(text):
+        span = span.strip().removeprefix("$ ")
+        for m in re.finditer(r"(?:^|[\s(\"'])(hai-submit|hai-admin|hai)(?=\s|$)", span):
+            rest = re.split(r"\s[|;#]|\s&&|\)|\s>", span[m.start(1):], maxsplit=1)[0]
+            try:
+                words = shlex.split(rest)
+            except ValueError:
+                continue
+            found.append(words)
+    return found
+
+
+def check(words: list[str]) -> list[str]:
+    """What of `words` (one command line) is not a command or an option of ours."""
+    path, i = words[0], 1
+    while i < len(words) and f"{path} {words[i]}" in TREE:
+        path, i = f"{path} {words[i]}", i + 1
+    if isinstance(TREE[path][0], click.Group) and i < len(words) and re.fullmatch(r"[a-z][a-z-]+", words[i]) \
+            and words[i] not in ("JOB", "DIR"):
+        return [f"`{path} {words[i]}`: no such command"]
+    command, ctx = TREE[path]
+    params = {opt: p for p in command.get_params(ctx) for opt in (*p.opts, *p.secondary_opts)}
+    wrong = []
+    while i < len(words):
+        word = words[i]
+        if word == "--" or (path == "hai-submit" and not word.startswith("-")) or word == "...":
+            break  # what follows the script is the script's
+        if word.startswith("-") and len(word) > 1 and not re.fullmatch(r"-\d+", word):
+            name = word.split("=", 1)[0].rstrip(":,.")
+            p = params.get(name)
+            if p is None:
+                wrong.append(f"`{path}`: no option {name}")
+            elif "=" not in word and isinstance(p, click.Option) and not p.is_flag and not p.count:
+                i += 1  # its value
+        i += 1
+    return wrong
+
+
+@pytest.mark.parametrize("doc", MANUAL, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_command_and_option_the_manual_shows_exists(doc):
+    lines = invocations(doc.read_text())
+    wrong = [f"{' '.join(words)}: {w}" for words in lines for w in check(words)]
+    assert not wrong, "\n".join(wrong)
+
+
+@pytest.mark.parametrize("doc", MANUAL, ids=lambda p: str(p.relative_to(REPO)))
+def test_every_repository_file_the_manual_names_exists(doc):
+    missing = sorted({p for p in PATH.findall(doc.read_text()) if not any(REPO.glob(p.split("::")[0]))})
+    assert not missing, f"{doc.name} names files the repository does not have: {missing}"
+
+
+def test_the_checks_catch_what_they_look_for():
+    manual = [d.read_text() for d in MANUAL]  # they read the docs, not nothing
+    assert sum(map(len, map(invocations, manual))) >= 300 and sum(len(PATH.findall(t)) for t in manual) >= 200
+    assert check(["hai-submit", "--nodes", "2", "--no-such", "train.py", "--not-ours"]) == [
+        "`hai-submit`: no option --no-such"]
+    assert check(["hai", "stauts", "6"]) == ["`hai stauts`: no such command"]
+    assert check(["hai-admin", "plan", "--policy", "p.toml", "--adopt", "x"]) == ["`hai-admin plan`: no option --adopt"]
+    assert invocations("run `hai logs -f 6 | head` and\n```sh\n$ hai-admin units --out DIR  # writes\n```\n") == [
+        ["hai-admin", "units", "--out", "DIR"], ["hai", "logs", "-f", "6"]]
+    assert PATH.findall("see docs/policy.md, `tests/unit/test_docs.py::test_x`, tests/unit/test_c*.py and "
+                        "contrib/slurm-docker/.") == [
+        "docs/policy.md", "tests/unit/test_docs.py", "tests/unit/test_c*.py", "contrib/slurm-docker"]
