@@ -20,6 +20,7 @@ import os
 import signal
 import sys
 import time
+import traceback
 from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Callable, cast
@@ -49,7 +50,15 @@ def _entry(fn: Callable, local_rank: int, nprocs: int, args: tuple, bind_numa: b
         cpus = _numa_cpus(local_rank, nprocs)
         if cpus:
             os.sched_setaffinity(0, cpus)
-    fn(local_rank, *args)
+    try:
+        fn(local_rank, *args)
+    except (SystemExit, KeyboardInterrupt):
+        raise
+    except BaseException as e:  # the traceback from the user's function on, as `python train.py` shows it
+        print(f"local rank {local_rank}:", file=sys.stderr)
+        traceback.print_exception(type(e), e, e.__traceback__.tb_next if e.__traceback__ else None)
+        sys.stderr.flush()
+        raise SystemExit(1) from None
 
 
 def default_nprocs() -> int:

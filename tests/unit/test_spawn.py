@@ -58,3 +58,26 @@ def test_fork_after_cuda_is_refused(monkeypatch):
     monkeypatch.setitem(sys.modules, "torch", cuda_used)
     with pytest.raises(RuntimeError, match="use start_method='spawn'"):
         hai_mp.spawn(print, start_method="fork")
+
+
+FAILS = """
+    from slurm_hai import spawn
+
+    def main(local_rank):
+        raise ValueError(f"boom in {local_rank}")
+
+    if __name__ == "__main__":
+        spawn(main, nprocs=1)
+"""
+
+
+def test_a_rank_that_raises_shows_the_users_traceback_from_the_users_function_on(tmp_path):
+    script = tmp_path / "train.py"
+    script.write_text(textwrap.dedent(FAILS))
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, cwd=tmp_path,
+                       env={"PATH": "/usr/bin:/bin", "PYTHONPATH": ":".join(sys.path)}, timeout=120)
+    assert p.returncode != 0
+    lines = p.stderr.splitlines()
+    start = lines.index("Traceback (most recent call last):")
+    assert lines[start - 1] == "local rank 0:" and lines[start + 1].startswith(f'  File "{script}", line 5, in main')
+    assert "ValueError: boom in 0" in lines and "multiprocessing" not in p.stderr.replace("slurm-hai spawn", "")
