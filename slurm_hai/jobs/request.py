@@ -15,7 +15,7 @@ import shutil
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Collection, Iterable
+from typing import Collection, Iterable, Sequence
 
 from ..policy.levels import AUTO
 from ..policy.limits import NOTICE_MARGIN
@@ -235,13 +235,8 @@ def single_process_warning(req: JobRequest) -> str:
     torch.distributed, no RANK) is asked to run on several nodes: it would run once per
     node, every copy writing the same checkpoint directory. '' when nothing to say."""
     nodes = requested_nodes(req)
-    if nodes.max <= 1 or req.torchrun or req.in_place or Path(req.script).suffix != ".py":
-        return ""
-    try:
-        text = Path(req.script).read_text(errors="replace")
-    except OSError:
-        return ""
-    if any(sign in text for sign in MULTI_PROCESS_SIGNS):
+    if nodes.max <= 1 or req.torchrun or req.in_place or Path(req.script).suffix != ".py" \
+            or _shows_a_sign(req.script, MULTI_PROCESS_SIGNS):
         return ""
     return (f"warning: {req.script} looks single-process (no spawn, torch.distributed or RANK), but runs once on "
             f"each of {nodes} nodes, every copy writing the same checkpoints; use -n 1, or see "
@@ -252,16 +247,20 @@ def parts_warning(req: JobRequest) -> str:
     """A warning when the script of an elastic job in place does not use the parts' API: each
     of its MAX parts would run it whole (a wrapper that runs one that does is fine: a warning,
     not a refusal). '' when nothing to say."""
-    if not req.in_place:
-        return ""
-    try:
-        text = Path(req.script).read_text(errors="replace")
-    except OSError:
-        return ""
-    if any(sign in text for sign in PARTS_SIGNS):
+    if not req.in_place or _shows_a_sign(req.script, PARTS_SIGNS):
         return ""
     return (f"warning: {req.script} does not use slurm_hai.runtime.parts (join, leave_on): with --in-place each "
             f"of its {requested_nodes(req).max} parts runs it whole; see examples/parts_train.py")
+
+
+def _shows_a_sign(script: str, signs: Sequence[str]) -> bool:
+    """Whether the script's text has one of `signs`; True when it cannot be read (nothing to
+    warn about: check_files says why)."""
+    try:
+        text = Path(script).read_text(errors="replace")
+    except OSError:
+        return True
+    return any(sign in text for sign in signs)
 
 
 def check_files(req: JobRequest) -> None:
