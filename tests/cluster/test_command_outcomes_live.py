@@ -48,7 +48,7 @@ RACE = """
     control.check_running(job_id, seen, jobdir, True)  # passes: the job runs
     said = {}
     for name, act in (("stop", lambda: control.stop(EndsFirst(), job_id, seen, jobdir, True)),
-                      ("suspend", lambda: control.request_suspend(slurm, job_id, jobdir, True, "USR2"))):
+                      ("suspend", lambda: control.request_suspend(slurm, job_id, seen.restart_count, jobdir, True, "USR2"))):
         try:
             act()
             said[name] = "done"
