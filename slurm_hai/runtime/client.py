@@ -28,6 +28,9 @@ __all__ = ["receive_suspend_command", "target_size", "go_suspend", "get_whole_li
            "restart_count"]
 
 _flag: mmap.mmap | Literal[False] | None = None  # None: not opened yet; False: no flag on this node
+# The flag's byte: b"1" once the notice came; b"2" once go_suspend() asked the launcher to end
+# the step, which it could not requeue from where it runs (a container without Slurm).
+FLAG_NOTICE, FLAG_LEAVE = 49, 50
 
 
 def polled_marker(flag: str) -> str:
@@ -60,7 +63,7 @@ def receive_suspend_command() -> bool:
     global _flag
     if _flag is None:
         _flag = _open_flag()
-    return _flag is not False and _flag[0] == 49  # b"1"
+    return _flag is not False and _flag[0] in (FLAG_NOTICE, FLAG_LEAVE)
 
 
 def target_size(timeout: float = 2.0) -> int | None:
@@ -106,14 +109,18 @@ def set_whole_life_state(value: int) -> None:
 
 
 def _requeuer(job_id: int) -> Callable[[], bool]:
-    """A call that asks Slurm to requeue this run: True once it went through."""
-    from ..slurm import SlurmError, backend
+    """A call that asks Slurm to requeue this run: True once it went through. Where no Slurm
+    command can be run (a container) it ends this process instead (go_suspend)."""
+    from ..slurm import SlurmError, SlurmMissing, backend
 
     slurm = backend()
 
     def requeue() -> bool:
         try:
             slurm.requeue_run(job_id)
+            return True
+        except SlurmMissing as e:
+            _leave_to_the_batch_script(str(e))
             return True
         except SlurmError as e:  # already requeued by another rank, or slurmctld away
             print(f"slurm-hai: go_suspend: {e} (trying again)", file=sys.stderr, flush=True)
@@ -123,7 +130,12 @@ def _requeuer(job_id: int) -> Callable[[], bool]:
 
 def go_suspend() -> None:
     """Tell the scheduler this job may be interrupted now: it is requeued at once and its
-    processes are stopped; this call does not return. Any rank on any node may call it."""
+    processes are stopped; this call does not return. Any rank on any node may call it.
+
+    In a container without Slurm's commands (pyxis/enroot, Apptainer) this process cannot
+    ask for the requeue: it asks the launcher of its node to end the step (the suspend flag,
+    on rank 0's node; elsewhere it leaves, exit 0, and its launcher ends the step), and the
+    batch script, which runs outside the container, requeues the job once the step ended."""
     jobdir = _job_dir()
     run = restart_count()
     if jobdir.mark_suspend(run, "go_suspend"):
@@ -145,3 +157,21 @@ def go_suspend() -> None:
             done = requeue()
             wait = min(wait * 2, 10.0)
     os._exit(0)
+
+
+def _leave_to_the_batch_script(why: str) -> None:
+    """go_suspend() where no Slurm command runs: the launcher ends the step (asked through the
+    flag, or seeing this process leave after go_suspend), and the batch script requeues."""
+    print(f"slurm-hai: go_suspend: {why}; the step ends and the batch script requeues the job",
+          file=sys.stderr, flush=True)
+    path = os.environ.get("HAI_SUSPEND_FLAG")
+    try:
+        fd = os.open(path, os.O_WRONLY) if path else None
+    except OSError:
+        fd = None
+    if fd is None:
+        os._exit(0)
+    try:
+        os.pwrite(fd, bytes([FLAG_LEAVE]), 0)
+    finally:
+        os.close(fd)

@@ -42,6 +42,7 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator
 
+from .client import FLAG_LEAVE
 from .contract import node_contract
 from .multiprocessing import default_nprocs
 from .proctree import descendants
@@ -136,6 +137,7 @@ class NodeRun:
         self.noticed_at: float | None = None
         self.forced = False
         self.ending_at: float | None = None
+        self.left = False  # go_suspend() could not requeue from where the command runs: the step ends
         self.ending: set[int] = set()  # every process found below the command since the end began
         self.pending: list[int] = []
         self.child: subprocess.Popen | None = None
@@ -230,9 +232,30 @@ class NodeRun:
             else:
                 self.end()
 
+    def leave(self) -> None:
+        """go_suspend() ran where no Slurm command is (a container) and could not requeue: end
+        the command and the step (srun's --kill-on-bad-exit ends the other nodes' tasks when
+        this one exits non-zero); the batch script, outside the container, requeues the job."""
+        if not self.left:
+            self.left = True
+            self.jobdir.event("left_for_requeue", run=self.run, rank=self.rank)
+            print(f"slurm-hai: run {self.run}: go_suspend() found no Slurm command where the job runs; ending the "
+                  "step, the batch script requeues the job", file=sys.stderr, flush=True)
+            self.end()
+
+    def _flag_says_leave(self) -> bool:
+        assert self.flag is not None  # only rank 0's node has one (tick checks)
+        try:
+            with open(self.flag, "rb", buffering=0) as f:
+                return f.read(1) == bytes([FLAG_LEAVE])
+        except OSError:
+            return False
+
     def tick(self) -> None:
         while self.pending:
             self.handle(self.pending.pop(0))
+        if self.flag is not None and not self.left and self._flag_says_leave():
+            self.leave()
         now = time.monotonic()
         if (self.noticed_at is not None and not self.forced and now - self.noticed_at >= self.grace
                 and self.jobdir.suspended(self.run) is None):
@@ -399,6 +422,11 @@ def main(argv: list[str] | None = None) -> int:
                    notice_lost=lambda: _notice_lost(slurm, int(job_id), args.grace))
     node.start()
     rc = node.wait()
+    if node.left or (rc == 0 and jobdir.suspended(run) == "go_suspend"):
+        # go_suspend() left where no Slurm command runs (rank 0 through the flag; a rank of
+        # another node exits 0): a non-zero exit ends the step on every node
+        node.leave()
+        return rc or 1
     if rc == 0 and node.noticed_at is None and memory is not None and not any(memory.glob("parts/*")):
         # The job is done: no restart will read it. A suspend checkpoint there (parts/) may
         # still be on its way to the durable directory: the node's persist agent removes the

@@ -16,12 +16,12 @@ import os
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from .base import Backend, SlurmError
+    from .base import Backend, SlurmError, SlurmMissing
     from .records import JobInfo
 
-__all__ = ["Backend", "JobInfo", "SlurmError", "backend", "config_missing", "munge_socket", "reads_with_commands"]
+__all__ = ["Backend", "JobInfo", "SlurmError", "SlurmMissing", "backend", "config_missing", "munge_socket", "reads_with_commands"]
 
-_LAZY = {"Backend": "base", "SlurmError": "base", "JobInfo": "records"}
+_LAZY = {"Backend": "base", "SlurmError": "base", "SlurmMissing": "base", "JobInfo": "records"}
 
 
 def __getattr__(name: str) -> object:

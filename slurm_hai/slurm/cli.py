@@ -13,7 +13,7 @@ import time
 from typing import TYPE_CHECKING, Sequence
 
 from . import commands, squeue
-from .base import NodeInfo, SlurmError
+from .base import NodeInfo, SlurmError, SlurmMissing
 from .records import JobInfo, RecordError, jobs_from_json, jobs_from_text, reason_name
 from .version import SlurmVersion
 
@@ -43,8 +43,10 @@ def _start(argv: Sequence[str], cwd: str | None = None, env: dict[str, str] | No
 
 def _not_run(command: str, e: OSError) -> SlurmError:
     if isinstance(e, FileNotFoundError):
-        return SlurmError(f"{command} not found: install the Slurm client commands (slurm-client) "
-                          "or put them on PATH")
+        return SlurmMissing(f"{command} not found: install the Slurm client commands (slurm-client) "
+                            "or put them on PATH")
+    if isinstance(e, PermissionError):
+        return SlurmMissing(f"{command} could not be run: {e.strerror}")
     return SlurmError(f"{command} could not be run: {e.strerror}")  # e.g. E2BIG: too long an argument list
 
 

@@ -45,6 +45,7 @@ STEPS = 240
 # 2 nodes x 2 processes = world size 4; a short sleep per step so suspends land mid-run.
 TRAIN_ARGS = ["--nprocs", "2", "--steps", str(STEPS), "--step-sleep", "0.03"]
 ALICE, BOB = "hai-alice", "hai-bob"
+NO_SLURM = REPO / "tests" / "no_slurm_here.sh"  # a command's container without Slurm
 
 
 # ----------------------------------------------------------------------------- helpers
@@ -204,6 +205,34 @@ def test_three_suspends_final_weights_bitwise_equal_to_uninterrupted_run(story, 
     assert len([line for line in start_nows(daemon, job) if "ended REQUEUED" in line]) == 3
     assert all(0 < c < STEPS for c in commits)
     assert [e["run"] for e in named(job_dir, "start")] == [0, 1, 2, 3]
+    assert same_weights(job_dir / "final-weights.safetensors", reference), "resumed weights differ"
+
+
+def test_a_job_whose_training_runs_where_no_slurm_command_is_suspends_is_requeued_and_resumes_bitwise(story, reference):
+    """As in a container without Slurm (pyxis/enroot, Apptainer; issue 53): train.py runs in
+    a user and mount namespace where no Slurm command can be run (tests/no_slurm_here.sh). A
+    preemption's notice reaches it, it commits, its go_suspend() cannot requeue and asks the
+    launcher to end the step; the batch script requeues the job, whose next run resumes from
+    the commit (in the namespace again) and ends with the uninterrupted run's weights."""
+    job, job_dir = submit(story, NO_SLURM, "-n", "2", "-p", "LOW", user=ALICE,
+                          args=[sys.executable, str(TRAIN), *TRAIN_ARGS])
+    wait_for("run 0 to train", lambda: last_step(job_dir) >= 20, 120, 0.2)
+    log = (job_dir / "logs" / "rank-0.log").read_text()
+    assert "no_slurm_here: no Slurm command here" in log, log
+    high = story.sbatch("-o", "/dev/null", "--qos=normal", "-N4", "--wrap", "sleep 2", user=ALICE)
+    suspended = wait_for("the suspend", lambda: named(job_dir, "suspended"), 90)
+    assert suspended[0]["run"] == 0 and suspended[0]["how"] == "go_suspend", suspended
+    assert [e.get("cause") for e in named(job_dir, "notice")] == ["preempted"]
+    assert [e["run"] for e in named(job_dir, "left_for_requeue")] == [0]  # not forced at the grace's end
+    assert not named(job_dir, "forced_suspend")
+    story.wait_job(high, lambda j: j["JobState"] == "COMPLETED", 90, "the NORMAL job to run")
+    final = wait_final(job_dir, 240)
+    assert final["state"] == "succeeded", final
+    commits = [int(m.group(1)) for line in train_lines(job_dir)
+               for m in [re.search(r"checkpoint step (\d+) committed", line)] if m]
+    assert len(commits) == 1 and resumed_from(job_dir) == commits and 20 <= commits[0] < STEPS
+    assert [e["run"] for e in named(job_dir, "start")] == [0, 1]
+    assert "go_suspend: " in (job_dir / "logs" / "rank-0.log").read_text()  # it found no Slurm command
     assert same_weights(job_dir / "final-weights.safetensors", reference), "resumed weights differ"
 
 

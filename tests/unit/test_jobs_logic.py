@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -225,3 +226,26 @@ def test_a_suspend_whose_script_was_killed_before_it_said_so_is_recorded_by_the_
     assert unrecorded_suspend(jobdir, jobdir.events(), 1) == "go_suspend"
     jobdir.event("suspended", run=0, how="go_suspend")
     assert unrecorded_suspend(jobdir, jobdir.events(), 1) is None  # said once already
+
+
+@pytest.mark.parametrize("slurm_here", ["none on PATH", "not executable"])
+def test_go_suspend_where_no_slurm_command_can_run_marks_the_run_and_leaves_for_the_batch_script(tmp_path, slurm_here):
+    # a container without Slurm's commands (pyxis/enroot, Apptainer): the call cannot requeue,
+    # so it leaves at once instead of waiting to be stopped (issue 53)
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    if slurm_here == "not executable":  # what a Slurm command covered by /dev/null looks like
+        for command in ("scontrol", "scancel", "sinfo"):
+            (bindir / command).write_text("")
+    env = {"PATH": str(bindir), "HAI_JOB_DIR": str(tmp_path / "job"), "SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": "3",
+           "HAI_SLURM_BACKEND": "cli", "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    JobDir(tmp_path / "job").create()
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-c", "from slurm_hai.runtime.client import go_suspend; go_suspend(); "
+                        "print('returned')"], env=env, text=True, capture_output=True, timeout=60)
+    assert p.returncode == 0 and "returned" not in p.stdout, (p.stdout, p.stderr)
+    assert time.monotonic() - t0 < 30  # not the 600 s a requeue that keeps failing is tried for
+    assert p.stderr.startswith("slurm-hai: go_suspend: ") and "the batch script requeues the job" in p.stderr
+    assert len(p.stderr.splitlines()) == 1, p.stderr
+    jd = JobDir(tmp_path / "job")
+    assert jd.suspended(3) == "go_suspend" and [e["event"] for e in jd.events()] == ["go_suspend"]

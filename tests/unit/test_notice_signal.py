@@ -238,3 +238,39 @@ def test_the_notices_cause_is_asked_of_slurm_before_the_flag_and_read_after_it(t
     assert node.wait() == 0
     assert seen == [("asked", "0"), ("read", "1")]
     assert [(e["cause"], e["by_job"]) for e in jobdir.events() if e["event"] == "notice"] == [("preempted", 8)]
+
+
+@pytest.mark.parametrize("node_id", [0, 1])
+def test_go_suspend_where_the_command_finds_no_slurm_ends_the_step_for_the_batch_script_to_requeue(tmp_path, node_id):
+    # a container without Slurm's commands (issue 53): the command's go_suspend() cannot
+    # requeue; rank 0's through the flag, another node's by leaving, the launcher ends its
+    # command (a sibling process too) and exits non-zero, so srun's --kill-on-bad-exit ends
+    # the step on every node and the batch script requeues
+    jobdir = JobDir(tmp_path / "7").create()
+    empty = tmp_path / "bin"
+    empty.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "HAI_"))}
+    env.update(PATH=str(empty), HAI_SLURM_BACKEND="cli", HAI_MASTER_IP="127.0.0.1", SLURM_JOB_ID="7",
+               SLURM_NODEID=str(node_id), SLURM_NNODES="2", OMP_NUM_THREADS="1")
+    sibling = tmp_path / "sibling.pid"
+    child = ("import os, subprocess, sys, time\n"
+             f"s = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(600)'])\n"
+             f"open({str(sibling)!r}, 'w').write(str(s.pid))\n"
+             "from slurm_hai.runtime.client import go_suspend\n"
+             "go_suspend()\n"
+             "print('go_suspend returned')\n")
+    t0 = time.monotonic()
+    p = subprocess.run([sys.executable, "-m", "slurm_hai.runtime.launcher", f"--job-dir={jobdir.path}", "--grace=300",
+                        "--", sys.executable, "-c", child], env=env, text=True, capture_output=True, timeout=120)
+    try:
+        assert p.returncode != 0 and time.monotonic() - t0 < 60, (p.returncode, p.stderr)
+        assert "go_suspend returned" not in jobdir.rank_log(node_id).read_text()
+        assert "the batch script requeues the job" in p.stderr, p.stderr
+        events = [(e["event"], e["run"]) for e in jobdir.events()]
+        assert ("go_suspend", 0) in events and ("left_for_requeue", 0) in events, events
+        pid = int(sibling.read_text())
+        wait_for(lambda: not os.path.exists(f"/proc/{pid}") or "Z" in open(f"/proc/{pid}/stat").read().split()[2],
+                 "the command's other process to end")
+    finally:
+        for record in (jobdir.path / "node-memory").glob("*"):
+            shutil.rmtree(record.read_text().strip(), ignore_errors=True)
