@@ -9,6 +9,7 @@ than Debian's (tests/each_slurm.py does that for every tarball of a directory).
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import os
 import pwd
@@ -87,6 +88,33 @@ class LiveCluster:
         """Run `argv` on `node`: in its mount namespace (as `user`), as a job there would."""
         inner = ["runuser", "-u", user, "--", *argv] if user else argv
         return self.run(["nsenter", f"--target={self.node_pid(node)}", "--mount", "--", *inner], check=check)
+
+    @property
+    def tracks_by_cgroup(self) -> bool:
+        """Whether the nodes track jobs by cgroup (contrib/localcluster's default layout)."""
+        f = self.state / "etc" / "proctrack"
+        return f.exists() and f.read_text().strip() == "cgroup"
+
+    @staticmethod
+    def cgroup_of(pid: int, controller: str = "freezer") -> str | None:
+        """Process `pid`'s cgroup in `controller`'s hierarchy, as the host sees it (None: gone)."""
+        try:
+            lines = Path(f"/proc/{pid}/cgroup").read_text().splitlines()
+        except OSError:
+            return None
+        return next((line.split(":", 2)[2] for line in lines if line.split(":", 2)[1] == controller), None)
+
+    def node_of(self, pid: int) -> str | None:
+        """The node `pid` runs on (whose mount namespace it is in), or None."""
+        try:
+            ns = os.readlink(f"/proc/{pid}/ns/mnt")
+        except OSError:
+            return None
+        for f in (self.state / "run").glob("node-n*.pid"):
+            with contextlib.suppress(OSError, ValueError):
+                if os.readlink(f"/proc/{int(f.read_text().split()[0])}/ns/mnt") == ns:
+                    return f.stem.removeprefix("node-")
+        return None
 
     def slurmd_pid(self, node: str) -> int | None:
         """The pid of `node`'s slurmd if it runs, else None."""

@@ -23,6 +23,16 @@ Two network layouts, chosen when a state directory is first set up and kept by i
   reached there. No route leaves the subnet. A backup slurmctld stands by on a host of its
   own (ctl2), sharing StateSaveLocation.
 
+How nodes track jobs, chosen when a state directory is first set up and kept by it:
+- by cgroup, as a site's nodes do (the default where the host mounts cgroup v1 hierarchies):
+  ProctrackType=proctrack/cgroup, TaskPlugin=task/cgroup, ConstrainCores/RAMSpace/Devices,
+  each node's counted GPUs character devices that gres.conf names; each node in a cgroup of
+  its own per controller (/sys/fs/cgroup/<controller>/hai-<port base>/<node>) and a cgroup
+  namespace rooted there, so that the nodes of clusters side by side never share a cgroup;
+- `up --linuxproc` (or HAI_CLUSTER_PROCTRACK=linuxproc): proctrack/linuxproc, no task
+  plugin, no constraint (the layout before; also where the host has cgroup v2 alone: Slurm's
+  cgroup/v2 on a node in a cgroup namespace of one host is not done yet).
+
 Used through the `up`, `down` and `status` scripts beside this file.
 """
 
@@ -37,6 +47,7 @@ import secrets
 import shutil
 import signal
 import socket
+import stat
 import subprocess
 import sys
 import time
@@ -78,6 +89,11 @@ CONTROLLER_NS = "ctl"  # slurmctld's namespace and host name
 ADMIN_NS = "adm"
 # The backup controller's host: the second SlurmctldHost, sharing StateSaveLocation.
 BACKUP_NS = "ctl2"
+# The cgroup v1 controllers Slurm's cgroup/v1 plugin uses: proctrack (freezer), ConstrainCores
+# (cpuset), ConstrainRAMSpace (memory), ConstrainDevices (devices).
+CGROUP_CONTROLLERS = ("freezer", "cpuset", "memory", "devices")
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+GPU_MAJOR = 195  # NVIDIA's character device major: without the driver, an allowed open fails ENXIO
 NETNS_SLURMD_TIMEOUT = 10  # s: a node cut off is DOWN (and its jobs requeued) within ~this
 NETNS_SLURMCTLD_TIMEOUT = 10  # s: the backup takes over this long after the primary went silent
 
@@ -115,6 +131,11 @@ class Cluster:
     slurmd_timeout: int = 60
     slurmctld_timeout: int = 30
     backup: str = ""  # the backup controller's host name (the netns layout's BACKUP_NS), or none
+    cgroup: bool = False  # nodes track jobs by cgroup (proctrack/cgroup, task/cgroup), each node its own
+
+    def node_cgroups(self, node: str) -> list[Path]:
+        """Node `node`'s cgroup in each controller's hierarchy (the cgroup layout)."""
+        return [CGROUP_ROOT / ctrl / f"hai-{self.port_base}" / node for ctrl in CGROUP_CONTROLLERS]
 
     @property
     def net_prefix(self) -> str:
@@ -229,6 +250,11 @@ class Cluster:
         return self.state / "etc" / "netns-layout"
 
     @property
+    def proctrack_file(self) -> Path:
+        """How this state directory's nodes track jobs: `cgroup` or `linuxproc`."""
+        return self.state / "etc" / "proctrack"
+
+    @property
     def hosts_path(self) -> Path:
         """The netns layout's /etc/hosts (the host's own /etc/hosts is left alone)."""
         return self.state / "etc" / "hosts"
@@ -259,7 +285,43 @@ def cluster_from_env() -> Cluster:
     c.site = c.site_file.exists()
     if c.netns_file.exists():
         use_netns(c)
+    c.cgroup = c.proctrack_file.exists() and c.proctrack_file.read_text().strip() == "cgroup"
+    c.memory_mb = node_memory_mb()
     return c
+
+
+def node_memory_mb() -> int:
+    """Each node's RealMemory: three quarters of this host's memory shared by the nodes (the
+    jobs' memory limit in the cgroup layout; at least 1000 MB)."""
+    total_kb = next(int(line.split()[1]) for line in Path("/proc/meminfo").read_text().splitlines()
+                    if line.startswith("MemTotal:"))
+    return max(1000, total_kb // 1024 * 3 // 4 // len(NODES))
+
+
+def host_has_cgroup_v1() -> bool:
+    """Whether this host mounts a cgroup v1 hierarchy of each controller Slurm's cgroup/v1 uses."""
+    mounts = Path("/proc/self/mounts").read_text().splitlines()
+    v1 = {line.split()[1] for line in mounts if line.split()[2] == "cgroup"}
+    return all(str(CGROUP_ROOT / ctrl) in v1 for ctrl in CGROUP_CONTROLLERS)
+
+
+def choose_proctrack(c: Cluster, linuxproc: bool) -> None:
+    """The layout of a new state directory: by cgroup unless asked otherwise or the host has
+    no cgroup v1 hierarchies; a directory set up before keeps its own."""
+    if c.proctrack_file.exists():
+        wanted = "linuxproc" if linuxproc else c.proctrack_file.read_text().strip()
+        if wanted != c.proctrack_file.read_text().strip():
+            raise ClusterError(f"{c.state} tracks jobs by {c.proctrack_file.read_text().strip()}; for "
+                               f"{wanted} use another HAI_CLUSTER_DIR (or run down and remove {c.state})")
+    elif c.prefix_file.exists():
+        c.proctrack_file.write_text("linuxproc\n")  # set up before the cgroup layout existed
+    else:
+        if not linuxproc and not host_has_cgroup_v1():
+            print("this host has no cgroup v1 hierarchies (cgroup v2 alone): the nodes track jobs by "
+                  "proctrack/linuxproc", flush=True)
+        c.proctrack_file.parent.mkdir(parents=True, exist_ok=True)
+        c.proctrack_file.write_text("linuxproc\n" if linuxproc or not host_has_cgroup_v1() else "cgroup\n")
+    c.cgroup = c.proctrack_file.read_text().strip() == "cgroup"
 
 
 def use_netns(c: Cluster) -> None:
@@ -425,22 +487,68 @@ def in_netns(c: Cluster, name: str, script: str, *args: str) -> list[str]:
     exec`, which remounts /sys without /sys/fs/cgroup, and slurmd needs it), in a mount and
     a UTS namespace of its own: host name `name`, the cluster's /etc/hosts."""
     return ["nsenter", f"--net=/run/netns/{c.namespace(name)}", "--", "unshare", "--mount", "--uts",
-            "--propagation", "private", "--", "sh", "-c", NETNS_SCRIPT + script, "sh", args[0], name,
+            "--propagation", "private", *(["--cgroup"] if c.cgroup and name in NODES else []), "--",
+            "sh", "-c", NETNS_SCRIPT + script, "sh", args[0], name,
             str(c.hosts_path), *args[1:]]
 
 
+# The cgroup layout, first in the holder's new mount and cgroup namespaces: each controller's
+# hierarchy mounted again, rooted at the node's cgroup (the namespace's root), over the host's.
+# (The host's mount goes first: the kernel refuses a hierarchy mounted over its own root.)
+MOUNT_CGROUPS = "".join(f"umount {CGROUP_ROOT / ctrl} && mount -t cgroup -o {ctrl} cgroup {CGROUP_ROOT / ctrl} && "
+                        for ctrl in CGROUP_CONTROLLERS)
+# A process entering a node of the cgroup layout joins the node's cgroups (its namespace's roots).
+JOIN_CGROUPS = ("for c in " + " ".join(CGROUP_CONTROLLERS) + f'; do echo $$ > {CGROUP_ROOT}/$c/cgroup.procs || exit 1; '
+                'done; exec "$@"')
+
+
 def holder_argv(c: Cluster, n: Node, pidfile: Path) -> list[str]:
-    """How node `n`'s holder starts: in a new mount namespace; in the netns layout also in
-    the node's network namespace and a UTS namespace of its own, named after the node."""
+    """How node `n`'s holder starts: in a new mount namespace; in the cgroup layout also in a
+    cgroup namespace rooted at the node's cgroups (start_node puts it there); in the netns
+    layout also in the node's network namespace and a UTS namespace of its own, named after
+    the node."""
+    script = (MOUNT_CGROUPS if c.cgroup else "") + HOLDER_SCRIPT
     if not c.netns:
-        return ["unshare", "--mount", "--propagation", "private", "--", "sh", "-c", HOLDER_SCRIPT, "sh", str(pidfile)]
-    return in_netns(c, n.name, HOLDER_SCRIPT, str(pidfile))
+        return ["unshare", "--mount", "--propagation", "private", *(["--cgroup"] if c.cgroup else []), "--",
+                "sh", "-c", script, "sh", str(pidfile)]
+    return in_netns(c, n.name, script, str(pidfile))
 
 
 def node_enter(c: Cluster, holder_pid: int | None) -> list[str]:
-    """The command prefix that runs a command on a node: in its holder's namespaces."""
+    """The command prefix that runs a command on a node: in its holder's namespaces (and, in
+    the cgroup layout, in the node's cgroups)."""
     spaces = ["--mount", "--uts", "--net"] if c.netns else ["--mount"]
+    if c.cgroup:
+        return ["nsenter", f"--target={holder_pid}", *spaces, "--cgroup", "--", "sh", "-c", JOIN_CGROUPS, "sh"]
     return ["nsenter", f"--target={holder_pid}", *spaces, "--"]
+
+
+def make_node_cgroups(c: Cluster, n: Node) -> list[Path]:
+    """Node `n`'s cgroups (the cgroup layout); a cpuset one gets its parent's CPUs and memory
+    nodes, without which no process may join it."""
+    for path in c.node_cgroups(n.name):
+        for d in (path.parent, path):
+            d.mkdir(exist_ok=True)
+            if d.parent.name and (d.parent / "cpuset.cpus").exists():
+                for f in ("cpuset.cpus", "cpuset.mems"):
+                    if not (d / f).read_text().strip():
+                        (d / f).write_text((d.parent / f).read_text())
+    return c.node_cgroups(n.name)
+
+
+def remove_cgroups(c: Cluster) -> list[str]:
+    """The cluster's node cgroups and what Slurm made under them, deepest first, once no
+    process is left in them; returns what could not be removed."""
+    left = []
+    for ctrl in CGROUP_CONTROLLERS:
+        top = CGROUP_ROOT / ctrl / f"hai-{c.port_base}"
+        if top.is_dir():
+            for d in sorted((p for p in top.rglob("*") if p.is_dir()), key=lambda p: -len(p.parts)) + [top]:
+                try:
+                    d.rmdir()
+                except OSError as e:
+                    left.append(f"{d} ({e.strerror})")
+    return left
 
 
 def controller_argv(c: Cluster) -> list[str]:
@@ -469,7 +577,8 @@ def start_node(c: Cluster, n: Node) -> None:
     holder, daemon = node_holder(c, n), slurmd(c, n)
     (c.state / "spool" / f"d-{n.name}").mkdir(exist_ok=True)
     fresh = running_pid(holder) is None
-    start(holder, holder_argv(c, n, holder.pidfile), c, foreground=True)
+    cgroups = tuple(make_node_cgroups(c, n)) if c.cgroup else ()
+    start(holder, holder_argv(c, n, holder.pidfile), c, foreground=True, cgroups=cgroups)
     if fresh and running_pid(daemon):
         stop(daemon)
     enter = node_enter(c, running_pid(holder))
@@ -538,8 +647,10 @@ def run(argv: list[str], c: Cluster | None = None, check: bool = True, **kw) -> 
     return p
 
 
-def start(d: Daemon, argv: list[str], c: Cluster, user: str | None = None, foreground: bool = False) -> None:
-    """Start one daemon unless it already runs; fail with its log tail if it dies."""
+def start(d: Daemon, argv: list[str], c: Cluster, user: str | None = None, foreground: bool = False,
+          cgroups: tuple[Path, ...] = ()) -> None:
+    """Start one daemon unless it already runs, in `cgroups` if given; fail with its log tail
+    if it dies."""
     if running_pid(d):
         return
     if d.port and port_busy(d.port):
@@ -551,13 +662,19 @@ def start(d: Daemon, argv: list[str], c: Cluster, user: str | None = None, foreg
     log = open(console_path(d), "ab")
     if foreground:  # daemons that do not fork: detach them ourselves
         subprocess.Popen(argv, env=c.env(), stdin=subprocess.DEVNULL, stdout=log, stderr=log,
-                         start_new_session=True)
+                         start_new_session=True, preexec_fn=(lambda: join(cgroups)) if cgroups else None)
     else:
         p = subprocess.run(argv, env=c.env(), stdin=subprocess.DEVNULL, stdout=log, stderr=log)
         if p.returncode != 0:
             raise ClusterError(f"{d.name} failed to start (exit {p.returncode})\n--- tail of {d.logfile} ---\n"
                                f"{log_tail(d.logfile)}")
     wait_for(f"{d.name} (pid file {d.pidfile})", lambda: running_pid(d) is not None, 20, d)
+
+
+def join(cgroups: tuple[Path, ...]) -> None:
+    """In a child before exec: move into `cgroups` (one per controller)."""
+    for path in cgroups:
+        (path / "cgroup.procs").write_text(str(os.getpid()))
 
 
 def stop(d: Daemon, timeout: float = 15) -> bool:
@@ -641,8 +758,13 @@ def make_dirs(c: Cluster) -> None:
         p.chmod(mode)
         if owner:
             os.chown(p, owner.pw_uid, owner.pw_gid)
-    for i in range(c.gpus_per_node):
-        (s / "gpu" / f"nvidia{i}").touch()
+    for i in range(c.gpus_per_node):  # what gres.conf names; devices where Slurm constrains them
+        gpu = s / "gpu" / f"nvidia{i}"
+        if c.cgroup and not gpu.is_char_device():
+            gpu.unlink(missing_ok=True)
+            os.mknod(gpu, 0o666 | stat.S_IFCHR, os.makedev(GPU_MAJOR, i))
+        elif not c.cgroup:
+            gpu.touch()
     key = s / "munge" / "munge.key"
     if not key.exists():
         key.write_bytes(secrets.token_bytes(1024))
@@ -790,6 +912,7 @@ def render_configs(c: Cluster) -> bool:
     changed = False
     changed |= write(etc / "slurm.conf", render("slurm/slurm.conf.j2", **ctx))
     changed |= write_if_changed(etc / "gres.conf", render("slurm/gres.conf.j2", **ctx))
+    changed |= write_if_changed(etc / "cgroup.conf", render("slurm/cgroup.conf.j2", **ctx))
     # slurmctld reloads job_submit.lua by itself when the file changes
     write(etc / "job_submit.lua", (SITE_DIR / "job_submit.lua").read_text() if c.site
           else render("slurm/job_submit.lua.j2", **ctx))
@@ -957,7 +1080,8 @@ def nodes_idle(c: Cluster) -> bool:
     return p.returncode == 0 and all(states.get(n) in ("idle", "alloc", "mix", "comp") for n in NODES)
 
 
-def up(source: str | None = None, prefix: str | None = None, site: bool = False, netns: bool = False) -> None:
+def up(source: str | None = None, prefix: str | None = None, site: bool = False, netns: bool = False,
+       linuxproc: bool = False) -> None:
     t0 = time.monotonic()
     preflight()
     install_packages()
@@ -972,6 +1096,7 @@ def up(source: str | None = None, prefix: str | None = None, site: bool = False,
         c.netns_file.touch()
         use_netns(c)
     choose_slurm(c, source, prefix)
+    choose_proctrack(c, linuxproc)
     if site:
         c.site = True
         c.site_file.parent.mkdir(parents=True, exist_ok=True)
@@ -1016,7 +1141,8 @@ def up(source: str | None = None, prefix: str | None = None, site: bool = False,
     if down_nodes:
         run(["scontrol", "update", f"nodename={','.join(down_nodes)}", "state=resume"], c, check=False)
     wait_for("all nodes idle in sinfo", lambda: nodes_idle(c), 60, ds[-1])
-    layout = f", each node in its own network namespace on {c.bridge} {c.subnet}.0/24" if c.netns else ""
+    layout = ", jobs tracked by cgroup" if c.cgroup else ", jobs tracked by proctrack/linuxproc"
+    layout += f", each node in its own network namespace on {c.bridge} {c.subnet}.0/24" if c.netns else ""
     print(f"local Slurm {c.version} cluster '{c.name}'{' in site mode' if c.site else ''} is up "
           f"({len(NODES)} nodes x {c.gpus_per_node} GPUs{layout}) "
           f"in {time.monotonic() - t0:.1f} s")
@@ -1098,6 +1224,10 @@ def down() -> None:
             os.kill(pid, signal.SIGKILL)
             stopped.append(f"a stray {exe} (pid {pid}, no pid file)")
     print(f"stopped: {', '.join(stopped) if stopped else 'nothing was running'}")
+    if c.cgroup:
+        left = remove_cgroups(c)
+        if left:
+            print(f"cgroups left (a process still in them): {', '.join(left)}")
     if c.netns:
         removed = remove_network(c)
         print(f"removed: {', '.join(removed) if removed else 'no namespace or link was left'}")
@@ -1122,12 +1252,14 @@ def status() -> int:
     return 0 if all_up else 1
 
 
-USAGE = """usage: up [--slurm-source TARBALL | --slurm-prefix DIR] [--site] [--netns] | down | status | node-up NODE | node-lose NODE
+USAGE = """usage: up [--slurm-source TARBALL | --slurm-prefix DIR] [--site] [--netns] [--linuxproc] | down | status | node-up NODE | node-lose NODE
   up                        boot (or check) the cluster on Debian's Slurm packages
   up --netns                controller and each node in a network namespace of its own, on a bridge
                             (a new HAI_CLUSTER_DIR; the directory keeps the layout; HAI_CLUSTER_NETNS=1)
   up --site                 a cluster as a site has it before slurm-hai comes (site/: its own QOS,
                             partitions, PreemptMode=CANCEL, job_submit.lua); a new HAI_CLUSTER_DIR
+  up --linuxproc            nodes track jobs by proctrack/linuxproc, not by cgroup (a new HAI_CLUSTER_DIR;
+                            HAI_CLUSTER_PROCTRACK=linuxproc)
   up --slurm-source TARBALL build that Slurm once (cached by checksum), boot on it
   up --slurm-prefix DIR     boot on the Slurm installed in DIR
   node-lose NODE            kill every process on NODE: its memory (/dev/shm, /tmp) is lost
@@ -1140,7 +1272,8 @@ def up_options(args: list[str]) -> dict[str, str | bool | None]:
                                           "prefix": os.environ.get("HAI_SLURM_PREFIX") or None}
     site = "--site" in args
     netns = "--netns" in args or os.environ.get("HAI_CLUSTER_NETNS") == "1"
-    it = iter(a for a in args if a not in ("--site", "--netns"))
+    linuxproc = "--linuxproc" in args or os.environ.get("HAI_CLUSTER_PROCTRACK") == "linuxproc"
+    it = iter(a for a in args if a not in ("--site", "--netns", "--linuxproc"))
     for arg in it:
         key, _, value = arg.partition("=")
         if key not in ("--slurm-source", "--slurm-prefix"):
@@ -1149,7 +1282,7 @@ def up_options(args: list[str]) -> dict[str, str | bool | None]:
         if not value:
             raise ClusterError(f"{key} needs a value\n{USAGE}")
         opts = {"source": None, "prefix": None, key.removeprefix("--slurm-"): value}
-    return {**opts, "site": site, "netns": netns}
+    return {**opts, "site": site, "netns": netns, "linuxproc": linuxproc}
 
 
 def main(argv: list[str]) -> int:

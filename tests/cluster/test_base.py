@@ -116,7 +116,8 @@ def test_localcluster_down_up_twice_and_status(live):
     for _ in range(2):
         up = script("up")
         assert up.returncode == 0, up.stderr
-        assert "is up (4 nodes x 8 GPUs)" in up.stdout
+        tracked = "jobs tracked by cgroup" if live.tracks_by_cgroup else "jobs tracked by proctrack/linuxproc"
+        assert f"is up (4 nodes x 8 GPUs, {tracked}" in up.stdout, up.stdout
     st = script("status")
     assert st.returncode == 0 and "cluster is up" in st.stdout and st.stdout.count("idle") == 4
     job = live.sbatch("-N4", "--wrap", "true")

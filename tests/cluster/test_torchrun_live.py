@@ -5,7 +5,10 @@ weights of an uninterrupted run, bit for bit.
 What it proves: torchrun runs once per node with the job's node count, the contract's node
 rank and rank 0's address; RANK/LOCAL_RANK/WORLD_SIZE are torchrun's (global over both
 nodes, an all_reduce sums every rank); every process of node 0, none of node 1, sees the
-suspend notice; both runs use the thread count pinned in the job directory.
+suspend notice; both runs use the thread count pinned in the job directory. On nodes that
+track jobs by cgroup (issue 53), every process of either run (launchers, torchrun's agents,
+their workers in sessions of their own) is in the job's cgroup on its own node, and none
+outlives its run: not after the requeue, not after the end.
 """
 
 from __future__ import annotations
@@ -25,7 +28,7 @@ pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "examples" / "torchrun_train.py"
-STEPS = 100
+STEPS = 200  # run 1 trains long enough (10 s at least) to be looked at
 ALICE = "hai-alice"
 RANK_LINE = re.compile(r"^\[torchrun\] rank (\d+)/(\d+) local_rank (\d+)/(\d+) node (\d+) run (\d+) threads (\d+) "
                        r"sum of ranks (\d+)$", re.M)
@@ -60,17 +63,43 @@ def job_processes(job_dir: Path) -> list[int]:
     return found
 
 
+def in_job_cgroups(live, job_id: int, pids: list[int]) -> dict[int, str]:
+    """Each of `pids` -> its node, asserting (where the nodes track jobs by cgroup) that it is
+    in a step cgroup of job `job_id` under that node's own cgroup."""
+    nodes = {}
+    for pid in pids:
+        node, cgroup = live.node_of(pid), live.cgroup_of(pid)
+        if node is None or cgroup is None:
+            continue  # gone meanwhile
+        if live.tracks_by_cgroup:
+            want = rf"/hai-\d+/{node}/slurm_{node}/uid_{live.uid(ALICE)}/job_{job_id}/step_\w+(/task_\d+)?"
+            assert re.fullmatch(want, cgroup), (pid, node, cgroup, Path(f"/proc/{pid}/cmdline").read_bytes())
+        nodes[pid] = node
+    return nodes
+
+
 def test_torchrun_job_on_two_nodes_is_preempted_and_resumes_bit_for_bit(live, tmp_path):
     p = live.run(["hai-submit", "--json", "--torchrun", "-n", "2", "-p", "LOW", "--gpus-per-node", "2", str(SCRIPT),
                   "--steps", str(STEPS), "--step-sleep", "0.05"], user=ALICE)
-    job_dir = Path(json.loads(p.stdout)["job_dir"])
+    job_dir, job_id = Path(json.loads(p.stdout)["job_dir"]), json.loads(p.stdout)["job_id"]
     wait_for(lambda: last_step(job_dir) >= 20, 120, "run 0 to train 20 steps")
+    run0 = in_job_cgroups(live, job_id, job_processes(job_dir))
+    # on each of the 2 nodes: a launcher, torchrun's agent and its 2 workers (at least)
+    assert len(set(run0.values())) == 2 and len(run0) >= 8, run0
     # a NORMAL job that needs every node takes the LOW job's two
     high = live.sbatch("-o", "/dev/null", "--qos=normal", "-N4", "--wrap", "sleep 2", user=ALICE)
     suspended = wait_for(lambda: events(job_dir, "suspended"), 60, "the preemption")
     assert suspended[0]["run"] == 0 and suspended[0]["how"] == "go_suspend", suspended
     assert events(job_dir, "notice")[0]["cause"] == "preempted", events(job_dir, "notice")
+    # nothing of run 0 is left once the job is requeued
+    live.wait_job(job_id, lambda j: j["JobState"] == "PENDING", 60, "the LOW job to be requeued")
+    wait_for(lambda: not any(Path(f"/proc/{pid}").exists() for pid in run0), 20, "run 0's processes to be gone")
     assert live.wait_job(high, lambda j: j["JobState"] == "COMPLETED", 60, "the NORMAL job to run")
+    resumed = wait_for(lambda: re.findall(r"^\[torchrun\] resumed from step (\d+)$", node_log(job_dir, 0), re.M),
+                       150, "run 1 to resume")
+    wait_for(lambda: last_step(job_dir) >= int(resumed[0]) + 5, 60, "run 1 to train 5 steps")
+    run1 = in_job_cgroups(live, job_id, job_processes(job_dir))
+    assert len(set(run1.values())) == 2 and len(run1) >= 8 and not set(run1) & set(run0), (run0, run1)
     final = wait_for(lambda: (job_dir / "final.json").exists() and json.loads((job_dir / "final.json").read_text()),
                      150, "the resumed run to finish")
     assert final["state"] == "succeeded", (final, node_log(job_dir, 0)[-3000:])
