@@ -8,6 +8,7 @@
 #               24.11.5 of Debian 13), each built once; outside CI's time budget
 #   make test-debian  Debian's suite alone: the unit tests and the cluster tests on Debian's Slurm
 #   make test-netns   the network fault tests alone (make test runs them beside Debian's suite), on the netns layout
+#   make test-docker  the requeue tests on a cluster of Docker containers (make test runs them last; contrib/slurm-docker)
 #   make lint   ruff over the tree, mypy over slurm_hai/ (make test runs it first)
 #   make dist   a wheel and an sdist in dist/, for a site: pip install dist/slurm_hai-*.whl
 SHELL := /bin/bash
@@ -21,7 +22,7 @@ PYTEST_ARGS ?=
 SLURM_SOURCES ?=
 SITE_SLURM_SOURCES ?= ../shared/vendor-sites
 
-.PHONY: demo test test-debian test-each-slurm test-netns test-sites lint test-tools setup venv cluster cluster-down bench docs dist clean
+.PHONY: demo test test-debian test-each-slurm test-netns test-docker test-sites lint test-tools setup venv cluster cluster-down bench docs dist clean
 
 demo: setup
 	$(PY) examples/demo.py
@@ -39,6 +40,7 @@ endif
 ifneq ($(SLURM_SOURCES),)
 	$(MAKE) test-each-slurm
 endif
+	$(MAKE) test-docker
 
 # Debian's suite: the unit tests and the cluster tests on Debian's Slurm (22.05), netns ones apart.
 test-debian: setup test-tools
@@ -55,6 +57,14 @@ NETNS_CLUSTER := HAI_CLUSTER_NETNS=1 HAI_CLUSTER_DIR=/var/lib/slurm-hai/netns-22
 test-netns: setup test-tools
 	rc=0; $(NETNS_CLUSTER) $(PY) -m pytest -m netns tests/cluster $(PYTEST_ARGS) || rc=$$?; \
 	$(NETNS_CLUSTER) contrib/localcluster/down; exit $$rc
+
+# The Docker cluster (contrib/slurm-docker/README.md): a controller and 2 compute containers of
+# Debian's Slurm, their images built here from Debian's archive (kept, rebuilt when an input
+# changes); `up` installs docker.io and mmdebstrap and starts dockerd if need be. The tests of
+# tests/docker on it (a plain pytest leaves them out), then down.
+test-docker: venv
+	rc=0; contrib/slurm-docker/up && $(PY) -m pytest tests/docker $(PYTEST_ARGS) || rc=$$?; \
+	contrib/slurm-docker/down; exit $$rc
 
 test-sites: setup
 	$(PY) tests/each_slurm.py $(SITE_SLURM_SOURCES) $(PYTEST_ARGS)

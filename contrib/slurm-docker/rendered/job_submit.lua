@@ -92,7 +92,7 @@ local account_override = {
 }
 -- node group (partition) -> the levels it takes, highest first (AUTO picks among them)
 local group_levels = {
-  ["normal"] = { "EXTREME_HIGH", "VERY_HIGH", "HIGH", "ABOVE_NORMAL", "NORMAL", "UNDER_NORMAL", "BELOW_NORMAL", "LOW" },
+  ["cpu"] = { "EXTREME_HIGH", "VERY_HIGH", "HIGH", "ABOVE_NORMAL", "NORMAL", "UNDER_NORMAL", "BELOW_NORMAL", "LOW" },
 }
 -- the node groups that take only some levels, as users read them
 local group_names = {
@@ -101,9 +101,9 @@ local group_names = {
 -- the policy does not name takes the top-level value, a job that names none the default group's
 local min_gpus = 0
 local group_min_gpus = {
-  ["normal"] = 0,
+  ["cpu"] = 0,
 }
-local default_group = "normal"
+local default_group = "cpu"
 
 local function spank_env(job_desc, name)
   local env = job_desc.spank_job_env
