@@ -89,3 +89,11 @@ class Run:
 def weights(args: list[str]) -> Path:
     """train.py's weights for `args`, run now unless they are kept."""
     return Run(args).weights()
+
+
+def same_weights(a: Path, b: Path) -> bool:
+    """Whether two safetensors files hold the same tensors, bit for bit."""
+    from safetensors.torch import load_file
+
+    wa, wb = load_file(str(a)), load_file(str(b))
+    return wa.keys() == wb.keys() and all(wa[k].numpy().tobytes() == wb[k].numpy().tobytes() for k in wa)

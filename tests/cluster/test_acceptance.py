@@ -36,7 +36,7 @@ import pytest
 
 import uninterrupted
 import waiting
-from uninterrupted import TRAIN
+from uninterrupted import TRAIN, same_weights
 
 pytestmark = pytest.mark.cluster
 
@@ -99,13 +99,6 @@ def wait_for(what: str, cond, timeout: float, interval: float = 0.3):
 def wait_final(job_dir: Path, timeout: float) -> dict:
     return wait_for(f"{job_dir} to end", lambda: (job_dir / "final.json").exists()
                     and json.loads((job_dir / "final.json").read_text()), timeout)
-
-
-def same_weights(a: Path, b: Path) -> bool:
-    from safetensors.torch import load_file
-
-    wa, wb = load_file(str(a)), load_file(str(b))
-    return wa.keys() == wb.keys() and all(wa[k].numpy().tobytes() == wb[k].numpy().tobytes() for k in wa)
 
 
 def job_pids(job_dir: Path, run: int | None = None) -> list[int]:

@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 import uninterrupted
-from uninterrupted import TRAIN
+from uninterrupted import TRAIN, same_weights
 from waiting import wait_for
 
 if TYPE_CHECKING:  # the fixtures come from tests/conftest.py
@@ -243,13 +243,6 @@ def rank_log(job_dir: Path, rank: int) -> str:
 def last_step(job_dir: Path) -> int:
     steps = re.findall(r"^\[train\] .* step (\d+)/", rank_log(job_dir, 0), re.M)
     return int(steps[-1]) if steps else 0
-
-
-def same_weights(a: Path, b: Path) -> bool:
-    from safetensors.torch import load_file
-
-    wa, wb = load_file(str(a)), load_file(str(b))
-    return wa.keys() == wb.keys() and all(wa[k].numpy().tobytes() == wb[k].numpy().tobytes() for k in wa)
 
 
 def user_file(c: LiveCluster, name: str, text: str, user: str = ALICE) -> Path:

@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 import uninterrupted
+from uninterrupted import same_weights
 import waiting
 
 # Live-cluster tests: tests/conftest.py fails a CI run that executed none.
@@ -72,13 +73,6 @@ def committed_steps(job_dir: Path) -> list[int]:
 def wait_final(job_dir: Path, timeout: float) -> dict:
     return wait_for(f"{job_dir} to end", lambda: (job_dir / "final.json").exists()
                     and json.loads((job_dir / "final.json").read_text()), timeout)
-
-
-def same_weights(a: Path, b: Path) -> bool:
-    from safetensors.torch import load_file
-
-    wa, wb = load_file(str(a)), load_file(str(b))
-    return wa.keys() == wb.keys() and all(wa[k].numpy().tobytes() == wb[k].numpy().tobytes() for k in wa)
 
 
 @pytest.fixture(scope="module")
