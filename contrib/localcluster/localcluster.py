@@ -536,6 +536,19 @@ def make_node_cgroups(c: Cluster, n: Node) -> list[Path]:
     return c.node_cgroups(n.name)
 
 
+def kill_cgroups(c: Cluster) -> int:
+    """SIGKILL every process in the cluster's node cgroups (freezer's: proctrack/cgroup's);
+    how many there were."""
+    top, pids = CGROUP_ROOT / CGROUP_CONTROLLERS[0] / f"hai-{c.port_base}", set()
+    for procs in top.rglob("cgroup.procs") if top.is_dir() else ():
+        with contextlib.suppress(OSError):
+            pids |= {int(p) for p in procs.read_text().split()}
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return len(pids)
+
+
 def remove_cgroups(c: Cluster) -> list[str]:
     """The cluster's node cgroups and what Slurm made under them, deepest first, once no
     process is left in them; returns what could not be removed."""
@@ -1225,7 +1238,15 @@ def down() -> None:
             stopped.append(f"a stray {exe} (pid {pid}, no pid file)")
     print(f"stopped: {', '.join(stopped) if stopped else 'nothing was running'}")
     if c.cgroup:
-        left = remove_cgroups(c)
+        # what the stopped slurmds leave (their job steps: slurmstepd outlives slurmd) is
+        # in the nodes' cgroups: nothing of a job outlives the cluster
+        killed = kill_cgroups(c)
+        if killed:
+            print(f"killed: {killed} processes of jobs still in the nodes' cgroups")
+        deadline = time.monotonic() + 10
+        while (left := remove_cgroups(c)) and time.monotonic() < deadline:
+            kill_cgroups(c)
+            time.sleep(0.2)
         if left:
             print(f"cgroups left (a process still in them): {', '.join(left)}")
     if c.netns:

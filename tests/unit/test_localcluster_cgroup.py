@@ -63,3 +63,18 @@ def test_a_node_of_the_cgroup_layout_mounts_its_own_hierarchies_and_whatever_ent
     fresh.cgroup = False  # the linuxproc layout: a mount namespace only
     assert "--cgroup" not in localcluster.holder_argv(fresh, node, Path("/run/x.pid"))
     assert localcluster.node_enter(fresh, 42) == ["nsenter", "--target=42", "--mount", "--"]
+
+
+def test_down_kills_what_the_nodes_cgroups_still_hold_and_removes_them(fresh, tmp_path, monkeypatch):
+    # slurmstepd and its job outlive a stopped slurmd; the nodes' cgroups still hold them
+    import subprocess
+
+    monkeypatch.setattr(localcluster, "CGROUP_ROOT", tmp_path / "cgroup")
+    left = subprocess.Popen(["sleep", "300"])
+    step = tmp_path / "cgroup" / "freezer" / f"hai-{fresh.port_base}" / "n1" / "slurm_n1" / "uid_0" / "job_7"
+    step.mkdir(parents=True)
+    (step / "cgroup.procs").write_text(f"{left.pid}\n")
+    assert localcluster.kill_cgroups(fresh) == 1
+    assert left.wait(10) == -9
+    (step / "cgroup.procs").unlink()  # the kernel's files go with the directory; here, by hand
+    assert localcluster.remove_cgroups(fresh) == [] and not (tmp_path / "cgroup" / "freezer" / f"hai-{fresh.port_base}").exists()
