@@ -127,16 +127,17 @@ class Munge:
     """Who asks: the uid of the request's MUNGE credential, decoded by munged on Slurm's own
     socket (`munge_socket`: AuthInfo, else MUNGE's default)."""
 
-    def __init__(self, socket_path: str | None):
+    def __init__(self) -> None:
         if shutil.which("unmunge") is None:
             raise LighthouseError("the lighthouse service checks who asks with MUNGE's unmunge: install munge "
                                   "(apt install munge), as Slurm's auth/munge has it")
-        self.argv = ["unmunge", "--numeric", "--keys=UID", *(["--socket", socket_path] if socket_path else [])]
 
     def __call__(self, authorization: list[str], target: str) -> int:
         credential = credential_of(authorization)
+        socket_path = munge_socket()  # at each ask: the service may start before slurmctld answers
+        argv = ["unmunge", "--numeric", "--keys=UID", *(["--socket", socket_path] if socket_path else [])]
         try:
-            p = subprocess.run(self.argv, input=credential, capture_output=True, text=True,
+            p = subprocess.run(argv, input=credential, capture_output=True, text=True,
                                timeout=UNMUNGE_SECONDS, env={"PATH": os.environ.get("PATH", os.defpath)})
         except subprocess.TimeoutExpired:
             raise LighthouseError(f"cannot check MUNGE credentials: unmunge took over {UNMUNGE_SECONDS:g} s") \
@@ -373,7 +374,7 @@ def serve(service: Service, listen: str, port: int, sweep_every: float,
     `stop` is set (or SIGTERM/SIGINT); the lighthouses stay, and listen on `listen` too.
     `identify(authorization headers, target)`: the uid that asks (Refused, LighthouseError);
     MUNGE on Slurm's socket by default."""
-    who = identify or Munge(munge_socket())
+    who = identify or Munge()
     service.listen = listen
 
     class Handler(BoundedHandler, BaseHTTPRequestHandler):

@@ -19,7 +19,7 @@ if TYPE_CHECKING:
     from .base import Backend, SlurmError, SlurmMissing
     from .records import JobInfo
 
-__all__ = ["Backend", "JobInfo", "SlurmError", "SlurmMissing", "backend", "config_missing", "munge_socket", "reads_with_commands"]
+__all__ = ["Backend", "JobInfo", "SlurmError", "SlurmMissing", "backend", "config_missing", "forget_munge_socket", "munge_socket", "reads_with_commands"]
 
 _LAZY = {"Backend": "base", "SlurmError": "base", "SlurmMissing": "base", "JobInfo": "records"}
 
@@ -67,21 +67,32 @@ def config_missing() -> bool:
     return conf is not None and conf != "" and not os.path.isfile(conf)
 
 
-@functools.cache
 def munge_socket() -> str | None:
     """The MUNGE socket Slurm authenticates with (AuthInfo's `socket=`, or its older bare
-    path); None, MUNGE's default socket, when Slurm names none or cannot be asked. A part's
-    lighthouse ask is proven with it (runtime/parts.py), and checked on it (controller/lighthouse.py)."""
+    path); None, MUNGE's default socket, when Slurm names none or cannot be asked yet. A part's
+    lighthouse ask is proven with it (runtime/parts.py), and checked on it (controller/lighthouse.py).
+    Slurm's answer is kept; a Slurm that did not answer (a service started before slurmctld
+    was: seen in CI, every credential then checked on the wrong socket) is asked again."""
     from .base import SlurmError
 
     try:
-        auth_info = backend().config().get("AuthInfo", "")
+        return _auth_info_socket()
     except (SlurmError, OSError):
         return None
-    for item in auth_info.split(","):
+
+
+@functools.cache
+def _auth_info_socket() -> str | None:
+    """munge_socket()'s answer from Slurm's configuration (SlurmError when it cannot be read)."""
+    for item in backend().config().get("AuthInfo", "").split(","):
         key, sep, value = item.strip().partition("=")
         if sep and key == "socket":
             return value
         if not sep and key.startswith("/"):
             return key
     return None
+
+
+def forget_munge_socket() -> None:
+    """munge_socket() asks Slurm again (a process that moved to another cluster: tests)."""
+    _auth_info_socket.cache_clear()

@@ -292,6 +292,8 @@ def test_every_command_shown_in_the_readme_the_guide_and_the_help_works(live, tm
     work = user_dir(live, "fd-docs", "hai-alice")
     shutil.copytree(REPO / "examples", work / "examples")
     shutil.copy(REPO / "examples" / "train.py", work / "train.py")
+    (work / "tests").mkdir()  # the guide's container stand-in, named from the repository's root
+    shutil.copy(REPO / "tests" / "no_slurm_here.sh", work / "tests" / "no_slurm_here.sh")
     write(work / "doc_job.py", DOC_JOB, "hai-alice")
     subprocess.run(["chown", "-R", "hai-alice:hai-alice", str(work)], check=True)
 

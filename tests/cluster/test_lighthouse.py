@@ -54,7 +54,7 @@ def running(pid: int) -> bool:
 def test_a_jobs_lighthouse_runs_while_slurm_holds_the_job_and_through_the_services_kill_9(live, tmp_path,
                                                                                           monkeypatch):
     monkeypatch.setenv("SLURM_CONF", str(live.conf))  # this process's asks: MUNGE on the cluster's socket
-    slurm.munge_socket.cache_clear()
+    slurm.forget_munge_socket()
     state, log = tmp_path / "state", tmp_path / "service.log"
     job = int(live.run(["sbatch", "--parsable", "--hold", "-o", "/dev/null", "--wrap", "sleep 600"],
                        user=ALICE).stdout.strip().split(";")[0])

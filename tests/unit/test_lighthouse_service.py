@@ -376,9 +376,18 @@ def test_the_parts_munge_on_slurms_socket(monkeypatch):
                                    ("/var/run/munge/munge.socket.2", "/var/run/munge/munge.socket.2"),
                                    ("(null)", None), ("cred_expire=5", None), (None, None)):
         conf.auth_info = auth_info
-        slurm.munge_socket.cache_clear()
+        slurm.forget_munge_socket()
         assert slurm.munge_socket() == socket_path, auth_info
-    slurm.munge_socket.cache_clear()
+    # a service started before slurmctld answers: asked again once it does (CI: every check
+    # of a lighthouse service went to MUNGE's default socket)
+    slurm.forget_munge_socket()
+    conf.auth_info = None
+    assert slurm.munge_socket() is None
+    conf.auth_info = "socket=/s/munged.sock"
+    assert slurm.munge_socket() == "/s/munged.sock"
+    conf.auth_info = None
+    assert slurm.munge_socket() == "/s/munged.sock"  # Slurm's answer is kept
+    slurm.forget_munge_socket()
 
 
 def test_lighthouses_bind_where_the_service_listens():
