@@ -54,6 +54,7 @@ NO_SLURM = REPO / "tests" / "no_slurm_here.sh"  # a command's container without 
 def submit(live, script: Path, *opts: str, user: str | None = None, args: list[str] = ()) -> tuple[int, Path]:
     p = live.run(["hai-submit", "--json", "--gpus-per-node", "8", *opts, str(script), "--", *args], user=user)
     info = json.loads(p.stdout)
+    live.show_on_failure(Path(info["job_dir"]))
     return info["job_id"], Path(info["job_dir"])
 
 
