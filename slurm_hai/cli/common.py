@@ -154,8 +154,9 @@ def no_config_hint(message: str) -> str:
     where = f"SLURM_CONF={conf} does not point at a readable slurm.conf" if conf else (
         "SLURM_CONF is not set and there is no /etc/slurm/slurm.conf")
     local = LOCAL_CLUSTER_ENV if os.path.exists(LOCAL_CLUSTER_ENV) else ""  # this host runs the local test cluster
-    return (f"no Slurm configuration found: {where}; point at one with `export SLURM_CONF=/path/to/slurm.conf`"
-            + (f" (on the local cluster: source {local})" if local else " (your site's documentation names it)"))
+    return (f"no Slurm configuration found: {where}; ask your cluster's admin where its slurm.conf is and "
+            "`export SLURM_CONF=/path/to/slurm.conf`"
+            + (f" (slurm-hai's local test cluster on this host: source {local})" if local else ""))
 
 
 def emit_json(data: object) -> None:
