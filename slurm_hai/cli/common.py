@@ -119,14 +119,14 @@ class Refused(click.ClickException):
 
 def parse_priority(text: str | None, policy):
     """The level (or AUTO) of the user's -p in the cluster's `policy` (None: its default
-    level), or Refused in the policy's words with a near match suggested."""
+    level), or Refused in the policy's words with a near match suggested, as the SPANK
+    plugin's --hai-priority says it."""
     from ..policy import placement
 
     try:
         return placement.request_level(policy, text)
     except placement.Refused as e:
-        hint = did_you_mean(str(text), [lvl.name for lvl in policy.ladder] + ["AUTO"])
-        raise Refused(f"{e}; {hint}".rstrip("; ") if hint else str(e)) from None
+        raise Refused(f"{e}{placement.level_hint(policy, str(text))}") from None
 
 
 # What Slurm's commands print when they find no configuration (no SLURM_CONF, no
