@@ -16,7 +16,9 @@
  *                            max_grace.
  *    A bad value is refused at submission (callback returns -1 with one
  *    "hai: ..." error line, the words of placement.REFUSALS; Slurm adds its own
- *    "Invalid --hai-... argument" line). In sbatch/salloc/srun the canonical
+ *    "Invalid --hai-... argument" line). An unknown level's line ends, as
+ *    hai-submit's -p does (placement.level_hint), with the nearest of the
+ *    ladder's names (or AUTO, when allowed): "; did you mean HIGH?". In sbatch/salloc/srun the canonical
  *    value goes to the controller as job control env
  *    (spank_job_control_setenv):
  *      HAI_PRIORITY=<LEVEL NAME in upper case, or AUTO>, HAI_GRACE=<seconds>.
@@ -224,6 +226,14 @@ static int _is_space(char c)
 	       (c >= '\x1c' && c <= '\x1f');
 }
 
+static int _is_ascii(const char *s)
+{
+	for (; *s; s++)
+		if ((unsigned char) *s > 0x7f)
+			return 0;
+	return 1;
+}
+
 static char _upper(char c)
 {
 	return (c >= 'a' && c <= 'z') ? (char) (c - 'a' + 'A') : c;
@@ -304,16 +314,13 @@ static int _parse_levels(const char *spec, struct hai_level *lv, int *n)
  */
 static const char *_canonical_level(const char *arg)
 {
-	const char *p, *digits;
+	const char *digits;
 	size_t len;
 	long value;
 	int i;
 
-	if (!arg)
+	if (!arg || !_is_ascii(arg))
 		return NULL;
-	for (p = arg; *p; p++)
-		if ((unsigned char) *p > 0x7f)
-			return NULL;
 	while (_is_space(*arg))
 		arg++;
 	for (len = strlen(arg); len && _is_space(arg[len - 1]);)
@@ -352,6 +359,76 @@ static void _level_list(char *buf, size_t len)
 			break;
 		used += (size_t) n;
 	}
+}
+
+/*
+ * The characters that the matching blocks of a[alo..ahi) and b[blo..bhi) hold,
+ * as difflib's SequenceMatcher(a=a, b=b).get_matching_blocks() finds them: the
+ * longest common block (of equal ones, the first to end in a, then in b),
+ * then the same on each side of it. No junk: b is at most HAI_MAX_OPTION_LEN
+ * bytes, and a b long enough for difflib's autojunk (200) matches no level's
+ * name near enough anyway. Runs fit a byte: a is a level's name.
+ */
+static size_t _matched(const char *a, size_t alo, size_t ahi, const char *b,
+		       size_t blo, size_t bhi)
+{
+	unsigned char run[2][HAI_MAX_OPTION_LEN];
+	unsigned char *prev = run[0], *cur = run[1], *t;
+	size_t i, j, besti = alo, bestj = blo, best = 0;
+
+	memset(run[0], 0, sizeof(run[0]));
+	for (i = alo; i < ahi; i++) {
+		for (j = blo; j < bhi; j++) {
+			cur[j] = a[i] != b[j] ? 0 : (unsigned char)
+				 ((j > blo ? prev[j - 1] : 0) + 1);
+			if (cur[j] > best) {
+				best = cur[j];
+				besti = i + 1 - best;
+				bestj = j + 1 - best;
+			}
+		}
+		t = prev;
+		prev = cur;
+		cur = t;
+	}
+	if (!best)
+		return 0;
+	return best + _matched(a, alo, besti, b, blo, bestj) +
+	       _matched(a, besti + best, ahi, b, bestj + best, bhi);
+}
+
+/*
+ * The level (or AUTO, where allowed) nearest to the len bytes of word (ASCII,
+ * stripped, at most HAI_MAX_OPTION_LEN), as placement.closest finds it
+ * (difflib's get_close_matches, n=1): ratio 2*M/T, M what _matched finds in
+ * (name, WORD in upper case), T both lengths; the highest ratio of at least
+ * NEAR_MISS (0.6), of equal ones the name last in strcmp order; NULL when none
+ * comes that near. Ratios are compared in integers: Python's floats of two
+ * ratios are equal exactly when the fractions are.
+ */
+static const char *_closest(const char *word, size_t len)
+{
+	char upper[HAI_MAX_OPTION_LEN];
+	const char *best = NULL, *name;
+	size_t i, m, t, best_m = 0, best_t = 1;
+	int k;
+
+	for (i = 0; i < len; i++)
+		upper[i] = _upper(word[i]);
+	for (k = 0; k < hai.nlevels + (hai.allow_auto ? 1 : 0); k++) {
+		name = k < hai.nlevels ? hai.levels[k].name : "AUTO";
+		t = strlen(name) + len;
+		m = _matched(name, 0, strlen(name), upper, 0, len);
+		if (10 * m < 3 * t)	/* 2m/t < 0.6 */
+			continue;
+		if (!best || m * best_t > best_m * t ||
+		    (m * best_t == best_m * t && strcmp(name, best) > 0)) {
+			best = name;
+			best_m = m;
+			best_t = t;
+		}
+	}
+	return best;
 }
 
 /* ------------------------------------------------------------------------ */
@@ -401,7 +478,7 @@ static int _opt_priority(int val, const char *optarg, int remote)
 	_level_list(list, sizeof(list));
 	if (!name) {
 		char shown[256];
-		const char *a = optarg ? optarg : "";
+		const char *a = optarg ? optarg : "", *near;
 		size_t len;
 
 		while (_is_space(*a))
@@ -410,8 +487,11 @@ static int _opt_priority(int val, const char *optarg, int remote)
 		while (len && _is_space(a[len - 1]))
 			len--;
 		snprintf(shown, sizeof(shown), "%.*s", (int) len, a);
+		near = _is_ascii(a) ? _closest(a, len) : NULL;
 		slurm_error("hai: unknown priority level '%s'; use one of %s "
-			    "or AUTO", shown, list);
+			    "or AUTO%s%s%s", shown, list,
+			    near ? "; did you mean " : "", near ? near : "",
+			    near ? "?" : "");
 		return -1;
 	}
 	if (!strcmp(name, "AUTO") && !hai.allow_auto) {

@@ -119,14 +119,14 @@ class Refused(click.ClickException):
 
 def parse_priority(text: str | None, policy):
     """The level (or AUTO) of the user's -p in the cluster's `policy` (None: its default
-    level), or Refused in the policy's words with a near match suggested."""
+    level), or Refused in the policy's words with a near match suggested, as the SPANK
+    plugin's --hai-priority says it."""
     from ..policy import placement
 
     try:
         return placement.request_level(policy, text)
     except placement.Refused as e:
-        hint = did_you_mean(str(text), [lvl.name for lvl in policy.ladder] + ["AUTO"])
-        raise Refused(f"{e}; {hint}".rstrip("; ") if hint else str(e)) from None
+        raise Refused(f"{e}{placement.level_hint(policy, str(text))}") from None
 
 
 # What Slurm's commands print when they find no configuration (no SLURM_CONF, no
@@ -154,8 +154,9 @@ def no_config_hint(message: str) -> str:
     where = f"SLURM_CONF={conf} does not point at a readable slurm.conf" if conf else (
         "SLURM_CONF is not set and there is no /etc/slurm/slurm.conf")
     local = LOCAL_CLUSTER_ENV if os.path.exists(LOCAL_CLUSTER_ENV) else ""  # this host runs the local test cluster
-    return (f"no Slurm configuration found: {where}; point at one with `export SLURM_CONF=/path/to/slurm.conf`"
-            + (f" (on the local cluster: source {local})" if local else " (your site's documentation names it)"))
+    return (f"no Slurm configuration found: {where}; ask your cluster's admin where its slurm.conf is and "
+            "`export SLURM_CONF=/path/to/slurm.conf`"
+            + (f" (slurm-hai's local test cluster on this host: source {local})" if local else ""))
 
 
 def emit_json(data: object) -> None:

@@ -55,7 +55,7 @@ from pathlib import Path
 from typing import Callable
 
 from ..jobs.jobdir import user_uid, write_atomic
-from ..runtime.parts import AUTH_SCHEME, JOBS_PATH
+from ..runtime.parts import AUTH_SCHEME, JOBS_PATH, TORCHFT_RUST_LOG
 from ..slurm import munge_socket
 from .bounded_http import BoundedHandler, BoundedServer
 
@@ -317,7 +317,7 @@ class Service:
         argv = [sys.executable, "-m", MODULE, "--job", str(job), "--min-parts", str(min_parts), "--heartbeat-timeout-ms",
                 str(self.heartbeat_timeout_ms), "--listen", self.listen, "--extension", str(torchft_extension())]
         # torchft logs each quorum at INFO: its warnings and errors go to <job>.log
-        env = {**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "warn")}
+        env = {**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", TORCHFT_RUST_LOG)}
         with open(self._path(job).with_suffix(".log"), "ab") as errors:
             proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=errors,
                                     text=True, env=env, start_new_session=True)  # outlives this service

@@ -20,7 +20,7 @@ from typing import Collection, Iterable, Sequence
 from ..policy.levels import AUTO
 from ..policy.limits import NOTICE_MARGIN
 from ..policy.model import Policy
-from ..policy.placement import REFUSALS, Refused, grace_of, group_of, request_level
+from ..policy.placement import REFUSALS, Refused, closest, grace_of, group_of, request_level
 from ..policy.sizes import NodeRange
 from ..policy.tags import DIR as DIR_TAG, GRACE as GRACE_TAG, NODES as NODES_TAG, PARTS as PARTS_TAG
 
@@ -39,12 +39,9 @@ class RequestError(ValueError):
 
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
-    """'did you mean HIGH? ' for a near miss of one of `choices`, else ''."""
-    import difflib
-
-    by_upper = {c.upper(): c for c in choices}
-    found = difflib.get_close_matches(word.upper(), list(by_upper), n=1, cutoff=0.6)
-    return f"did you mean {by_upper[found[0]]}? " if found else ""
+    """'did you mean GPU? ' for a near miss of one of `choices` (placement.closest), else ''."""
+    found = closest(word, choices)
+    return f"did you mean {found}? " if found else ""
 
 
 @dataclass

@@ -17,13 +17,16 @@ One decision, many renderings. Every rule a submission meets is decided here, on
 The other parts do not decide again: job_submit.lua is rendered from `lua_tables(policy)`
 (the tables below, and the refusal texts of REFUSALS, printf formats that Python's `%` and
 Lua's string.format read alike); the SPANK plugin is started with `spank_arguments(policy)`;
-hai-submit calls `request_level` and `grace_of`. tests/unit/test_policy_agreement.py checks,
-on generated policies and requests, that they all decide alike.
+hai-submit calls `request_level` and `grace_of`; both tell a mistyped level the nearest name
+(`level_hint`, which the plugin counts alike). tests/unit/test_policy_agreement.py checks, on
+generated policies and requests, that they all decide alike (tests/unit/test_spank_policy.py,
+the plugin).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Iterable
 
 from .levels import AUTO, Level, LevelError, level_of_qos, parse_level
 from .limits import MASTER_PORT_BASE, MASTER_PORT_SPAN, MIN_GRACE
@@ -41,6 +44,10 @@ REFUSALS = {
     "grace": "grace '%s' is not allowed on this cluster; ask for whole seconds from %d to %d (the policy's "
              "max_grace_seconds)",
 }
+
+
+# How near a mistyped name must come to one it is told (difflib's ratio, `closest`)
+NEAR_MISS = 0.6
 
 
 class Refused(ValueError):
@@ -90,6 +97,36 @@ def request_level(policy: Policy, text: str | int | None) -> Level | str:
     if level == AUTO and not policy.allow_auto:
         raise Refused(REFUSALS["no_auto"] % choices(policy))
     return level
+
+
+def closest(word: str, choices: Iterable[str]) -> str | None:
+    """The one of `choices` that `word` comes nearest, in any case, as difflib's
+    get_close_matches(n=1) finds it: the highest ratio (twice the characters its matching
+    blocks hold, over both lengths) of at least NEAR_MISS, of equal ones the last in order of
+    the upper-case names; None when none comes that near. The SPANK plugin's `_closest` counts
+    alike, without difflib's autojunk: that takes a word of 200 characters or more, which
+    comes near no level's name (at most 31) anyway."""
+    import difflib
+
+    by_upper = {c.upper(): c for c in choices}
+    found = difflib.get_close_matches(word.upper(), list(by_upper), n=1, cutoff=NEAR_MISS)
+    return by_upper[found[0]] if found else None
+
+
+def level_hint(policy: Policy, text: str) -> str:
+    """What a refusal of `text` by request_level adds for the user who typed it (hai-submit
+    -p, sbatch --hai-priority): "; did you mean HIGH?" where `text`, stripped, names no level
+    but comes near one (or AUTO, where the policy allows it), else "" (also for text outside
+    ASCII: a level's name is ASCII, and the plugin compares bytes). job_submit.lua is not
+    asked: the plugin hands it only levels it took."""
+    try:
+        parse_level(text, policy.ladder)
+        return ""  # a level, or AUTO: refused for another reason
+    except LevelError:
+        pass
+    names = [lvl.name for lvl in policy.ladder] + ([AUTO] if policy.allow_auto else [])
+    near = closest(text.strip(), names) if text.isascii() else None
+    return f"; did you mean {near}?" if near else ""
 
 
 def grace_of(policy: Policy, asked: str | int | None) -> int:

@@ -39,7 +39,7 @@ from ..slurm import SlurmError, backend
 from .batch import run_over, slurm_record, wait_to_be_requeued
 from .contract import restart_count
 from .parts import (EXIT_BELOW_MIN, EXIT_LIGHTHOUSE_LOST, EXIT_TIME_LIMIT, LEAVE_AT_ENV, MIN_ENV, SERVICE_ENV,
-                    PartError, ask, job_and_part, min_parts)
+                    TORCHFT_RUST_LOG, PartError, ask, job_and_part, min_parts)
 
 # How often each part's task asks the lighthouse service whether the job's lighthouse lives.
 LIGHTHOUSE_WATCH_EVERY = 2.0
@@ -84,6 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     jobdir.event("start", run=run, part=part, nodes=node, size=1, host=os.uname().nodename)
     print(f"slurm-hai: part {part} run {run} on {node}; its output: {jobdir.rank_log(part)}", flush=True)
     _output_to_rank_log(jobdir, run, part)
+    os.environ.setdefault("RUST_LOG", TORCHFT_RUST_LOG)  # torchft's INFO lines stay out of the part's log
     ending: list[int] = []
     signal.signal(signal.SIGTERM, lambda s, f: ending.append(s))  # Slurm ends the task: its step gets it too
     lost, done = threading.Event(), threading.Event()

@@ -46,6 +46,7 @@ lighthouse service (`hai-admin lighthouse`, HAI_LIGHTHOUSE_SERVICE) for the job'
 from __future__ import annotations
 
 import json
+import logging
 import math
 import os
 import signal
@@ -98,6 +99,15 @@ WATCH_AFTER = 2.0
 WATCH_EVERY = 1.0
 # Slurm's states of a task whose part runs or is starting
 RUNNING_STATES = frozenset({"RUNNING", "CONFIGURING"})
+# torchft's own chatter stays out of a part's log; its warnings and errors stay in. Its Rust
+# core writes INFO lines for every quorum and commit to stderr, at the level RUST_LOG names,
+# read once as torchft is imported (torchft 0.2.0 takes a level, not a filter: `torchft=warn`
+# changes nothing). The part's task gives the part's step this level unless the job's
+# environment names one (part_task.py), as the lighthouse service gives its lighthouses
+# (controller/lighthouse.py). Its Python side logs through these loggers: join() raises them
+# to WARNING.
+TORCHFT_RUST_LOG = "warn"
+TORCHFT_LOGGERS = ("torchft", "torchft_quorums", "torchft_commits", "torchft_errors")
 
 
 class PartError(RuntimeError):
@@ -106,6 +116,19 @@ class PartError(RuntimeError):
 
 class StartedApart(PartError):
     """The parts of step 0 hold different states."""
+
+
+def _quiet_torchft() -> None:
+    """torchft's Python loggers at WARNING, and without its warning that it cannot reset
+    NCCL's flight recorder: a part's process group is gloo's, and a CPU build of torch (no
+    NCCL) would log it at every new quorum."""
+    for name in TORCHFT_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING)
+    logging.getLogger("torchft.manager").addFilter(_not_about_nccl)  # added once, however often called
+
+
+def _not_about_nccl(record: logging.LogRecord) -> bool:
+    return "NCCL flight recorder" not in record.getMessage()
 
 
 def batch_share(batch_size: int, rank: int, participants: int) -> slice:
@@ -470,6 +493,7 @@ def join(state_dict: Callable[[], Any], load_state_dict: Callable[[Any], None], 
     if not service:
         raise PartError(f"no lighthouse service: set {SERVICE_ENV}=http://HOST:PORT (hai-admin lighthouse)")
     check_state(state_dict())  # what a heal cannot carry stops the part here, in one line
+    _quiet_torchft()
     lighthouse = ask(service, job, least)
     host = socket.gethostname()
     store = TCPStore(host, 0, is_master=True, wait_for_workers=False)

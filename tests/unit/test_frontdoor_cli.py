@@ -61,12 +61,17 @@ def test_slurms_dns_srv_errors_become_one_line():
     assert no_config_hint("squeue: Invalid job id specified") == ""
 
 
-def test_the_no_configuration_hint_names_the_local_cluster_only_where_one_is(monkeypatch, tmp_path):
+def test_the_no_configuration_hint_sends_a_sites_user_to_the_admin_and_names_the_local_cluster_as_such(
+        monkeypatch, tmp_path):
     slurm = "fatal: Could not establish a configuration source"
     monkeypatch.setattr(common, "LOCAL_CLUSTER_ENV", str(tmp_path / "env"))
-    assert "localcluster" not in no_config_hint(slurm) and "site's documentation" in no_config_hint(slurm)
+    site = no_config_hint(slurm)
+    assert "ask your cluster's admin where its slurm.conf is" in site and "export SLURM_CONF=" in site
+    assert "local" not in site and "source" not in site
     (tmp_path / "env").write_text("export SLURM_CONF=...\n")
-    assert f"on the local cluster: source {tmp_path / 'env'}" in no_config_hint(slurm)
+    here = no_config_hint(slurm)  # a site's login node that also runs the local test cluster
+    assert here.startswith(site) and here.endswith(f" (slurm-hai's local test cluster on this host: source "
+                                                   f"{tmp_path / 'env'})")
 
 
 def test_run_local_shows_progress_and_the_traceback_of_a_failed_run(tmp_path):

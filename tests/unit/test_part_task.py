@@ -18,9 +18,19 @@ import pytest
 from slurm_hai.policy.limits import NOTICE_MARGIN
 from slurm_hai.policy.model import parse_policy
 from slurm_hai.runtime import part_task
-from slurm_hai.runtime.parts import EXIT_BELOW_MIN, EXIT_TIME_LIMIT, LEAVE_AT_ENV, MIN_ENV, SERVICE_ENV, PartError
+from slurm_hai.runtime.parts import (EXIT_BELOW_MIN, EXIT_TIME_LIMIT, LEAVE_AT_ENV, MIN_ENV, SERVICE_ENV, TORCHFT_RUST_LOG,
+                                     PartError)
 
 LOCAL_POLICY = Path(__file__).resolve().parents[2] / "contrib" / "localcluster" / "policy.toml"
+
+
+@pytest.fixture(autouse=True)
+def kept_environment():
+    """part_task.main exports its part's settings in this process's environment: undone."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 class Slurm:
@@ -39,7 +49,7 @@ class Slurm:
         self.cancels.append((job_id, signal))
 
     def run_step(self, cmd, nodes, gpus, name):
-        self.steps.append((cmd, {k: os.environ.get(k, "") for k in (SERVICE_ENV, MIN_ENV, LEAVE_AT_ENV)}))
+        self.steps.append((cmd, {k: os.environ.get(k, "") for k in (SERVICE_ENV, MIN_ENV, LEAVE_AT_ENV, "RUST_LOG")}))
         return self.step_rc
 
     def job(self, job_id):  # this task's record: its tags and state; never preempted by Slurm
@@ -80,9 +90,9 @@ def watch(monkeypatch, answers, seconds: float = 0.3):
     return asked, slurm.cancels, lost.is_set()
 
 
-def leave_time_given(monkeypatch, tmp_path, slurm: Slurm, *argv: str) -> str:
-    """The part task of a hai-submit job, with Slurm's record of its task `slurm`: the time
-    to leave at (LEAVE_AT_ENV) that its part's step was given ("": none)."""
+def step_env(monkeypatch, tmp_path, slurm: Slurm, *argv: str) -> dict[str, str]:
+    """The part task of a hai-submit job, with Slurm's record of its task `slurm`: the
+    environment its part's step was given (Slurm.run_step's keys; "": unset)."""
     for key, value in {"SLURM_ARRAY_JOB_ID": "7", "SLURM_ARRAY_TASK_ID": "1", "SLURM_JOB_ID": "71",
                        "SLURM_RESTART_COUNT": "0", "HAI_PARTS_MIN": "2", "HAI_LIGHTHOUSE_SERVICE": "http://svc:1",
                        LEAVE_AT_ENV: "1"}.items():  # the last, a stale value of the submitter's environment
@@ -93,7 +103,23 @@ def leave_time_given(monkeypatch, tmp_path, slurm: Slurm, *argv: str) -> str:
     monkeypatch.setattr(part_task, "_output_to_rank_log", lambda jobdir, run, part: None)
     assert part_task.main([f"--job-dir={tmp_path / '7'}", *argv, "--", "python", "train.py"]) == 0
     ((_cmd, env),) = slurm.steps
-    return env[LEAVE_AT_ENV]
+    return env
+
+
+def leave_time_given(monkeypatch, tmp_path, slurm: Slurm, *argv: str) -> str:
+    """The time to leave at (LEAVE_AT_ENV) that the part's step was given ("": none)."""
+    return step_env(monkeypatch, tmp_path, slurm, *argv)[LEAVE_AT_ENV]
+
+
+@pytest.mark.parametrize("own", [None, "info"])
+def test_a_parts_step_keeps_torchfts_info_lines_out_of_its_log_unless_the_job_asks_for_them(monkeypatch, tmp_path,
+                                                                                            own):
+    """RUST_LOG: read by torchft's Rust core as it is imported, in the part's process."""
+    if own is None:
+        monkeypatch.delenv("RUST_LOG", raising=False)
+    else:
+        monkeypatch.setenv("RUST_LOG", own)  # hai-submit -e RUST_LOG=info
+    assert step_env(monkeypatch, tmp_path, Slurm())["RUST_LOG"] == (own or TORCHFT_RUST_LOG)
 
 
 @pytest.mark.parametrize("limit", [600, 0])
@@ -200,7 +226,7 @@ def away(service, job, min_parts):
 def plain_sbatch(monkeypatch, tmp_path, **env: str) -> None:
     """A task of a plain sbatch script: Slurm's variables only (and `env`); the policy names
     the lighthouse service; the user's job root under tmp_path."""
-    for key in ("HAI_LIGHTHOUSE_SERVICE", "HAI_PARTS_MIN", "HAI_SUBMIT_TOKEN"):
+    for key in ("HAI_LIGHTHOUSE_SERVICE", "HAI_PARTS_MIN", "HAI_SUBMIT_TOKEN", "RUST_LOG"):
         monkeypatch.delenv(key, raising=False)
     for key, value in {"SLURM_ARRAY_JOB_ID": "7", "SLURM_ARRAY_TASK_ID": "1", "SLURM_JOB_ID": "71",
                        "SLURM_RESTART_COUNT": "0", "HAI_HOME": str(tmp_path), **env}.items():
@@ -218,7 +244,7 @@ def test_a_plain_sbatch_part_takes_the_policys_service_its_jobs_min_and_the_user
     assert part_task.main(["--", "python", "train.py"]) == 0
     # the part's step has what hai-submit's script exports
     assert slurm.steps == [(["python", "train.py"],
-                            {SERVICE_ENV: "http://head:29600", MIN_ENV: "2", LEAVE_AT_ENV: ""})]
+                            {SERVICE_ENV: "http://head:29600", MIN_ENV: "2", LEAVE_AT_ENV: "", "RUST_LOG": TORCHFT_RUST_LOG})]
     events = [json.loads(line) for line in (tmp_path / "jobs" / "7" / "events.jsonl").read_text().splitlines()]
     assert [(e["event"], e.get("part")) for e in events] == [("start", 1), ("finished", 1)]
     assert slurm.cancels == [(7, "waiting")]

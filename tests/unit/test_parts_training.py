@@ -25,13 +25,13 @@ from munge_fake import Unmunge, fake_munge
 from slurm_hai.controller.lighthouse import Service, serve
 from squeue_text import fake_squeue, recorded_rows
 from slurm_hai.checkpoint import CheckpointError
-from slurm_hai.runtime.parts import EXIT_BELOW_MIN, EXIT_LIGHTHOUSE_LOST, EXIT_TIME_LIMIT, LEAVE_AT_ENV, Part, \
-    PartError, batch_share, leave_time
+from slurm_hai.runtime.parts import EXIT_BELOW_MIN, EXIT_LIGHTHOUSE_LOST, EXIT_TIME_LIMIT, LEAVE_AT_ENV, \
+    TORCHFT_RUST_LOG, Part, PartError, batch_share, leave_time
 
 STEPS, BATCH, FEATURES = 120, 12, 6
 
 PART = r'''
-import json, os, sys, time
+import json, logging, os, sys, time
 from datetime import timedelta
 import torch
 from torchft.optim import OptimizerWrapper
@@ -58,6 +58,10 @@ ckpt, save_every = os.environ.get("CKPT"), int(os.environ.get("SAVE_EVERY", "0")
 part = join(save, load, checkpoint_dir=ckpt, quorum_timeout=timedelta(seconds=float(os.environ.get("QUORUM_S", "60"))))
 opt = OptimizerWrapper(part.manager, inner)
 note(event="joined")
+if os.environ.get("USER_LOGS"):  # a user who logs at INFO, and a warning of torchft's own
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s %(message)s")
+    logging.getLogger("train").info("the user's line")
+    logging.getLogger("torchft.manager").warning("a warning of torchft's")
 resumed = False
 while part.manager.current_step() < steps:
     while os.path.exists(os.path.join(out, "hold")):  # the test's pause: no quorum asked meanwhile
@@ -434,6 +438,17 @@ def test_below_min_no_part_trains_and_the_job_resumes_from_the_commit_of_the_par
     ends = {r["part"]: [float.fromhex(w) for w in r["weights"]] for r in rows if r["event"] == "end"}
     assert ends[0] == ends[1]  # bitwise
     assert max(abs(a - b) for a, b in zip(ends[0], reference())) < 1e-9
+
+
+def test_a_parts_log_holds_the_users_lines_and_torchfts_warnings_not_its_info_nor_an_nccl_warning(parts):
+    """A part runs with the environment its task gives its step (RUST_LOG, part_task.py), on
+    this machine's CPU build of torch, and its user logs at INFO: torchft's INFO lines (from
+    its Rust core and its Manager, several a step) stay out, and so does its warning that it
+    cannot reset NCCL's flight recorder (a part's process group is gloo's)."""
+    part = parts(0, USER_LOGS="1", RUST_LOG=TORCHFT_RUST_LOG)
+    assert part.wait(120) == 0
+    lines = (parts.out / "stderr0").read_text().splitlines()
+    assert lines == ["INFO train the user's line", "WARNING torchft.manager a warning of torchft's"], lines[:20]
 
 
 def test_parts_that_start_from_different_weights_stop_at_step_0(parts):

@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 from slurm_hai.policy import limits
 from slurm_hai.policy.levels import AUTO
 from slurm_hai.policy.model import Policy, default_policy, parse_policy
-from slurm_hai.policy.placement import Refused, grace_of, request_level, spank_arguments
+from slurm_hai.policy.placement import Refused, grace_of, level_hint, request_level, spank_arguments
 from slurm_hai.render import render
 
 REPO = Path(__file__).resolve().parents[2]
@@ -200,10 +200,11 @@ def plugstack_args(policy: Policy) -> list[str]:
 
 
 def python_priority(policy: Policy, text: str) -> tuple[str, str]:
+    """What hai-submit -p says (cli/common.parse_priority, less its joining of a value's lines)."""
     try:
         level = request_level(policy, text)
     except Refused as e:
-        return "refused", f"hai: {e}\n"  # one line of slurm_error
+        return "refused", f"hai: {e}{level_hint(policy, text)}\n"  # one line of slurm_error
     return "ok", level if level == AUTO else level.name
 
 
@@ -251,7 +252,8 @@ def priority_texts(draw, policy: Policy) -> str:
     core = draw(st.sampled_from([
         name, lvl.name, lvl.name.lower(), str(lvl.value), "0" * draw(st.integers(1, 40)) + str(lvl.value),
         "-" + str(lvl.value), "+" + str(lvl.value), "-0", "-00", "+0", "-1", "-01", "--1", "AUTO", "auto", "Auto",
-        "AUTO1", lvl.name + "_", lvl.name[:-1], lvl.name + lvl.name, str(lvl.value + 1), f"{lvl.value}.0",
+        "AUTO1", "AUTP", "atuo", lvl.name + "_", lvl.name[:-1], lvl.name[1:], lvl.name[::-1], lvl.name.lower()[:-1] + "x",
+        lvl.name + lvl.name, str(lvl.value + 1), f"{lvl.value}.0",
         f"0x{lvl.value:x}", "", "1e3", str(limits.MAX_LEVEL_VALUE + 1), "9" * 25, lvl.name.replace("_", "-")]))
     core = draw(st.just(core) | junk | st.integers(-3, limits.MAX_LEVEL_VALUE + 2).map(str))
     return draw(padding) + core + draw(padding)
@@ -299,6 +301,26 @@ def test_the_usage_shows_the_policy(spank_plugin):
     assert [a[0] for a in started.answers] == ["ok", "refused", "refused", "ok"]
     assert started.answers[2][1] == ("hai: priority AUTO is not allowed on this cluster; use one of GOLD(30), "
                                      "SILVER(10), BRONZE(0)\n")
+
+
+def test_an_unknown_level_is_told_the_nearest_name_as_hai_submit_tells_it(spank_plugin):
+    """The names come from the policy, through plugstack.conf's levels= and allow_auto=."""
+    metals = {"levels": {"GOLD": 30, "SILVER": 10, "BRONZE": 0}, "default_level": "SILVER", "demotion": False,
+              "grace_seconds": 60, "allow_auto": True}
+    policy = parse_policy(metals)
+    asks = [" slivr ", "Gold1", "atuo", "zzz", "glod\u00e9"]
+    started = start_plugin(spank_plugin, plugstack_args(policy), [("priority", t) for t in asks])
+    told = [said.removeprefix("hai: unknown priority level ") for _, said in started.answers]
+    assert told == [
+        "'slivr'; use one of GOLD(30), SILVER(10), BRONZE(0) or AUTO; did you mean SILVER?\n",
+        "'Gold1'; use one of GOLD(30), SILVER(10), BRONZE(0) or AUTO; did you mean GOLD?\n",
+        "'atuo'; use one of GOLD(30), SILVER(10), BRONZE(0) or AUTO; did you mean AUTO?\n",
+        "'zzz'; use one of GOLD(30), SILVER(10), BRONZE(0) or AUTO\n",
+        "'glod\u00e9'; use one of GOLD(30), SILVER(10), BRONZE(0) or AUTO\n"]  # no guess outside ASCII
+    assert [python_priority(policy, t) for t in asks] == started.answers
+    no_auto = parse_policy({**metals, "allow_auto": False})  # AUTO is not offered where it is refused
+    assert start_plugin(spank_plugin, plugstack_args(no_auto), [("priority", "atuo")]).answers == [
+        ("refused", "hai: unknown priority level 'atuo'; use one of GOLD(30), SILVER(10), BRONZE(0) or AUTO\n")]
 
 
 def test_the_largest_ladder_a_policy_may_have_reaches_the_plugin_whole(spank_plugin):
