@@ -4,7 +4,7 @@
 HAI_SLURM_BACKEND=pyslurm is asked for, or when pyslurm is importable and built for the
 running Slurm (pyslurm only exists for 25.11; see docs/design.md).
 
-Importing the package loads nothing else: `Backend`, `JobInfo` and `SlurmError` are loaded
+Importing the package loads only its errors (errors.py): `Backend` and `JobInfo` are loaded
 when first named, so `hai` can start its first queue read (squeue.py) before the rest.
 """
 
@@ -15,13 +15,15 @@ import importlib
 import os
 from typing import TYPE_CHECKING
 
+from .errors import SlurmError, SlurmMissing
+
 if TYPE_CHECKING:
-    from .base import Backend, SlurmError, SlurmMissing
+    from .base import Backend
     from .records import JobInfo
 
 __all__ = ["Backend", "JobInfo", "SlurmError", "SlurmMissing", "backend", "config_missing", "forget_munge_socket", "munge_socket", "reads_with_commands"]
 
-_LAZY = {"Backend": "base", "SlurmError": "base", "SlurmMissing": "base", "JobInfo": "records"}
+_LAZY = {"Backend": "base", "JobInfo": "records"}
 
 
 def __getattr__(name: str) -> object:
@@ -41,8 +43,6 @@ def backend(remember_queue: bool = False) -> Backend:
         if pyslurm_backend.usable():
             return pyslurm_backend.PyslurmBackend()
         if choice == "pyslurm":
-            from .base import SlurmError
-
             raise SlurmError(f"HAI_SLURM_BACKEND=pyslurm but {pyslurm_backend.why_not()}; "
                              "unset it to use the Slurm commands")
     from .cli import CliBackend
@@ -73,8 +73,6 @@ def munge_socket() -> str | None:
     lighthouse ask is proven with it (runtime/parts.py), and checked on it (controller/lighthouse.py).
     Slurm's answer is kept; a Slurm that did not answer (a service started before slurmctld
     was: seen in CI, every credential then checked on the wrong socket) is asked again."""
-    from .base import SlurmError
-
     try:
         return _auth_info_socket()
     except (SlurmError, OSError):

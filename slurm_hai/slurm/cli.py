@@ -13,7 +13,8 @@ import time
 from typing import TYPE_CHECKING, Sequence
 
 from . import commands, squeue
-from .base import NodeInfo, SlurmError, SlurmMissing
+from .base import NodeInfo
+from .errors import SlurmError, SlurmMissing
 from .records import JobInfo, RecordError, jobs_from_json, jobs_from_text, reason_name
 from .version import SlurmVersion
 

@@ -45,8 +45,8 @@ import signal as signals
 import subprocess
 from typing import Sequence
 
-from .base import SlurmError
 from .cli import CliBackend
+from .errors import SlurmError
 from .records import (PYSLURM, PYSLURM_DB, JobInfo, attributes, job_from_record, minutes_text, node_is_idle,
                       pyslurm_exact)
 
