@@ -95,7 +95,7 @@ def _job_dir():
 
 
 def restart_count() -> int:
-    from .contract import restart_count as from_env
+    from ..policy.contract import restart_count as from_env
 
     return from_env(os.environ)
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 
-from .contract import master_port
+from ..policy.contract import master_port
 
 
 def get_rank() -> int:

@@ -43,7 +43,7 @@ from pathlib import Path
 from typing import Callable, Iterator
 
 from .client import FLAG_LEAVE
-from .contract import node_contract
+from ..policy.contract import node_contract
 from .multiprocessing import default_nprocs
 from .proctree import descendants
 from ..jobs.jobdir import JobDir
