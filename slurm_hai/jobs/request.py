@@ -8,6 +8,7 @@ those lines itself, not through a shell); values that reach the shell are quoted
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
 import shlex
@@ -40,8 +41,6 @@ class RequestError(ValueError):
 
 def did_you_mean(word: str, choices: Iterable[str]) -> str:
     """'did you mean HIGH? ' for a near miss of one of `choices`, else ''."""
-    import difflib
-
     by_upper = {c.upper(): c for c in choices}
     found = difflib.get_close_matches(word.upper(), list(by_upper), n=1, cutoff=0.6)
     return f"did you mean {by_upper[found[0]]}? " if found else ""
@@ -329,7 +328,7 @@ JOB_TEMPLATE, PARTS_TEMPLATE = "job/sbatch.sh.j2", "job/parts.sh.j2"
 
 
 def render_script(context: dict, term_is_notice: bool) -> str:
-    from ..render import render  # jinja2: only hai-submit renders; the other commands start without it
+    from ..render import render  # lazy: jinja2, +20 ms: only hai-submit renders; the other commands start without it
 
     template = PARTS_TEMPLATE if context["in_place"] else JOB_TEMPLATE
     return render(template, term_is_notice=term_is_notice, **context)

@@ -11,7 +11,7 @@ when first named, so `hai` can start its first queue read (squeue.py) before the
 from __future__ import annotations
 
 import functools
-import importlib
+import importlib.util
 import os
 from typing import TYPE_CHECKING
 
@@ -38,14 +38,14 @@ def backend(remember_queue: bool = False) -> Backend:
     policy daemon): the commands backend then reads into records only the ones that changed."""
     choice = os.environ.get("HAI_SLURM_BACKEND", "auto")
     if choice in ("auto", "pyslurm"):
-        from . import pyslurm_backend
+        from . import pyslurm_backend  # lazy: pyslurm, an optional extra
 
         if pyslurm_backend.usable():
             return pyslurm_backend.PyslurmBackend()
         if choice == "pyslurm":
             raise SlurmError(f"HAI_SLURM_BACKEND=pyslurm but {pyslurm_backend.why_not()}; "
                              "unset it to use the Slurm commands")
-    from .cli import CliBackend
+    from .cli import CliBackend  # lazy: +15 ms before hai starts its first queue read
 
     return CliBackend(remember_queue)
 
@@ -55,8 +55,6 @@ def reads_with_commands() -> bool:
     either backend: asked for (HAI_SLURM_BACKEND=cli), or chosen as no pyslurm is installed."""
     choice = os.environ.get("HAI_SLURM_BACKEND", "auto")
     if choice == "auto":
-        import importlib.util
-
         return importlib.util.find_spec("pyslurm") is None
     return choice == "cli"
 
