@@ -920,7 +920,7 @@ def render_configs(c: Cluster) -> bool:
     slurm = pwd.getpwnam(c.slurm_user)
     spank_so = None if c.site else build_spank(c)
     site_config = (SITE_DIR / "slurm.conf").read_text() if c.site else ""
-    ctx = {"cluster": c, **template_context(policy, c.version), "site_config": site_config}
+    ctx = {"cluster": c, **template_context(policy), "slurm": c.version, "site_config": site_config}
     write = write_once if c.site else write_if_changed
     changed = False
     changed |= write(etc / "slurm.conf", render("slurm/slurm.conf.j2", **ctx))

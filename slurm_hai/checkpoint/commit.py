@@ -34,7 +34,7 @@ from pathlib import Path
 
 from filelock import FileLock, Timeout
 
-from ..runtime.contract import restart_count
+from ..policy.contract import restart_count
 from .errors import CheckpointError, SupersededRunError
 from .fileio import describe_os_error, fsync_dir, make_dirs
 from .manifest import (

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from .commit import CheckpointStore, RunId
 from .errors import CheckpointError, CorruptCheckpointError, Problem, SupersededRunError
@@ -50,8 +51,6 @@ log = logging.getLogger(__name__)
 
 def distributed_world() -> tuple[int, int] | None:
     """(rank, world size) when torch.distributed runs with more than one process."""
-    import torch.distributed as dist
-
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
         return dist.get_rank(), dist.get_world_size()
     return None
@@ -230,12 +229,10 @@ class CheckpointManager:
         memory is reserved (it takes 0.5 s per GiB here)."""
         if self.parts is None:
             return
-        from .node_memory import spare_sizes
-        from .serialize import flatten_state
+        from .node_memory import spare_sizes  # lazy: torch.distributed.checkpoint, +600 ms to every training script that saves
 
         world = distributed_world() or (0, 1)
         if self._node_count is None:  # once: the only collective here
-            import torch.distributed as dist
 
             nodes: list[Any] = [node_name()] * world[1]
             if world[1] > 1:
@@ -288,8 +285,8 @@ class CheckpointManager:
         with self.durable.locked():  # node memory is not a store commit: the fence is checked here
             self.durable.check_fence()
         if (world := distributed_world()) is not None:
-            from .node_memory import save_to_memory
-            from .sharded import prepare_share
+            from .node_memory import save_to_memory  # lazy: torch.distributed.checkpoint, +600 ms to every training script that saves
+            from .sharded import prepare_share  # lazy: torch.distributed.checkpoint, +600 ms to every training script that saves
 
             share = prepare_share(state, self._buffer, None)
             skipped = None
@@ -354,13 +351,11 @@ class CheckpointManager:
         background collectives never interleave with the training's on the default group,
         and gloo, so that they run on the CPU whatever the training's backend."""
         if self._group is None:
-            import torch.distributed as dist
-
             self._group = dist.new_group(backend="gloo")
         return self._group
 
     def _save_sharded_async(self, step: int, state: Any, *, rank: int) -> SaveHandle:
-        from .sharded import persist_sharded, prepare_share
+        from .sharded import persist_sharded, prepare_share  # lazy: torch.distributed.checkpoint, +600 ms to every training script that saves
 
         group = self._checkpoint_group()
         share = prepare_share(state, self._buffer, self._tensor_buffer)  # the blocking part: host copies
@@ -380,7 +375,7 @@ class CheckpointManager:
         return handle
 
     def _save_sharded(self, step: int, state: Any, *, rank: int) -> SaveHandle:
-        from .sharded import save_sharded
+        from .sharded import save_sharded  # lazy: torch.distributed.checkpoint, +600 ms to every training script that saves
 
         handle = save_sharded(self.durable, step, state, buffer=self._buffer, active_staging=self._active_staging)
         if rank == 0 and not handle.skipped:
@@ -488,7 +483,7 @@ class CheckpointManager:
     def latest_step(self) -> int | None:
         """Newest committed checkpoint (any tier) whose files verify; bad ones are quarantined."""
         if distributed_world() is not None:
-            from .sharded import broadcast_from_rank0
+            from .sharded import broadcast_from_rank0  # lazy: torch.distributed.checkpoint, +600 ms to every training script that saves
 
             return broadcast_from_rank0(self._latest_step_local if current_rank() == 0 else None)
         return self._latest_step_local()
@@ -512,8 +507,8 @@ class CheckpointManager:
         """
         self.wait()
         if distributed_world() is not None:
-            from .node_memory import load_from_memory
-            from .sharded import load_distributed
+            from .node_memory import load_from_memory  # lazy: torch.distributed.checkpoint, +600 ms to every training script that saves
+            from .sharded import load_distributed  # lazy: torch.distributed.checkpoint, +600 ms to every training script that saves
 
             group = self._checkpoint_group()
             found = None
@@ -577,7 +572,7 @@ class CheckpointManager:
                 str(path), [Problem("manifest.json", f"says step {manifest.step}, directory says otherwise")]
             )
         if manifest.layout == LAYOUT_DCP:
-            from .sharded import read_dcp_checkpoint
+            from .sharded import read_dcp_checkpoint  # lazy: torch.distributed.checkpoint, +600 ms to every training script that saves
 
             result = store.verify(path)
             if not result.ok:

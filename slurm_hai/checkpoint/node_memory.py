@@ -31,6 +31,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.metadata import MetadataIndex
+from torch.distributed.tensor import DTensor
 
 from .commit import CheckpointStore
 from .errors import CheckpointError
@@ -58,8 +60,6 @@ def spare_sizes(tensors: dict[str, torch.Tensor], rank: int, world_size: int, se
     file (its DTensor shards, its share of the replicated tensors DCP spreads over the ranks,
     headers; a single process: the state file) and, with several nodes, as much again for
     the previous node's peer copy."""
-    from torch.distributed.tensor import DTensor
-
     nbytes = sum(t.to_local().nbytes if isinstance(t, DTensor) else t.nbytes // world_size for t in tensors.values())
     size = nbytes + 4096 * len(tensors) + (1 << 20)
     sizes = {f"own-{rank}": size}
@@ -301,9 +301,6 @@ def _plan_in_place(metadata: Any, targets: dict[str, torch.Tensor], rank: int,
     to fill, the file, DCP's storage info)]. A DTensor's local shard comes from this rank's
     own file; a plain tensor from the one rank whose file holds it all (the others get it
     by broadcast). Raises CheckpointError when a tensor cannot be read that way."""
-    from torch.distributed.checkpoint.metadata import MetadataIndex
-    from torch.distributed.tensor import DTensor
-
     mine = own_file(rank)
     reads = []
     for name, target in sorted(targets.items()):
@@ -375,8 +372,6 @@ def load_from_memory(parts: CheckpointStore, durable: CheckpointStore, step: int
     shards, and the plain tensors its file holds, straight from the mapped file into the
     live tensors; the plain tensors are then broadcast by the rank that read them. None
     (nothing loaded: the caller reads the durable tier) when any rank cannot."""
-    from torch.distributed.tensor import DTensor
-
     rank = dist.get_rank()
     local = newest_part(parts)
     found = _all_gather(local[0] if local else None, group)

@@ -44,6 +44,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+from torch.distributed.tensor import DTensor
 
 from .commit import CheckpointStore
 from .errors import CheckpointError, CorruptCheckpointError, Problem, SupersededRunError
@@ -380,8 +381,6 @@ def _verify_on_rank0(path: Path) -> list[Problem]:
 
 
 def _has_dtensor(into: Any) -> bool:
-    from torch.distributed.tensor import DTensor
-
     return into is not None and any(isinstance(t, DTensor) for t in flatten_state(into)[0].tensors.values())
 
 

@@ -29,6 +29,7 @@ from typing import Any
 
 import numpy as np
 import torch
+import torch.distributed as dist
 from torch.utils.data import Sampler
 
 from .errors import CheckpointError
@@ -38,8 +39,6 @@ log = logging.getLogger(__name__)
 
 
 def _distributed_rank_and_size() -> tuple[int, int]:
-    import torch.distributed as dist
-
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1

@@ -6,8 +6,10 @@ import json
 import logging
 import os
 import re
+import shlex
 import signal
 import shutil
+import subprocess
 import sys
 import threading
 import time
@@ -18,7 +20,9 @@ import click
 
 from ..policy.levels import Level, variant_qos
 from ..policy.model import Policy, load_policy, policy_path
-from .common import Group, emit_json, one_line_errors, timeline_options
+from ..slurm import SlurmError
+from ..slurm.records import ENDED_STATES
+from .common import Group, current_user, emit_json, one_line_errors, timeline_options
 
 CONTEXT = {"help_option_names": ["-h", "--help"], "max_content_width": 100}
 DEFAULT_SPANK_SO = "/usr/lib/x86_64-linux-gnu/slurm-wlm/hai_spank.so"
@@ -176,9 +180,9 @@ def render(policy_file: str | None, out_dir: str, spank_plugin: str) -> None:
     what Slurm has. slurmctld re-reads job_submit.lua by itself when it changes; the
     slurm.conf fragments need `scontrol reconfigure` (PreemptType: a restart).
     """
-    from ..policy.ladder import ClusterState, offline_access_changes, plan_changes, template_context
-    from ..render import render as render_template
-    from ..slurm.commands import change_argv
+    from ..policy.ladder import ClusterState, offline_access_changes, plan_changes, template_context  # lazy: +5 ms to every hai-admin command
+    from ..render import render as render_template  # lazy: jinja2, +20 ms to every hai-admin command
+    from ..slurm.commands import change_argv  # lazy: +2 ms to every hai-admin command
 
     policy, _ = _load(policy_file)
     out = Path(out_dir)
@@ -203,8 +207,8 @@ def render(policy_file: str | None, out_dir: str, spank_plugin: str) -> None:
 
 def _plan(policy: Policy, partitions: bool):
     """(changes, the cluster's state they were planned against)."""
-    from ..controller.apply import plan_policy
-    from ..slurm import backend
+    from ..controller.apply import plan_policy  # lazy: +10 ms to every hai-admin command
+    from ..slurm import backend  # lazy: slurm_hai.slurm.backend looked up when called (the tests put a fake Slurm there)
 
     return plan_policy(policy, backend(), partitions=partitions)
 
@@ -223,9 +227,9 @@ def _remove_option(fn: Callable) -> Callable:
 def _site_warnings(changes, state, record_file: str | None) -> list[str]:
     """What of the site's would defeat slurm-hai or be changed by it, one line each on stderr;
     the site's QOS that `apply` changes only with --adopt."""
-    from ..controller.apply import load_record, record_path
-    from ..policy.install import config_warnings, conflict_warning, qos_conflicts
-    from ..slurm import SlurmError, backend
+    from ..controller.apply import load_record, record_path  # lazy: +10 ms to every hai-admin command
+    from ..policy.install import config_warnings, conflict_warning, qos_conflicts  # lazy: +8 ms to every hai-admin command
+    from ..slurm import SlurmError, backend  # lazy: slurm_hai.slurm.backend looked up when called (the tests put a fake Slurm there)
 
     record = load_record(Path(record_file) if record_file else record_path())
     conflicts = list(qos_conflicts(changes, state, record))
@@ -242,8 +246,8 @@ def _site_warnings(changes, state, record_file: str | None) -> list[str]:
 
 
 def _removal(record_file: str | None, apply_it: bool, report=None):
-    from ..controller.apply import remove_policy
-    from ..slurm import backend
+    from ..controller.apply import remove_policy  # lazy: +10 ms to every hai-admin command
+    from ..slurm import backend  # lazy: slurm_hai.slurm.backend looked up when called (the tests put a fake Slurm there)
 
     return remove_policy(backend(), Path(record_file) if record_file else None, report=report, dry_run=not apply_it)
 
@@ -275,8 +279,8 @@ RENDERED_CHECKED = {("hai_job_submit.lua", "job_submit.lua"): ("slurm/job_submit
 def stale_rendered_files(policy: Policy, conf_dir: Path) -> list[str]:
     """The rendered files installed beside slurm.conf (job_submit.lua, hai-policy.conf)
     that differ from what this policy renders, comments aside: they need `render` again."""
-    from ..policy.ladder import template_context
-    from ..render import render as render_template
+    from ..policy.ladder import template_context  # lazy: +5 ms to every hai-admin command
+    from ..render import render as render_template  # lazy: jinja2, +20 ms to every hai-admin command
 
     ctx = template_context(policy)
     stale = []
@@ -295,16 +299,14 @@ def stale_rendered_files(policy: Policy, conf_dir: Path) -> list[str]:
 
 def _command(change) -> str:
     """The command line that makes `change`, as `plan` and `apply` print it."""
-    import shlex
-
-    from ..slurm.commands import change_argv
+    from ..slurm.commands import change_argv  # lazy: +2 ms to every hai-admin command
 
     return shlex.join(change_argv(change))
 
 
 def _show(changes, as_json: bool) -> None:
     if as_json:
-        from ..slurm.commands import change_argv
+        from ..slurm.commands import change_argv  # lazy: +2 ms to every hai-admin command
 
         click.echo(json.dumps([{"argv": change_argv(c), "why": c.why} for c in changes], indent=2))
         return
@@ -376,8 +378,8 @@ def apply(policy_file: str | None, no_partitions: bool, quiet: bool, adopt: str,
     scontrol last until slurmctld restarts: install the `render` output (partitions.conf)
     to keep them.
     """
-    from ..controller.apply import apply_policy
-    from ..slurm import SlurmError, backend
+    from ..controller.apply import apply_policy  # lazy: +10 ms to every hai-admin command
+    from ..slurm import SlurmError, backend  # lazy: slurm_hai.slurm.backend looked up when called (the tests put a fake Slurm there)
 
     made = []
 
@@ -411,7 +413,7 @@ def apply(policy_file: str | None, no_partitions: bool, quiet: bool, adopt: str,
 def _nothing_to_remove(record_file: str | None) -> str:
     """What `plan --remove` and `apply --remove` say when they find nothing to take out: the
     install record names nothing left, or there is no record at all (nothing known)."""
-    from ..controller.apply import record_path
+    from ..controller.apply import record_path  # lazy: +10 ms to every hai-admin command
 
     path = Path(record_file) if record_file else record_path()
     if not path.exists():
@@ -470,9 +472,9 @@ def daemon(policy_file: str | None, once: bool, interval: float, lock_file: str 
     Where the policy names a [daemon] service, it answers there, while it leads, why each
     job waits (`hai status`, `hai list` ask it instead of reading the whole queue).
     """
-    from ..controller.daemon import LockBusy, PolicyDaemon, leader_lock, shared_lock_path, write_pid
-    from ..controller.why import serve as serve_why
-    from ..slurm import backend
+    from ..controller.daemon import LockBusy, PolicyDaemon, leader_lock, shared_lock_path, write_pid  # lazy: +5 ms to every hai-admin command
+    from ..controller.why import serve as serve_why  # lazy: +2 ms to every hai-admin command
+    from ..slurm import backend  # lazy: slurm_hai.slurm.backend looked up when called (the tests put a fake Slurm there)
 
     logging.basicConfig(level=getattr(logging, log_level.upper()), stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -528,8 +530,8 @@ def persist_agent(spool: str | None, once: bool, sweep_every: float) -> None:
     It also removes the node memory (/dev/shm/slurm-hai-<job>-*) of jobs that are over.
     docs/checkpoint.md ("Suspend in memory time"); `hai-admin units` writes its unit file.
     """
-    from ..checkpoint.agent import Agent, AgentError, prepare_spool
-    from ..checkpoint.memory import spool_dir
+    from ..checkpoint.agent import Agent, AgentError, prepare_spool  # lazy: +70 ms to every hai-admin command
+    from ..checkpoint.memory import spool_dir  # lazy: +70 ms to every hai-admin command
 
     logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     where = Path(spool) if spool else spool_dir()
@@ -566,8 +568,7 @@ def lighthouse(listen: str, port: int, state_dir: str, sweep_every: float, heart
     lighthouse is stopped once the job ended. Needs torchft: pip install 'slurm-hai[elastic]'.
     docs/elastic-in-place.md; `hai-admin units` writes its unit file.
     """
-    from ..controller.lighthouse import HEARTBEAT_TIMEOUT_MS, LighthouseError, Service, serve, torchft_extension
-    from ..slurm import SlurmError
+    from ..controller.lighthouse import HEARTBEAT_TIMEOUT_MS, LighthouseError, Service, serve, torchft_extension  # lazy: +25 ms to every hai-admin command
 
     def ended(job_ids: list[int]) -> set[int]:
         try:
@@ -592,8 +593,7 @@ def _jobs_over(job_ids: list[int]) -> set[int]:
     place) once every task of it ended. Asked one by one: squeue of one job id is one small
     RPC (slurm_load_job); of several, squeue loads the whole queue and picks them out. A node
     holds the memory of one job or a few."""
-    from ..slurm import backend
-    from ..slurm.records import ENDED_STATES
+    from ..slurm import backend  # lazy: slurm_hai.slurm.backend looked up when called (the tests put a fake Slurm there)
 
     slurm = backend()
     return {job for job in job_ids if all(info.state in ENDED_STATES for info in slurm.jobs([job]))}
@@ -603,7 +603,7 @@ def _serve_metrics(port: int, address: str, policy: Policy):
     """The daemon's metrics, served on address:port; a one-line error when prometheus_client is
     missing (the daemon runs without it as long as no metrics are asked for) or the port is taken."""
     try:
-        from ..controller.metrics import DaemonMetrics
+        from ..controller.metrics import DaemonMetrics  # lazy: prometheus-client, an optional extra (metrics)
     except ModuleNotFoundError as e:
         if e.name != "prometheus_client":
             raise
@@ -625,8 +625,8 @@ def _serve_metrics(port: int, address: str, policy: Policy):
 @one_line_errors
 def explain(policy_file: str | None, job_ids: tuple[int, ...], as_json: bool) -> None:
     """Say in words why jobs wait (all pending and running jobs when none is given)."""
-    from ..policy.explain import Explainer
-    from ..slurm import backend
+    from ..policy.explain import Explainer  # lazy: +2 ms to every hai-admin command
+    from ..slurm import backend  # lazy: slurm_hai.slurm.backend looked up when called (the tests put a fake Slurm there)
 
     policy, _ = _load(policy_file)
     jobs = backend().jobs()
@@ -658,10 +658,9 @@ def timeline(policy_file: str | None, since: str, until: str | None, out: str, a
     each job's events, so run it as root to see every user's. `hai timeline` draws one
     user's jobs.
     """
-    from ..jobs.timeline import collect
-    from ..slurm import backend
-    from .common import current_user
-    from .user import timeline_window, write_timeline
+    from ..jobs.timeline import collect  # lazy: +7 ms to every hai-admin command
+    from ..slurm import backend  # lazy: slurm_hai.slurm.backend looked up when called (the tests put a fake Slurm there)
+    from .user import timeline_window, write_timeline  # lazy: +5 ms to every hai-admin command
 
     start, end = timeline_window(since, until)
     policy, _ = _load(policy_file)
@@ -689,7 +688,7 @@ SPANK_INCLUDE_DIRS = ("/usr/include", "/usr/local/include")  # where gcc finds s
 
 def shared_dir(name: str) -> Path:
     """Where the installed package keeps one of SHARED's directories."""
-    from importlib.resources import files
+    from importlib.resources import files  # lazy: +2 ms to every hai-admin command
 
     path = Path(str(files("slurm_hai").joinpath(*SHARED[name][0].split("/"))))
     if not path.is_dir():
@@ -728,7 +727,7 @@ def units(out: str) -> None:
     """Write slurm-hai's systemd units into OUT, each running this installation's hai-admin
     (whatever venv or prefix it is in) and naming its documentation. Then
     `systemctl daemon-reload` and `systemctl enable --now UNIT` of those this host runs."""
-    from ..render import render
+    from ..render import render  # lazy: jinja2, +20 ms to every hai-admin command
 
     here = Path(sys.executable).with_name("hai-admin")
     hai_admin = here if here.exists() else Path(shutil.which("hai-admin") or here)
@@ -774,10 +773,6 @@ def build_spank_plugin(out_dir: Path, include: str | None) -> tuple[Path, str]:
 def _compile(source: Path, target: Path, flags: list[str], against: str = "") -> None:
     """`$CC FLAGS -o TARGET SOURCE` (gcc where $CC is unset), TARGET replaced whole (mode 0755);
     the compiler's warnings shown, its failure one line."""
-    import shlex
-    import shutil
-    import subprocess
-
     cc, *cc_flags = shlex.split(os.environ.get("CC", "")) or ["gcc"]
     if shutil.which(cc) is None:
         raise click.ClickException(f"no C compiler {cc!r} on PATH: install gcc (Debian/Ubuntu: apt-get install gcc; "

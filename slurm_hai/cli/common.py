@@ -15,6 +15,7 @@ import click
 
 from ..jobs.jobdir import JobDir, default_root
 from ..jobs.request import did_you_mean
+from ..policy import placement
 from ..slurm import SlurmError, config_missing
 from ..slurm import backend as slurm_backend
 from ..slurm.records import JobInfo
@@ -121,8 +122,6 @@ def parse_priority(text: str | None, policy):
     """The level (or AUTO) of the user's -p in the cluster's `policy` (None: its default
     level), or Refused in the policy's words with a near match suggested, as the SPANK
     plugin's --hai-priority says it."""
-    from ..policy import placement
-
     try:
         return placement.request_level(policy, text)
     except placement.Refused as e:

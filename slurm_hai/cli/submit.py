@@ -95,7 +95,7 @@ def main(script, args, name, nodes, priority, gpus_per_node, group, env, time_li
       hai-submit --torchrun -n 2 -p LOW examples/torchrun_train.py --steps 300
     """
     args = script_args(args)
-    from ..policy.model import PolicyError, find_policy
+    from ..policy.model import PolicyError, find_policy  # lazy: slurm_hai.policy.model.find_policy looked up when called (the tests count policy reads)
 
     try:
         policy = find_policy()
@@ -132,7 +132,7 @@ def main(script, args, name, nodes, priority, gpus_per_node, group, env, time_li
         click.echo(f"Submitted job {job.job_id} ({job.name}: {job.node_range} node(s) at {job.level}); "
                    f"follow it with `hai logs -f {job.job_id}`")
     if follow:
-        from .user import follow_logs
+        from .user import follow_logs  # lazy: +6 ms to every hai-submit
 
         time.sleep(0.5)
         follow_logs(job.job_id, rank=0, restart=None)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import datetime as dt
 import functools
 import os
 import re
@@ -20,11 +21,13 @@ from ..controller.why import ask as ask_daemon
 from ..controller.why import everyone as ask_everyone
 from ..controller.why import why_question, words
 from ..jobs.jobdir import JobDir, default_root
-from ..jobs.status import LIVE, HaiStatus, as_one_job, as_others_see, back_estimate, clock, marker
+from ..jobs.status import LIVE, HaiStatus, as_one_job, as_others_see, back_estimate, clock, hai_state, marker
 from ..jobs.status import status as hai_status
 from ..policy.job import in_place
 from ..policy.explain import Explainer
+from ..policy.levels import level_of_qos
 from ..policy.rules import is_held
+from ..slurm import SlurmError
 from ..slurm.records import JobInfo
 from .ckpt import ckpt
 from .front import daemon_service
@@ -122,7 +125,7 @@ def _status_of(job_id: int) -> tuple[HaiStatus, JobInfo | None, JobDir]:
     the policy daemon's, where it answers (controller/why.py), else the command's own read of
     the queue. A running job is explained from its own record; one whose directory says it
     has ended, not at all."""
-    from ..policy.model import find_policy
+    from ..policy.model import find_policy  # lazy: slurm_hai.policy.model.find_policy looked up when called (the tests count policy reads)
 
     service = daemon_service()  # asked first: it answers while Slurm is asked for the job
     question = why_question(service, [job_id]) if service else None
@@ -187,8 +190,6 @@ def status(job, as_json):
 
 def parse_since(text: str, now: float | None = None) -> float:
     """`--since`: 30m, 2h, 1d (ago), HH:MM (today) or YYYY-MM-DD[THH:MM] -> epoch seconds."""
-    import datetime as dt
-
     now = time.time() if now is None else now
     m = re.fullmatch(r"(\d+)\s*([smhd])", text.strip())
     if m:
@@ -219,7 +220,7 @@ LIST_HEADERS = ("JOB", "NAME", "USER", "STATE", "LEVEL", "NODES", "RESTARTS", "S
 
 
 def _list(all_users: bool, as_json: bool, since: float | None = None, state: str | None = None) -> None:
-    from ..policy.model import find_policy
+    from ..policy.model import find_policy  # lazy: slurm_hai.policy.model.find_policy looked up when called (the tests count policy reads)
 
     me = current_user()
     policy = find_policy()
@@ -339,7 +340,7 @@ def timeline_window(since: str, until: str | None) -> tuple[float, float]:
 
 def write_timeline(tl, out: str, title: str, as_json: bool) -> None:
     """Write the timeline page to `out` (or print its model as JSON) and say what it shows."""
-    from ..jobs.timeline import page
+    from ..jobs.timeline import page  # lazy: +5 ms to every hai command
 
     if as_json:
         emit_json(tl.as_dict())
@@ -357,8 +358,8 @@ def timeline(since, until, out, as_json):
     your jobs held each node, coloured by level, with a mark where a run was suspended
     (go_suspend() or by force), restarted, shrunk or grown; hover for the details.
     Read from Slurm's accounting (every run of a requeued job) and your jobs' events."""
-    from ..jobs.timeline import collect
-    from ..policy.model import find_policy
+    from ..jobs.timeline import collect  # lazy: +5 ms to every hai command
+    from ..policy.model import find_policy  # lazy: slurm_hai.policy.model.find_policy looked up when called (the tests count policy reads)
 
     start, end = timeline_window(since, until)
     tl = collect(backend(), start, end, current_user(), find_policy().ladder, only_mine=True)
@@ -371,8 +372,6 @@ def timeline(since, until, out, as_json):
 def my_accounts(slurm, me: str, jobs: Sequence[JobInfo]) -> tuple[list[str], str]:
     """Your Slurm accounts (your default account first) and the default one ("" when unknown):
     from Slurm's accounting, and the accounts your jobs run in (all there is without slurmdbd)."""
-    from ..slurm import SlurmError
-
     try:
         default = next((u["DefaultAccount"] for u in slurm.users() if u.get("User") == me), "")
         known = {a["Account"] for a in slurm.associations() if a.get("User") == me and a.get("Account")}
@@ -395,8 +394,7 @@ def quota(as_json):
     refused at submit. A quota may be set for an account: when your accounts' quotas
     differ, each account has its own column, your default account (the one your jobs run
     in unless you name another) first."""
-    from ..policy.model import find_policy
-    from ..policy.levels import level_of_qos
+    from ..policy.model import find_policy  # lazy: slurm_hai.policy.model.find_policy looked up when called (the tests count policy reads)
 
     policy = find_policy()
     me = current_user()
@@ -486,8 +484,6 @@ def follow_logs(job_id: int, rank: int, restart: int | None) -> None:
     files every FOLLOW_TICK s. Asks Slurm about this one job (never the queue) at most every
     FOLLOW_SLURM_EVERY s, and only while the log is quiet: new output says the job runs, and
     final.json says it has ended; Slurm is needed only for an end the job could not write."""
-    from ..jobs.status import hai_state
-
     slurm = backend()
     job, jobdir = lookup(job_id)
     _check_logs_readable(job_id, job)
@@ -583,7 +579,7 @@ def logs(job, follow, rank, restart, as_json):
 def stop(job, as_json):
     """Stop JOB for good: it is cancelled and never restarted. A job that has ended
     (or ends on its own before Slurm cancels it) is left as it ended: exit 1."""
-    from ..jobs import control
+    from ..jobs import control  # lazy: +1.5 ms to every hai command
 
     info, jobdir = lookup(job)
     check_owner(info, "stop")
@@ -602,8 +598,8 @@ def suspend(job, as_json):
     """Suspend JOB gracefully: rank 0 gets the suspend notice, the job commits, calls
     go_suspend() (or is suspended by force after its grace time) and is requeued.
     Only a running job gets the notice; any other: exit 1."""
-    from ..jobs import control
-    from ..policy.model import find_policy
+    from ..jobs import control  # lazy: +1.5 ms to every hai command
+    from ..policy.model import find_policy  # lazy: slurm_hai.policy.model.find_policy looked up when called (the tests count policy reads)
 
     info, jobdir = lookup(job)
     check_owner(info, "suspend")
@@ -639,8 +635,8 @@ def run_local(script, args, suspend_after, restarts, grace, python, job_dir):
     --suspend-after seconds after it first calls receive_suspend_command() and is
     restarted, to test resume logic locally.
     Arguments after `--` go to the script."""
-    from ..policy.model import find_policy
-    from ..runtime.simulate import simulate
+    from ..policy.model import find_policy  # lazy: slurm_hai.policy.model.find_policy looked up when called (the tests count policy reads)
+    from ..runtime.simulate import simulate  # lazy: +9 ms to every hai command
 
     grace = find_policy().grace_seconds if grace is None else grace
     cmd = [python, script, *args] if script.endswith(".py") else [script, *args]

@@ -43,6 +43,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, HTTPServer
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
@@ -56,6 +57,7 @@ from ..policy import tags
 from ..policy.job import job_of
 from ..policy.levels import Level
 from ..slurm.records import JobInfo
+from .bounded_http import BoundedHandler, BoundedServer, family_of
 
 CAUSES = ("preempted", "user", "time_limit", "unknown")  # jobs.status.notice_cause's words
 # why a part of a job in place left (its `left` event, runtime/part_task.py)
@@ -232,10 +234,6 @@ class DaemonMetrics:
         """Serve /metrics on address:port in a thread (OSError when the port is taken), as
         prometheus_client's own server does (any path; text or OpenMetrics as the scraper
         accepts), each request bounded in size and time (controller/bounded_http.py)."""
-        from http.server import BaseHTTPRequestHandler, HTTPServer
-
-        from .bounded_http import BoundedHandler, BoundedServer, family_of
-
         registry = self.registry
 
         class Handler(BoundedHandler, BaseHTTPRequestHandler):

@@ -24,6 +24,7 @@ from typing import Iterable, Mapping, Sequence
 from ..policy import tags
 from ..policy.job import in_place, job_of
 from ..policy.levels import Level, level_of_qos
+from ..render import render
 from ..slurm.base import Backend
 from ..policy.hostlist import expand
 from ..slurm.records import JobInfo
@@ -242,8 +243,6 @@ def read_events(records: Iterable[JobInfo], me: str) -> dict[int, list[dict]]:
 
 def page(timeline: Timeline, title: str) -> str:
     """The timeline as one self-contained HTML page."""
-    from ..render import render
-
     local = time.localtime(timeline.until)  # the page tells times as the host does, wherever it is opened
     return render("timeline/timeline.html.j2", title=title, data=timeline.as_dict(), utc_offset=local.tm_gmtoff,
                   zone=time.strftime("%Z", local))

@@ -26,15 +26,12 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Mapping, TypedDict
+from typing import Mapping, TypedDict
 
 from . import tags
 from .levels import LEVEL_STRIDE, VARIANT_SEP, Level, parse_qos, variant_qos
 from .model import MIN_GPUS_REFUSAL, Policy
 from .placement import lua_tables, spank_arguments
-
-if TYPE_CHECKING:  # policy/ imports only the standard library at run time
-    from ..slurm.version import SlurmVersion
 
 FLAGS = ("DenyOnLimit",)
 
@@ -332,10 +329,10 @@ def _partition_changes(policy: Policy, group, state: ClusterState) -> list[Chang
 # ------------------------------------------------------------------ what the templates get
 
 
-def template_context(policy: Policy, slurm: SlurmVersion | None = None) -> dict[str, object]:
-    """Everything templates/slurm/*.j2 need from a policy, already checked and computed,
-    for the Slurm version `slurm` (when None, `slurm_hai.render` gives the templates the
-    oldest supported, whose spellings every later version still accepts): job_submit.lua's
+def template_context(policy: Policy) -> dict[str, object]:
+    """Everything templates/slurm/*.j2 need from a policy, already checked and computed
+    (the Slurm version they are written for is render()'s `slurm=`; unless given, the oldest
+    supported, whose spellings every later version still accepts): job_submit.lua's
     tables (`placement.lua_tables`), the SPANK plugin's arguments, the QOS and partitions.
 
     Values are names validated by the policy loader ([A-Z0-9_] levels, [a-z0-9_-] owners,
@@ -344,7 +341,6 @@ def template_context(policy: Policy, slurm: SlurmVersion | None = None) -> dict[
     groups = [{"name": g.name, "nodes": g.nodes, "priority_tier": g.priority_tier, "default": g.default,
                "allow_qos": group_allow_qos(policy, g)} for g in policy.groups]
     return {
-        **({"slurm": slurm} if slurm is not None else {}),
         **lua_tables(policy),
         **spank_arguments(policy),
         "policy": policy,

@@ -27,7 +27,7 @@ import sys
 import time
 from typing import MutableMapping
 
-from .contract import master_node, restart_count
+from ..policy.contract import master_node, restart_count
 from .launcher import notice_signals
 from ..jobs.jobdir import JobDir, run_sizes
 from ..policy.limits import NOTICE_SIGNALS

@@ -24,6 +24,8 @@ import time
 from collections.abc import Callable
 from typing import Literal
 
+from ..policy import contract
+
 __all__ = ["receive_suspend_command", "target_size", "go_suspend", "get_whole_life_state", "set_whole_life_state",
            "restart_count"]
 
@@ -86,7 +88,7 @@ def target_size(timeout: float = 2.0) -> int | None:
 
 
 def _job_dir():
-    from ..jobs.jobdir import JobDir
+    from ..jobs.jobdir import JobDir  # lazy: +6 ms to a training script's import of the client
 
     path = os.environ.get("HAI_JOB_DIR")
     if not path:
@@ -95,9 +97,7 @@ def _job_dir():
 
 
 def restart_count() -> int:
-    from .contract import restart_count as from_env
-
-    return from_env(os.environ)
+    return contract.restart_count(os.environ)
 
 
 def get_whole_life_state() -> int:
@@ -111,7 +111,7 @@ def set_whole_life_state(value: int) -> None:
 def _requeuer(job_id: int) -> Callable[[], bool]:
     """A call that asks Slurm to requeue this run: True once it went through. Where no Slurm
     command can be run (a container) it ends this process instead (go_suspend)."""
-    from ..slurm import SlurmError, SlurmMissing, backend
+    from ..slurm import SlurmError, SlurmMissing, backend  # lazy: slurm_hai.slurm.backend looked up when called (the tests put a fake Slurm there)
 
     slurm = backend()
 

@@ -6,9 +6,10 @@
 
 from __future__ import annotations
 
+import datetime
 import os
 
-from .contract import master_port
+from ..policy.contract import master_port
 
 
 def get_rank() -> int:
@@ -20,9 +21,7 @@ def get_world_size() -> int:
 
 
 def init_process_group(backend: str = "gloo", timeout_seconds: float = 300) -> None:
-    import datetime
-
-    import torch.distributed as dist
+    import torch.distributed as dist  # lazy: torch, an optional extra
 
     timeout = datetime.timedelta(seconds=timeout_seconds)
     if os.environ.get("TORCHELASTIC_RUN_ID"):  # under torchrun (hai-submit --torchrun): its agent

@@ -37,7 +37,7 @@ from ..policy.placement import stamped_grace
 from ..policy.tags import GRACE, PARTS, parse_parts
 from ..slurm import SlurmError, backend
 from .batch import run_over, slurm_record, wait_to_be_requeued
-from .contract import restart_count
+from ..policy.contract import restart_count
 from .parts import (EXIT_BELOW_MIN, EXIT_LIGHTHOUSE_LOST, EXIT_TIME_LIMIT, LEAVE_AT_ENV, MIN_ENV, SERVICE_ENV,
                     TORCHFT_RUST_LOG, PartError, ask, job_and_part, min_parts)
 

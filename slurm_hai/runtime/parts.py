@@ -62,6 +62,8 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Callable, Iterable, NoReturn
 
+from ..slurm import munge_socket
+
 SERVICE_ENV = "HAI_LIGHTHOUSE_SERVICE"
 MIN_ENV = "HAI_PARTS_MIN"  # the job's MIN: the fewest parts that train (hai-submit -n MIN:MAX)
 JOBS_PATH = "/v1/jobs/"  # the lighthouse service's: GET /v1/jobs/<job id>?min=<MIN>
@@ -163,7 +165,7 @@ def running_parts(job: int, own: int) -> int | None:
     """How many of `job`'s parts (its array's tasks) Slurm runs, as squeue says; None when
     that cannot be told: Slurm cannot be asked, or its answer does not have the asking part's
     own task (`own`, its SLURM_JOB_ID) running."""
-    from ..slurm import SlurmError, backend
+    from ..slurm import SlurmError, backend  # lazy: slurm_hai.slurm.backend looked up when called (the tests put a fake Slurm there)
 
     try:
         tasks = backend().jobs([job])
@@ -333,7 +335,7 @@ class Part:
         step = self.manager.current_step()
         saved = ""
         if commit and self.checkpoints is not None and step > 0 and step != self._saved:
-            from ..checkpoint import CheckpointError
+            from ..checkpoint import CheckpointError  # lazy: +3 ms to the lighthouse service, which asks parts only its path
 
             try:
                 if self._commit(step):
@@ -379,8 +381,8 @@ class Part:
         parameter without a gradient adds zeros). torchft's DistributedDataParallel hook
         crashed the parts that stayed when others left in the middle of an allreduce
         (docs/results-archive.md); an allreduce that fails here makes the step uncommitted."""
-        import torch
-        from torch.distributed import ReduceOp
+        import torch  # lazy: torch, an optional extra
+        from torch.distributed import ReduceOp  # lazy: torch, an optional extra
 
         params = [p for p in params if p.requires_grad]
         for p in params:
@@ -404,8 +406,8 @@ class Part:
         fingerprint f, a weighted sum of them. One allreduce of three float64 numbers: the
         sums over the parts of f, of f squared and of 1, whose spread is 0 only if every f
         is the same (up to rounding: 1e-12 of f squared)."""
-        import torch
-        from torch.distributed import ReduceOp
+        import torch  # lazy: torch, an optional extra
+        from torch.distributed import ReduceOp  # lazy: torch, an optional extra
 
         flat = torch.cat([p.detach().flatten().to(torch.float64) for p in params])
         f = float(flat @ torch.linspace(1.0, 2.0, flat.numel(), dtype=torch.float64))
@@ -422,8 +424,6 @@ class Part:
 def munge_credential(payload: str) -> str:
     """A MUNGE credential of this process's user, carrying `payload` (`munge`, on Slurm's
     socket); PartError, one line, when MUNGE cannot make one."""
-    from ..slurm import munge_socket
-
     sock = munge_socket()
     argv = ["munge", *(["--socket", sock] if sock else [])]
     try:
@@ -481,10 +481,10 @@ def join(state_dict: Callable[[], Any], load_state_dict: Callable[[Any], None], 
     fewer than MIN of the job's parts (Part.below_min). A part that joins a live job heals
     from a peer over its process group, into its own tensors (runtime/heal.py): the state
     must hold tensors and plain values only (HealError, in one line, here)."""
-    from torch.distributed import TCPStore
-    from torchft import Manager, ProcessGroupGloo
+    from torch.distributed import TCPStore  # lazy: torch, an optional extra
+    from torchft import Manager, ProcessGroupGloo  # lazy: torchft, an optional extra (elastic)
 
-    from .heal import PeerHeal, check_state
+    from .heal import PeerHeal, check_state  # lazy: torch, an optional extra
 
     job, index = job_and_part(env)
     least = min_parts(env)
@@ -507,7 +507,7 @@ def join(state_dict: Callable[[], Any], load_state_dict: Callable[[Any], None], 
                       hostname=host, timeout=STEP_TIMEOUT, quorum_timeout=quorum_timeout)
     checkpoints = None
     if checkpoint_dir is not None:
-        from ..checkpoint import CheckpointManager
+        from ..checkpoint import CheckpointManager  # lazy: torch, an optional extra
 
         checkpoints = CheckpointManager(checkpoint_dir, keep_last=2)
     own = int(env.get("SLURM_JOB_ID") or 0)

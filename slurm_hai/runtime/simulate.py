@@ -19,7 +19,7 @@ from pathlib import Path
 
 from ..jobs.jobdir import JobDir
 from .client import polled_marker
-from .contract import master_port
+from ..policy.contract import master_port
 from .launcher import NodeRun, flag_path, notice_signals
 
 

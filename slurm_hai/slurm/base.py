@@ -10,15 +10,6 @@ if TYPE_CHECKING:
     from .records import JobInfo
 
 
-class SlurmError(Exception):
-    """A Slurm command or call failed; the message is one line a person can act on."""
-
-
-class SlurmMissing(SlurmError):
-    """No Slurm command can be run here (none on PATH, or not executable): a process in a
-    container without Slurm's commands, as pyxis/enroot and Apptainer jobs have them."""
-
-
 @dataclass(frozen=True)
 class NodeInfo:
     """A node as slurmctld has it: the GPUs it counts (gpu GRES) and its partitions."""

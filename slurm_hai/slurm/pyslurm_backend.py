@@ -45,8 +45,8 @@ import signal as signals
 import subprocess
 from typing import Sequence
 
-from .base import SlurmError
 from .cli import CliBackend
+from .errors import SlurmError
 from .records import (PYSLURM, PYSLURM_DB, JobInfo, attributes, job_from_record, minutes_text, node_is_idle,
                       pyslurm_exact)
 
@@ -74,7 +74,7 @@ def _slurm_version() -> str | None:
 def why_not() -> str | None:
     """None when pyslurm is importable and made for this Slurm, else the reason it is not."""
     try:
-        import pyslurm  # noqa: F401
+        import pyslurm  # lazy: pyslurm, an optional extra  # noqa: F401
     except ImportError as e:
         return "pyslurm is not installed" if e.name == "pyslurm" else f"pyslurm does not load ({_line(e)})"
     version = getattr(pyslurm, "__version__", "")
@@ -93,7 +93,7 @@ def _line(e: BaseException) -> str:
 
 
 def _pyslurm():
-    import pyslurm
+    import pyslurm  # lazy: pyslurm, an optional extra
 
     return pyslurm
 

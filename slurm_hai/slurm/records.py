@@ -24,7 +24,7 @@ from dataclasses import dataclass, fields
 from typing import Any, Callable
 
 from ..policy import tags
-from .base import SlurmError
+from .errors import SlurmError
 from . import squeue
 
 # Slurm's base job states (everything else in a v0.0.39+ state list is a flag).

@@ -1,5 +1,9 @@
 """The import rules of docs/design.md, checked on the source:
 
+- imports go down the floors of the module map, never up or sideways, and no two modules
+  import each other, even through others (imports at any depth: in functions and under
+  `if TYPE_CHECKING:` too);
+- an import inside a function says why it is there (`# lazy: ...`);
 - policy/ imports only the standard library (and itself);
 - runtime/client imports only the standard library when training code imports it;
 - runtime/ pulls in neither click nor jinja2;
@@ -12,14 +16,18 @@
 from __future__ import annotations
 
 import ast
+import io
 import json
+import re
 import subprocess
 import sys
+import tokenize
 from pathlib import Path
 
 import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "slurm_hai"
+DESIGN = PACKAGE.parent / "docs" / "design.md"
 SLURM_COMMANDS = {"sbatch", "srun", "salloc", "squeue", "scontrol", "scancel", "sacct", "sacctmgr", "sinfo",
                   "sprio", "sshare", "sdiag", "sstat", "strigger"}
 
@@ -47,6 +55,105 @@ def imports(path: Path) -> list[tuple[str, int]]:
             else:
                 found.append((node.module or "", node.lineno))
     return found
+
+
+# The floors of docs/design.md's module map, bottom to top: a package imports its own modules
+# and the packages of lower floors, nothing else. "__init__" is slurm_hai/__init__.py, which
+# every import of the package runs first: it imports nothing of ours (the in-job API's names
+# are loaded by importlib when first used).
+FLOORS = (("policy", "__init__"), ("slurm", "checkpoint"), ("render",), ("jobs",), ("runtime",),
+          ("controller", "integrations"), ("cli",))
+FLOOR = {package: number for number, packages in enumerate(FLOORS, 1) for package in packages}
+
+
+def module_name(path: Path) -> str:
+    parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+MODULES = {module_name(p): p for p in modules()}
+
+
+def package_of(module: str) -> str:
+    """policy, slurm, ..., render for slurm_hai/render.py, __init__ for slurm_hai itself."""
+    return (module.split(".") + ["__init__"])[1]
+
+
+def our_imports(path: Path) -> list[tuple[str, int]]:
+    """(module of ours, line) of every import in `path`, at any depth; `from .x import y`
+    names the module x.y where y is one, else x."""
+    here = module_name(path) if path.name == "__init__.py" else module_name(path).rpartition(".")[0]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(alias.name, node.lineno) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(here.split(".")[: len(here.split(".")) - node.level + 1] + ([base] if base else []))
+            found += [(f"{base}.{alias.name}" if f"{base}.{alias.name}" in MODULES else base, node.lineno)
+                      for alias in node.names]
+    return [(name, line) for name, line in found if name in MODULES]
+
+
+def test_every_package_has_a_floor():
+    assert {package_of(m) for m in MODULES} == set(FLOOR)
+
+
+def test_imports_go_down_the_floors():
+    wrong = []
+    for module, path in MODULES.items():
+        for target, line in our_imports(path):
+            here, there = package_of(module), package_of(target)
+            if here != there and FLOOR[there] >= FLOOR[here]:
+                wrong.append(f"{path.relative_to(PACKAGE.parent)}:{line}: {module} -> {target} "
+                             f"({here}, floor {FLOOR[here]} -> {there}, floor {FLOOR[there]})")
+    assert not wrong, "imports up or sideways:\n" + "\n".join(wrong)
+
+
+def test_no_circle_of_modules():
+    graph = {module: {target for target, _ in our_imports(path) if target != module}
+             for module, path in MODULES.items()}
+    circles = []
+    for start in sorted(graph):  # a path back to `start` through modules after it (each circle once)
+        stack = [(start, [start])]
+        seen = set()
+        while stack:
+            module, trail = stack.pop()
+            for target in sorted(graph[module]):
+                if target == start:
+                    circles.append(" -> ".join(trail + [start]))
+                elif target > start and target not in seen:
+                    seen.add(target)
+                    stack.append((target, trail + [target]))
+    assert not circles, "modules that import each other:\n" + "\n".join(circles)
+
+
+def test_the_design_names_the_same_floors():
+    """docs/design.md's list of floors ("1. policy, __init__.py") is the one checked here."""
+    listed = re.findall(r"^(\d)\. (.+)$", DESIGN.read_text().split("Floors, bottom to top", 1)[1], re.M)
+    floors = tuple(tuple(name.strip("` ").removesuffix(".py") for name in names.split(","))
+                   for _, names in listed)
+    assert floors == FLOORS
+
+
+def test_an_import_in_a_function_says_why():
+    """An import belongs at the top of its module, unless it would cost a command's start-up
+    time or load an optional extra where that must not be needed: the line then says which."""
+    silent = []
+    for path in modules():
+        text = path.read_text()
+        comments = {token.start[0]: token.string for token in tokenize.generate_tokens(io.StringIO(text).readline)
+                    if token.type == tokenize.COMMENT}
+        for function in ast.walk(ast.parse(text)):
+            if not isinstance(function, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                continue
+            for node in ast.walk(function):
+                if isinstance(node, (ast.Import, ast.ImportFrom)) and not any(
+                        comments.get(line, "").startswith("# lazy: ")
+                        for line in range(node.lineno, (node.end_lineno or node.lineno) + 1)):
+                    silent.append(f"{path.relative_to(PACKAGE.parent)}:{node.lineno}: {ast.unparse(node)}")
+    assert not silent, "imports inside functions without a `# lazy: why` comment:\n" + "\n".join(sorted(set(silent)))
 
 
 # tomli is tomllib on Python 3.10; site hooks are loaded by the interpreter, not by us.

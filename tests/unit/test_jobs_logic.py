@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from slurm_hai.runtime.contract import master_port, node_contract
+from slurm_hai.policy.contract import master_port, node_contract
 from slurm_hai.policy.hostlist import expand
 from slurm_hai.jobs.jobdir import JobDir
 from slurm_hai.jobs.status import hai_state

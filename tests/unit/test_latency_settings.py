@@ -12,9 +12,15 @@ from slurm_hai.slurm.version import SlurmVersion
 POLICY = Path(__file__).resolve().parents[2] / "contrib" / "localcluster" / "policy.toml"
 
 
+def fragment(version: SlurmVersion | None) -> str:
+    """The policy fragment for Slurm `version` (None: render()'s own, the oldest supported)."""
+    named = {} if version is None else {"slurm": version}
+    return render("slurm/hai-policy.conf.j2", **template_context(load_policy(POLICY)), **named)
+
+
 def test_no_defer_in_scheduler_parameters_and_each_setting_is_explained():
     for version in (SlurmVersion(22, 5, 8), SlurmVersion(25, 11, 7), None):
-        text = render("slurm/hai-policy.conf.j2", **template_context(load_policy(POLICY), version))
+        text = fragment(version)
         (line,) = [x for x in text.splitlines() if x.startswith("SchedulerParameters=")]
         # any word containing "defer" makes slurmctld wait for its 1 s tick after a job's
         # last epilog (_slurm_rpc_epilog_complete): the preempting job waits with free nodes
@@ -24,9 +30,6 @@ def test_no_defer_in_scheduler_parameters_and_each_setting_is_explained():
 
 
 def test_epilog_on_the_versions_that_free_nodes_without_it():
-    def fragment(version):
-        return render("slurm/hai-policy.conf.j2", **template_context(load_policy(POLICY), version))
-
     assert "\nEpilog=/bin/true\n" in fragment(SlurmVersion(25, 11, 7))
     for version in (SlurmVersion(22, 5, 8), None):  # 22.05 gets epilog-complete messages anyway
         text = fragment(version)

@@ -37,7 +37,8 @@ def test_features_follow_the_releases_that_brought_them():
 
 
 def policy_fragment(version: SlurmVersion | None) -> str:
-    return render("slurm/hai-policy.conf.j2", **template_context(load_policy(POLICY), version))
+    named = {} if version is None else {"slurm": version}  # None: render()'s own, the oldest supported
+    return render("slurm/hai-policy.conf.j2", **template_context(load_policy(POLICY)), **named)
 
 
 def test_each_version_gets_its_own_spelling_of_the_same_settings():

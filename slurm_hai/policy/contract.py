@@ -16,8 +16,8 @@ from __future__ import annotations
 
 from typing import Mapping
 
-from ..policy.limits import MASTER_PORT_BASE, MASTER_PORT_SPAN
-from ..policy.hostlist import expand
+from .hostlist import expand
+from .limits import MASTER_PORT_BASE, MASTER_PORT_SPAN
 
 KEYS = ("MASTER_IP", "MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK", "NODE_RANK", "HAI_RESTART_COUNT")
 
