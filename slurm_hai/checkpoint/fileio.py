@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from .errors import CheckpointError, CorruptCheckpointError, Problem
-from .manifest import FileEntry, new_hasher
+from .manifest import FileEntry, PieceHasher, WholeHasher, hasher_like, mismatch
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +131,7 @@ def _write_direct(fd: int, part: memoryview, offset: int) -> bool:
 
 
 def write_hashed_file(path: Path, data: bytes | memoryview, *, known: FileEntry | None = None,
-                      over_spare: bool = False) -> FileEntry:
+                      over_spare: bool = False, hasher: WholeHasher | PieceHasher | None = None) -> FileEntry:
     """Create path (0600, must not exist), write data, fsync; return size + checksum.
 
     The page-aligned bulk goes out with O_DIRECT where the file system allows it: on the
@@ -140,7 +140,8 @@ def write_hashed_file(path: Path, data: bytes | memoryview, *, known: FileEntry 
     The unaligned tail is written buffered. With known (the same bytes were already
     hashed for another tier) hashing is skipped. over_spare: path may already be a spare
     of node memory (memory.py, moved there by the caller): its pages are written over and
-    the file is cut after the data, instead of new pages faulted in.
+    the file is cut after the data, instead of new pages faulted in. hasher: the checksum
+    kind (manifest.hasher_like); default the whole-file xxh3_128.
     """
     view = memoryview(data).cast("B")
     direct_len = _direct_io_prefix(view)
@@ -150,7 +151,10 @@ def write_hashed_file(path: Path, data: bytes | memoryview, *, known: FileEntry 
     else:
         fd, direct = _open_new(path, direct=direct_len > 0)
     try:
-        hasher = None if known is not None else new_hasher()
+        if known is not None:
+            hasher = None
+        elif hasher is None:
+            hasher = WholeHasher()
         with ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-hash") as pool:
             pending: list[Future[None]] = []
             for start in range(0, len(view), IO_CHUNK):
@@ -171,11 +175,9 @@ def write_hashed_file(path: Path, data: bytes | memoryview, *, known: FileEntry 
     finally:
         os.close(fd)
     if known is not None:
-        checksum = known.checksum
-    else:
-        assert hasher is not None  # made above, as nothing was known
-        checksum = hasher.hexdigest()
-    return FileEntry(size=len(view), checksum=checksum)
+        return known
+    assert hasher is not None  # made above, as nothing was known
+    return hasher.entry(len(view))
 
 
 class VerifyingReader:
@@ -197,7 +199,7 @@ class VerifyingReader:
         with contextlib.suppress(OSError):  # only a read-ahead hint
             os.posix_fadvise(self.fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)
         self.offset = 0
-        self.hasher = new_hasher()
+        self.hasher = hasher_like(entry)
         self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ckpt-hash")
         self.pending: list[Future[None]] = []
 
@@ -232,9 +234,8 @@ class VerifyingReader:
             self.read_bytes(self.entry.size - self.offset)
         for future in self.pending:
             future.result()
-        digest = self.hasher.hexdigest()
-        if digest != self.entry.checksum:
-            raise self.corrupt(f"checksum mismatch: xxh3_128 {digest}, manifest says {self.entry.checksum}")
+        if why := mismatch(self.entry, self.hasher.entry(self.offset)):
+            raise self.corrupt(why)
 
     def close(self) -> None:
         self.pool.shutdown(wait=True)

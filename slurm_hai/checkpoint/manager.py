@@ -38,12 +38,15 @@ import torch.distributed as dist
 from .commit import CheckpointStore, RunId
 from .errors import CheckpointError, CorruptCheckpointError, Problem, SupersededRunError
 from .fileio import describe_os_error, write_hashed_file
-from .layout import STATE_FILE, ActiveStaging, checkpoint_versions, rank_file_name, read_single_checkpoint
+from .layout import (STATE_FILE, ActiveStaging, checkpoint_versions, rank_file_name, read_rank_file,
+                     read_single_checkpoint)
 from .manifest import LAYOUT_DCP, LAYOUT_SINGLE, FileEntry, Manifest, parse_step_dir_name, read_manifest
+from .manifest import PieceHasher
 from .memory import (PartInfo, agent_alive, check_part_files, commit_part, file_request, forget_parts, mark_pending,
                      newest_part, node_name, parts_store, pending_steps, read_part, reserve_spares, spares_dir,
                      take_spare, wait_for_pending)
-from .serialize import flatten_state, is_stateful
+from .region import MappedRegion, state_file_plan, stream_tensor_file
+from .serialize import flatten_state, is_stateful, unflatten_state
 from .staging import HostBuffer, SaveHandle, StagedFile, run_in_background, stage_files
 
 log = logging.getLogger(__name__)
@@ -150,6 +153,7 @@ class CheckpointManager:
         self._reserving: threading.Thread | None = None  # reserve_node_memory()'s
         self._stop_reserving = threading.Event()
         self._node_count: int | None = None
+        self._region = MappedRegion()  # a single process's spare, mapped ahead and kept across saves
         if current_rank() == 0:
             for store in self.stores:
                 store.clean_stale(self._active_staging.paths)
@@ -245,14 +249,22 @@ class CheckpointManager:
         if not agent_alive():
             return
         try:
-            tensors = flatten_state(state)[0].tensors
+            flat = flatten_state(state)[0]
+            plan = state_file_plan(flat) if world[1] == 1 else None
         except Exception as exc:  # noqa: BLE001 - the save reports a state it cannot flatten
             log.debug("not reserving node memory: %r", exc)
             return
-        sizes = spare_sizes(tensors, world[0], world[1], self._node_count > 1)
-        self._reserving = threading.Thread(target=reserve_spares, args=(self.parts, self.durable, sizes),
-                                           kwargs={"stop": self._stop_reserving}, name="hai-reserve-node-memory",
-                                           daemon=True)
+        # a single process: exactly its state file, mapped ahead (the save writes into the mapping)
+        sizes = {"own-0": plan[2]} if plan is not None else spare_sizes(flat.tensors, world[0], world[1],
+                                                                         self._node_count > 1)
+        parts, durable, stop, region = self.parts, self.durable, self._stop_reserving, self._region
+
+        def reserve() -> None:
+            reserve_spares(parts, durable, sizes, stop=stop)
+            if plan is not None and not stop.is_set():
+                region.prepare(spares_dir(parts) / "own-0", plan[2])
+
+        self._reserving = threading.Thread(target=reserve, name="hai-reserve-node-memory", daemon=True)
         self._reserving.start()
         if wait:
             self._reserving.join()
@@ -309,12 +321,17 @@ class CheckpointManager:
             handle.skipped = True
             handle.finish()
             return handle
-        staged = stage_files(self._single_files(state), self._buffer)
+        files = self._single_files(state)
+        plan = state_file_plan(files[0][1])
+        staged = stage_files(files if plan is None else files[1:], self._buffer)
         staging = self.parts.new_staging(step)
         self._active_staging.add(staging)
         try:
             take_spare(spares_dir(self.parts), "own-0", staging / STATE_FILE)  # pages reserved ahead, if any
-            entries = self._write_files(staging, staged, {}, over_spare=True)
+            entries = {f.name: write_hashed_file(staging / f.name, f.image, over_spare=True, hasher=PieceHasher())
+                       for f in staged}
+            if plan is not None:  # the tensors straight into the (mapped) spare, pieces hashed in parallel
+                entries[STATE_FILE] = self._region.write(staging / STATE_FILE, *plan)
             part = PartInfo(step, secrets.token_hex(4), node_name(), 0, 1, str(self.durable.root), sorted(entries),
                             self._single_manifest(step, entries))
             file_request(commit_part(self.parts, staging, part), part)
@@ -343,6 +360,9 @@ class CheckpointManager:
         if self._reserving is not None:  # at most one spare being written: it is finished
             self._stop_reserving.set()
             self._reserving.join()
+            self._reserving = None
+            self._stop_reserving = threading.Event()
+        self._region.release()
         self._group = None
 
     def _checkpoint_group(self) -> Any:
@@ -528,11 +548,14 @@ class CheckpointManager:
                 restore_into(into, state)
                 self.reserve_node_memory(into)
             return state
+        overwritten = None  # a streamed load into the live tensors that failed halfway
         for found_step, store, path in self._candidates(step):
             self._loading.add(found_step)
             try:
                 state = self._read(store, path, into)
             except CorruptCheckpointError as exc:
+                if getattr(exc, "into_touched", False):
+                    overwritten = path
                 store.quarantine(path, "; ".join(str(p) for p in exc.problems))
                 continue
             except CheckpointError as exc:
@@ -548,6 +571,10 @@ class CheckpointManager:
                 restore_into(into, state)
                 self.reserve_node_memory(into)
             return state
+        if overwritten is not None:
+            raise CheckpointError(f"{overwritten} failed verification while it was read into the live tensors and "
+                                  "no other checkpoint loaded over them: they are partly overwritten; rebuild them "
+                                  "before training on")
         if step is not None:
             dirs = ", ".join(str(s.root) for s in self.stores)
             raise CheckpointError(f"no valid checkpoint for step {step} in {dirs}; `hai ckpt ls` lists what exists")
@@ -557,11 +584,32 @@ class CheckpointManager:
         if self.parts is not None and self.loaded_step is not None:
             forget_parts(self.parts, older_than=self.loaded_step)
 
+    @staticmethod
+    def _stream_into(path: Path, manifest: Manifest, into: Any) -> Any:
+        """A part's state file read straight into the live tensors of `into` (region.py),
+        or None when its tensors do not match them (then read the usual way)."""
+        try:
+            targets = flatten_state(into)[0].tensors
+        except CheckpointError:
+            return None
+        try:
+            flat = stream_tensor_file(path / STATE_FILE, manifest.files[STATE_FILE], STATE_FILE, targets)
+        except CorruptCheckpointError as exc:
+            exc.into_touched = True  # type: ignore[attr-defined]
+            raise
+        if flat is None:
+            return None
+        return unflatten_state(flat.tree, flat.tensors, read_rank_file(path, manifest, 0))
+
     def _read(self, store: CheckpointStore, path: Path, into: Any) -> Any:
         if store is self.parts:  # verified as it is read, like any checkpoint
             part = read_part(path)
             if part.nodes != 1 or part.manifest.world_size != 1:
                 raise CheckpointError(f"{path} is one node's share of a multi-process checkpoint")
+            if into is not None and STATE_FILE in part.manifest.files:
+                streamed = self._stream_into(path, part.manifest, into)
+                if streamed is not None:
+                    return streamed
             return read_single_checkpoint(path, part.manifest, rank=0)
         try:
             manifest = read_manifest(path)

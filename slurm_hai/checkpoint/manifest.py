@@ -6,7 +6,9 @@ Layout of a checkpoint root (see docs/checkpoint.md)::
 
     DIR/.lock                         filelock: one committer at a time
     DIR/step-000000001200/            committed (renamed into place after every fsync)
-        manifest.json                 written last; lists every file with size + xxh3_128
+        manifest.json                 written last; lists every file with size + checksum
+                                      (xxh3_128 of the whole file, or xxh3_128 of each
+                                      fixed-size piece: PIECES_HASH, format_version 2)
         state.safetensors             global state (single-process layout)
         rank-00000.safetensors        per-rank state (RNG), one file per rank
         dcp/.metadata, dcp/*.distcp   model/optimizer via torch DCP (sharded layout)
@@ -21,7 +23,9 @@ import json
 import mmap
 import os
 import re
+import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
@@ -29,9 +33,14 @@ from typing import Any
 from .errors import CheckpointError, Problem
 
 FORMAT_NAME = "slurm-hai-checkpoint"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2  # the newest this reader understands; a manifest says 1 unless a file is pieced
 MANIFEST_NAME = "manifest.json"
-HASH_NAME = "xxh3_128"
+HASH_NAME = "xxh3_128"  # one digest of the whole file (format_version 1, and any file of 2)
+# One xxh3_128 digest per fixed-size piece (the last one shorter): pieces hash in parallel,
+# and a reader verifies each piece before it uses a byte of it (format_version 2).
+PIECES_HASH = "xxh3_128_pieces"
+PIECE_SIZE = 8 << 20  # what writers use; a reader takes the manifest's (a power of two, 64 KiB to 1 GiB)
+_PIECE_SIZES = range(16, 31)
 LAYOUT_SINGLE = "single"  # one process wrote state.safetensors
 LAYOUT_DCP = "dcp"  # torch.distributed.checkpoint wrote dcp/, rank 0 committed
 LAYOUT_FILES = "files"  # a framework's own checkpoint files, committed as they are (slurm_hai.integrations)
@@ -94,8 +103,61 @@ def _manifest_digest(fields: dict[str, Any]) -> str:
 
 @dataclass(frozen=True)
 class FileEntry:
+    """A file's size and checksum. kind HASH_NAME: checksum is the xxh3_128 hex digest of the
+    whole file. kind PIECES_HASH: pieces holds the xxh3_128 hex digest of each piece_size
+    piece, and checksum is derived from them (one string to compare and to print)."""
+
     size: int
-    checksum: str  # xxh3_128 hex digest of the whole file
+    checksum: str
+    kind: str = HASH_NAME
+    piece_size: int = 0
+    pieces: tuple[str, ...] = ()
+
+    @classmethod
+    def from_pieces(cls, size: int, piece_size: int, pieces: list[str] | tuple[str, ...]) -> FileEntry:
+        return cls(size, pieces_checksum(pieces), PIECES_HASH, piece_size, tuple(pieces))
+
+    def piece_range(self, index: int) -> tuple[int, int]:
+        start = index * self.piece_size
+        return start, min(start + self.piece_size, self.size)
+
+    def to_json(self) -> dict[str, Any]:
+        if self.kind == PIECES_HASH:
+            return {"size": self.size, "hash": PIECES_HASH, "piece_size": self.piece_size, "pieces": list(self.pieces)}
+        return {"size": self.size, HASH_NAME: self.checksum}
+
+
+def pieces_checksum(pieces: list[str] | tuple[str, ...]) -> str:
+    """The one-string checksum of a pieced file: xxh3_128 over its pieces' digests."""
+    hasher = new_hasher()
+    hasher.update(",".join(pieces).encode())
+    return f"pieces:{hasher.hexdigest()}"
+
+
+def piece_count(size: int, piece_size: int) -> int:
+    return -(-size // piece_size)
+
+
+def parse_file_entry(entry: Any) -> FileEntry:
+    """One entry of a manifest's "files": {"size", "xxh3_128"} or {"size", "hash":
+    "xxh3_128_pieces", "piece_size", "pieces"}; raises ValueError/KeyError/TypeError."""
+    size = int(entry["size"])
+    if size < 0:
+        raise ValueError("negative size")
+    kind = entry.get("hash", HASH_NAME)
+    if kind == HASH_NAME:
+        return FileEntry(size=size, checksum=str(entry[HASH_NAME]))
+    if kind != PIECES_HASH:
+        raise ValueError(f"unknown file hash {kind!r}")
+    piece_size = int(entry["piece_size"])
+    if piece_size not in {1 << n for n in _PIECE_SIZES}:
+        raise ValueError(f"piece_size {piece_size} is not a power of two from 64 KiB to 1 GiB")
+    pieces = entry["pieces"]
+    if not isinstance(pieces, list) or len(pieces) != piece_count(size, piece_size):
+        raise ValueError(f"{size} bytes in pieces of {piece_size} need {piece_count(size, piece_size)} digests")
+    if not all(isinstance(p, str) and len(p) == 32 for p in pieces):
+        raise ValueError("a piece digest is not an xxh3_128 hex digest")
+    return FileEntry.from_pieces(size, piece_size, pieces)
 
 
 @dataclass
@@ -113,9 +175,11 @@ class Manifest:
         return sum(entry.size for entry in self.files.values())
 
     def to_json_bytes(self) -> bytes:
+        pieced = any(entry.kind == PIECES_HASH for entry in self.files.values())
         fields: dict[str, Any] = {
             "format": FORMAT_NAME,
-            "format_version": FORMAT_VERSION,
+            # 1 unless a file is pieced: a reader from before pieces refuses 2 ("upgrade")
+            "format_version": 2 if pieced else 1,
             "complete": True,
             "step": self.step,
             "layout": self.layout,
@@ -124,10 +188,7 @@ class Manifest:
             "created_by": self.created_by,
             "versions": self.versions,
             "hash": HASH_NAME,
-            "files": {
-                name: {"size": entry.size, HASH_NAME: entry.checksum}
-                for name, entry in sorted(self.files.items())
-            },
+            "files": {name: entry.to_json() for name, entry in sorted(self.files.items())},
         }
         # A checksum over the manifest itself: a flipped byte in a size, a digest or the
         # step number must read as corruption, not as a different valid checkpoint.
@@ -169,10 +230,9 @@ def parse_manifest(raw: bytes) -> Manifest:
     if fields.get("hash") != HASH_NAME:
         raise CheckpointError(f"unknown hash {fields.get('hash')!r}")
     try:
-        files = {
-            str(name): FileEntry(size=int(entry["size"]), checksum=str(entry[HASH_NAME]))
-            for name, entry in fields["files"].items()
-        }
+        files = {str(name): parse_file_entry(entry) for name, entry in fields["files"].items()}
+        if version < 2 and any(entry.kind != HASH_NAME for entry in files.values()):
+            raise ValueError("a pieced checksum in a format_version 1 manifest")
         manifest = Manifest(
             step=int(fields["step"]),
             layout=str(fields["layout"]),
@@ -203,9 +263,111 @@ def read_manifest(step_dir: str | os.PathLike[str]) -> Manifest:
     return parse_manifest(raw)
 
 
+class WholeHasher:
+    """HASH_NAME: one xxh3_128 over every byte fed, in order."""
+
+    def __init__(self) -> None:
+        self._hasher = new_hasher()
+
+    def update(self, data: Any) -> None:
+        self._hasher.update(data)
+
+    def entry(self, size: int) -> FileEntry:
+        return FileEntry(size=size, checksum=self._hasher.hexdigest())
+
+
+class PieceHasher:
+    """PIECES_HASH fed in order: one xxh3_128 per piece_size piece (the last one shorter)."""
+
+    def __init__(self, piece_size: int = PIECE_SIZE) -> None:
+        self.piece_size = piece_size
+        self.digests: list[str] = []
+        self._hasher = new_hasher()
+        self._filled = 0
+
+    def update(self, data: Any) -> None:
+        view = memoryview(data).cast("B")
+        while len(view):
+            take = min(len(view), self.piece_size - self._filled)
+            self._hasher.update(view[:take])
+            self._filled += take
+            view = view[take:]
+            if self._filled == self.piece_size:
+                self._close_piece()
+
+    def _close_piece(self) -> None:
+        self.digests.append(self._hasher.hexdigest())
+        self._hasher, self._filled = new_hasher(), 0
+
+    def entry(self, size: int) -> FileEntry:
+        if self._filled:
+            self._close_piece()
+        return FileEntry.from_pieces(size, self.piece_size, self.digests)
+
+
+def hasher_like(entry: FileEntry | None) -> WholeHasher | PieceHasher:
+    """A hasher of the kind of `entry` (None: the kind new files of a single-process save get)."""
+    if entry is None:
+        return PieceHasher()
+    return PieceHasher(entry.piece_size) if entry.kind == PIECES_HASH else WholeHasher()
+
+
+def mismatch(expected: FileEntry, got: FileEntry) -> str | None:
+    """Why a file's checksum is not the manifest's, or None when it is (same kind)."""
+    if expected.kind != got.kind or expected.piece_size != got.piece_size:
+        return f"checksum kind {got.kind} cannot be compared with the manifest's {expected.kind}"
+    if expected.kind == PIECES_HASH:
+        for index, (want, have) in enumerate(zip(expected.pieces, got.pieces)):
+            if want != have:
+                start, end = expected.piece_range(index)
+                return (f"checksum mismatch in piece {index} of {len(expected.pieces)} (bytes {start}-{end}): "
+                        f"xxh3_128 {have}, manifest says {want}")
+        if len(expected.pieces) != len(got.pieces):
+            return f"{len(got.pieces)} pieces, manifest says {len(expected.pieces)}"
+        return None
+    if expected.checksum != got.checksum:
+        return f"checksum mismatch: xxh3_128 {got.checksum}, manifest says {expected.checksum}"
+    return None
+
+
+_pool: tuple[int, ThreadPoolExecutor] | None = None
+_pool_lock = threading.Lock()
+
+
+def hash_pool() -> ThreadPoolExecutor:
+    """The threads that hash pieces in parallel (one per core, at most 8; xxhash releases
+    the GIL). One per process: a forked child makes its own."""
+    global _pool
+    with _pool_lock:
+        if _pool is None or _pool[0] != os.getpid():
+            workers = max(1, min(8, len(os.sched_getaffinity(0))))
+            _pool = (os.getpid(), ThreadPoolExecutor(max_workers=workers, thread_name_prefix="ckpt-pieces"))
+        return _pool[1]
+
+
+def hash_pieces(view: memoryview, piece_size: int = PIECE_SIZE) -> FileEntry:
+    """The PIECES_HASH entry of bytes in memory, its pieces hashed in parallel."""
+    view = view.cast("B") if view.format != "B" else view
+
+    def one(start: int) -> str:
+        hasher = new_hasher()
+        hasher.update(view[start:start + piece_size])
+        return str(hasher.hexdigest())
+
+    digests = list(hash_pool().map(one, range(0, len(view), piece_size)))
+    return FileEntry.from_pieces(len(view), piece_size, digests)
+
+
 def hash_file(path: str | os.PathLike[str]) -> tuple[int, str]:
-    """(size, xxh3_128 hex) of a file, read in big chunks."""
-    hasher = new_hasher()
+    """(size, xxh3_128 hex) of a whole file, read in big chunks."""
+    entry = hash_file_entry(path)
+    return entry.size, entry.checksum
+
+
+def hash_file_entry(path: str | os.PathLike[str], like: FileEntry | None = None) -> FileEntry:
+    """Size and checksum of a file, read in big chunks; of the kind of `like` (default: the
+    whole-file xxh3_128)."""
+    hasher = hasher_like(like) if like is not None else WholeHasher()
     size = 0
     chunk = bytearray(_HASH_CHUNK)
     view = memoryview(chunk)
@@ -215,20 +377,23 @@ def hash_file(path: str | os.PathLike[str]) -> tuple[int, str]:
         while n := fh.readinto(chunk):
             hasher.update(view[:n])
             size += n
-    return size, hasher.hexdigest()
+    return hasher.entry(size)
 
 
-def hash_mapped(path: str | os.PathLike[str]) -> tuple[int, str]:
+def hash_mapped(path: str | os.PathLike[str], like: FileEntry | None = None) -> FileEntry:
     """hash_file for a file in memory (tmpfs): hashed through a mapping, without copying it
-    out first (0.1 s per GiB here instead of 0.25 s)."""
+    out first (0.1 s per GiB here instead of 0.25 s); pieces in parallel."""
     with open(path, "rb") as fh:
         size = os.fstat(fh.fileno()).st_size
-        hasher = new_hasher()
-        if size:
-            with mmap.mmap(fh.fileno(), size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, prot=mmap.PROT_READ) as m:
-                with memoryview(m) as view:
-                    hasher.update(view)
-    return size, hasher.hexdigest()
+        if not size:
+            return (hasher_like(like) if like is not None else WholeHasher()).entry(0)
+        with mmap.mmap(fh.fileno(), size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE, prot=mmap.PROT_READ) as m:
+            with memoryview(m) as view:
+                if like is not None and like.kind == PIECES_HASH:
+                    return hash_pieces(view, like.piece_size)
+                hasher = WholeHasher()
+                hasher.update(view)
+                return hasher.entry(size)
 
 
 @dataclass
@@ -279,9 +444,8 @@ def check_file(step_dir: Path, name: str, entry: FileEntry, *, check_data: bool,
     if not check_data:
         return []
     try:
-        _, digest = hash_mapped(path) if mapped else hash_file(path)
+        got = hash_mapped(path, entry) if mapped else hash_file_entry(path, entry)
     except OSError as exc:
         return [Problem(name, f"unreadable: {exc.strerror or exc}")]
-    if digest != entry.checksum:
-        return [Problem(name, f"checksum mismatch: xxh3_128 {digest}, manifest says {entry.checksum}")]
-    return []
+    why = mismatch(entry, got)
+    return [Problem(name, why)] if why else []

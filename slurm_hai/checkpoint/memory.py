@@ -57,7 +57,7 @@ from .commit import CheckpointStore, process_start_ticks, writer_alive
 from .errors import CheckpointError, CorruptCheckpointError, Problem
 from .fileio import describe_os_error, fsync_dir, write_hashed_file
 from .manifest import (DELETING_PREFIX, MANIFEST_NAME, PERSIST_PREFIX, STEP_DIR_PREFIX, FileEntry, Manifest, check_file,
-                       parse_manifest)
+                       hasher_like, mismatch, parse_manifest)
 
 log = logging.getLogger(__name__)
 
@@ -444,19 +444,19 @@ def _copy_checked(source: Path, dest: Path, entry: FileEntry, name: str) -> None
         if size != entry.size:
             raise CorruptCheckpointError(str(source.parent), [Problem(name, f"size {size}, manifest says {entry.size}")])
         if size == 0:
-            written = write_hashed_file(dest, b"")
+            written = write_hashed_file(dest, b"", hasher=hasher_like(entry))
         else:
             mapped = mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ)
             try:
-                written = write_hashed_file(dest, memoryview(mapped))
+                written = write_hashed_file(dest, memoryview(mapped), hasher=hasher_like(entry))
             finally:
                 # A failed write's traceback may still hold a view of it (a full disk): then the
                 # mapping goes when that is collected, and the write's error is what is reported.
                 with contextlib.suppress(BufferError):
                     mapped.close()
-    if written.checksum != entry.checksum:
+    if why := mismatch(entry, written):
         dest.unlink(missing_ok=True)
-        raise CorruptCheckpointError(str(source.parent), [Problem(name, "checksum mismatch in node memory")])
+        raise CorruptCheckpointError(str(source.parent), [Problem(name, f"checksum mismatch in node memory ({why})")])
 
 
 def _copy_share(part_dir: Path, part: PartInfo, staging: Path) -> None:
