@@ -25,6 +25,7 @@ the plugin).
 
 from __future__ import annotations
 
+import difflib
 from dataclasses import dataclass
 from typing import Iterable
 
@@ -106,8 +107,6 @@ def closest(word: str, choices: Iterable[str]) -> str | None:
     the upper-case names; None when none comes that near. The SPANK plugin's `_closest` counts
     alike, without difflib's autojunk: that takes a word of 200 characters or more, which
     comes near no level's name (at most 31) anyway."""
-    import difflib
-
     by_upper = {c.upper(): c for c in choices}
     found = difflib.get_close_matches(word.upper(), list(by_upper), n=1, cutoff=NEAR_MISS)
     return by_upper[found[0]] if found else None
