@@ -233,7 +233,7 @@ class CheckpointManager:
         memory is reserved (it takes 0.5 s per GiB here)."""
         if self.parts is None:
             return
-        from .node_memory import spare_sizes  # lazy: torch.distributed.checkpoint, +600 ms to every training script that saves
+        from .node_memory import spare_sizes  # lazy: +600 ms (DCP) to a saving script
 
         world = distributed_world() or (0, 1)
         if self._node_count is None:  # once: the only collective here
@@ -297,8 +297,8 @@ class CheckpointManager:
         with self.durable.locked():  # node memory is not a store commit: the fence is checked here
             self.durable.check_fence()
         if (world := distributed_world()) is not None:
-            from .node_memory import save_to_memory  # lazy: torch.distributed.checkpoint, +600 ms to every training script that saves
-            from .sharded import prepare_share  # lazy: torch.distributed.checkpoint, +600 ms to every training script that saves
+            from .node_memory import save_to_memory  # lazy: +600 ms (DCP) to a saving script
+            from .sharded import prepare_share  # lazy: +600 ms (DCP) to a saving script
 
             share = prepare_share(state, self._buffer, None)
             skipped = None
@@ -375,7 +375,7 @@ class CheckpointManager:
         return self._group
 
     def _save_sharded_async(self, step: int, state: Any, *, rank: int) -> SaveHandle:
-        from .sharded import persist_sharded, prepare_share  # lazy: torch.distributed.checkpoint, +600 ms to every training script that saves
+        from .sharded import persist_sharded, prepare_share  # lazy: +600 ms (DCP) to a saving script
 
         group = self._checkpoint_group()
         share = prepare_share(state, self._buffer, self._tensor_buffer)  # the blocking part: host copies
@@ -395,7 +395,7 @@ class CheckpointManager:
         return handle
 
     def _save_sharded(self, step: int, state: Any, *, rank: int) -> SaveHandle:
-        from .sharded import save_sharded  # lazy: torch.distributed.checkpoint, +600 ms to every training script that saves
+        from .sharded import save_sharded  # lazy: +600 ms (DCP) to a saving script
 
         handle = save_sharded(self.durable, step, state, buffer=self._buffer, active_staging=self._active_staging)
         if rank == 0 and not handle.skipped:
@@ -503,7 +503,7 @@ class CheckpointManager:
     def latest_step(self) -> int | None:
         """Newest committed checkpoint (any tier) whose files verify; bad ones are quarantined."""
         if distributed_world() is not None:
-            from .sharded import broadcast_from_rank0  # lazy: torch.distributed.checkpoint, +600 ms to every training script that saves
+            from .sharded import broadcast_from_rank0  # lazy: +600 ms (DCP) to a saving script
 
             return broadcast_from_rank0(self._latest_step_local if current_rank() == 0 else None)
         return self._latest_step_local()
@@ -527,8 +527,8 @@ class CheckpointManager:
         """
         self.wait()
         if distributed_world() is not None:
-            from .node_memory import load_from_memory  # lazy: torch.distributed.checkpoint, +600 ms to every training script that saves
-            from .sharded import load_distributed  # lazy: torch.distributed.checkpoint, +600 ms to every training script that saves
+            from .node_memory import load_from_memory  # lazy: +600 ms (DCP) to a saving script
+            from .sharded import load_distributed  # lazy: +600 ms (DCP) to a saving script
 
             group = self._checkpoint_group()
             found = None
@@ -620,7 +620,7 @@ class CheckpointManager:
                 str(path), [Problem("manifest.json", f"says step {manifest.step}, directory says otherwise")]
             )
         if manifest.layout == LAYOUT_DCP:
-            from .sharded import read_dcp_checkpoint  # lazy: torch.distributed.checkpoint, +600 ms to every training script that saves
+            from .sharded import read_dcp_checkpoint  # lazy: +600 ms (DCP) to a saving script
 
             result = store.verify(path)
             if not result.ok:

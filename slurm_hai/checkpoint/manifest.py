@@ -86,7 +86,7 @@ def list_step_dirs(root: str | os.PathLike[str]) -> list[tuple[int, Path]]:
 def new_hasher() -> Any:
     """The file checksum: xxh3_128 (~14 GB/s per core, releases the GIL on big buffers)."""
     try:
-        import xxhash  # lazy: xxhash, an optional extra (torch); the agent imports this module without it
+        import xxhash  # lazy: xxhash, optional
     except ImportError as exc:  # pragma: no cover - xxhash is in the torch extra
         raise CheckpointError(
             "checkpoint checksums need the xxhash package: pip install 'slurm-hai[torch]'"
@@ -95,7 +95,7 @@ def new_hasher() -> Any:
 
 
 def _manifest_digest(fields: dict[str, Any]) -> str:
-    import xxhash  # lazy: xxhash, an optional extra (torch); the agent imports this module without it
+    import xxhash  # lazy: xxhash, optional
 
     canonical = json.dumps(fields, sort_keys=True, separators=(",", ":")).encode()
     return xxhash.xxh3_64(canonical).hexdigest()

@@ -127,7 +127,7 @@ def stage_tensors(tensors: dict[str, torch.Tensor], buffer: HostBuffer) -> dict[
     an async sharded save: returns when the copies are done, so the caller may modify its
     tensors right away. A DTensor's local shard is copied and wrapped again with its mesh
     and placements, so DCP still records which part of the global tensor it holds."""
-    from torch.distributed.tensor import DTensor  # lazy: torch.distributed.tensor, +500 ms to every training script that saves
+    from torch.distributed.tensor import DTensor  # lazy: +500 ms to a saving script
 
     plan = []
     total = 0

@@ -41,7 +41,7 @@ def start_first_read(args: Sequence[str]) -> None:
     commands; once per process (squeue.start_ahead)."""
     first = first_read(args)
     if first is not None:
-        from ..slurm import config_missing, reads_with_commands, squeue  # lazy: +9 ms before hai starts its first queue read, and to hai-submit
+        from ..slurm import config_missing, reads_with_commands, squeue  # lazy: +9 ms to hai
 
         if reads_with_commands() and not config_missing():
             squeue.start_ahead(*first)
@@ -65,7 +65,7 @@ def first_read(args: Sequence[str]) -> tuple[tuple[int, ...], str | None] | None
 def daemon_service() -> str:
     """The policy daemon's service the policy names, "" when none (or when the policy cannot be
     read: the command says why when it needs the policy)."""
-    from ..policy.model import PolicyError, find_policy  # lazy: +20 ms before hai starts its first queue read, and to hai-submit
+    from ..policy.model import PolicyError, find_policy  # lazy: +20 ms to hai
 
     try:
         return find_policy().daemon_service or ""

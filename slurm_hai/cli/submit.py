@@ -95,7 +95,7 @@ def main(script, args, name, nodes, priority, gpus_per_node, group, env, time_li
       hai-submit --torchrun -n 2 -p LOW examples/torchrun_train.py --steps 300
     """
     args = script_args(args)
-    from ..policy.model import PolicyError, find_policy  # lazy: slurm_hai.policy.model.find_policy looked up when called (the tests count policy reads)
+    from ..policy.model import PolicyError, find_policy  # lazy: per call (tests count reads)
 
     try:
         policy = find_policy()

@@ -159,7 +159,7 @@ def slurm_owner(job: int) -> int | None:
     """The uid of the job's owner while Slurm runs or holds it (a job array: any task of
     it), None once it ended or Slurm no longer knows it; LighthouseError when Slurm cannot
     be asked or names an owner this host does not know."""
-    from ..slurm import SlurmError, backend  # lazy: slurm_hai.slurm.backend looked up when called (the tests put a fake Slurm there)
+    from ..slurm import SlurmError, backend  # lazy: per call (tests swap backend)
 
     try:
         live = [info for info in backend().jobs([job]) if info.state not in ENDED_STATES]

@@ -141,7 +141,7 @@ def everyone(service: str, timeout: float = TIMEOUT) -> list[HaiStatus] | None:
     """Every job of the daemon's last read as any user sees it, by job id; None when the
     daemon does not answer, its read is older than MAX_AGE, or its rows are not of this
     slurm-hai's HaiStatus (a daemon of another version)."""
-    from ..jobs.status import HaiStatus  # lazy: the serving side, +13 ms to every hai (which imports the asking side)
+    from ..jobs.status import HaiStatus  # lazy: serving side, +13 ms to hai
 
     body = Question(service, "/jobs", timeout).answer()
     try:
@@ -154,9 +154,9 @@ def everyone(service: str, timeout: float = TIMEOUT) -> list[HaiStatus] | None:
 
 
 def _fields() -> list[str]:
-    from dataclasses import fields  # lazy: the serving side, +5 ms to every hai (which imports the asking side)
+    from dataclasses import fields  # lazy: serving side, +5 ms to hai
 
-    from ..jobs.status import HaiStatus  # lazy: the serving side, +13 ms to every hai (which imports the asking side)
+    from ..jobs.status import HaiStatus  # lazy: serving side, +13 ms to hai
 
     return [f.name for f in fields(HaiStatus)]
 
@@ -169,9 +169,9 @@ class WhyService:
     time: controller/bounded_http.py); `seen` is called with each cycle's queue."""
 
     def __init__(self, port: int, address: str = "0.0.0.0") -> None:
-        from http.server import BaseHTTPRequestHandler, HTTPServer  # lazy: the serving side, +18 ms to every hai (which imports the asking side)
+        from http.server import BaseHTTPRequestHandler, HTTPServer  # lazy: serving side, +18 ms to hai
 
-        from .bounded_http import BoundedHandler, BoundedServer, family_of  # lazy: the serving side, +3 ms to every hai (which imports the asking side)
+        from .bounded_http import BoundedHandler, BoundedServer, family_of  # lazy: serving side, +3 ms to hai
 
         service = self
 
@@ -219,8 +219,8 @@ class WhyService:
     def seen(self, jobs: Sequence[JobInfo], policy: Policy, now: float) -> None:
         """The queue the daemon read at `now` (its clock), under `policy`: its Explainer is
         built here, in the daemon's cycle (17 ms at 10,000 jobs), so that no question waits for it."""
-        from ..jobs.status import as_one_job  # lazy: the serving side, +13 ms to every hai (which imports the asking side)
-        from ..policy.explain import Explainer  # lazy: the serving side, +14 ms to every hai (which imports the asking side)
+        from ..jobs.status import as_one_job  # lazy: serving side, +13 ms to hai
+        from ..policy.explain import Explainer  # lazy: serving side, +14 ms to hai
 
         pending = {j.job_id: j for j in as_one_job(jobs) if j.state == "PENDING"}
         explained = (now, Explainer(jobs, policy, now), pending)
@@ -246,8 +246,8 @@ class WhyService:
     def _make(self, read: tuple[float, Sequence[JobInfo], Policy], release: bool) -> bytes:
         """Make (and keep) /jobs's answer for `read`, unless one for it or a newer one was made
         meanwhile. `release`: the caller took self._making for this thread to let go."""
-        from ..jobs.status import as_one_job, as_others_see  # lazy: the serving side, +13 ms to every hai (which imports the asking side)
-        from ..policy.explain import Explainer  # lazy: the serving side, +14 ms to every hai (which imports the asking side)
+        from ..jobs.status import as_one_job, as_others_see  # lazy: serving side, +13 ms to hai
+        from ..policy.explain import Explainer  # lazy: serving side, +14 ms to hai
 
         try:
             with self._lock:

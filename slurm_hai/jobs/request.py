@@ -326,7 +326,7 @@ JOB_TEMPLATE, PARTS_TEMPLATE = "job/sbatch.sh.j2", "job/parts.sh.j2"
 
 
 def render_script(context: dict, term_is_notice: bool) -> str:
-    from ..render import render  # lazy: jinja2, +20 ms: only hai-submit renders; the other commands start without it
+    from ..render import render  # lazy: jinja2, +20 ms
 
     template = PARTS_TEMPLATE if context["in_place"] else JOB_TEMPLATE
     return render(template, term_is_notice=term_is_notice, **context)

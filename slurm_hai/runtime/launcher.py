@@ -162,7 +162,7 @@ class NodeRun:
                                           stderr=subprocess.STDOUT, start_new_session=True,
                                           preexec_fn=self._ignore_notice_signals)
         except OSError as e:
-            from ..jobs.request import missing_interpreter  # lazy: the failure's path only, +18 ms (the policy) to every launcher's start
+            from ..jobs.request import missing_interpreter  # lazy: failure path, +18 ms
 
             missing = missing_interpreter(self.cmd[0]) if isinstance(e, FileNotFoundError) else ""
             why = f"{self.cmd[0]}: {missing} (on {os.uname().nodename})" if missing else f"cannot start {self.cmd[0]!r}: {e}"
@@ -392,7 +392,7 @@ def main(argv: list[str] | None = None) -> int:
     if not cmd:
         ap.error("no command given after --")
     notices = notice_signals(args.notice_signal, args.term_is_notice)
-    from ..slurm import backend  # lazy: slurm_hai.slurm.backend looked up when called (the tests put a fake Slurm there)
+    from ..slurm import backend  # lazy: per call (tests swap backend)
 
     slurm = backend()
     env = dict(os.environ)

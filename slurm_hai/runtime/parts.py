@@ -165,7 +165,7 @@ def running_parts(job: int, own: int) -> int | None:
     """How many of `job`'s parts (its array's tasks) Slurm runs, as squeue says; None when
     that cannot be told: Slurm cannot be asked, or its answer does not have the asking part's
     own task (`own`, its SLURM_JOB_ID) running."""
-    from ..slurm import SlurmError, backend  # lazy: slurm_hai.slurm.backend looked up when called (the tests put a fake Slurm there)
+    from ..slurm import SlurmError, backend  # lazy: per call (tests swap backend)
 
     try:
         tasks = backend().jobs([job])
@@ -335,7 +335,7 @@ class Part:
         step = self.manager.current_step()
         saved = ""
         if commit and self.checkpoints is not None and step > 0 and step != self._saved:
-            from ..checkpoint import CheckpointError  # lazy: +3 ms to the lighthouse service, which asks parts only its path
+            from ..checkpoint import CheckpointError  # lazy: +3 ms to the service
 
             try:
                 if self._commit(step):

@@ -45,7 +45,7 @@ def backend(remember_queue: bool = False) -> Backend:
         if choice == "pyslurm":
             raise SlurmError(f"HAI_SLURM_BACKEND=pyslurm but {pyslurm_backend.why_not()}; "
                              "unset it to use the Slurm commands")
-    from .cli import CliBackend  # lazy: +15 ms before hai starts its first queue read
+    from .cli import CliBackend  # lazy: +15 ms to hai
 
     return CliBackend(remember_queue)
 

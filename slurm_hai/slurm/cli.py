@@ -109,7 +109,7 @@ def _readable(found: tuple[list[JobInfo], list[RecordError]], wanted: Sequence[i
     for problem in problems:
         if wanted:
             raise problem
-        import logging  # lazy: +3 ms to every command that reads the queue, loaded only when there is something to say
+        import logging  # lazy: +3 ms to queue reads
 
         logging.getLogger("slurm_hai.slurm").warning("left out of the queue: %s", problem)
     return jobs
