@@ -20,6 +20,7 @@ job directory: Slurm opens it before the directory exists.
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import functools
 import json
@@ -32,6 +33,9 @@ from pathlib import Path
 from typing import BinaryIO, Iterable
 
 FINAL_STATES = ("succeeded", "failed", "stopped")
+# How long a claim waits for another claimant of the same directory to decide (jobdir.claim):
+# it takes milliseconds; one that died deciding leaves its marker, and this one decides then.
+CLAIM_WAIT_S = 10.0
 MAX_EVENTS_READ = 4 << 20  # a job's events.jsonl holds a few KiB a run; of a larger one, its last 4 MiB
 
 
@@ -128,42 +132,65 @@ class JobDir:
         return cls((root if isinstance(root, Path) else Path(root) if root else default_root()) / str(job_id))
 
     def create(self) -> "JobDir":
-        old = os.umask(0o077)
-        try:
-            (self.path / "logs").mkdir(parents=True, exist_ok=True)
-        finally:
-            os.umask(old)
+        self._private(self.path / "logs")
         self.path.chmod(0o700)
         return self
 
+    @staticmethod
+    def _private(path: Path) -> None:
+        """`path` and the directories above it that are missing, made private (0700)."""
+        old = os.umask(0o077)
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        finally:
+            os.umask(old)
+
     def claim(self, token: str) -> "JobDir":
         """Create the directory for the submission `token` (hai-submit and the batch script
-        both call this). A directory left by an older job with the same id (Slurm reuses ids
-        when its state is reset; several clusters may share one HAI_HOME) is moved aside to
-        .stale-<id>-<time>-<rand>, never merged into: its final.json would stop the new job."""
-        token_file = self.path / "submit_token"
-        try:
-            owner = token_file.read_text().strip()
-        except FileNotFoundError:
-            owner = None
-        stale = owner != token if owner is not None else self.path.is_dir() and any(
-            (self.path / name).exists() for name in ("job.json", "final.json", "events.jsonl"))
-        if stale:
-            aside = self.path.with_name(f".stale-{self.path.name}-{int(time.time())}-{os.urandom(3).hex()}")
+        both call this, and each part of a job in place as it starts). A directory left by an
+        older job with the same id (Slurm reuses ids when its state is reset; several clusters
+        may share one HAI_HOME) is moved aside to .stale-<id>-<time>-<rand>, never merged
+        into: its final.json would stop the new job. One claimant at a time decides (the one
+        that made .claiming-<id> beside it, an atomic mkdir on any file system): of parts that
+        start at once, one moves the old directory aside and none the new one."""
+        self._private(self.path.parent)
+        marker = self.path.with_name(f".claiming-{self.path.name}")
+        deadline = time.monotonic() + CLAIM_WAIT_S
+        while True:
             try:
-                os.rename(self.path, aside)
-            except FileNotFoundError:
-                pass  # the other side (hai-submit or the batch script) moved it first
-        self.create()
+                os.mkdir(marker, 0o700)
+                break
+            except FileExistsError:
+                if self._token() == token:  # claimed by another process of this submission
+                    return self.create()
+                if time.monotonic() > deadline:  # its claimant died deciding: decide here
+                    break
+                time.sleep(0.05)
         try:
-            fd = os.open(token_file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except FileExistsError:
-            return self
-        try:
-            os.write(fd, token.encode())
+            owner = self._token()
+            stale = owner != token if owner is not None else self.path.is_dir() and any(
+                (self.path / name).exists() for name in ("job.json", "final.json", "events.jsonl"))
+            if stale:
+                os.rename(self.path, self.path.with_name(
+                    f".stale-{self.path.name}-{int(time.time())}-{os.urandom(3).hex()}"))
+            self.create()
+            if owner != token:
+                fd = os.open(self.path / "submit_token", os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+                try:
+                    os.write(fd, token.encode())
+                finally:
+                    os.close(fd)
         finally:
-            os.close(fd)
+            with contextlib.suppress(OSError):
+                os.rmdir(marker)
         return self
+
+    def _token(self) -> str | None:
+        """The submission token this directory was claimed for, if any."""
+        try:
+            return (self.path / "submit_token").read_text().strip()
+        except FileNotFoundError:
+            return None
 
     # -- events -------------------------------------------------------------------
     def event(self, name: str, **fields: object) -> None:

@@ -350,6 +350,7 @@ def template_context(policy: Policy) -> dict[str, object]:
         "grace_tag": tags.GRACE,
         "nodes_tag": tags.NODES,
         "parts_tag": tags.PARTS,
+        "submission_tag": tags.SUBMISSION,
         "variant_sep": VARIANT_SEP,
         # the 8-GPU rule: GPUs per node by node group (partition), the top-level value for others
         "min_gpus": policy.min_gpus,

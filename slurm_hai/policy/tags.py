@@ -12,6 +12,11 @@ Admin comment (only slurmctld's job_submit.lua, root and SlurmUser can write it:
     hai-parts=MIN:MAX     an elastic job in place: the tag of its comment, well formed
                           (job_submit.lua), which accounting keeps (it keeps no job comment
                           unless AccountingStoreFlags=job_comment)
+    hai-submission=TIME.N.R
+                          an elastic job in place: a mark of its submission (job_submit.lua),
+                          kept across its tasks' requeues; its directory is this submission's
+                          (a job id Slurm gives again after losing its state finds an older
+                          job's directory, which is moved aside: jobs/jobdir.py claim())
     hai-demoted=NAME      the policy daemon demoted the running job to NAME
     hai-yield=JOB@EPOCH   the daemon asked the job to give way to JOB at EPOCH (a demoted job,
                           or a later job of another user at the level of JOB, earlier in line)
@@ -45,6 +50,7 @@ BEHIND = "hai-behind"
 GROW = "hai-grow"
 DIR = "hai-dir"
 PARTS = "hai-parts"
+SUBMISSION = "hai-submission"
 
 
 def parse(*texts: str) -> dict[str, str]:

@@ -34,7 +34,7 @@ from ..jobs.jobdir import JobDir, default_root
 from ..policy.limits import NOTICE_MARGIN
 from ..policy.model import PolicyError, find_policy
 from ..policy.placement import stamped_grace
-from ..policy.tags import GRACE, PARTS, parse_parts
+from ..policy.tags import GRACE, PARTS, SUBMISSION, parse_parts
 from ..slurm import SlurmError, backend
 from .batch import run_over, slurm_record, wait_to_be_requeued
 from ..policy.contract import restart_count
@@ -72,7 +72,10 @@ def main(argv: list[str] | None = None) -> int:
     # this task, to requeue or signal it: its job id alone would be every task's when it is the
     # array's own (a task keeps the array's id), as seen: a part's requeue requeued them all
     task = f"{array}_{part}"
-    token = os.environ.get("HAI_SUBMIT_TOKEN")
+    # hai-submit's token, else (plain sbatch) job_submit.lua's mark of the submission: a
+    # directory an older job with this id left (Slurm gives ids again after losing its state)
+    # is moved aside, never read as this job's (its final.json would end every part at once)
+    token = os.environ.get("HAI_SUBMIT_TOKEN") or (record.tags.get(SUBMISSION) if record else None)
     job_dir = args.job_dir or default_root() / str(array)
     jobdir = JobDir(job_dir).claim(token) if token else JobDir(job_dir).create()
     final = jobdir.final()

@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
 from pathlib import Path
 
-from slurm_hai.jobs.jobdir import SIZE_SETTLE_S
+from slurm_hai.jobs.jobdir import SIZE_SETTLE_S, JobDir
 from test_acceptance import events, named, wait_final
 from waiting import wait_for
 
@@ -314,7 +315,9 @@ def test_a_plain_sbatch_job_in_place_whose_parts_end_cancels_its_parts_that_wait
     # examples/parts.sbatch (docs/elastic-in-place.md), submitted with plain sbatch, MIN 1 on
     # the command line: a HIGH job holds two nodes: two parts run, two wait; the two end the
     # job, and the two waiting never start (they would only find the job over, and hold its
-    # place in line); `hai status` knows the job as hai-submit's
+    # place in line); `hai status` knows the job as hai-submit's. Its id is one an older job of
+    # hers had (Slurm gives ids again after it lost its state: CI, after the controller tests):
+    # that job's directory, ended, is moved aside, never taken for this job's
     out = live.shared_dir("parts-end", owner=ALICE)
     script, done = out / "wait_for_file.py", out / "done"
     script.write_text(WAIT_FOR_FILE)
@@ -322,15 +325,24 @@ def test_a_plain_sbatch_job_in_place_whose_parts_end_cancels_its_parts_that_wait
     array = None
     try:
         live.wait_job(high, lambda j: j["JobState"] == "RUNNING", 60, "the HIGH job to run")
+        probe = live.sbatch("--hold", "-o", "/dev/null", "--wrap", "true", user=ALICE)
+        live.run(["scancel", str(probe)])
+        older = JobDir(Path(f"/home/{ALICE}/.hai/jobs/{probe + 1}"))
+        for earlier in [older.path, *older.path.parent.glob(f".stale-{probe + 1}-*")]:  # of runs before this one
+            shutil.rmtree(earlier, ignore_errors=True)
+        older.create().event("start", run=0, part=0)
+        older.event("start", run=0, part=1)
+        older.set_final("succeeded", 0)
+        subprocess.run(["chown", "-R", f"{ALICE}:{ALICE}", str(older.path)], check=True)
         array = live.sbatch("--comment=hai-parts=1:4", str(REPO / "examples" / "parts.sbatch"), str(script),
                             str(done), user=ALICE)
+        assert array == probe + 1, "another job took the id the test planted an older job's directory at"
         job_dir = Path(hai(live, "status", str(array))["job_dir"])
+        assert job_dir == older.path
         assert live.job(array)["QOS"] == "low" and "hai-parts=1:4" in live.job(array)["AdminComment"]
-        wait_for(lambda: len(named(job_dir, "start")) == 2, 60, "two parts to start", 0.3)
-        # squeue may list a task that has started as pending a moment longer (CI, 25.11 and
-        # 26.05: two parts' start events, all four tasks PENDING)
-        wait_for(lambda: sorted(tasks(live, array).values()) == ["PENDING", "PENDING", "RUNNING", "RUNNING"],
-                 30, "squeue to list two tasks running, two pending", 0.3)
+        wait_for(lambda: (job_dir / "submit_token").exists() and len(named(job_dir, "start")) == 2, 60,
+                 "two parts to start", 0.3)  # in this job's directory: the older one has two starts too
+        assert sorted(tasks(live, array).values()).count("PENDING") == 2, tasks(live, array)
         done.touch()
         final = wait_final(job_dir, 60)
         wait_for(lambda: "PENDING" not in tasks(live, array).values(), 30, "the waiting parts to be cancelled", 0.3)
@@ -345,6 +357,8 @@ def test_a_plain_sbatch_job_in_place_whose_parts_end_cancels_its_parts_that_wait
                          30, "slurmdbd's records of the four tasks", 0.5)
         assert set(ended) == {"COMPLETED", "CANCELLED"}, ended
         assert hai(live, "status", str(array))["state"] == "finished-succeeded"
+        (aside,) = job_dir.parent.glob(f".stale-{array}-*")
+        assert [e["part"] for e in named(aside, "start")] == [0, 1]  # the older job's, kept
     finally:
         live.run(["scancel", str(high), *([str(array)] if array else [])], check=False)
 

@@ -280,3 +280,22 @@ def test_a_plain_sbatch_part_whose_record_slurm_does_not_give_says_so_in_one_lin
     assert err == ("slurm-hai: Slurm did not say what job 7 is (its `hai-parts` comment): set HAI_PARTS_MIN=MIN, "
                    "or run it again once slurmctld answers\n")
     assert not slurm.steps
+
+
+def test_a_plain_sbatch_part_moves_aside_an_older_jobs_directory_under_its_reused_id(monkeypatch, tmp_path):
+    """Slurm gives ids again after it lost its state: the directory of an older job 7, ended,
+    is there when this array's first part starts. job_submit.lua's mark of the submission (its
+    record's hai-submission) makes it this submission's directory: the part runs (an older
+    final.json would have ended it at once, `rerun_skipped`), the older one is kept aside."""
+    from slurm_hai.jobs.jobdir import JobDir
+
+    old = JobDir(tmp_path / "7").create()
+    old.set_final("succeeded", 0)
+    old.event("start", run=0, part=1)
+    slurm = Slurm()
+    slurm.comment_tags = {"hai-submission": "1796523085.3.41"}
+    step_env(monkeypatch, tmp_path, slurm)  # its step ran
+    new = JobDir(tmp_path / "7")
+    assert [e["event"] for e in new.events()][:1] == ["start"] and new.final()["state"] == "succeeded"
+    assert len(new.events()) == 2  # this run's start and end, none of the older job's
+    assert [p for p in tmp_path.iterdir() if p.name.startswith(".stale-7-")]

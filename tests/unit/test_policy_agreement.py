@@ -517,7 +517,13 @@ def test_a_job_in_place_has_its_parts_tag_in_the_admin_comment_a_malformed_one_i
     options = hai_submit(metals, nodes="2:4", in_place=True)
     assert options["array"] == "0-3"
     got = lua_one(metals, user_name="alice", qos=options["qos"], comment=options["comment"])
-    assert got == (0, "silver", f"{tags.LEVEL}=SILVER {tags.GRACE}=5 {tags.PARTS}=2:4", None)
+    stamped, submission = got[2].rsplit(" ", 1)
+    assert got[:2] == (0, "silver") and stamped == f"{tags.LEVEL}=SILVER {tags.GRACE}=5 {tags.PARTS}=2:4"
+    # the mark of the submission its parts claim the job's directory with (part_task.py)
+    assert re.fullmatch(rf"{tags.SUBMISSION}=\d{{10}}\.1\.\d{{1,6}}", submission), submission
+    again = run_lua(metals, [{"account": "hai", "min_nodes": 1, "tres_per_node": GPUS, "user_name": "alice",
+                              "comment": options["comment"]}] * 2)
+    assert again[0][2] != again[1][2]  # each submission its own
     task = SimpleNamespace(job_id=12, array_job_id=10, comment="")  # as accounting has it: no job comment
     assert job_of(SimpleNamespace(**vars(task), admin_comment=got[2])) == 10
     for bad in ("4:2", "0:2", "2", "a:b", "2:4:1"):
