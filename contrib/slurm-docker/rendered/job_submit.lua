@@ -22,7 +22,10 @@
 --    can start on MIN); Slurm caps the nodes it gets at the QOS limits;
 --  * an elastic job in place (hai-submit --in-place: a job array, "hai-parts=MIN:MAX" in its
 --    comment): the tag, copied into admin_comment, so that accounting (which keeps no job
---    comment by default) knows the array's tasks as one job's parts (the timeline).
+--    comment by default) knows the array's tasks as one job's parts (the timeline), with a
+--    mark of this submission ("hai-submission=TIME.N.R", kept across the tasks' requeues):
+--    the job's directory is this submission's, and one left by an older job whose id Slurm
+--    gives again (after it lost its state) is moved aside (runtime/part_task.py).
 
 local NO_VAL = 4294967294
 local NO_VAL16 = 65534
@@ -36,6 +39,8 @@ local max_grace = 5
 local grace_tag = "hai-grace"
 local nodes_tag = "hai-nodes"
 local parts_tag = "hai-parts"
+local submission_tag = "hai-submission"
+local submissions = 0  -- in-place arrays this script has stamped since slurmctld loaded it
 local choices = "EXTREME_HIGH(50), VERY_HIGH(40), HIGH(30), ABOVE_NORMAL(20), NORMAL(10), UNDER_NORMAL(8), BELOW_NORMAL(5), LOW(0)"
 -- what a refused job is told (printf formats, the same words hai-submit says)
 local refusal = {
@@ -148,7 +153,9 @@ local function parts_range(job_desc)
   local lo, hi = string.match(comment_tag(job_desc.comment, parts_tag) or "", "^(%d+):(%d+)$")
   lo, hi = tonumber(lo), tonumber(hi)
   if lo == nil or hi == nil or lo < 1 or hi < lo then return "" end
-  return string.format(" %s=%d:%d", parts_tag, lo, hi)
+  submissions = submissions + 1
+  return string.format(" %s=%d:%d %s=%d.%d.%d", parts_tag, lo, hi, submission_tag, os.time(), submissions,
+                       math.random(0, 999999))
 end
 
 -- the grace the job asked for, in whole seconds; nil and the refusal when it may not have it
