@@ -187,15 +187,20 @@ class LiveCluster:
         raise AssertionError(f"cluster did not drain: jobs {q}, busy nodes {busy}")
 
     def settle(self) -> None:
-        """On Slurm 22.05, some job ends (one was seen: a job that gave a node back with a resize,
-        and a job on that node, both cancelled) leave nodes IDLE in sinfo but out of
-        slurmctld's idle/share node bitmaps until the next ping of those nodes (every
-        SlurmdTimeout/3 s, skipped for nodes heard from lately): for 25-40 s every backfill
-        pass says "Requested nodes are busy". A job on every node shows it here; `scontrol
-        reconfigure` rebuilds the bitmaps (read_config.c), so tests start on a cluster that
-        starts jobs at once."""
-        if not self.release.startswith("22.05."):
-            return
+        """Start each test on a cluster that starts a job on every node at once. Two ways seen
+        for idle nodes to refuse jobs, each fixed by `scontrol reconfigure` (it rebuilds
+        slurmctld's node bitmaps and the select plugin's state: read_config.c):
+        - 22.05, some job ends (a job that gave a node back with a resize, and a job on that
+          node, both cancelled): nodes IDLE in sinfo but out of the idle/share node bitmaps
+          until the next ping of those nodes (every SlurmdTimeout/3 s, skipped for nodes heard
+          from lately);
+        - 25.11 and 26.05 with proctrack/cgroup, a job cancelled while its step launches (within
+          0.2 s of its start here; up to seconds on a loaded host, as the teardown of a test
+          cancels a job that was just requeued): its nodes IDLE, no GPU, CPU or memory
+          allocated, yet the next job on them waits (reason Resources) 30-43 s, until a
+          backfill pass starts it (tests/each_slurm.py's runs, stop 68).
+        For 25-43 s every scheduling pass says the nodes are busy. A job on every node shows it
+        here, and one reconfigure after 2 s ends it."""
         nodes = len(self.run(["sinfo", "-h", "-N", "-o", "%N"]).stdout.split())
         # whole nodes with their 8 GPUs: allowed under HAI's 8-GPU rule too (test_min_gpus.py)
         probe = self.sbatch("-N", str(nodes), "--gres=gpu:8", "-o", "/dev/null", "-J", "settle", "--wrap", "true")

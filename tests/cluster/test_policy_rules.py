@@ -107,6 +107,15 @@ def running(c: LiveCluster, job: int, timeout: float = FIRST_START, what: str = 
     return c.wait_job(job, lambda j: j["JobState"] == "RUNNING", timeout, what)
 
 
+def launched(c: LiveCluster, job: int) -> None:
+    """Until the job's first srun step runs on its nodes (sstat reaches its slurmstepd). A job
+    cancelled while its step launches leaves its nodes refusing jobs for 30-43 s on 25.11 and
+    26.05 (LiveCluster.settle): a test that cancels a job, then waits for its nodes, waits
+    for this first."""
+    wait_for(lambda: c.run(["sstat", "--noheader", "--parsable2", f"--jobs={job}.0", "--format=JobID"],
+                           check=False).stdout.strip(), 30, f"job {job}'s step to run on its nodes")
+
+
 def explain(c: LiveCluster, policy: Path, job: int) -> str:
     out = admin(c, "explain", "--policy", str(policy), str(job)).stdout
     return out.split(None, 2)[2].strip()
@@ -240,6 +249,7 @@ def earlier_and_later(c: LiveCluster, later_user: str) -> tuple[int, int, int]:
     free = [n for n in c.run(["sinfo", "-h", "-N", "-o", "%N"]).stdout.split() if n not in held]
     high = sbatch(c, "-N2", f"--nodelist={','.join(free)}", "--qos=very_high", user="root")
     running(c, high, 75, "the VERY_HIGH job")
+    launched(c, high)  # the test cancels it and waits for its nodes
     c.run(["scontrol", "release", str(first)])
     c.wait_job(first, lambda j: j["JobState"] == "PENDING" and j["Reason"] in ("Resources", "Priority"), 30,
                "the earlier job to wait for nodes")
