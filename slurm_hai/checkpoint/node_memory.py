@@ -43,8 +43,8 @@ from .memory import (PART_FILE, PartInfo, agent_alive, check_part_files, commit_
                      newest_part, node_name, peer_dir_name, pending_steps, read_part, spare_names, spares_dir,
                      take_spare)
 from .serialize import unflatten_state
-from .sharded import (DCP_DIR, TREE_FILE, RankShare, _agreed_manifest, _all_gather, _dcp_tensors, _rank0_then_broadcast,
-                      _write_share)
+from .sharded import (DCP_DIR, TREE_FILE, RankShare, Reports, _agreed_manifest, _all_gather, _dcp_tensors,
+                      _rank0_then_broadcast, _write_share)
 
 log = logging.getLogger(__name__)
 
@@ -86,77 +86,27 @@ def save_to_memory(parts: CheckpointStore, durable: CheckpointStore, step: int, 
     to the durable tier instead); raises the same CheckpointError on every rank on failure."""
 
     rank = dist.get_rank()
-    prepared = _all_gather((step, share.error, node_name(), agent_alive()), group)
-    errors = [error for _, error, _, _ in prepared if error]
-    if len({rank_step for rank_step, _, _, _ in prepared}) > 1:
-        errors.append("the ranks save different steps; every rank must save the same step")
-    if errors:
-        raise CheckpointError(f"suspend save of step {step} failed: {'; '.join(errors)}")
-    nodes = [node for _, _, node, _ in prepared]  # each rank's node
-    if not all(alive for _, _, _, alive in prepared):
-        if rank == 0:
-            missing = sorted({node for _, _, node, alive in prepared if not alive})
-            log.warning("no persist agent on %s: saving step %d to %s directly", ", ".join(missing), step, durable.root)
+    nodes = _agree_to_save(durable, step, share, group)
+    if nodes is None:
         return None
     leaders = _node_leaders(nodes)
     order = sorted(leaders, key=leaders.__getitem__)
-
-    def open_staging() -> str | None:
-        existing = durable.step_path(step)
-        if existing.exists() and durable.verify(existing).ok:
-            return None
-        return parts.new_staging(step).name
-
-    staging_name = _rank0_then_broadcast(open_staging, group)
+    staging_name = _rank0_then_broadcast(lambda: _open_staging(parts, durable, step), group)
     if staging_name is None:
         return True
     staging = parts.root / staging_name
     active_staging.add(staging)
     try:
-        try:
-            staging.mkdir(mode=0o700, exist_ok=True)  # rank 0 made it on its node; each node its own
-            (staging / DCP_DIR).mkdir(mode=0o700, exist_ok=True)
-        except OSError:
-            pass  # reported by the write that follows, in the agreement
-        take_spare(spares_dir(parts), f"own-{rank}", staging / DCP_DIR / own_file(rank))
-        reports = _write_share(staging, share, f"writing step {step} to node memory", group, in_memory=True)
-
-        def whole() -> tuple[bytes, bytes, bytes]:
-            manifest = _agreed_manifest(reports, step, "suspend save", durable.host)
-            return (manifest.to_json_bytes(), (staging / TREE_FILE).read_bytes(),
-                    (staging / DCP_DIR / ".metadata").read_bytes())
-
-        manifest_bytes, tree_bytes, metadata_bytes = _rank0_then_broadcast(whole, group)
-        manifest = parse_manifest(manifest_bytes)
-        node = nodes[rank]
-        part = PartInfo(step, staging_name.rsplit("-", 1)[-1], node, order.index(node), len(order), str(durable.root),
-                        sorted(name for r, (rank_entries, _) in enumerate(reports) if nodes[r] == node
-                               for name in rank_entries), manifest)
+        reports = _write_shards(parts, staging, step, share, group)
+        part, shared_files = _agreed_part(durable, staging, step, reports, nodes, order, group)
         committed, local_error = None, None
-        if leaders[node] == rank:
-            try:
-                for name, data in ((TREE_FILE, tree_bytes), (f"{DCP_DIR}/.metadata", metadata_bytes)):
-                    if not (staging / name).exists():  # the small shared files: on every node, for a load there
-                        write_hashed_file(staging / name, data)
-                committed = commit_part(parts, staging, part)
-            except (OSError, CheckpointError) as exc:
-                local_error = f"node {node}: {exc}"
-        failed = [e for e in _all_gather(local_error, group) if e]
-        if failed:
-            raise CheckpointError(f"suspend save of step {step} failed: {'; '.join(failed)}")
+        if leaders[part.node] == rank:
+            committed, local_error = _commit_node_part(parts, staging, part, shared_files)
+        _raise_if_any_failed(local_error, step, group)
         if committed is not None:
-            # A peer copy first: once go_suspend() has run, the node may be lost at any time.
-            peer = _peer_copy(parts, committed, part, order, leaders, group) if peer_copy and len(order) > 1 else None
-            try:
-                file_request(committed, part)
-                if peer is not None:
-                    file_request(*peer)
-            except CheckpointError as exc:
-                local_error = f"node {node}: {exc}"
+            local_error = _hand_over(parts, committed, part, order, leaders, group, peer_copy)
         # Every node's request is filed before the step is marked pending.
-        failed = [e for e in _all_gather(local_error, group) if e]
-        if failed:
-            raise CheckpointError(f"suspend save of step {step} failed: {'; '.join(failed)}")
+        _raise_if_any_failed(local_error, step, group)
         if rank == 0:
             mark_pending(durable, step, order)
         return False
@@ -164,6 +114,107 @@ def save_to_memory(parts: CheckpointStore, durable: CheckpointStore, step: int, 
         active_staging.paths.discard(staging)
         if staging.exists() and leaders.get(nodes[rank]) == rank:
             parts.discard(staging)
+
+
+def _save_failed(step: int, errors: list[str]) -> CheckpointError:
+    """The error every rank raises when the suspend save of `step` failed somewhere."""
+    return CheckpointError(f"suspend save of step {step} failed: {'; '.join(errors)}")
+
+
+def _raise_if_any_failed(local_error: str | None, step: int, group: Any) -> None:
+    """Collective: every rank raises the same CheckpointError, naming every rank's error, when
+    any rank has one."""
+    failed = [e for e in _all_gather(local_error, group) if e]
+    if failed:
+        raise _save_failed(step, failed)
+
+
+def _agree_to_save(durable: CheckpointStore, step: int, share: RankShare, group: Any) -> list[str] | None:
+    """Collective: the node of each rank, once every rank has prepared its share of the same
+    `step` (else the same CheckpointError on every rank); None when some node has no persist
+    agent (logged by rank 0)."""
+    prepared = _all_gather((step, share.error, node_name(), agent_alive()), group)
+    errors = [error for _, error, _, _ in prepared if error]
+    if len({rank_step for rank_step, _, _, _ in prepared}) > 1:
+        errors.append("the ranks save different steps; every rank must save the same step")
+    if errors:
+        raise _save_failed(step, errors)
+    if not all(alive for _, _, _, alive in prepared):
+        if dist.get_rank() == 0:
+            missing = sorted({node for _, _, node, alive in prepared if not alive})
+            log.warning("no persist agent on %s: saving step %d to %s directly", ", ".join(missing), step, durable.root)
+        return None
+    return [node for _, _, node, _ in prepared]
+
+
+def _open_staging(parts: CheckpointStore, durable: CheckpointStore, step: int) -> str | None:
+    """Rank 0: the name of a new staging dir for `step` in node memory, or None when the step
+    is already committed durably (and verifies)."""
+    existing = durable.step_path(step)
+    if existing.exists() and durable.verify(existing).ok:
+        return None
+    return parts.new_staging(step).name
+
+
+def _write_shards(parts: CheckpointStore, staging: Path, step: int, share: RankShare, group: Any) -> Reports:
+    """Collective: every rank writes its share into `staging` on its node, its own DCP file
+    into its spare (pages reserved ahead); returns every rank's report (_write_share)."""
+    rank = dist.get_rank()
+    try:
+        staging.mkdir(mode=0o700, exist_ok=True)  # rank 0 made it on its node; each node its own
+        (staging / DCP_DIR).mkdir(mode=0o700, exist_ok=True)
+    except OSError:
+        pass  # reported by the write that follows, in the agreement
+    take_spare(spares_dir(parts), f"own-{rank}", staging / DCP_DIR / own_file(rank))
+    return _write_share(staging, share, f"writing step {step} to node memory", group, in_memory=True)
+
+
+def _agreed_part(durable: CheckpointStore, staging: Path, step: int, reports: Reports, nodes: list[str],
+                 order: list[str], group: Any) -> tuple[PartInfo, dict[str, bytes]]:
+    """Collective: this node's part.json (the files of its ranks; the manifest of every rank's
+    files, from rank 0, whose CheckpointError every rank raises when a rank failed to write),
+    and the small files that every node's part holds (the tree, DCP's metadata) as rank 0
+    wrote them."""
+
+    def whole() -> tuple[bytes, bytes, bytes]:
+        manifest = _agreed_manifest(reports, step, "suspend save", durable.host)
+        return (manifest.to_json_bytes(), (staging / TREE_FILE).read_bytes(),
+                (staging / DCP_DIR / ".metadata").read_bytes())
+
+    manifest_bytes, tree_bytes, metadata_bytes = _rank0_then_broadcast(whole, group)
+    node = nodes[dist.get_rank()]
+    owned = sorted(name for r, (rank_entries, _) in enumerate(reports) if nodes[r] == node for name in rank_entries)
+    part = PartInfo(step, staging.name.rsplit("-", 1)[-1], node, order.index(node), len(order), str(durable.root),
+                    owned, parse_manifest(manifest_bytes))
+    return part, {TREE_FILE: tree_bytes, f"{DCP_DIR}/.metadata": metadata_bytes}
+
+
+def _commit_node_part(parts: CheckpointStore, staging: Path, part: PartInfo,
+                      shared_files: dict[str, bytes]) -> tuple[Path | None, str | None]:
+    """Node leaders only: commit this node's part, with the small shared files written where
+    this node lacks them. Returns (the committed part, None), or (None, the error)."""
+    try:
+        for name, data in shared_files.items():
+            if not (staging / name).exists():  # the small shared files: on every node, for a load there
+                write_hashed_file(staging / name, data)
+        return commit_part(parts, staging, part), None
+    except (OSError, CheckpointError) as exc:
+        return None, f"node {part.node}: {exc}"
+
+
+def _hand_over(parts: CheckpointStore, committed: Path, part: PartInfo, order: list[str], leaders: dict[str, int],
+               group: Any, peer_copy: bool) -> str | None:
+    """Node leaders only: file the request for this node's persist agent, and for the peer
+    copy of the previous node's share that this node then holds; returns the error, if any."""
+    # A peer copy first: once go_suspend() has run, the node may be lost at any time.
+    peer = _peer_copy(parts, committed, part, order, leaders, group) if peer_copy and len(order) > 1 else None
+    try:
+        file_request(committed, part)
+        if peer is not None:
+            file_request(*peer)
+    except CheckpointError as exc:
+        return f"node {part.node}: {exc}"
+    return None
 
 
 def _wait(works: list[Any]) -> None:

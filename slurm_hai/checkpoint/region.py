@@ -34,7 +34,7 @@ import torch
 
 from .errors import CheckpointError, CorruptCheckpointError, Problem
 from .manifest import PIECE_SIZE, PIECES_HASH, FileEntry, hash_pool, new_hasher
-from .serialize import FlatState, build_header, parse_header, plan_slots
+from .serialize import FlatState, TensorSlot, build_header, parse_header, plan_slots
 
 PAGE = 4096
 MADV_POPULATE_WRITE = 23  # Linux 5.14; older kernels say EINVAL, and the save faults them in
@@ -55,14 +55,24 @@ def state_file_plan(flat: FlatState) -> tuple[bytes, list[Segment], int] | None:
     when a tensor cannot be copied from its memory as it is (on a GPU, not contiguous)."""
     slots = plan_slots(flat.tensors)
     header = build_header(slots, flat.tree, align=PAGE)
+    segments = _segments(slots, flat.tensors, len(header))
+    if segments is None:
+        return None
+    return header, segments, len(header) + (slots[-1].end if slots else 0)
+
+
+def _segments(slots: list[TensorSlot], tensors: dict[str, torch.Tensor], data_start: int) -> list[Segment] | None:
+    """Where each slot's bytes lie in a state file whose data starts at `data_start`, and in
+    the memory of its tensor in `tensors`; None when a tensor cannot be copied from or into
+    its memory as it is (on a GPU, not contiguous)."""
     segments = []
     for slot in slots:
-        tensor = flat.tensors[slot.name].detach()
+        tensor = tensors[slot.name].detach()
         if tensor.device.type != "cpu" or not tensor.is_contiguous():
             return None
         if slot.end > slot.begin:
-            segments.append(Segment(len(header) + slot.begin, tensor.data_ptr(), slot.end - slot.begin))
-    return header, segments, len(header) + (slots[-1].end if slots else 0)
+            segments.append(Segment(data_start + slot.begin, tensor.data_ptr(), slot.end - slot.begin))
+    return segments
 
 
 class MappedRegion:
@@ -137,7 +147,7 @@ class MappedRegion:
                     end = min(start + piece_size, size)
                     for sub in range(start, end, CACHE_CHUNK):
                         sub_end = min(sub + CACHE_CHUNK, end)
-                        _copy_overlap(segments, starts, sub, sub_end, lambda at: base + at, lambda s, off: s.src + off)
+                        _copy_overlap(segments, starts, sub, sub_end, base, to_file=True)
                         hasher.update(mapped[sub:sub_end])
                     return str(hasher.hexdigest())
 
@@ -150,15 +160,20 @@ class MappedRegion:
         return FileEntry.from_pieces(size, piece_size, digests)
 
 
-def _copy_overlap(segments: list[Segment], starts: list[int], lo: int, hi: int, dest: Any, src: Any) -> None:
-    """Copy the parts of `segments` inside file bytes [lo, hi): dest(file offset) is where a
-    byte goes, src(segment, offset in it) where it comes from."""
+def _copy_overlap(segments: list[Segment], starts: list[int], lo: int, hi: int, file_base: int, to_file: bool) -> None:
+    """Copy the parts of `segments` inside file bytes [lo, hi) between the tensors' memory
+    and the file's bytes in memory, the byte at file offset `at` being at address
+    `file_base + at`: into the file (`to_file`, a save) or out of it (a load)."""
     i = max(0, bisect.bisect_right(starts, lo) - 1)
     while i < len(segments) and segments[i].at < hi:
         seg = segments[i]
         a, b = max(seg.at, lo), min(seg.at + seg.length, hi)
         if a < b:
-            ctypes.memmove(dest(a), src(seg, a - seg.at), b - a)
+            tensor_at, file_at = seg.src + (a - seg.at), file_base + a
+            if to_file:
+                ctypes.memmove(file_at, tensor_at, b - a)
+            else:
+                ctypes.memmove(tensor_at, file_at, b - a)
         i += 1
 
 
@@ -183,77 +198,108 @@ def stream_tensor_file(path: Path, entry: FileEntry, name: str, targets: dict[st
     piece (the tensors may then be partly overwritten)."""
     if entry.kind != PIECES_HASH:
         return None
-    where = str(path.parent)
+    with _VerifiedPieces(path, entry, name) as pieces:
+        tree, slots, data_start = pieces.header()
+        live = _live_targets(slots, targets)
+        if live is None:
+            return None
+        segments = _segments(slots, live, data_start)
+        if segments is None:
+            return None
+        pieces.fill(segments)
+        return FlatState(tree, live)
 
-    def corrupt(reason: str) -> CorruptCheckpointError:
-        return CorruptCheckpointError(where, [Problem(name, reason)])
 
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
-    except FileNotFoundError:
-        raise corrupt("missing") from None
-    except OSError as exc:
-        raise CheckpointError(f"cannot open {path}: {exc.strerror or exc}") from None
-    try:
-        size = os.fstat(fd).st_size
-        if size != entry.size:
-            raise corrupt(f"size {size} bytes, manifest says {entry.size} (truncated or torn)")
+def _live_targets(slots: list[TensorSlot], targets: dict[str, torch.Tensor]) -> dict[str, torch.Tensor] | None:
+    """The live tensor of each slot, by name; None when a slot has none of its dtype and shape."""
+    live = {}
+    for slot in slots:
+        target = targets.get(slot.name)
+        if target is None or target.dtype != slot.dtype or tuple(target.shape) != slot.shape:
+            return None
+        live[slot.name] = target
+    return live
 
-        def read_piece(index: int) -> tuple[memoryview, int]:
-            start, end = entry.piece_range(index)
-            data, address = _piece_buffer(entry.piece_size)
-            view = memoryview(data)[:end - start]
-            got = 0
-            while got < len(view):
-                n = os.preadv(fd, [view[got:]], start + got)
-                if n == 0:
-                    raise corrupt("file shrank while being read")
-                got += n
-            hasher = new_hasher()
-            hasher.update(view)
-            if hasher.hexdigest() != entry.pieces[index]:
-                raise corrupt(f"checksum mismatch in piece {index} of {len(entry.pieces)} (bytes {start}-{end})")
-            return view, address
 
-        # The header first, from pieces verified on their own.
+def _has_header(prefix: bytearray) -> bool:
+    """Whether the first bytes of a safetensors file hold its whole header (after its length)."""
+    return len(prefix) >= 8 and len(prefix) >= 8 + struct.unpack_from("<Q", prefix)[0]
+
+
+class _VerifiedPieces:
+    """A state file open for reading piece by piece (pread into this thread's buffer), each
+    piece checked against its digest in `entry` before it is returned."""
+
+    def __init__(self, path: Path, entry: FileEntry, name: str) -> None:
+        self.entry, self._where, self._name = entry, str(path.parent), name
+        try:
+            self._fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+        except FileNotFoundError:
+            raise self.corrupt("missing") from None
+        except OSError as exc:
+            raise CheckpointError(f"cannot open {path}: {exc.strerror or exc}") from None
+        try:
+            self.size = os.fstat(self._fd).st_size
+            if self.size != entry.size:
+                raise self.corrupt(f"size {self.size} bytes, manifest says {entry.size} (truncated or torn)")
+        except BaseException:
+            os.close(self._fd)
+            raise
+
+    def __enter__(self) -> _VerifiedPieces:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        os.close(self._fd)
+
+    def corrupt(self, reason: str) -> CorruptCheckpointError:
+        return CorruptCheckpointError(self._where, [Problem(self._name, reason)])
+
+    def piece(self, index: int) -> tuple[memoryview, int]:
+        """Piece `index`, verified, in this thread's buffer: its bytes and their address."""
+        start, end = self.entry.piece_range(index)
+        data, address = _piece_buffer(self.entry.piece_size)
+        view = memoryview(data)[:end - start]
+        got = 0
+        while got < len(view):
+            n = os.preadv(self._fd, [view[got:]], start + got)
+            if n == 0:
+                raise self.corrupt("file shrank while being read")
+            got += n
+        hasher = new_hasher()
+        hasher.update(view)
+        if hasher.hexdigest() != self.entry.pieces[index]:
+            raise self.corrupt(f"checksum mismatch in piece {index} of {len(self.entry.pieces)} (bytes {start}-{end})")
+        return view, address
+
+    def header(self) -> tuple[Any, list[TensorSlot], int]:
+        """The file's tree, its tensors' slots and where their data starts, from the first
+        pieces, each verified on its own."""
         prefix = bytearray()
         index = 0
-        while index < len(entry.pieces) and (len(prefix) < 8 or len(prefix) < 8 + struct.unpack_from("<Q", prefix)[0]):
-            view, _ = read_piece(index)
+        while index < len(self.entry.pieces) and not _has_header(prefix):
+            view, _ = self.piece(index)
             prefix += view
             index += 1
-        if len(prefix) < 8 or len(prefix) < 8 + struct.unpack_from("<Q", prefix)[0]:
-            raise corrupt("header runs past the end of the file")
+        if not _has_header(prefix):
+            raise self.corrupt("header runs past the end of the file")
         (header_len,) = struct.unpack_from("<Q", prefix)
         data_start = 8 + header_len
         try:
-            tree, slots = parse_header(bytes(prefix[8:data_start]), size - data_start)
+            tree, slots = parse_header(bytes(prefix[8:data_start]), self.size - data_start)
         except CheckpointError as exc:
-            raise corrupt(str(exc)) from None
-        segments, live = [], {}
-        for slot in slots:
-            target = targets.get(slot.name)
-            if (target is None or target.dtype != slot.dtype or tuple(target.shape) != slot.shape
-                    or target.device.type != "cpu" or not target.is_contiguous()):
-                return None
-            live[slot.name] = target
-            if slot.end > slot.begin:
-                segments.append(Segment(data_start + slot.begin, target.data_ptr(), slot.end - slot.begin))
+            raise self.corrupt(str(exc)) from None
+        return tree, slots, data_start
+
+    def fill(self, segments: list[Segment]) -> None:
+        """Copy every piece into the tensors' memory of `segments`, each only once verified;
+        the pieces spread over the hash pool's threads."""
         starts = [s.at for s in segments]
 
-        def fill_piece(i: int) -> None:
-            _, address = read_piece(i)  # verified: only now copied into the live tensors
-            start, end = entry.piece_range(i)
-            j = max(0, bisect.bisect_right(starts, start) - 1)
-            while j < len(segments) and segments[j].at < end:
-                seg = segments[j]
-                a, b = max(seg.at, start), min(seg.at + seg.length, end)
-                if a < b:
-                    ctypes.memmove(seg.src + (a - seg.at), address + (a - start), b - a)
-                j += 1
+        def fill_piece(index: int) -> None:
+            _, address = self.piece(index)  # verified: only now copied into the live tensors
+            start, end = self.entry.piece_range(index)
+            _copy_overlap(segments, starts, start, end, address - start, to_file=False)
 
         with torch.no_grad():
-            list(hash_pool().map(fill_piece, range(len(entry.pieces))))
-        return FlatState(tree, live)
-    finally:
-        os.close(fd)
+            list(hash_pool().map(fill_piece, range(len(self.entry.pieces))))

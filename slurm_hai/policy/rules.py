@@ -507,85 +507,131 @@ def _is_level(policy: Policy, name: str) -> bool:
 def _yield(snap: Snapshot, plan: _Plan, idle_nodes: Mapping[str, int] | None, level_changes: set[int]) -> None:
     """Preempt running jobs that Slurm will not preempt for the first waiting job of each
     group, one preemption in flight per group. HAI orders a level's jobs by job id, running or
-    not; Slurm's QOS ladder preempts only lower levels. Taken, in this order:
-    - demoted jobs, for a job of a level above the demotion target, up to the demotion source;
-    - later jobs (higher id) of other users of the waiting job's own level, at a level of
-      `fcfs_preempt_levels` (HAI rule 3 exempts only the same user's jobs).
-    Idle nodes and those of lower levels (Slurm preempts them itself) count first; then just
-    enough victims, the most recently started first (they lose the least work); none that
-    has run less than `min_run_seconds`."""
+    not; Slurm's QOS ladder preempts only lower levels. Which jobs may be taken:
+    _yield_victims. Idle nodes and those of lower levels (Slurm preempts them itself) count
+    first; then just enough victims, the most recently started first (they lose the least
+    work); none that has run less than `min_run_seconds`."""
     if idle_nodes is None:  # needs_idle_nodes said no: there is nothing to preempt for
         return
-    policy, now = snap.policy, snap.now
-    d = policy.demotion
-    src, tgt = (policy.level(d.source), policy.level(d.target)) if d else (None, None)
-    candidates = [j for j in snap.jobs if j.state == "RUNNING" and snap.level[j.job_id] is not None
-                  and YIELD_TAG not in snap.tags[j.job_id] and j.job_id not in plan.touched
-                  and now - j.start_time >= policy.min_run_seconds
-                  and not (j.preempt_time and j.preempt_time >= j.start_time)]  # Slurm preempts it already
+    candidates = _yield_candidates(snap, plan)
     if not candidates:
         return
-    busy: set[str] = set()  # partitions with a preemption in flight: one at a time
+    busy = _yields_in_flight(snap)
+    for part, (head, hl) in sorted(_line_heads(snap, level_changes).items()):
+        if part in busy or head.reason not in WAITING_FOR_NODES or _over_quota(snap, head, hl):
+            continue
+        victims = _yield_victims(snap, part, head, hl, candidates)
+        need = head.num_nodes - _nodes_slurm_frees(snap, idle_nodes.get(part, 0), part, hl)
+        if not victims or need <= 0 or sum(j.num_nodes for _, j, _ in victims) < need:
+            continue
+        _preempt(snap, plan, head, victims, need)
+        busy.add(part)
+
+
+def _yield_candidates(snap: Snapshot, plan: _Plan) -> list[Job]:
+    """The running jobs that a yield may take: of a level, not yielding already, untouched
+    by this cycle's other rules, run at least `min_run_seconds`, not being preempted by Slurm."""
+    now, min_run = snap.now, snap.policy.min_run_seconds
+    return [j for j in snap.jobs if j.state == "RUNNING" and snap.level[j.job_id] is not None
+            and YIELD_TAG not in snap.tags[j.job_id] and j.job_id not in plan.touched
+            and now - j.start_time >= min_run
+            and not (j.preempt_time and j.preempt_time >= j.start_time)]  # Slurm preempts it already
+
+
+def _yields_in_flight(snap: Snapshot) -> set[str]:
+    """The partitions with a preemption in flight (a job tagged by a yield that has not ended):
+    one at a time."""
+    busy: set[str] = set()
     for j in snap.jobs:
         if YIELD_TAG in snap.tags[j.job_id] and j.state in ("RUNNING", "PENDING", "COMPLETING"):
             busy.update(j.partition.split(","))
-    heads: dict[str, tuple[Job, Level]] = {}  # partition -> first waiting job, its level
+    return busy
+
+
+def _waits_in_line(snap: Snapshot, job: Job, level_changes: set[int]) -> bool:
+    """A pending job that keeps a place in its level's line: not held, its level not changed
+    by this cycle, not a job that yielded (held until the job it yielded to runs)."""
+    return (job.state == "PENDING" and not is_held(job) and job.job_id not in level_changes
+            and YIELD_TAG not in snap.tags[job.job_id])
+
+
+def _line_heads(snap: Snapshot, level_changes: set[int]) -> dict[str, tuple[Job, Level]]:
+    """The first waiting job of each partition (the highest level, then the earliest place)
+    and its level; a job waiting in several partitions may head each."""
+    heads: dict[str, tuple[Job, Level]] = {}
     for j in snap.jobs:
-        if j.state != "PENDING" or is_held(j) or j.job_id in level_changes or YIELD_TAG in snap.tags[j.job_id]:
-            continue
         lvl = snap.level[j.job_id]
-        if lvl is None:
+        if lvl is None or not _waits_in_line(snap, j, level_changes):
             continue
         for part in j.partition.split(","):
             h = heads.get(part)
             if h is None or (-lvl.value, place(j)) < (-h[1].value, place(h[0])):
                 heads[part] = (j, lvl)
-    for part, (head, hl) in sorted(heads.items()):
-        behind = snap.tags[head.job_id].get(BEHIND_TAG)
-        for_demoted = src is not None and tgt is not None and tgt.value < hl.value <= src.value
-        in_line = policy.fcfs_preempts(hl.name)
-        if part in busy or head.reason not in WAITING_FOR_NODES or not (for_demoted or in_line):
+    return heads
+
+
+def _over_quota(snap: Snapshot, head: Job, hl: Level) -> bool:
+    """Whether `head` would be over its user's quota at its level with its nodes: more nodes
+    would not start it (Slurm's reason may lag)."""
+    q = snap.policy.quota_for(hl.name, head.user, head.account)
+    return q is not None and head.num_nodes + sum(
+        j.num_nodes for j in snap.jobs if j.state in ACTIVE and j.user == head.user
+        and (jl := snap.level[j.job_id]) is not None and jl.value == hl.value) > q
+
+
+def _nodes_slurm_frees(snap: Snapshot, idle: int, part: str, hl: Level) -> int:
+    """The nodes of `part` that Slurm can give a job of level `hl` by itself: the `idle` ones,
+    and those of lower levels, which it preempts."""
+    return idle + sum(j.num_nodes for j in snap.jobs if j.state in ACTIVE and j.partition == part
+                      and (jl := snap.level[j.job_id]) is not None and jl.value < hl.value)
+
+
+def _yield_victims(snap: Snapshot, part: str, head: Job, hl: Level,
+                   candidates: list[Job]) -> list[tuple[int, Job, str]]:
+    """The `candidates` of partition `part` that may yield to `head` (of level `hl`), with
+    why, in the order they are taken:
+    - demoted jobs, for a job of a level above the demotion target, up to the demotion source;
+    - later jobs (higher id) of other users of the waiting job's own level, at a level of
+      `fcfs_preempt_levels` (HAI rule 3 exempts only the same user's jobs);
+    each kind the most recently started first. Never the job that `head` yielded to."""
+    policy = snap.policy
+    d = policy.demotion
+    src, tgt = (policy.level(d.source), policy.level(d.target)) if d else (None, None)
+    for_demoted = src is not None and tgt is not None and tgt.value < hl.value <= src.value
+    in_line = policy.fcfs_preempts(hl.name)
+    if not (for_demoted or in_line):
+        return []
+    behind = snap.tags[head.job_id].get(BEHIND_TAG)
+    victims: list[tuple[int, Job, str]] = []  # (order, job, why)
+    for j in candidates:
+        lvl = snap.level[j.job_id]
+        assert lvl is not None  # candidates all have a level
+        if j.partition != part or str(j.job_id) == behind:  # never the job it yielded to
             continue
-        q = policy.quota_for(hl.name, head.user, head.account)
-        if q is not None and head.num_nodes + sum(
-                j.num_nodes for j in snap.jobs if j.state in ACTIVE and j.user == head.user
-                and (jl := snap.level[j.job_id]) is not None and jl.value == hl.value) > q:
-            continue  # over its quota (Slurm's reason may lag): more nodes would not start it
-        victims: list[tuple[int, Job, str]] = []  # (order, job, why)
-        for j in candidates:
-            lvl = snap.level[j.job_id]
-            assert lvl is not None  # candidates all have a level
-            if j.partition != part or str(j.job_id) == behind:  # never the job it yielded to
-                continue
-            if snap.is_demoted(j):
-                if for_demoted and lvl.value >= hl.value:
-                    assert tgt is not None  # for_demoted: the policy demotes
-                    victims.append((0, j, f"demoted to {tgt.name} after {snap.run_time(j):.0f} s; job "
-                                          f"{head.job_id} ({hl.name}) needs its nodes"))
-            elif in_line and lvl.value == hl.value and place(j) > place(head) and j.user != head.user:
-                victims.append((1, j, f"job {head.job_id} of {head.user}, earlier in line at {hl.name}, "
-                                      f"needs its nodes"))
-        if not victims:
-            continue
-        # nodes Slurm can give the head job by itself: idle ones, and those of lower levels it preempts
-        own = idle_nodes.get(part, 0) + sum(j.num_nodes for j in snap.jobs if j.state in ACTIVE and j.partition == part
-                                            and (jl := snap.level[j.job_id]) is not None
-                                            and jl.value < hl.value)
-        need = head.num_nodes - own
-        if need <= 0 or sum(j.num_nodes for _, j, _ in victims) < need:
-            continue
-        victims.sort(key=lambda v: (v[0], -v[1].start_time))  # the most recent run loses the least work
-        for _, v, why in victims:
-            if need <= 0:
-                break
-            need -= v.num_nodes
-            # the tag first: the job's launcher reads it when the notice comes (jobs.status.notice_cause)
-            plan.update(v.job_id, "yield", f"yields to job {head.job_id}",
-                        AdminComment=with_tags(v.admin_comment, {YIELD_TAG: f"{head.job_id}@{int(now)}"}))
-            plan.then(Action("signal", v.job_id, "yield",
-                             f"{why}: suspend notice, forced off after {snap.grace(v)} s",
-                             (("signal", policy.notice_signal),)))
-        busy.add(part)
+        if snap.is_demoted(j):
+            if for_demoted and lvl.value >= hl.value:
+                assert tgt is not None  # for_demoted: the policy demotes
+                victims.append((0, j, f"demoted to {tgt.name} after {snap.run_time(j):.0f} s; job "
+                                      f"{head.job_id} ({hl.name}) needs its nodes"))
+        elif in_line and lvl.value == hl.value and place(j) > place(head) and j.user != head.user:
+            victims.append((1, j, f"job {head.job_id} of {head.user}, earlier in line at {hl.name}, "
+                                  f"needs its nodes"))
+    victims.sort(key=lambda v: (v[0], -v[1].start_time))  # the most recent run loses the least work
+    return victims
+
+
+def _preempt(snap: Snapshot, plan: _Plan, head: Job, victims: list[tuple[int, Job, str]], need: int) -> None:
+    """Tag and notify `victims`, in order, until they free `need` nodes for `head`."""
+    for _, v, why in victims:
+        if need <= 0:
+            break
+        need -= v.num_nodes
+        # the tag first: the job's launcher reads it when the notice comes (jobs.status.notice_cause)
+        plan.update(v.job_id, "yield", f"yields to job {head.job_id}",
+                    AdminComment=with_tags(v.admin_comment, {YIELD_TAG: f"{head.job_id}@{int(snap.now)}"}))
+        plan.then(Action("signal", v.job_id, "yield",
+                         f"{why}: suspend notice, forced off after {snap.grace(v)} s",
+                         (("signal", snap.policy.notice_signal),)))
 
 
 def _grow(snap: Snapshot, plan: _Plan, steady_idle: Mapping[str, int]) -> None:
@@ -648,10 +694,8 @@ def _fcfs(snap: Snapshot, plan: _Plan, level_changes: set[int], cap: int) -> Non
     """
     groups: dict[tuple[str, str], list[Job]] = defaultdict(list)
     for j in snap.jobs:
-        if j.state != "PENDING" or is_held(j) or j.job_id in level_changes or YIELD_TAG in snap.tags[j.job_id]:
-            continue
         lvl = snap.level[j.job_id]
-        if lvl is not None:
+        if lvl is not None and _waits_in_line(snap, j, level_changes):
             groups[(j.partition, lvl.name)].append(j)
     updates: list[tuple[int, int, int]] = []  # (priority, job id, old)
     for (_part, name), members in groups.items():

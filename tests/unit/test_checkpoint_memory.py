@@ -24,6 +24,7 @@ from test_checkpoint_sharded_async import spawn
 from slurm_hai.checkpoint import CheckpointManager, verify_checkpoint
 from slurm_hai.checkpoint import memory
 from slurm_hai.checkpoint.agent import Agent, prepare_spool
+from slurm_hai.checkpoint.errors import CheckpointError
 from slurm_hai.checkpoint.manifest import list_step_dirs, step_dir_name
 
 
@@ -326,6 +327,64 @@ def test_losing_both_copies_of_a_share_falls_back_to_the_newest_durable_checkpoi
     assert not (durable / step_dir_name(STEP)).exists()
     spawn(_lost_node_resume_rank, 4, base)
     assert {Path(base, f"lost-{r}.step").read_text() for r in range(4)} == {"3"}
+
+
+def _outcomes_rank(rank: int, world_size: int, port: int, base: str) -> None:
+    from slurm_hai.checkpoint import node_memory  # lazy: DCP
+
+    fast = on_node(Path(base), f"n{rank + 1}")
+    init_gloo(rank, world_size, port)
+    try:
+        durable = Path(base) / "durable"
+        state = train_two_steps(rank, world_size)
+        mgr = CheckpointManager(durable, fast_dir=fast)
+        # no persist agent on n2: a durable save, on every rank
+        assert mgr.suspend_save(1, state).where != "node memory"
+        if rank == 1:
+            start_agent(Path(base), "n2")  # this rank stands in for n2's agent from now on
+        dist.barrier()
+        assert mgr.suspend_save(1, state).skipped  # committed durably already
+        with pytest.raises(CheckpointError, match=r"of step [23] failed: the ranks save different steps"):
+            mgr.suspend_save(2 + rank, state)
+
+        def no_room(*args: object) -> None:
+            raise OSError(28, "No space left on device")
+
+        commit_part = node_memory.commit_part
+        if rank == 1:
+            node_memory.commit_part = no_room  # type: ignore[assignment]
+        with pytest.raises(CheckpointError, match=r"of step 4 failed: node n2: \[Errno 28\] No space left on device"):
+            mgr.suspend_save(4, state)
+        node_memory.commit_part = commit_part
+        handle = mgr.suspend_save(5, state)
+        assert handle.where == "node memory" and not handle.skipped
+        part = memory.read_part(fast / "parts" / step_dir_name(5))
+        assert (part.node, part.node_index, part.nodes) == (f"n{rank + 1}", rank, 2)
+        Path(base, f"token-{rank}").write_text(part.token)
+        mgr.close()
+    finally:
+        dist.destroy_process_group()
+
+
+def test_every_rank_of_a_suspend_save_has_the_same_outcome(tmp_path):
+    """Durable without an agent on some node, skipped when committed already, the same
+    error for all when the ranks disagree or one node fails to commit, else in memory."""
+    start_agent(tmp_path, "n1")
+    spawn(_outcomes_rank, 2, tmp_path)
+    durable = tmp_path / "durable"
+    assert [step for step, _ in list_step_dirs(durable)] == [1]
+    assert not (durable / f".persisting-{4:012d}.json").exists()
+    assert (durable / f".persisting-{5:012d}.json").exists()
+    assert (tmp_path / "token-0").read_text() == (tmp_path / "token-1").read_text()
+    for node, ranks, other in (("n1", [0], "n2"), ("n2", [1], "n1")):
+        parts = tmp_path / node / "shm" / "parts"
+        own = memory.read_part(parts / step_dir_name(5))
+        assert own.owned == sorted(own.owned) and {f"rank-{r:05d}.safetensors" for r in ranks} <= set(own.owned)
+        assert all((parts / step_dir_name(5) / name).exists() for name in ("tree.json", "dcp/.metadata"))  # on every node
+        peer = memory.read_part(parts / memory.peer_dir_name(5, 1 - ranks[0]))  # the other node's share
+        assert peer.node == other and peer.owned == memory.read_part(
+            tmp_path / other / "shm" / "parts" / step_dir_name(5)).owned
+        assert not list(parts.glob(".staging-*"))
 
 
 # --- DTensor shards: spares reserved ahead, read back in place --------------------------

@@ -10,8 +10,11 @@ import torch
 from test_checkpoint_memory import start_agent
 
 from slurm_hai.checkpoint import CheckpointManager, memory, verify_checkpoint
+from slurm_hai.checkpoint.errors import CorruptCheckpointError
 from slurm_hai.checkpoint.manifest import (HASH_NAME, MANIFEST_NAME, PIECES_HASH, FileEntry, Manifest, check_file,
                                            hash_pieces, parse_manifest, step_dir_name)
+from slurm_hai.checkpoint.region import MappedRegion, state_file_plan, stream_tensor_file
+from slurm_hai.checkpoint.serialize import flatten_state, unflatten_state
 
 
 @pytest.fixture
@@ -144,3 +147,70 @@ def test_a_failed_streaming_load_with_nothing_to_fall_back_to_says_the_tensors_a
         f.write(b"\xff")
     with pytest.raises(Exception, match="partly overwritten"):
         CheckpointManager(durable, fast_dir=fast).load(into=big_state(0.0))
+
+
+def small_pieced_file(path, state: dict, piece_size: int) -> FileEntry:
+    """`state` written as a suspend save writes its state file (region.py), in small pieces."""
+    header, segments, size = state_file_plan(flatten_state(state)[0])
+    region = MappedRegion()
+    try:
+        return region.write(path, header, segments, size, piece_size=piece_size)
+    finally:
+        region.release()
+
+
+def small_state(value: int) -> dict:
+    return {"w": torch.arange(3000, dtype=torch.float32) * value, "b": torch.arange(700) * value,
+            "e": torch.empty(0), "step": value}
+
+
+def test_the_streaming_load_verifies_pieces_that_split_the_header_and_the_tensors(tmp_path):
+    path = tmp_path / "state.safetensors"
+    entry = small_pieced_file(path, small_state(3), 1000)  # the header (a page) spans 5 pieces, each tensor several
+    assert len(entry.pieces) == 22
+    live = small_state(0)
+    pointers = {k: t.data_ptr() for k, t in live.items() if isinstance(t, torch.Tensor)}
+    flat = stream_tensor_file(path, entry, "state.safetensors", live)
+    assert flat is not None and unflatten_state(flat.tree, flat.tensors)["step"] == 3
+    for key, expected in small_state(3).items():
+        if isinstance(expected, torch.Tensor):
+            assert torch.equal(live[key], expected) and flat.tensors[key] is live[key]
+            assert live[key].data_ptr() == pointers[key]
+
+
+def test_the_streaming_load_leaves_tensors_it_cannot_fill_in_place_alone(tmp_path):
+    path = tmp_path / "state.safetensors"
+    entry = small_pieced_file(path, small_state(3), 1000)
+    unfit = [{**small_state(0), "w": torch.zeros(3000, dtype=torch.float64)},  # another dtype
+             {**small_state(0), "w": torch.zeros(3001)},  # another shape
+             {**small_state(0), "w": torch.zeros(6000)[::2]},  # not contiguous
+             {k: v for k, v in small_state(0).items() if k != "b"}]  # none for a tensor of the file
+    for live in unfit:
+        assert stream_tensor_file(path, entry, "state.safetensors", live) is None
+        assert not any(t.any() for t in live.values() if isinstance(t, torch.Tensor))
+    whole_file = FileEntry(entry.size, "0" * 32)  # the older whole-file checksum: read the usual way
+    assert stream_tensor_file(path, whole_file, "state.safetensors", small_state(0)) is None
+
+
+@pytest.mark.parametrize(("damage", "reason"), [
+    ("header", "checksum mismatch in piece 2 of 22 (bytes 2000-3000)"),
+    ("data", "checksum mismatch in piece 17 of 22 (bytes 17000-18000)"),
+    ("cut", "size 21695 bytes, manifest says 21696 (truncated or torn)"),
+    ("gone", "missing"),
+])
+def test_the_streaming_load_names_the_damage_of_a_state_file(tmp_path, damage, reason):
+    path = tmp_path / "state.safetensors"
+    entry = small_pieced_file(path, small_state(3), 1000)
+    if damage == "gone":
+        path.unlink()
+    elif damage == "cut":
+        with open(path, "r+b") as f:
+            f.truncate(entry.size - 1)
+    else:
+        with open(path, "r+b") as f:
+            f.seek(2500 if damage == "header" else 17500)
+            f.write(b"\x7f")
+    with pytest.raises(CorruptCheckpointError) as exc:
+        stream_tensor_file(path, entry, "state.safetensors", small_state(0))
+    (problem,) = exc.value.problems
+    assert problem.file == "state.safetensors" and reason in problem.reason and exc.value.path == str(tmp_path)

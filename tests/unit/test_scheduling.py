@@ -394,6 +394,22 @@ def test_the_same_users_later_job_is_never_suspended():
     assert signals(decide([head, *mixed], POLICY, NOW, idle_nodes={"gpu": 1})) == [20, 40]
 
 
+def test_a_job_slurm_already_preempts_or_of_another_partition_is_never_taken():
+    head, bob, carol, bob2 = line_scene()
+    # carol's job has Slurm's notice already: bob's two go instead, the most recent first
+    noticed = replace(carol, preempt_time=NOW - 1)
+    assert signals(decide([head, bob, noticed, bob2], POLICY, NOW, idle_nodes={"gpu": 1})) == [20, 40]
+    # a notice of an earlier run of hers does not count
+    earlier = replace(carol, preempt_time=NOW - 60)
+    assert signals(decide([head, bob, earlier, bob2], POLICY, NOW, idle_nodes={"gpu": 1})) == [30, 20]
+    # bob's job 20 runs in another partition: not the waiting job's to take
+    elsewhere = replace(bob, partition="cpu")
+    assert signals(decide([head, elsewhere, carol, bob2], POLICY, NOW, idle_nodes={"gpu": 1, "cpu": 0})) == [30, 40]
+    # a job waiting in two partitions is first in line in each: it takes the nodes of the one they run in
+    both = replace(head, partition="cpu,gpu")
+    assert signals(decide([both, bob, carol, bob2], POLICY, NOW, idle_nodes={"gpu": 1, "cpu": 0})) == [30, 20]
+
+
 def test_jobs_younger_than_min_run_seconds_are_not_taken():
     p = replace(POLICY, min_run_seconds=120)
     jobs = line_scene()
