@@ -20,7 +20,7 @@ import click
 
 from ..policy.levels import Level, variant_qos
 from ..policy.model import Policy, load_policy, policy_path
-from ..slurm import SlurmError
+from ..slurm import SlurmError, backend
 from ..slurm.records import ENDED_STATES
 from .common import Group, current_user, emit_json, one_line_errors, timeline_options
 
@@ -208,7 +208,6 @@ def render(policy_file: str | None, out_dir: str, spank_plugin: str) -> None:
 def _plan(policy: Policy, partitions: bool):
     """(changes, the cluster's state they were planned against)."""
     from ..controller.apply import plan_policy  # lazy: +10 ms to every hai-admin command
-    from ..slurm import backend  # lazy: per call (tests swap backend)
 
     return plan_policy(policy, backend(), partitions=partitions)
 
@@ -229,7 +228,6 @@ def _site_warnings(changes, state, record_file: str | None) -> list[str]:
     the site's QOS that `apply` changes only with --adopt."""
     from ..controller.apply import load_record, record_path  # lazy: +10 ms to every hai-admin command
     from ..policy.install import config_warnings, conflict_warning, qos_conflicts  # lazy: +8 ms to every hai-admin command
-    from ..slurm import SlurmError, backend  # lazy: per call (tests swap backend)
 
     record = load_record(Path(record_file) if record_file else record_path())
     conflicts = list(qos_conflicts(changes, state, record))
@@ -247,7 +245,6 @@ def _site_warnings(changes, state, record_file: str | None) -> list[str]:
 
 def _removal(record_file: str | None, apply_it: bool, report=None):
     from ..controller.apply import remove_policy  # lazy: +10 ms to every hai-admin command
-    from ..slurm import backend  # lazy: per call (tests swap backend)
 
     return remove_policy(backend(), Path(record_file) if record_file else None, report=report, dry_run=not apply_it)
 
@@ -379,7 +376,6 @@ def apply(policy_file: str | None, no_partitions: bool, quiet: bool, adopt: str,
     to keep them.
     """
     from ..controller.apply import apply_policy  # lazy: +10 ms to every hai-admin command
-    from ..slurm import SlurmError, backend  # lazy: per call (tests swap backend)
 
     made = []
 
@@ -474,7 +470,6 @@ def daemon(policy_file: str | None, once: bool, interval: float, lock_file: str 
     """
     from ..controller.daemon import LockBusy, PolicyDaemon, leader_lock, shared_lock_path, write_pid  # lazy: +5 ms to every hai-admin command
     from ..controller.why import serve as serve_why  # lazy: +2 ms to every hai-admin command
-    from ..slurm import backend  # lazy: per call (tests swap backend)
 
     logging.basicConfig(level=getattr(logging, log_level.upper()), stream=sys.stderr,
                         format="%(asctime)s %(name)s %(levelname)s %(message)s")
@@ -593,8 +588,6 @@ def _jobs_over(job_ids: list[int]) -> set[int]:
     place) once every task of it ended. Asked one by one: squeue of one job id is one small
     RPC (slurm_load_job); of several, squeue loads the whole queue and picks them out. A node
     holds the memory of one job or a few."""
-    from ..slurm import backend  # lazy: per call (tests swap backend)
-
     slurm = backend()
     return {job for job in job_ids if all(info.state in ENDED_STATES for info in slurm.jobs([job]))}
 
@@ -626,7 +619,6 @@ def _serve_metrics(port: int, address: str, policy: Policy):
 def explain(policy_file: str | None, job_ids: tuple[int, ...], as_json: bool) -> None:
     """Say in words why jobs wait (all pending and running jobs when none is given)."""
     from ..policy.explain import Explainer  # lazy: +2 ms to every hai-admin command
-    from ..slurm import backend  # lazy: per call (tests swap backend)
 
     policy, _ = _load(policy_file)
     jobs = backend().jobs()
@@ -659,7 +651,6 @@ def timeline(policy_file: str | None, since: str, until: str | None, out: str, a
     user's jobs.
     """
     from ..jobs.timeline import collect  # lazy: +7 ms to every hai-admin command
-    from ..slurm import backend  # lazy: per call (tests swap backend)
     from .user import timeline_window, write_timeline  # lazy: +5 ms to every hai-admin command
 
     start, end = timeline_window(since, until)

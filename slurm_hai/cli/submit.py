@@ -11,6 +11,7 @@ from .. import __version__
 from ..jobs.jobdir import default_root
 from ..jobs.request import JobRequest, RequestError
 from ..jobs.submit import dry_run_report, prepare, submit
+from ..policy.model import PolicyError, find_policy
 from ..policy.sizes import NodeRange
 from .common import Command, Refused, backend, emit_json, no_config_hint, one_line_errors, parse_priority
 
@@ -95,7 +96,6 @@ def main(script, args, name, nodes, priority, gpus_per_node, group, env, time_li
       hai-submit --torchrun -n 2 -p LOW examples/torchrun_train.py --steps 300
     """
     args = script_args(args)
-    from ..policy.model import PolicyError, find_policy  # lazy: per call (tests count reads)
 
     try:
         policy = find_policy()

@@ -26,6 +26,7 @@ from ..jobs.status import status as hai_status
 from ..policy.job import in_place
 from ..policy.explain import Explainer
 from ..policy.levels import level_of_qos
+from ..policy.model import find_policy
 from ..policy.rules import is_held
 from ..slurm import SlurmError
 from ..slurm.records import JobInfo
@@ -125,8 +126,6 @@ def _status_of(job_id: int) -> tuple[HaiStatus, JobInfo | None, JobDir]:
     the policy daemon's, where it answers (controller/why.py), else the command's own read of
     the queue. A running job is explained from its own record; one whose directory says it
     has ended, not at all."""
-    from ..policy.model import find_policy  # lazy: per call (tests count reads)
-
     service = daemon_service()  # asked first: it answers while Slurm is asked for the job
     question = why_question(service, [job_id]) if service else None
     try:
@@ -220,8 +219,6 @@ LIST_HEADERS = ("JOB", "NAME", "USER", "STATE", "LEVEL", "NODES", "RESTARTS", "S
 
 
 def _list(all_users: bool, as_json: bool, since: float | None = None, state: str | None = None) -> None:
-    from ..policy.model import find_policy  # lazy: per call (tests count reads)
-
     me = current_user()
     policy = find_policy()
     when = functools.lru_cache(maxsize=None)(_when)  # many jobs share a second
@@ -359,7 +356,6 @@ def timeline(since, until, out, as_json):
     (go_suspend() or by force), restarted, shrunk or grown; hover for the details.
     Read from Slurm's accounting (every run of a requeued job) and your jobs' events."""
     from ..jobs.timeline import collect  # lazy: +5 ms to every hai command
-    from ..policy.model import find_policy  # lazy: per call (tests count reads)
 
     start, end = timeline_window(since, until)
     tl = collect(backend(), start, end, current_user(), find_policy().ladder, only_mine=True)
@@ -394,8 +390,6 @@ def quota(as_json):
     refused at submit. A quota may be set for an account: when your accounts' quotas
     differ, each account has its own column, your default account (the one your jobs run
     in unless you name another) first."""
-    from ..policy.model import find_policy  # lazy: per call (tests count reads)
-
     policy = find_policy()
     me = current_user()
     slurm = backend()
@@ -599,7 +593,6 @@ def suspend(job, as_json):
     go_suspend() (or is suspended by force after its grace time) and is requeued.
     Only a running job gets the notice; any other: exit 1."""
     from ..jobs import control  # lazy: +1.5 ms to every hai command
-    from ..policy.model import find_policy  # lazy: per call (tests count reads)
 
     info, jobdir = lookup(job)
     check_owner(info, "suspend")
@@ -635,7 +628,6 @@ def run_local(script, args, suspend_after, restarts, grace, python, job_dir):
     --suspend-after seconds after it first calls receive_suspend_command() and is
     restarted, to test resume logic locally.
     Arguments after `--` go to the script."""
-    from ..policy.model import find_policy  # lazy: per call (tests count reads)
     from ..runtime.simulate import simulate  # lazy: +9 ms to every hai command
 
     grace = find_policy().grace_seconds if grace is None else grace

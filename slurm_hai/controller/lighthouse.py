@@ -56,7 +56,7 @@ from typing import Callable
 
 from ..jobs.jobdir import user_uid, write_atomic
 from ..runtime.parts import AUTH_SCHEME, JOBS_PATH, TORCHFT_RUST_LOG
-from ..slurm import munge_socket
+from ..slurm import SlurmError, backend, munge_socket
 from ..slurm.records import ENDED_STATES
 from .bounded_http import BoundedHandler, BoundedServer
 
@@ -159,8 +159,6 @@ def slurm_owner(job: int) -> int | None:
     """The uid of the job's owner while Slurm runs or holds it (a job array: any task of
     it), None once it ended or Slurm no longer knows it; LighthouseError when Slurm cannot
     be asked or names an owner this host does not know."""
-    from ..slurm import SlurmError, backend  # lazy: per call (tests swap backend)
-
     try:
         live = [info for info in backend().jobs([job]) if info.state not in ENDED_STATES]
     except SlurmError as e:

@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 from typing import Callable, Iterator
 
-from ..slurm import SlurmError, squeue
+from ..slurm import SlurmError, backend, squeue
 from .client import FLAG_LEAVE
 from ..policy.contract import node_contract
 from .multiprocessing import default_nprocs
@@ -392,8 +392,6 @@ def main(argv: list[str] | None = None) -> int:
     if not cmd:
         ap.error("no command given after --")
     notices = notice_signals(args.notice_signal, args.term_is_notice)
-    from ..slurm import backend  # lazy: per call (tests swap backend)
-
     slurm = backend()
     env = dict(os.environ)
     env.update(node_contract(env))

@@ -62,7 +62,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Callable, Iterable, NoReturn
 
-from ..slurm import munge_socket
+from ..slurm import SlurmError, backend, munge_socket
 
 SERVICE_ENV = "HAI_LIGHTHOUSE_SERVICE"
 MIN_ENV = "HAI_PARTS_MIN"  # the job's MIN: the fewest parts that train (hai-submit -n MIN:MAX)
@@ -165,8 +165,6 @@ def running_parts(job: int, own: int) -> int | None:
     """How many of `job`'s parts (its array's tasks) Slurm runs, as squeue says; None when
     that cannot be told: Slurm cannot be asked, or its answer does not have the asking part's
     own task (`own`, its SLURM_JOB_ID) running."""
-    from ..slurm import SlurmError, backend  # lazy: per call (tests swap backend)
-
     try:
         tasks = backend().jobs([job])
     except (SlurmError, OSError):

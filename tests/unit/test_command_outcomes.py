@@ -20,7 +20,6 @@ import pytest
 from click.testing import CliRunner
 
 import slurm_hai.controller.apply
-import slurm_hai.slurm
 from slurm_hai.cli import admin, common, user
 from slurm_hai.controller.apply import apply_changes
 from slurm_hai.jobs.jobdir import JobDir
@@ -340,7 +339,7 @@ def test_apply_that_fails_midway_says_how_many_changes_were_made(monkeypatch):
         raise SlurmError("sacctmgr: Unknown QOS high")
 
     monkeypatch.setattr(admin, "_plan", lambda policy, partitions: ([], None))
-    monkeypatch.setattr(slurm_hai.slurm, "backend", lambda **_: None)
+    monkeypatch.setattr(admin, "backend", lambda **_: None)
     monkeypatch.setattr(slurm_hai.controller.apply, "apply_policy", apply_policy)
     r = _admin("apply", "--policy", POLICY)
     assert r.exit_code == 1 and r.stdout.count("\n") == 1 and "name=low" in r.stdout and "high" not in r.stdout
@@ -353,7 +352,7 @@ def test_apply_that_fails_midway_says_how_many_changes_were_made(monkeypatch):
 def test_remove_without_an_install_record_says_there_is_none_not_that_nothing_is_left(monkeypatch, tmp_path,
                                                                                      command):
     monkeypatch.setattr(slurm_hai.controller.apply, "remove_policy", lambda *a, **kw: [])
-    monkeypatch.setattr(slurm_hai.slurm, "backend", lambda **_: None)
+    monkeypatch.setattr(admin, "backend", lambda **_: None)
     record = tmp_path / "hai-install.json"
     r = _admin(command, "--remove", "--record", str(record))
     assert r.exit_code == 0 and r.stdout == (f"no change: there is no install record at {record}, so nothing of "
@@ -370,7 +369,7 @@ def test_daemon_once_exits_1_when_an_action_failed(tmp_path, monkeypatch):
         jobs, actions, failed, seconds, look_at = 1, ["release"], 1, 0.0, None
 
     monkeypatch.setattr(daemon.PolicyDaemon, "cycle", lambda self: Result())
-    monkeypatch.setattr(slurm_hai.slurm, "backend", lambda **_: None)
+    monkeypatch.setattr(admin, "backend", lambda **_: None)
     r = _admin("daemon", "--policy", POLICY, "--once", "--lock", str(tmp_path / "l.lock"))
     assert r.exit_code == 1, (r.stdout, r.stderr)
     Result.failed = 0
@@ -378,7 +377,7 @@ def test_daemon_once_exits_1_when_an_action_failed(tmp_path, monkeypatch):
 
 
 def test_explain_of_a_job_not_in_the_queue_exits_1(world, monkeypatch):
-    monkeypatch.setattr(slurm_hai.slurm, "backend", lambda **_: world)
+    monkeypatch.setattr(admin, "backend", lambda **_: world)
     assert "no such job in the queue: 99" in error_line(_admin("explain", "--policy", POLICY, "21", "99"))
     r = _admin("explain", "--policy", POLICY, "21")
     assert r.exit_code == 0 and r.stdout.split()[:2] == ["21", common.current_user()]

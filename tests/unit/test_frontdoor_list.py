@@ -7,7 +7,6 @@ import json
 import pytest
 from click.testing import CliRunner
 
-import slurm_hai.policy.model
 from slurm_hai.cli import common, user
 from slurm_hai.jobs.jobdir import JobDir
 from slurm_hai.slurm.records import JobInfo
@@ -48,8 +47,8 @@ def world(monkeypatch, tmp_path):
              job(13, "third-user", "PENDING", str(theirs), qos="high.u.third-user")]
     slurm = CountingSlurm(queue)
     policy_reads = []
-    real = slurm_hai.policy.model.find_policy
-    monkeypatch.setattr(slurm_hai.policy.model, "find_policy", lambda: policy_reads.append(1) or real())
+    real = user.find_policy
+    monkeypatch.setattr(user, "find_policy", lambda: policy_reads.append(1) or real())
     monkeypatch.setattr(user, "backend", lambda: slurm)
     monkeypatch.setattr(common, "backend", lambda: slurm)
     monkeypatch.setattr(user, "may_read", lambda j: j is None or j.user == me)  # as a non-root user

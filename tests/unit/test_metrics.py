@@ -249,7 +249,7 @@ def no_prometheus_client(monkeypatch):
 def test_the_daemon_runs_without_prometheus_client_unless_metrics_are_asked_for(tmp_path, monkeypatch,
                                                                                 no_prometheus_client):
     slurm = FakeSlurm([job(2, reason="JobHoldMaxRequeue", priority=0)])
-    monkeypatch.setattr("slurm_hai.slurm.backend", lambda **_: slurm)
+    monkeypatch.setattr("slurm_hai.cli.admin.backend", lambda **_: slurm)
     args = ["daemon", "--policy", str(LOCAL), "--once", "--lock", str(tmp_path / "l.lock")]
     r = CliRunner().invoke(admin, args)
     assert r.exit_code == 0, r.output
@@ -264,7 +264,7 @@ def test_the_daemon_runs_without_prometheus_client_unless_metrics_are_asked_for(
 def test_a_taken_metrics_port_is_one_line(tmp_path, monkeypatch):
     import socket
 
-    monkeypatch.setattr("slurm_hai.slurm.backend", lambda **_: FakeSlurm())
+    monkeypatch.setattr("slurm_hai.cli.admin.backend", lambda **_: FakeSlurm())
     with socket.socket() as taken:
         taken.bind(("127.0.0.1", 0))
         taken.listen()

@@ -116,7 +116,7 @@ def slurm(site, monkeypatch):
     def install(fake: Site) -> Site:
         monkeypatch.setattr(user, "backend", lambda: fake)
         monkeypatch.setattr(common, "backend", lambda: fake)
-        monkeypatch.setattr("slurm_hai.slurm.backend", lambda **_: fake)
+        monkeypatch.setattr(admin, "backend", lambda **_: fake)
         return fake
     return install
 
@@ -308,7 +308,7 @@ def test_admin_timeline_colours_the_levels_of_the_policy_it_is_given(site, monke
         def nodes(self):
             return []
 
-    monkeypatch.setattr("slurm_hai.slurm.backend", Accounting)
+    monkeypatch.setattr(admin, "backend", Accounting)
     r = CliRunner().invoke(admin.main, ["timeline", "--policy", str(site), "--json"])
     assert r.exit_code == 0, r.output
     data = json.loads(r.output)

@@ -333,7 +333,7 @@ def slurm(monkeypatch, tmp_path):
         path.write_text("".join(json.dumps(e | {"t": now - 1000 + e["t"]}) + "\n" for e in events))
     fake = TimelineSlurm(records)
     monkeypatch.setattr(common, "slurm_backend", lambda: fake)
-    monkeypatch.setattr("slurm_hai.slurm.backend", lambda **_: fake)
+    monkeypatch.setattr(admin, "backend", lambda **_: fake)
     return fake
 
 

@@ -104,7 +104,8 @@ def commands(monkeypatch, tmp_path, service):
     """`hai` of user hai-alice on QUEUE, the policy naming `service`."""
     slurm = CountingSlurm(QUEUE)
     policy = dataclasses.replace(POLICY, daemon_service=url(service))
-    monkeypatch.setattr(slurm_hai.policy.model, "find_policy", lambda: policy)
+    monkeypatch.setattr(user, "find_policy", lambda: policy)
+    monkeypatch.setattr(slurm_hai.policy.model, "find_policy", lambda: policy)  # front.daemon_service's
     monkeypatch.setattr(user, "backend", lambda: slurm)
     monkeypatch.setattr(common, "backend", lambda: slurm)
     monkeypatch.setattr(common, "current_user", lambda: "hai-alice")
