@@ -111,7 +111,7 @@ def set_whole_life_state(value: int) -> None:
 def _requeuer(job_id: int) -> Callable[[], bool]:
     """A call that asks Slurm to requeue this run: True once it went through. Where no Slurm
     command can be run (a container) it ends this process instead (go_suspend)."""
-    from ..slurm import SlurmError, SlurmMissing, backend  # lazy: +1.5 ms to a training script's import of the client; only go_suspend needs it
+    from ..slurm import SlurmError, SlurmMissing, backend  # lazy: +1 ms to a training script's import of the client (-X importtime); only go_suspend needs it
 
     slurm = backend()
 
