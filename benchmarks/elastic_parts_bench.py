@@ -96,10 +96,10 @@ srun {python} {script} {out} {steps} {state_mb}
 """
 
 
-def start_lighthouse_service(out: Path) -> tuple[subprocess.Popen, str, Path]:
+def start_lighthouse_service(out: Path, state: Path) -> tuple[subprocess.Popen, str, Path]:
     """`hai-admin lighthouse` beside slurmctld, as a site runs it: (its process, its URL, its
     state directory)."""
-    state, log = out / "lighthouses", out / "lighthouse-service.log"
+    log = out / "lighthouse-service.log"
     service = subprocess.Popen([str(cb.BIN / "hai-admin"), "lighthouse", "--listen", "127.0.0.1", "--port", "0",
                                 "--state-dir", str(state)], env=cb.ENV, stdout=open(log, "w"),
                                stderr=subprocess.STDOUT)
@@ -162,7 +162,8 @@ def one_round(args, n: int) -> dict:
     out.chmod(0o777)
     script = out / "part.py"
     script.write_text(PART)
-    service, url, state = start_lighthouse_service(out)
+    # the service's state directory where only root writes (it refuses one under round-N)
+    service, url, state = start_lighthouse_service(out, cb.WORK / f"lighthouses-{n}")
     try:
         batch = BATCH.format(python=sys.executable, script=script, out=out, steps=args.steps, state_mb=args.state_mb)
         # in sbatch's environment with --export=ALL: any other --export (ALL,VAR=...) implies
@@ -231,8 +232,7 @@ def main(argv: list[str] | None = None) -> int:
     if not (cb.BIN / "torchft_lighthouse").exists():
         raise SystemExit("elastic_parts_bench: torchft is not installed: pip install 'slurm-hai[elastic]'")
     shutil.rmtree(cb.WORK, ignore_errors=True)
-    cb.WORK.mkdir(parents=True)
-    cb.WORK.chmod(0o777)
+    cb.WORK.mkdir(mode=0o755, parents=True)  # the daemon's lock is in it: only root writes there
     daemon = cb.start_daemon()
     try:
         results = []
