@@ -205,7 +205,7 @@ class Story:
         text = {
             "start": f"run {run_} started on {e.get('nodes')}",
             "notice": f"suspend notice reached rank 0's node ({e.get('source')}; grace {e.get('grace')} s)",
-            "go_suspend": "go_suspend() called: requeue requested",
+            "go_suspend": "go_suspend() called: the step ends, the batch script requeues",
             "suspended": f"run {run_} ended by {e.get('how')}: requeued, keeps its place in line",
             "forced_suspend": f"no go_suspend() within the grace: suspended by force after {e.get('after')} s",
             "finished": f"finished: {e.get('state')} (exit code {e.get('exit_code')})",

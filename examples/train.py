@@ -152,7 +152,7 @@ def suspend_now(mgr: CheckpointManager, state: TrainingState) -> None:
         f"{handle.where}); calling go_suspend()")
     if get_rank() == 0:
         hai.go_suspend()  # requeues the job now; never returns
-    # The other ranks wait to be stopped by the requeue (any rank could call go_suspend too).
+    # The other ranks wait to be stopped with the step (any rank could call go_suspend too).
     while True:
         time.sleep(1)
 

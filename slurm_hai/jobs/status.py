@@ -421,9 +421,7 @@ def marker(e: dict, owner_uid: int | None = None, now: float | None = None) -> s
     if kind == "notice":
         return f"{head} suspend notice: {why_notice(e, owner_uid)}; grace {e.get('grace', '?')} s"
     if kind == "go_suspend":
-        return f"{head} go_suspend() called; requeueing"
-    if kind == "left_for_requeue":
-        return f"{head} no Slurm command where the job runs (a container?): the step ends, the batch script requeues"
+        return f"{head} go_suspend() called; the step ends, the batch script requeues the job"
     if kind == "forced_suspend":
         return f"{head} suspended by force: no go_suspend() within {e.get('after', '?')} s"
     if kind == "suspended":

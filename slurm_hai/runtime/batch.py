@@ -1,8 +1,9 @@
 """The batch-script side of a job: runs once per run on the job's first node.
 
 It decides what a run's end means, which Slurm alone cannot:
-  * a run that was suspended (go_suspend, or forced after the grace) is requeued (a
-    preempted job on Slurm 24.05+ by Slurm itself, once this script ends);
+  * a run that was suspended (go_suspend, or forced after the grace) is requeued, by this
+    script alone once the run's step has ended (a preempted job on Slurm 24.05+ by Slurm
+    itself, once this script ends);
   * success, a failure without --retries left, and `hai stop` are final: final.json is
     written and a later rerun (Slurm requeues a job that ends during a grace period)
     exits at once without running anything;
@@ -34,6 +35,9 @@ from ..policy.limits import NOTICE_SIGNALS
 from ..policy.sizes import NodeRange
 from ..slurm import SlurmError, backend
 
+# How long a suspended run's requeue is asked again while slurmctld does not answer: after
+# that the policy daemon requeues the run (requeue-failed).
+REQUEUE_TRIES_S = 600.0
 
 
 def ipv4(addr: str) -> str:
@@ -92,6 +96,27 @@ def unrecorded_suspend(jobdir: JobDir, events: list[dict], run: int) -> str | No
     if how and not any(e.get("event") == "suspended" and e.get("run") == run - 1 for e in events):
         return how
     return None
+
+
+def requeue_suspended(slurm, job_id: int, run: int, ending: list[int]) -> int:
+    """The requeue of a suspended run, which this script alone asks for (runtime/protocol.py),
+    once the run's step has ended. A Slurm that does not take it (slurmctld restarting) is
+    asked again until it does or shows the run over; a preempted job on 24.05+ is requeued
+    by Slurm itself once this script ends."""
+    wait, deadline = 0.5, time.monotonic() + REQUEUE_TRIES_S
+    while not ending:
+        try:
+            if slurm.requeued_when_batch_ends(job_id):
+                return 0
+            slurm.requeue(job_id)
+            break
+        except SlurmError as e:
+            if requeued_by_slurm(slurm, job_id, run) or time.monotonic() >= deadline:
+                break  # already requeued or ended (a cancel, Slurm's own preemption)
+            print(f"slurm-hai: run {run}: requeue: {e} (trying again)", flush=True)
+        time.sleep(wait)
+        wait = min(wait * 2, 10.0)
+    return wait_to_be_requeued(ending)
 
 
 def wait_to_be_requeued(ending: list[int]) -> int:
@@ -160,13 +185,7 @@ def main(argv: list[str] | None = None) -> int:
     if how:
         jobdir.event("suspended", run=run, how=how)
         print(f"slurm-hai: run {run} suspended ({how}); requeued", flush=True)
-        try:
-            if slurm.requeued_when_batch_ends(job_id):
-                return 0  # a preempted job on 24.05+: Slurm requeues it now that we leave
-            slurm.requeue(job_id)  # go_suspend or the launcher already did; harmless if so
-        except SlurmError:
-            pass
-        return wait_to_be_requeued(ending)
+        return requeue_suspended(slurm, job_id, run, ending)
     if rc == 0:
         jobdir.set_final("succeeded", 0)
         jobdir.event("finished", run=run, state="succeeded", exit_code=0)

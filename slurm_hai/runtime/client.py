@@ -3,7 +3,8 @@
     receive_suspend_command() -> bool   poll every step; True once a suspend notice arrived
                                         (only in processes on the rank-0 node)
     target_size() -> int | None         after a notice: the node count of the next run
-    go_suspend()                        commit done: requeue now; never returns
+    go_suspend()                        commit done: end this run (the batch script requeues
+                                        the job); never returns
     get_whole_life_state() -> int       one integer kept across restarts
     set_whole_life_state(int)
     restart_count() -> int              0 on the first run, then 1, 2, ...
@@ -19,9 +20,9 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
+import signal
 import sys
 import time
-from collections.abc import Callable
 from typing import Literal
 
 from ..policy import contract
@@ -31,7 +32,7 @@ __all__ = ["receive_suspend_command", "target_size", "go_suspend", "get_whole_li
 
 _flag: mmap.mmap | Literal[False] | None = None  # None: not opened yet; False: no flag on this node
 # The flag's byte: b"1" once the notice came; b"2" once go_suspend() asked the launcher to end
-# the step, which it could not requeue from where it runs (a container without Slurm).
+# the step (the batch script then requeues the job).
 FLAG_NOTICE, FLAG_LEAVE = 49, 50
 
 
@@ -108,70 +109,43 @@ def set_whole_life_state(value: int) -> None:
     _job_dir().set_whole_life_state(int(value))
 
 
-def _requeuer(job_id: int) -> Callable[[], bool]:
-    """A call that asks Slurm to requeue this run: True once it went through. Where no Slurm
-    command can be run (a container) it ends this process instead (go_suspend)."""
-    from ..slurm import SlurmError, SlurmMissing, backend  # lazy: +1 ms to a training script's import of the client (-X importtime); only go_suspend needs it
-
-    slurm = backend()
-
-    def requeue() -> bool:
-        try:
-            slurm.requeue_run(job_id)
-            return True
-        except SlurmMissing as e:
-            _leave_to_the_batch_script(str(e))
-            return True
-        except SlurmError as e:  # already requeued by another rank, or slurmctld away
-            print(f"slurm-hai: go_suspend: {e} (trying again)", file=sys.stderr, flush=True)
-            return False
-    return requeue
-
-
 def go_suspend() -> None:
-    """Tell the scheduler this job may be interrupted now: it is requeued at once and its
-    processes are stopped; this call does not return. Any rank on any node may call it.
+    """Tell the scheduler this job may be interrupted now: the job's step ends and the batch
+    script requeues the job; this call does not return. Any rank on any node may call it.
 
-    In a container without Slurm's commands (pyxis/enroot, Apptainer) this process cannot
-    ask for the requeue: it asks the launcher of its node to end the step (the suspend flag,
-    on rank 0's node; elsewhere it leaves, exit 0, and its launcher ends the step), and the
-    batch script, which runs outside the container, requeues the job once the step ended."""
+    It asks Slurm nothing: the batch script alone requeues a run (runtime/protocol.py), so a
+    job whose training runs where no Slurm command is (pyxis/enroot, Apptainer) suspends as
+    any other. On rank 0's node it asks the launcher to end the step (the suspend flag) and
+    waits to be ended; elsewhere it leaves, exit 0, and its launcher ends the step."""
     jobdir = _job_dir()
     run = restart_count()
     if jobdir.mark_suspend(run, "go_suspend"):
         jobdir.event("go_suspend", run=run, host=os.uname().nodename, pid=os.getpid())
-    job_id = os.environ.get("SLURM_JOB_ID")
-    requeue = _requeuer(int(job_id)) if job_id and not os.environ.get("HAI_SIMULATE") else None
     sys.stdout.flush()
     sys.stderr.flush()
-    # The requeue (or the end of the steps, or the local simulator) stops this process. A
-    # requeue that failed (slurmctld restarting) is tried again until one goes through:
-    # otherwise the run would sit on its nodes, suspended, until the wait below ends.
-    done = requeue is None or requeue()
+    if not _ask_the_launcher_to_end_the_step():
+        os._exit(0)
+    # The launcher ends this process (SIGTERM, then SIGKILL 3 s later); under `hai run-local`
+    # the simulator. A handler of the job's own (Lightning's) must not hold SIGTERM off.
+    with contextlib.suppress(ValueError):  # not the main thread: the SIGKILL ends it
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
     deadline = time.monotonic() + 600
-    wait = 1.0
     while time.monotonic() < deadline:
-        time.sleep(wait)
-        if not done:
-            assert requeue is not None  # done is False only after a requeue that failed
-            done = requeue()
-            wait = min(wait * 2, 10.0)
+        time.sleep(1.0)
     os._exit(0)
 
 
-def _leave_to_the_batch_script(why: str) -> None:
-    """go_suspend() where no Slurm command runs: the launcher ends the step (asked through the
-    flag, or seeing this process leave after go_suspend), and the batch script requeues."""
-    print(f"slurm-hai: go_suspend: {why}; the step ends and the batch script requeues the job",
-          file=sys.stderr, flush=True)
+def _ask_the_launcher_to_end_the_step() -> bool:
+    """b"2" into the suspend flag, which only rank 0's node has: False where there is none."""
     path = os.environ.get("HAI_SUSPEND_FLAG")
     try:
         fd = os.open(path, os.O_WRONLY) if path else None
     except OSError:
         fd = None
     if fd is None:
-        os._exit(0)
+        return False
     try:
         os.pwrite(fd, bytes([FLAG_LEAVE]), 0)
     finally:
         os.close(fd)
+    return True

@@ -9,7 +9,8 @@ tracks, signals and kills it), and turns Slurm's signals into the HAI protocol:
             limit approaching via the job's --signal, the policy daemon, or `hai suspend`).
             On the rank-0 node it sets the flag that receive_suspend_command() reads; other
             nodes ignore it. If the job does not go_suspend() within the grace time, rank 0
-            suspends it by force (requeue).
+            suspends it by force: it ends the command and the step, and the batch script
+            requeues the job (runtime/protocol.py: the batch script alone requeues a run).
   SIGTERM   the end: Slurm is killing the step (requeue, cancel). The command's process
             group, and any process below it in a session of its own (torchrun's workers),
             gets SIGTERM, then SIGKILL. Where SIGTERM is a notice too (the notice signal is
@@ -51,6 +52,7 @@ from ..jobs.jobdir import JobDir
 from ..policy.limits import NOTICE_MARGIN, NOTICE_SIGNALS
 
 TERM_TO_KILL_SECONDS = 3.0
+MARKER_EVERY = 0.5  # s between two looks for the run's suspend marker (on a shared file system)
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
 
@@ -125,7 +127,7 @@ class NodeRun:
     """One run of the user's command on one node, and the suspend protocol around it."""
 
     def __init__(self, cmd: list[str], env: dict[str, str], jobdir: JobDir, run: int, rank: int, grace: float,
-                 notices: frozenset[signal.Signals], force_suspend: Callable[[], object], flag: Path | None,
+                 notices: frozenset[signal.Signals], flag: Path | None,
                  why_notice: Callable[[], Callable[[], dict]] | None = None,
                  notice_lost: Callable[[], bool] | None = None) -> None:
         self.cmd, self.env, self.jobdir, self.run, self.rank = cmd, env, jobdir, run, rank
@@ -133,12 +135,13 @@ class NodeRun:
         # and gives the call that reads the answer
         self.why_notice = why_notice
         self.notice_lost = notice_lost  # whether Slurm's time-limit notice may have come before the handlers
-        self.grace, self.notices, self.force_suspend, self.flag = grace, notices, force_suspend, flag
+        self.grace, self.notices, self.flag = grace, notices, flag
         self.term_is_notice = signal.SIGTERM in notices  # until the first SIGTERM: later ones end the step
         self.noticed_at: float | None = None
         self.forced = False
         self.ending_at: float | None = None
-        self.left = False  # go_suspend() could not requeue from where the command runs: the step ends
+        self.left = False  # go_suspend() was called: the step ends, the batch script requeues
+        self.marker_seen_at = -MARKER_EVERY  # when suspend.<run> was last looked for
         self.ending: set[int] = set()  # every process found below the command since the end began
         self.pending: list[int] = []
         self.child: subprocess.Popen | None = None
@@ -234,14 +237,15 @@ class NodeRun:
                 self.end()
 
     def leave(self) -> None:
-        """go_suspend() ran where no Slurm command is (a container) and could not requeue: end
-        the command and the step (srun's --kill-on-bad-exit ends the other nodes' tasks when
-        this one exits non-zero); the batch script, outside the container, requeues the job."""
+        """The run ends by a suspend (go_suspend(), or forced on rank 0's node): end the
+        command and the step (srun's --kill-on-bad-exit ends the other nodes' tasks when this
+        one exits non-zero; each of them also sees the run's marker); the batch script then
+        requeues the job."""
         if not self.left:
             self.left = True
             self.jobdir.event("left_for_requeue", run=self.run, rank=self.rank)
-            print(f"slurm-hai: run {self.run}: go_suspend() found no Slurm command where the job runs; ending the "
-                  "step, the batch script requeues the job", file=sys.stderr, flush=True)
+            print(f"slurm-hai: run {self.run}: suspended ({self.jobdir.suspended(self.run) or 'go_suspend'}); ending "
+                  "the step, the batch script requeues the job", file=sys.stderr, flush=True)
             self.end()
 
     def _flag_says_leave(self) -> bool:
@@ -252,21 +256,28 @@ class NodeRun:
         except OSError:
             return False
 
+    def _suspended_elsewhere(self, now: float) -> bool:
+        """Whether the run was marked as ending by a suspend (suspend.<run>, in the job's
+        directory), looked at every MARKER_EVERY s: a node whose own command did not call
+        go_suspend() ends its command too, so that the step ends on every node even when
+        srun cannot ask slurmctld to end it (a controller away)."""
+        if self.ending_at is not None or now < self.marker_seen_at + MARKER_EVERY:
+            return False
+        self.marker_seen_at = now
+        return self.jobdir.suspended(self.run) is not None
+
     def tick(self) -> None:
         while self.pending:
             self.handle(self.pending.pop(0))
-        if self.flag is not None and not self.left and self._flag_says_leave():
-            self.leave()
         now = time.monotonic()
+        if not self.left and ((self.flag is not None and self._flag_says_leave()) or self._suspended_elsewhere(now)):
+            self.leave()
         if (self.noticed_at is not None and not self.forced and now - self.noticed_at >= self.grace
                 and self.jobdir.suspended(self.run) is None):
             self.forced = True
             self.jobdir.mark_suspend(self.run, "forced")
             self.jobdir.event("forced_suspend", run=self.run, after=round(now - self.noticed_at, 3))
-            try:
-                self.force_suspend()
-            except Exception as e:  # noqa: BLE001 - keep supervising; Slurm's own grace still applies
-                self.jobdir.event("forced_suspend_failed", run=self.run, error=str(e))
+            self.end()
         if self.ending_at is not None and now - self.ending_at >= TERM_TO_KILL_SECONDS:
             self._signal_all(signal.SIGKILL)
 
@@ -348,9 +359,9 @@ def _term_blocked() -> Iterator[None]:
 
 def _why_notice(slurm, job_id: int, jobdir: JobDir, grace: float) -> Callable[[], dict]:
     """Start asking Slurm why the notice came (one squeue call), before the flag is set, and
-    give the call that reads the answer, after it: a job that suspends within milliseconds of
-    its flag had its go_suspend()'s requeue reach slurmctld before the squeue did, which then
-    showed the job requeued, no longer preempted (cause 'unknown'; CI, 22.05). A SIGTERM
+    give the call that reads the answer, after it: the squeue must see the job as it was at
+    the notice, not requeued by a job that suspends within milliseconds of its flag (cause
+    'unknown': CI, 22.05, when go_suspend() still asked for the requeue itself). A SIGTERM
     notice reaches every process of the step, an squeue started by it too (seen on 25.11
     and 22.05: squeue killed, nothing on stderr, cause 'unknown'). So the squeue starts with
     SIGTERM blocked (a blocked mask survives fork and exec; the launcher's own pending
@@ -409,17 +420,16 @@ def main(argv: list[str] | None = None) -> int:
         return could_not_start(jobdir, run, rank, f"no directory in node memory: {e}")
     if memory is not None:
         env["HAI_NODE_MEMORY"] = str(memory)
-    node = NodeRun(cmd, env, jobdir, run, rank, args.grace, notices,
-                   force_suspend=lambda: slurm.requeue_run(int(job_id)),
-                   flag=flag,
+    node = NodeRun(cmd, env, jobdir, run, rank, args.grace, notices, flag=flag,
                    why_notice=lambda: _why_notice(slurm, int(job_id), jobdir, args.grace),
                    notice_lost=lambda: _notice_lost(slurm, int(job_id), args.grace))
     node.start()
     rc = node.wait()
-    if node.left or (rc == 0 and jobdir.suspended(run) == "go_suspend"):
-        # go_suspend() left where no Slurm command runs (rank 0 through the flag; a rank of
-        # another node exits 0): a non-zero exit ends the step on every node
-        node.leave()
+    if node.left or node.forced or (rc == 0 and jobdir.suspended(run) == "go_suspend"):
+        # the run ends by a suspend (go_suspend() asked through the flag on rank 0's node, a
+        # rank of another node exits 0; or forced): a non-zero exit ends the step on every node
+        if not node.forced:
+            node.leave()
         return rc or 1
     if rc == 0 and node.noticed_at is None and memory is not None and not any(memory.glob("parts/*")):
         # The job is done: no restart will read it. A suspend checkpoint there (parts/) may

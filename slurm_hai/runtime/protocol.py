@@ -9,8 +9,9 @@ one owner, the batch driver, which acts when the run's step has ended:
   notified    a suspend notice came (the rank-0 node's flag is up), with its cause and the
               size the next run expects; the grace time runs
   committing  the job saves its suspend checkpoint (CheckpointManager.suspend_save)
-  suspending  the job called go_suspend(): the run ends by a suspend
-  forced      the grace ran out before go_suspend(): the launcher ends the command
+  suspending  the job called go_suspend(): the run ends by a suspend; the launchers end the
+              command and the step (no Slurm call: a container without Slurm suspends alike)
+  forced      the grace ran out before go_suspend(): rank 0's launcher ends the command
   requeued    the batch driver asked Slurm to requeue the run (or Slurm requeues it itself)
   ended       the run is over without a requeue of ours: the job succeeded or failed for
               good, was cancelled or requeued by Slurm (a node lost), or a newer run owns it
@@ -53,7 +54,7 @@ class Action(str, Enum):
 NOTICE = "notice"  # the launcher: a notice came (cause, target_size)
 COMMIT_STARTED = "commit_started"  # the checkpoint manager: a suspend save began after a notice
 GO_SUSPEND = "go_suspend"  # the client: go_suspend()
-LEFT_FOR_REQUEUE = "left_for_requeue"  # the launcher: go_suspend() where no Slurm command runs
+LEFT_FOR_REQUEUE = "left_for_requeue"  # a launcher: it ends its command after a go_suspend()
 GRACE_EXPIRED = "forced_suspend"  # the launcher on node 0: the grace ran out
 REQUEUE_ASKED = "suspended"  # the batch driver: it asked Slurm to requeue the suspended run
 RETRY = "retry"  # the batch driver: a failed run requeued for one of the job's --retries
@@ -86,12 +87,10 @@ TRANSITIONS: tuple[Transition, ...] = (
     _t(State.RUNNING, NOTICE, State.NOTIFIED, Action.RAISE_FLAG),
     _t(State.RUNNING, GO_SUSPEND, State.SUSPENDING, Action.MARK_SUSPEND, Action.END_COMMAND,
        when="unasked: the job suspends itself"),
-    _t(State.RUNNING, LEFT_FOR_REQUEUE, State.SUSPENDING, Action.MARK_SUSPEND, Action.END_COMMAND,
-       when="unasked, where no Slurm command runs"),
     _t(State.NOTIFIED, COMMIT_STARTED, State.COMMITTING),
     *(_t(s, GO_SUSPEND, State.SUSPENDING, Action.MARK_SUSPEND, Action.END_COMMAND) for s in _WAITING),
-    *(_t(s, LEFT_FOR_REQUEUE, State.SUSPENDING, Action.MARK_SUSPEND, Action.END_COMMAND,
-         when="where no Slurm command runs") for s in _WAITING),
+    *(_t(s, LEFT_FOR_REQUEUE, s, Action.END_COMMAND, when="each node's launcher, as it ends its command")
+      for s in _LEAVING),
     *(_t(s, GRACE_EXPIRED, State.FORCED, Action.MARK_SUSPEND, Action.END_COMMAND) for s in _WAITING),
     *(_t(s, REQUEUE_ASKED, State.REQUEUED, Action.REQUEUE, when="after the step ended") for s in _LEAVING),
     *(_t(s, FINISHED, State.ENDED, Action.SET_FINAL, when="the command ended on its own")

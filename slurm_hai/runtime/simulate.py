@@ -47,8 +47,7 @@ def simulate(cmd: list[str], suspend_after: float, restarts: int, grace: float, 
                    HAI_RESTART_COUNT=str(run), SLURM_RESTART_COUNT=str(run), HAI_CONTRACT="local")
         env.pop("SLURM_JOB_ID", None)
         flag = flag_path(sim_id, run)
-        node = NodeRun(cmd, env, jobdir, run, 0, grace, notice_signals("USR2", False), force_suspend=lambda: None,
-                       flag=flag)
+        node = NodeRun(cmd, env, jobdir, run, 0, grace, notice_signals("USR2", False), flag=flag)
         node.start()
         assert node.child is not None  # start() exits when the command cannot start
         jobdir.event("start", run=run, host="local")
@@ -68,8 +67,6 @@ def simulate(cmd: list[str], suspend_after: float, restarts: int, grace: float, 
                 notice_due = False
                 print(f"slurm-hai local run: run {run}: suspend notice sent (grace {grace:g} s)", flush=True)
             node.tick()
-            if jobdir.suspended(run):
-                node.end()
             time.sleep(0.02)
         flag.unlink(missing_ok=True)
         polled.unlink(missing_ok=True)

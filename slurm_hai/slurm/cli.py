@@ -205,21 +205,6 @@ class CliBackend:
             self._version = SlurmVersion.parse(_run(["scontrol", "--version"]).stdout)
         return self._version
 
-    def requeue_run(self, job_id: int) -> bool:
-        """Requeue the job's current run the way this Slurm keeps its books straight.
-
-        A job being preempted (its grace period runs) on Slurm 24.05 and later must be
-        requeued by Slurm itself, when its batch script ends (see
-        `SlurmVersion.requeues_preempted_job_on_exit`): for such a job this ends the job's
-        steps (SIGTERM to every step, not to the batch script) and returns True, and the
-        batch script must then simply exit. Otherwise it runs `scontrol requeue` and
-        returns False."""
-        if self.requeued_when_batch_ends(job_id):
-            _run(["scancel", "--signal=TERM", str(job_id)])
-            return True
-        self.requeue(job_id)
-        return False
-
     def requeued_when_batch_ends(self, job_id: int) -> bool:
         """Whether Slurm itself requeues the job as soon as its batch script ends: a job in
         its preemption grace period, on Slurm 24.05 and later."""

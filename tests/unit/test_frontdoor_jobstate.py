@@ -174,8 +174,9 @@ def test_log_markers_for_notice_forced_suspend_retry_and_restart():
     assert "retry 1 of 2" in marker({"t": NOW, "event": "retry", "run": 0, "exit_code": 3, "retry": 1, "of": 2})
     assert "run 1: shrank from 4 to 2 nodes" in marker({"t": NOW, "event": "shrink", "run": 1, "from": 4, "to": 2})
     assert "run 2: grew from 2 to 4 nodes" in marker({"t": NOW, "event": "grow", "run": 2, "from": 2, "to": 4})
-    assert "run 0: no Slurm command where the job runs (a container?): the step ends, the batch script requeues" in \
-        marker({"t": NOW, "event": "left_for_requeue", "run": 0, "rank": 0})
+    assert "run 0: go_suspend() called; the step ends, the batch script requeues the job" in \
+        marker({"t": NOW, "event": "go_suspend", "run": 0})
+    assert marker({"t": NOW, "event": "left_for_requeue", "run": 0, "rank": 0}) is None  # each node's: not worth a line
     assert all(line.startswith("---- slurm-hai ") for line in lines[1:])
 
 

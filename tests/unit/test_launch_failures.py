@@ -30,7 +30,7 @@ def test_flag_directory_is_new_private_and_unguessable(tmp_path, monkeypatch):
 def test_a_command_that_cannot_start_is_told_in_events_log_and_final_reason(tmp_path):
     jd = JobDir(tmp_path / "7").create()
     run = launcher.NodeRun([str(tmp_path / "no-such-program")], dict(os.environ), jd, run=0, rank=0, grace=1,
-                           notices=launcher.notice_signals("USR2", False), force_suspend=lambda: None, flag=None)
+                           notices=launcher.notice_signals("USR2", False), flag=None)
     with pytest.raises(SystemExit) as e:
         run.start()
     assert e.value.code == 127
@@ -48,7 +48,7 @@ def test_a_program_whose_interpreter_the_node_lacks_is_told_so_not_as_a_missing_
     program.write_text("#!/opt/only-on-the-login-node/bash\necho hi\n")
     program.chmod(0o755)
     run = launcher.NodeRun([str(program)], dict(os.environ), jd, run=0, rank=0, grace=1,
-                           notices=launcher.notice_signals("USR2", False), force_suspend=lambda: None, flag=None)
+                           notices=launcher.notice_signals("USR2", False), flag=None)
     with pytest.raises(SystemExit) as e:
         run.start()
     assert e.value.code == 127
@@ -103,7 +103,7 @@ def test_a_hai_suspend_that_came_before_the_launcher_listened_is_not_lost(tmp_pa
     jd.event("suspend_requested", by=0)  # its USR2 fell into the ignored start of the step
     flag = tmp_path / "flag"
     run = launcher.NodeRun(["sleep", "0.3"], dict(os.environ), jd, run=1, rank=0, grace=30,
-                           notices=launcher.notice_signals("USR2", False), force_suspend=lambda: None, flag=flag)
+                           notices=launcher.notice_signals("USR2", False), flag=flag)
     run.start()
     assert run.wait() == 0
     assert [e["source"] for e in jd.events() if e["event"] == "notice"] == ["signal"]
@@ -113,7 +113,7 @@ def test_a_hai_suspend_that_came_before_the_launcher_listened_is_not_lost(tmp_pa
     time.sleep(0.01)
     jd2.event("start", run=1)
     run2 = launcher.NodeRun(["true"], dict(os.environ), jd2, run=1, rank=0, grace=30,
-                            notices=launcher.notice_signals("USR2", False), force_suspend=lambda: None,
+                            notices=launcher.notice_signals("USR2", False),
                             flag=tmp_path / "flag2")
     run2.start()
     run2.wait()
@@ -189,11 +189,11 @@ def test_the_nodes_a_run_started_on_are_the_ranks_whose_log_opened_it(tmp_path):
     jd = JobDir(tmp_path / "7").create()
     for rank in (0, 1):
         run = launcher.NodeRun(["true"], dict(os.environ), jd, run=0, rank=rank, grace=1,
-                               notices=launcher.notice_signals("USR2", False), force_suspend=lambda: None, flag=None)
+                               notices=launcher.notice_signals("USR2", False), flag=None)
         run.start()
         run.child.wait()
     run = launcher.NodeRun(["true"], dict(os.environ), jd, run=1, rank=0, grace=1,
-                           notices=launcher.notice_signals("USR2", False), force_suspend=lambda: None, flag=None)
+                           notices=launcher.notice_signals("USR2", False), flag=None)
     run.start()
     run.child.wait()
     assert jd.launched(0, 2) == {0, 1}

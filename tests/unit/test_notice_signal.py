@@ -160,7 +160,7 @@ def test_another_nodes_launcher_ignores_the_policys_signal(tmp_path, sig):
 def test_where_term_is_the_notice_the_first_sigterm_is_the_notice_and_a_later_one_ends_the_run(tmp_path):
     jobdir = JobDir(tmp_path / "7").create()
     node = NodeRun([sys.executable, "-c", "import time; time.sleep(60)"], {**os.environ, "OMP_NUM_THREADS": "1"},
-                   jobdir, 0, 0, 30.0, notice_signals("TERM", False), force_suspend=lambda: None,
+                   jobdir, 0, 0, 30.0, notice_signals("TERM", False),
                    flag=tmp_path / "flag")
     node.start()
     try:
@@ -192,7 +192,7 @@ def test_a_time_limit_notice_due_at_the_jobs_start_is_taken_when_the_launcher_li
     for lost, expected in ((True, ["notice"]), (False, [])):
         jobdir = JobDir(tmp_path / str(lost)).create()
         node = NodeRun([sys.executable, "-c", "pass"], {**os.environ, "OMP_NUM_THREADS": "1"}, jobdir, 0, 0, 30.0,
-                       notice_signals("USR1", False), force_suspend=lambda: None, flag=tmp_path / f"flag-{lost}",
+                       notice_signals("USR1", False), flag=tmp_path / f"flag-{lost}",
                        notice_lost=lambda lost=lost: lost)
         node.start()
         assert node.wait() == 0
@@ -232,7 +232,7 @@ def test_the_notices_cause_is_asked_of_slurm_before_the_flag_and_read_after_it(t
         return answer
 
     node = NodeRun([sys.executable, "-c", "pass"], {**os.environ, "OMP_NUM_THREADS": "1"}, jobdir, 0, 0, 30.0,
-                   notice_signals("USR1", False), force_suspend=lambda: None, flag=flag, why_notice=ask)
+                   notice_signals("USR1", False), flag=flag, why_notice=ask)
     node.start()
     node.notice("signal")
     assert node.wait() == 0
@@ -240,15 +240,23 @@ def test_the_notices_cause_is_asked_of_slurm_before_the_flag_and_read_after_it(t
     assert [(e["cause"], e["by_job"]) for e in jobdir.events() if e["event"] == "notice"] == [("preempted", 8)]
 
 
+@pytest.mark.parametrize("slurm_here", [False, True])
 @pytest.mark.parametrize("node_id", [0, 1])
-def test_go_suspend_where_the_command_finds_no_slurm_ends_the_step_for_the_batch_script_to_requeue(tmp_path, node_id):
-    # a container without Slurm's commands (issue 53): the command's go_suspend() cannot
-    # requeue; rank 0's through the flag, another node's by leaving, the launcher ends its
-    # command (a sibling process too) and exits non-zero, so srun's --kill-on-bad-exit ends
-    # the step on every node and the batch script requeues
+def test_go_suspend_ends_the_step_for_the_batch_script_to_requeue_and_asks_slurm_nothing(tmp_path, node_id,
+                                                                                          slurm_here):
+    # The batch script alone requeues a run (runtime/protocol.py): go_suspend() asks rank 0's
+    # launcher through the flag, another node's by leaving; the launcher ends its command (a
+    # sibling process too) and exits non-zero, so srun's --kill-on-bad-exit ends the step on
+    # every node. Neither asks Slurm for a requeue, whether Slurm's commands are there or not
+    # (a container without them: issue 53).
     jobdir = JobDir(tmp_path / "7").create()
     empty = tmp_path / "bin"
     empty.mkdir()
+    calls = tmp_path / "slurm-calls"
+    for command in ("scontrol", "scancel", "squeue", "sacct", "srun", "sbatch") if slurm_here else ():
+        stub = empty / command
+        stub.write_text(f"#!/bin/sh\necho {command} \"$@\" >> {calls}\nexit 1\n")
+        stub.chmod(0o755)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "HAI_"))}
     env.update(PATH=str(empty), HAI_SLURM_BACKEND="cli", HAI_MASTER_IP="127.0.0.1", SLURM_JOB_ID="7",
                SLURM_NODEID=str(node_id), SLURM_NNODES="2", OMP_NUM_THREADS="1")
@@ -268,9 +276,44 @@ def test_go_suspend_where_the_command_finds_no_slurm_ends_the_step_for_the_batch
         assert "the batch script requeues the job" in p.stderr, p.stderr
         events = [(e["event"], e["run"]) for e in jobdir.events()]
         assert ("go_suspend", 0) in events and ("left_for_requeue", 0) in events, events
+        asked = calls.read_text() if calls.exists() else ""
+        assert "requeue" not in asked and "scancel" not in asked, asked
         pid = int(sibling.read_text())
         wait_for(lambda: not os.path.exists(f"/proc/{pid}") or "Z" in open(f"/proc/{pid}/stat").read().split()[2],
                  "the command's other process to end")
     finally:
         for record in (jobdir.path / "node-memory").glob("*"):
             shutil.rmtree(record.read_text().strip(), ignore_errors=True)
+
+
+def test_no_go_suspend_within_the_grace_the_launcher_ends_the_command_itself_and_marks_the_run_forced(tmp_path):
+    # The forced suspend asks Slurm nothing either (the launcher takes no Slurm call): rank 0's
+    # launcher marks the run, ends the command (TERM, which it does not ignore) and its
+    # non-zero end ends the step; the batch script requeues the forced run.
+    jobdir = JobDir(tmp_path / "8").create()
+    flag = tmp_path / "flag"
+    node = NodeRun([sys.executable, "-c", "import time; time.sleep(600)"], {**os.environ, "OMP_NUM_THREADS": "1"},
+                   jobdir, 0, 0, 0.3, notice_signals("USR2", False), flag=flag)
+    node.start()
+    node.notice("signal")
+    t0 = time.monotonic()
+    rc = node.wait()
+    assert node.forced and rc == 128 + signal.SIGTERM and 0.3 <= time.monotonic() - t0 < 10, rc
+    assert jobdir.suspended(0) == "forced"
+    assert [e["event"] for e in jobdir.events()] == ["notice", "forced_suspend"]
+
+
+@pytest.mark.parametrize("how", ["go_suspend", "forced"])
+def test_a_node_whose_command_did_not_suspend_ends_it_once_the_run_is_marked(tmp_path, how):
+    # another node's rank called go_suspend(), or rank 0's launcher forced the run: this
+    # node's launcher sees the run's marker and ends its command itself, so the step ends on
+    # every node even where srun cannot ask slurmctld to end it (a controller away)
+    jobdir = JobDir(tmp_path / "9").create()
+    node = NodeRun([sys.executable, "-c", "import time; time.sleep(600)"], {**os.environ, "OMP_NUM_THREADS": "1"},
+                   jobdir, 0, 1, 30.0, notice_signals("USR2", False), flag=None)
+    node.start()
+    jobdir.mark_suspend(0, how)
+    t0 = time.monotonic()
+    rc = node.wait()
+    assert node.left and rc == 128 + signal.SIGTERM and time.monotonic() - t0 < 10, rc
+    assert [(e["event"], e["rank"]) for e in jobdir.events()] == [("left_for_requeue", 1)]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import re
 from pathlib import Path
 
@@ -78,3 +79,29 @@ def test_the_table_has_a_row_per_transition():
     rows = p.table().splitlines()[2:]
     assert len(rows) == len(p.TRANSITIONS)
     assert all(row.count("|") == 6 for row in rows)
+
+
+# Who may ask Slurm for a requeue: the batch driver (a run of a job) and the part's task (a
+# task of a job in place), each for its own; the policy daemon for its rules (yield, grow,
+# force-requeue, requeue-failed: docs/policy.md); the backends that carry the call out.
+REQUEUERS = {"runtime/batch.py", "runtime/part_task.py", "controller/daemon.py", "slurm/cli.py",
+             "slurm/pyslurm_backend.py"}
+
+
+def test_only_the_batch_driver_the_parts_task_and_the_daemon_requeue():
+    found = set()
+    for path in PACKAGE.rglob("*.py"):
+        tree = ast.parse(path.read_text())
+        calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                 and n.func.attr.startswith("requeue") and n.func.attr != "requeued_when_batch_ends"]
+        words = [n for n in ast.walk(tree) if isinstance(n, ast.Constant) and n.value == "requeue"
+                 and path.parts[-2] == "runtime"]
+        if calls or words:
+            found.add(path.relative_to(PACKAGE).as_posix())
+    assert found and found <= REQUEUERS, found - REQUEUERS
+    assert {"runtime/batch.py", "runtime/part_task.py"} <= found
+
+
+def test_the_design_doc_shows_the_table_of_the_code():
+    design = (PACKAGE.parent / "docs" / "design.md").read_text()
+    assert p.table() in design

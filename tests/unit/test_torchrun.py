@@ -154,7 +154,7 @@ def child_env(tmp_path: Path, jobdir: JobDir) -> dict[str, str]:
     cmd = [sys.executable, "-c", f"import os; open({str(out)!r}, 'w').write(os.environ['OMP_NUM_THREADS'] + ' ' "
                                  "+ os.environ['MKL_NUM_THREADS'])"]
     node = NodeRun(cmd, {"PATH": os.environ["PATH"]}, jobdir, 0, 0, 5.0, notice_signals("USR2", False),
-                   force_suspend=lambda: None, flag=None)
+                   flag=None)
     node.start()
     assert node.child.wait(30) == 0
     return out.read_text().split()
@@ -193,7 +193,7 @@ def test_ending_a_run_also_stops_processes_in_sessions_of_their_own(tmp_path, mo
     jobdir = JobDir(tmp_path / "job").create()
     pid_file = tmp_path / "worker.pid"
     node = NodeRun([sys.executable, "-c", SESSION_CHILD, str(pid_file)], dict(os.environ), jobdir, 0, 0, 5.0,
-                   notice_signals("USR2", True), force_suspend=lambda: None, flag=None)
+                   notice_signals("USR2", True), flag=None)
     node.start()
     deadline = time.monotonic() + 30
     while not (pid_file.exists() and pid_file.read_text()) and time.monotonic() < deadline:
@@ -247,7 +247,7 @@ def test_two_nodes_of_torchrun_ranks_as_torchrun_users_expect_and_node_0_gets_th
         env = {**os.environ, "WORLD_SIZE": "2", "RANK": str(rank), "NODE_RANK": str(rank), "MASTER_ADDR": "127.0.0.1",
                "MASTER_IP": "127.0.0.1", "MASTER_PORT": port, "HAI_RESTART_COUNT": "0", "HAI_JOB_DIR": str(jobdir.path)}
         cmd = [sys.executable, "-m", "slurm_hai.runtime.torchrun", "--nproc-per-node=2", "--", str(script)]
-        node = NodeRun(cmd, env, jobdir, 0, rank, 5.0, notice_signals("USR2", False), force_suspend=lambda: None,
+        node = NodeRun(cmd, env, jobdir, 0, rank, 5.0, notice_signals("USR2", False),
                        flag=flag_path(f"test{os.getpid()}", 0) if rank == 0 else None)
         node.start()
         nodes.append(node)
