@@ -134,9 +134,9 @@ def write_hashed_file(path: Path, data: bytes | memoryview, *, known: FileEntry 
                       over_spare: bool = False, hasher: WholeHasher | PieceHasher | None = None) -> FileEntry:
     """Create path (0600, must not exist), write data, fsync; return size + checksum.
 
-    The page-aligned bulk goes out with O_DIRECT where the file system allows it: on the
-    VMs we measured, buffered writes + fsync vary 0.4-2.4 GB/s (page-cache allocation,
-    writeback) while O_DIRECT holds ~4 GB/s, and it does not evict the job's page cache.
+    The page-aligned bulk goes out with O_DIRECT where the file system allows it: buffered
+    writes + fsync vary widely with page-cache allocation and writeback, while O_DIRECT
+    holds a steady, higher rate, and it does not evict the job's page cache.
     The unaligned tail is written buffered. With known (the same bytes were already
     hashed for another tier) hashing is skipped. over_spare: path may already be a spare
     of node memory (memory.py, moved there by the caller): its pages are written over and

@@ -230,7 +230,7 @@ class CheckpointManager:
         part already committed to the durable tier holds is reused. save() and load(into=)
         call it; call it after building the model when the job makes no save before its first
         suspend notice. Collective with world size > 1, like save(). wait: return once the
-        memory is reserved (it takes 0.5 s per GiB here)."""
+        memory is reserved (it takes a while for a large save: every page is written once)."""
         if self.parts is None:
             return
         from .node_memory import spare_sizes  # lazy: +600 ms (DCP) to a saving script

@@ -20,8 +20,8 @@ then calls go_suspend(). The durable copy is finished by the persist agent of ea
                                         a restart elsewhere waits for step N
     DIR/.persist-<N>-<token>/           the agents' shared staging dir; .part-<k>.done
 
-Spares: a new tmpfs file costs a page fault and a zeroed page per 4 KiB written, three times
-the cost of the copy itself (0.61 s per GiB against 0.19 s here). So the job reserves its
+Spares: a new tmpfs file costs a page fault and a zeroed page per 4 KiB written, several
+times the cost of the copy itself (docs/results-archive.md). So the job reserves its
 suspend save's memory ahead, in the background (``posix_fallocate``), and the save
 overwrites pages that are already there: its own file (``own-<rank>``) and, for a peer copy,
 what the previous node sends (``peer-<rank>``). Without spares the save is the same, slower.
@@ -274,7 +274,7 @@ def _part_step(name: str) -> int | None:
 def reserve_spares(parts: CheckpointStore, durable: CheckpointStore, sizes: dict[str, int], *,
                    wait_s: float = PENDING_WAIT_S, stop: threading.Event | None = None) -> None:
     """Make sure each spares/<name> has at least its size in node memory, written once (run
-    in the background: 0.5 s per GiB here). Parts whose durable copy is committed are
+    in the background: it writes every page once). Parts whose durable copy is committed are
     recycled first, so that the memory tier holds about one save's worth of pages; a part
     still on its way to the durable tier is waited for (up to wait_s, or until `stop` is
     set) rather than doubled. Best effort: with too little memory the save goes without
@@ -323,7 +323,7 @@ def reserve_spares(parts: CheckpointStore, durable: CheckpointStore, sizes: dict
 
 def _zero(fd: int, start: int, end: int) -> None:
     """Write zeros over [start, end): tmpfs hands out fallocated pages unwritten and clears
-    each on its first touch, which made mapping a spare 4x slower than one written once."""
+    each on its first touch, which makes mapping a spare much slower than one written once."""
     zeros = bytes(min(64 << 20, max(end - start, 0)))
     while start < end:
         start += os.pwrite(fd, memoryview(zeros)[:end - start], start)

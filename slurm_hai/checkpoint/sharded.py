@@ -289,8 +289,8 @@ class _InMemoryFileSystem(FileSystem):
 
 @contextlib.contextmanager
 def _without_zip_crc() -> Any:
-    """torch.save's zip CRC32 costs 0.3 s per GiB here; the manifest's checksum covers every
-    file already. (A global switch: suspend_save() runs with no other save in flight.)"""
+    """torch.save's zip CRC32 is a second pass over every byte, and the manifest's checksum
+    covers every file already. (A global switch: suspend_save() runs with no other save in flight.)"""
     before = torch.serialization.get_crc32_options()
     torch.serialization.set_crc32_options(False)
     try:

@@ -38,8 +38,9 @@ def _policy_option(fn: Callable) -> Callable:
 def _load(policy_file: str | None) -> tuple[Policy, Path]:
     path = Path(policy_file) if policy_file else policy_path()
     if path is None:
-        raise click.UsageError("no policy file: pass --policy FILE (or set HAI_POLICY); "
-                               "contrib/localcluster/policy.toml is an example")
+        raise click.UsageError("no policy file: pass --policy FILE (or set HAI_POLICY); to start one, copy "
+                               "the example this installation ships: "
+                               "cp \"$(hai-admin files docs)/policy.example.toml\" policy.toml")
     return load_policy(path), path
 
 

@@ -1,8 +1,8 @@
 """The entry points of `hai` and `hai-submit` (pyproject.toml): light until the command runs.
 
 `hai` starts the queue read a command makes first before the command has loaded: Python's
-start and slurm-hai's imports take about 0.1 s, as long as squeue over a queue of 10,000
-jobs; started first, the two overlap. The commands backend's jobs() takes the read started
+start and slurm-hai's imports take about as long as squeue over a large queue; started
+first, the two overlap (docs/figures.md, "A command's start"). The commands backend's jobs() takes the read started
 here when its call is the same (slurm/squeue.py).
 """
 

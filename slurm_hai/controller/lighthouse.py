@@ -61,7 +61,7 @@ from ..slurm.records import ENDED_STATES
 from .bounded_http import BoundedHandler, BoundedServer
 
 # Measured (docs/results-archive.md, "Elastic in place"): the heartbeat timeout is what the parts
-# that stay lose when others leave (4.9 s at torchft's 5 s default, 0.5 s at 500 ms); a part
+# that stay lose when others leave (about the timeout itself, torchft's default 5 s); a part
 # heartbeats every 100 ms (torchft's Manager, from a thread of its own, not Python's), so
 # 300 ms is three beats missed. A part dropped while it still trains is not lost: it is in
 # the next quorum and heals there. `hai-admin lighthouse --heartbeat-timeout-ms`; torchft's

@@ -8,8 +8,8 @@ policy names `[daemon] service = "http://HOST:PORT"`, the leading daemon answers
     GET /why?jobs=ID,ID,...  ->  {"seen": EPOCH, "jobs": {"ID": {"state", "restarts", "reason", "why"}}}
 
 from its last read (`seen`: when it read it), leaving out the jobs it did not see waiting,
-and a command asks it instead of reading the whole queue itself (at 10,000 jobs 5 ms
-against 0.3 s, docs/results-archive.md). It also answers
+and a command asks it instead of reading the whole queue itself (which costs far more on a
+large queue: docs/results-archive.md). It also answers
 
     GET /jobs  ->  {"seen": EPOCH, "fields": [NAME, ...], "jobs": [[VALUE, ...], ...]}
 
@@ -19,7 +19,7 @@ only its own user's jobs from Slurm (their files, and a job submitted a moment a
 the user's own) and takes everyone else's from here: one whole-queue read of slurmctld per
 daemon cycle, not one per command. The answer is made for a read when it is first asked
 for, on a thread of its own, and kept until the next read's is made: an answer comes at
-once from the read before while the newest's is being made (at 10,000 jobs 0.2 s), and a
+once from the read before while the newest's is being made (long on a large queue), and a
 daemon no one asks makes none. A command takes a job's words only while they hold: the
 job in its own fresh record in the same state, run (restart count) and Slurm reason, the
 daemon's read at most MAX_AGE old; else, or when the daemon does not answer within TIMEOUT,
@@ -58,8 +58,8 @@ MAX_JOBS = 5_000
 # bytes of a question's request line and headers the service reads (controller/bounded_http.py):
 # MAX_JOBS ids of up to 10 digits and their commas, and the rest of a question
 QUESTION_HEAD = 1 << 16
-# The daemon's cycle holds the GIL for most of its 0.2-0.6 s at 10,000 jobs; an answer waits for
-# it at each of its few switches, by default 5 ms each (measured: p99 of an answer in a cycle).
+# The daemon's cycle holds the GIL for most of its time on a large queue; an answer waits for
+# it at each of its few switches, 5 ms each at Python's default (sys.getswitchinterval()), hence a shorter one:
 SWITCH_INTERVAL = 0.0005
 
 
@@ -218,7 +218,7 @@ class WhyService:
 
     def seen(self, jobs: Sequence[JobInfo], policy: Policy, now: float) -> None:
         """The queue the daemon read at `now` (its clock), under `policy`: its Explainer is
-        built here, in the daemon's cycle (17 ms at 10,000 jobs), so that no question waits for it."""
+        built here, in the daemon's cycle, so that no question waits for it."""
         from ..jobs.status import as_one_job  # lazy: serving side, +13 ms to hai
         from ..policy.explain import Explainer  # lazy: serving side, +14 ms to hai
 

@@ -15,7 +15,7 @@ slowest 1%).
 The notice's signal is slurm.conf's alone (no `scontrol update` changes it): it is kept up to
 SIGNAL_TTL_S while the key holds, so that most views are asked with two commands. The CLI
 backend's commands are asked at once, not one after the other (each waits on its process and
-on slurmctld: 16-20 -> 11 ms for three on an idle host here, 7-10 ms for two).
+on slurmctld, so together they take about as long as the slowest one).
 
 A kept view never refuses: a request it would refuse is checked again against what Slurm
 says now (a node group added a moment ago is found). What a kept view can have wrong, for at
@@ -108,7 +108,7 @@ def cluster_view(slurm: Backend, home: Path, fresh: bool = False) -> ClusterView
     try:
         home.mkdir(mode=0o700, parents=True, exist_ok=True)
         # no fsync: a view lost or cut by a power loss is asked again (_read takes it as none),
-        # and two fsyncs cost a submission 8-25 ms here, far more on a disk busy with a burst
+        # and two fsyncs would lengthen every submission, far more on a disk busy with a burst
         write_atomic(path, json.dumps({"key": key, "taken": time.time(),
                                        "fresh_s": VIEW_TTL_S * random.uniform(*FRESH_SHARE), "partitions": view.partitions,
                                        "gpus": view.gpus, "user_signal": view.user_signal,

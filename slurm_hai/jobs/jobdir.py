@@ -104,7 +104,7 @@ def events_in(path: Path, uid: int | None) -> list[dict]:
 def write_atomic(path: Path, text: str, durable: bool = True) -> None:
     """Write-then-rename, so a reader sees the old or the new text, never half; `durable`:
     with fsync of the file and its directory, so that a power loss does not lose it either
-    (a file whose loss costs nothing may skip them: 2-5 ms of a submission's wait here)."""
+    (a file whose loss costs nothing may skip them, and the wait they add)."""
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     try:

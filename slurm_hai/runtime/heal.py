@@ -2,11 +2,10 @@
 docs/elastic-in-place.md, "The heal"): torchft's checkpoint transport for `parts.join`.
 
 torchft's default transport serves the peer's whole state over HTTP and the healing part
-unpickles it into new tensors, which it then copies into its own (measured, 1 GiB a part,
-two parts alone on the VM: 2.2 s for the step that heals). This one sends each tensor's
-bytes over the process group the quorum has just configured (gloo send and recv) straight
-into the healing part's own tensors: no copy, no allocation, 0.45 s for the same step
-(docs/results-archive.md, "The heal over the process group"). What travels besides the tensors'
+unpickles it into new tensors, which it then copies into its own. This one sends each
+tensor's bytes over the process group the quorum has just configured (gloo send and recv)
+straight into the healing part's own tensors: no copy, no allocation, and so a much shorter
+step that heals (measured: docs/results-archive.md, "The heal over the process group"). What travels besides the tensors'
 bytes is a JSON header (the step, the state's pytree, and for each leaf its path and either
 the tensor's dtype and shape or its value), never a pickle. (torchft's own process-group
 transport unpickles its peer's header.)

@@ -8,8 +8,8 @@ process fails, the others are stopped (SIGTERM, then SIGKILL) and spawn exits wi
 
 start_method "spawn" (the default, as torch.multiprocessing.spawn) starts each process as a
 fresh interpreter, which imports torch again at every start of the job. "fork" makes each a
-copy of this process, imports included (4 ranks on 2 cores: 2.1 s against 6.6 s,
-benchmarks/spawn_bench.py), and is safe only while this process has run no parallel torch
+copy of this process, imports included (so a job starts sooner: benchmarks/spawn_bench.py,
+figures in docs/figures.md), and is safe only while this process has run no parallel torch
 operation and not touched CUDA: forked processes then hang in OpenMP (seen) or fail in CUDA.
 """
 

@@ -6,8 +6,8 @@ random for each read, in the environment `queue_env` gives (epoch times, none of
 SQUEUE_* defaults).
 
 Standard library only and nothing else loaded: `hai` starts the read its command makes first
-(`start_ahead`) before Python has loaded the command (0.1 s of imports, as long as squeue
-takes over 10,000 jobs); the commands backend's jobs() takes it (`take`) when its call is the
+(`start_ahead`) before Python has loaded the command (the imports take about as long as
+squeue over a large queue, so the two overlap); the commands backend's jobs() takes it (`take`) when its call is the
 same, else starts its own.
 """
 

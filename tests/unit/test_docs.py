@@ -21,6 +21,9 @@ REPO = Path(__file__).resolve().parents[2]
 # and the CHANGELOG are history: they may name what has since gone.
 MANUAL = sorted({REPO / "README.md", *(REPO / "docs").glob("*.md"), *(REPO / "contrib").glob("*/README.md"),
                  REPO / "spank" / "README.md"} - {REPO / "docs" / "results-archive.md"})
+# The pages a user or an admin of an installation reads: the README and docs/ (the contrib/
+# READMEs are the source tree's, for its developers, and may name its CI host's layout).
+PAGES = sorted({REPO / "README.md", *(REPO / "docs").glob("*.md")} - {REPO / "docs" / "results-archive.md"})
 PROGRAMS = ("hai-submit", "hai-admin", "hai")
 TREE = {path: (command, ctx) for path, command, ctx in commands()}
 # Files the docs name by their repository path.
@@ -103,6 +106,38 @@ def test_every_repository_file_the_manual_names_exists(doc):
     assert not missing, f"{doc.name} names files the repository does not have: {missing}"
 
 
+# A path on one machine: under /work, /root or /home, not part of a longer path or a URL.
+HOST_PATH = re.compile(r"(?<![\w.~:/-])/(?:work|root|home)/[^\s`)'\"]*")
+UP = re.compile(r"(?<![\w.~/-])(?:\.\./)+[^\s`)'\"]*")
+
+
+def outside(doc: Path, text: str) -> list[str]:
+    """The paths in `text` (of `doc`) that are not the repository's: a path under /work, /root
+    or /home of some machine, and a `../` path that, read from the page's directory as a link
+    is, leads out of the repository."""
+    found = [p.rstrip(".,;:") for p in HOST_PATH.findall(text) + UP.findall(text)]
+    return [p for p in found if p.startswith("/") or not (doc.parent / p).resolve().is_relative_to(REPO)]
+
+
+@pytest.mark.parametrize("doc", PAGES, ids=lambda p: str(p.relative_to(REPO)))
+def test_the_manual_names_no_path_outside_the_repository(doc):
+    found = outside(doc, doc.read_text())
+    assert not found, f"{doc.name} names paths a reader's machine does not have: {found}"
+
+
+def documentation_list(readme: str) -> set[str]:
+    """The pages README.md's "Documentation" section names."""
+    section = readme.split("\n## Documentation\n", 1)[1].split("\n## ", 1)[0]
+    return set(re.findall(r"docs/[\w.-]+\.md", section))
+
+
+def test_the_readme_lists_every_page_of_the_docs():
+    listed = documentation_list((REPO / "README.md").read_text())
+    pages = {f"docs/{p.name}" for p in (REPO / "docs").glob("*.md")}
+    assert not pages - listed, f"README.md's Documentation does not name {sorted(pages - listed)}"
+    assert not listed - pages, f"README.md's Documentation names pages docs/ lacks: {sorted(listed - pages)}"
+
+
 def test_the_checks_catch_what_they_look_for():
     manual = [d.read_text() for d in MANUAL]  # they read the docs, not nothing
     assert sum(map(len, map(invocations, manual))) >= 300 and sum(len(PATH.findall(t)) for t in manual) >= 200
@@ -116,3 +151,12 @@ def test_the_checks_catch_what_they_look_for():
                         "contrib/slurm-docker/.") == [
         "docs/policy.md", "tests/unit/test_docs.py", "tests/unit/test_c*.py", "contrib/slurm-docker"]
     assert built("spank/hai_spank.so") and not built("spank/hai_spank.c") and not built("docs/no-such.md")
+    page = REPO / "docs" / "page.md"
+    assert outside(page, "`--before /work/bench-before`, /root/x and (/home/alice/y), not /homes/z, "
+                         "https://example.org/work/a, .venv/work/b or /var/lib/work/c") == [
+        "/work/bench-before", "/root/x", "/home/alice/y"]
+    assert outside(page, "[ex](../examples/minimal.py), `../batch-<id>.log`, ../../shared/v.tar, "
+                         "contrib/../x") == ["../../shared/v.tar"]
+    assert outside(REPO / "README.md", "`up --slurm-source ../shared/vendor/s.tar.gz`") == ["../shared/vendor/s.tar.gz"]
+    assert documentation_list("# x\n## Documentation\n\n- `docs/a.md`: a.\n- docs/b.md and docs/c.md\n"
+                              "## Next\n- `docs/d.md`\n") == {"docs/a.md", "docs/b.md", "docs/c.md"}

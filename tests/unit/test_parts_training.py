@@ -471,3 +471,33 @@ def torch_init() -> list[float]:
     torch.manual_seed(0)
     model = torch.nn.Linear(FEATURES, 1, dtype=torch.float64)
     return torch.cat([p.detach().flatten() for p in model.parameters()]).tolist()
+
+
+class Joined(Exception):
+    """Stands for join(): the example got as far as joining the job's lighthouse."""
+
+
+def test_the_in_place_example_makes_its_out_directory(tmp_path, monkeypatch):
+    """examples/parts_train.py, run as a part with an --out that does not exist yet (as the
+    README's `--out ~/parts` on a first run): each part makes it, and its log is there before
+    the part joins. Without the mkdir the part fails opening its log."""
+    import importlib.util
+
+    import slurm_hai.runtime.parts as parts_module
+
+    spec = importlib.util.spec_from_file_location(
+        "parts_train", Path(__file__).resolve().parents[2] / "examples" / "parts_train.py")
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+
+    def join(*args, **kwargs):
+        raise Joined
+
+    monkeypatch.setattr(parts_module, "join", join)
+    monkeypatch.setattr(parts_module, "leave_on", lambda: None)
+    monkeypatch.setenv("SLURM_ARRAY_TASK_ID", "3")
+    out = tmp_path / "not" / "yet"
+    monkeypatch.setattr(sys, "argv", ["parts_train.py", "--steps", "2", "--out", str(out)])
+    with pytest.raises(Joined):
+        example.main()
+    assert (out / "part3.log").is_file()

@@ -278,6 +278,8 @@ def test_admin_without_policy_is_a_usage_error(tmp_path, monkeypatch):
     monkeypatch.setattr("slurm_hai.policy.model.SYSTEM_POLICY", tmp_path / "none.toml")
     r = CliRunner().invoke(admin, ["plan"])
     assert r.exit_code == 2 and "no policy file: pass --policy FILE" in r.output
+    # the example a wheel ships, not one in a source tree the admin may not have
+    assert 'cp "$(hai-admin files docs)/policy.example.toml" policy.toml' in r.output and "contrib/" not in r.output
 
 
 def test_admin_render_writes_every_file(tmp_path):
