@@ -35,8 +35,9 @@ from ..policy.limits import NOTICE_SIGNALS
 from ..policy.sizes import NodeRange
 from ..slurm import SlurmError, backend
 
-# How long a suspended run's requeue is asked again while slurmctld does not answer: after
-# that the policy daemon requeues the run (requeue-failed).
+# How long a suspended run's requeue is asked again while slurmctld does not answer (as long
+# as go_suspend() asked before this script became the requeue's one owner); after that the
+# script waits to be requeued as after a requeue that went through.
 REQUEUE_TRIES_S = 600.0
 
 

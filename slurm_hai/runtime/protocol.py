@@ -17,9 +17,10 @@ one owner, the batch driver, which acts when the run's step has ended:
               good, was cancelled or requeued by Slurm (a node lost), or a newer run owns it
 
 Every event a component journals in events.jsonl has its name here (EVENTS); `replay`
-rebuilds a run's state from the journal, so that any reader (`hai status`, the batch driver
-after a crash of its own) tells the same state. The table in docs/design.md, "The suspend
-protocol as a state machine", is `table()`'s output.
+rebuilds a run's state from the journal (the unit tests check every transition against it;
+no component reads a run's state through it yet: each still acts on its own signals and the
+run's suspend marker). The table in docs/design.md, "The suspend protocol as a state
+machine", is `table()`'s output.
 
 Pure: no I/O, no clock, no Slurm.
 """

@@ -16,6 +16,7 @@ from slurm_hai.jobs.jobdir import JobDir
 from slurm_hai.jobs.status import hai_state
 from slurm_hai.policy.levels import AUTO, DEFAULT_LADDER, LevelError, parse_level
 from slurm_hai.policy.model import default_policy
+from slurm_hai.slurm import SlurmError
 from slurm_hai.slurm.records import JobInfo
 from slurm_hai.jobs.request import JobRequest, RequestError, render_script, validate
 
@@ -254,8 +255,6 @@ class _Slurm:
         return self.preempted
 
     def requeue(self, job_id):
-        from slurm_hai.slurm import SlurmError
-
         self.requeues += 1
         if self.requeues <= self.refusals:
             raise SlurmError("Unable to contact slurm controller (connect failure)")
