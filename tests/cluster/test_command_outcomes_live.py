@@ -14,6 +14,7 @@ import textwrap
 from pathlib import Path
 
 from test_frontdoor import one_error_line, status, user_dir, wait_state, write
+from waiting import wait_for
 
 GATED = """
     import os, sys, time
@@ -93,3 +94,43 @@ def test_stop_and_suspend_of_a_job_that_ended_first_do_nothing_and_exit_1_a_runn
     assert stop.stdout == f"job {runs} stopped\n" and stop.stderr == ""
     st = wait_state(live, runs, lambda s: s["state"] == "finished-stopped", 30, "stopped", user="hai-alice")
     assert st["reason"] == "stopped by its user"
+
+
+DEAF = """
+    import time
+    time.sleep(600)  # never asks for a notice: the grace runs out, or the test stops it
+"""
+
+FAILS = """
+    import sys
+    print("about to fail", flush=True)
+    sys.exit(3)
+"""
+
+
+def test_a_second_suspend_sends_nothing_and_a_followed_failure_exits_1(live):
+    """Issue 54, finding 10, live: a second `hai suspend` within the grace says no second
+    notice went (exit 1), and both `hai-submit -f` and `hai logs -f` of a job that failed
+    exit 1."""
+    d = user_dir(live, "outcomes-10", "hai-alice")
+    deaf = write(d / "deaf.py", DEAF, "hai-alice")
+    p = live.run(["hai-submit", "--json", "-p", "LOW", "--grace", "120", str(deaf)], user="hai-alice")
+    job = json.loads(p.stdout)["job_id"]
+    wait_state(live, job, lambda s: s["state"] == "running", 60, f"job {job} running", user="hai-alice")
+    first = live.run(["hai", "suspend", str(job)], user="hai-alice")
+    assert first.returncode == 0 and "suspend notice sent" in first.stdout, first.stdout
+    job_dir = Path(status(live, job, user="hai-alice")["job_dir"])
+    wait_for(lambda: '"event": "notice"' in (job_dir / "events.jsonl").read_text(), 30, "the notice", 0.2)
+    second = live.run(["hai", "suspend", str(job)], user="hai-alice", check=False)
+    said = one_error_line(second)
+    assert f"job {job} has had its suspend notice since" in said and "no second notice sent" in said, said
+    events = [json.loads(line)["event"] for line in (job_dir / "events.jsonl").read_text().splitlines()]
+    assert events.count("suspend_requested") == 1 and events.count("notice") == 1, events
+    live.run(["hai", "stop", str(job)], user="hai-alice")
+
+    fails = write(d / "fails.py", FAILS, "hai-alice")
+    followed = live.run(["hai-submit", "-f", "-p", "LOW", str(fails)], user="hai-alice", check=False, timeout=180)
+    assert followed.returncode == 1 and "about to fail" in followed.stdout, (followed.returncode, followed.stdout)
+    failed = int(followed.stdout.split("Submitted job ")[1].split()[0])
+    logs = live.run(["hai", "logs", "-f", str(failed)], user="hai-alice", check=False, timeout=60)
+    assert logs.returncode == 1 and "about to fail" in logs.stdout and "finished-failed" in logs.stdout, logs.stdout
