@@ -114,7 +114,7 @@ def test_a_second_suspend_sends_nothing_and_a_followed_failure_exits_1(live):
     exit 1."""
     d = user_dir(live, "outcomes-10", "hai-alice")
     deaf = write(d / "deaf.py", DEAF, "hai-alice")
-    p = live.run(["hai-submit", "--json", "-p", "LOW", "--grace", "120", str(deaf)], user="hai-alice")
+    p = live.run(["hai-submit", "--json", "-p", "LOW", "--grace", "60", str(deaf)], user="hai-alice")
     job = json.loads(p.stdout)["job_id"]
     wait_state(live, job, lambda s: s["state"] == "running", 60, f"job {job} running", user="hai-alice")
     first = live.run(["hai", "suspend", str(job)], user="hai-alice")
@@ -133,4 +133,4 @@ def test_a_second_suspend_sends_nothing_and_a_followed_failure_exits_1(live):
     assert followed.returncode == 1 and "about to fail" in followed.stdout, (followed.returncode, followed.stdout)
     failed = int(followed.stdout.split("Submitted job ")[1].split()[0])
     logs = live.run(["hai", "logs", "-f", str(failed)], user="hai-alice", check=False, timeout=60)
-    assert logs.returncode == 1 and "about to fail" in logs.stdout and "finished-failed" in logs.stdout, logs.stdout
+    assert logs.returncode == 1 and "about to fail" in logs.stdout and "finished-failed" in logs.stderr, (logs.stdout, logs.stderr)
