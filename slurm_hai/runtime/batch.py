@@ -37,7 +37,7 @@ from ..slurm import SlurmError, backend
 
 # How long a suspended run's requeue is asked again while slurmctld does not answer (as long
 # as go_suspend() asked before this script became the requeue's one owner); after that the
-# script waits to be requeued as after a requeue that went through.
+# run ends failed, and the policy daemon requeues it (requeue-failed).
 REQUEUE_TRIES_S = 600.0
 
 
