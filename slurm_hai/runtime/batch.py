@@ -37,7 +37,7 @@ from ..slurm import SlurmError, backend
 
 # How long a suspended run's requeue is asked again while slurmctld does not answer (as long
 # as go_suspend() asked before this script became the requeue's one owner); after that the
-# script waits to be requeued as after a requeue that went through.
+# run ends failed, and the policy daemon requeues it (requeue-failed).
 REQUEUE_TRIES_S = 600.0
 
 
@@ -112,8 +112,12 @@ def requeue_suspended(slurm, job_id: int, run: int, ending: list[int]) -> int:
             slurm.requeue(job_id)
             break
         except SlurmError as e:
-            if requeued_by_slurm(slurm, job_id, run) or time.monotonic() >= deadline:
+            if requeued_by_slurm(slurm, job_id, run):
                 break  # already requeued or ended (a cancel, Slurm's own preemption)
+            if time.monotonic() >= deadline:
+                print(f"slurm-hai: run {run}: Slurm never took the requeue ({e}); the run ends failed, for the "
+                      "policy daemon to requeue it (requeue-failed)", flush=True)
+                return 1
             print(f"slurm-hai: run {run}: requeue: {e} (trying again)", flush=True)
         time.sleep(wait)
         wait = min(wait * 2, 10.0)

@@ -275,3 +275,17 @@ def test_the_batch_script_asks_for_a_suspended_runs_requeue_until_slurm_takes_it
     monkeypatch.setattr(batch, "wait_to_be_requeued", lambda ending: 0)
     assert batch.requeue_suspended(slurm, 7, 3, []) == 0
     assert slurm.requeues == requeues
+
+
+def test_a_requeue_slurm_never_takes_ends_the_run_failed_for_the_daemon(monkeypatch):
+    # exit 0 would end the job COMPLETED, for good; FAILED with its suspend marker is what the
+    # policy daemon's requeue-failed takes up
+    from slurm_hai.runtime import batch
+
+    clock = iter(range(0, 10_000, 60))
+    monkeypatch.setattr(batch.time, "monotonic", lambda: next(clock))
+    monkeypatch.setattr(batch.time, "sleep", lambda s: None)
+    monkeypatch.setattr(batch, "wait_to_be_requeued", lambda ending: 0)
+    slurm = _Slurm(10_000)
+    assert batch.requeue_suspended(slurm, 7, 3, []) == 1
+    assert 2 <= slurm.requeues <= batch.REQUEUE_TRIES_S / 60 + 1
