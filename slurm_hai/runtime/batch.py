@@ -34,6 +34,7 @@ from ..jobs.jobdir import JobDir, run_sizes
 from ..policy.limits import NOTICE_SIGNALS
 from ..policy.sizes import NodeRange
 from ..slurm import SlurmError, backend
+from . import protocol
 
 # How long a suspended run's requeue is asked again while slurmctld does not answer (as long
 # as go_suspend() asked before this script became the requeue's one owner); after that the
@@ -136,7 +137,7 @@ def wait_to_be_requeued(ending: list[int]) -> int:
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     ap = argparse.ArgumentParser(prog="python -m slurm_hai.runtime.batch")
     ap.add_argument("--job-dir", required=True)
     ap.add_argument("--nodes", type=NodeRange.parse, default=None)
@@ -147,7 +148,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--term-is-notice", action="store_true")
     ap.add_argument("cmd", nargs=argparse.REMAINDER)
     args = ap.parse_args(argv)
-    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    return args, args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, cmd = parse(argv)
     job_id = int(os.environ["SLURM_JOB_ID"])
     run = restart_count(os.environ)
     token = os.environ.get("HAI_SUBMIT_TOKEN")  # set by hai-submit; absent for older scripts
@@ -159,11 +164,21 @@ def main(argv: list[str] | None = None) -> int:
         jobdir.event("rerun_skipped", run=run, final=final["state"])
         return 0
     slurm = backend()
-    nodes = run_size(slurm, job_id, args.nodes, os.environ)
+    nodes = start_run(slurm, jobdir, job_id, run, args.nodes)
+    ending: list[int] = []
+    signal.signal(signal.SIGTERM, lambda s, f: ending.append(s))  # Slurm ends the job: the step gets it too
+    rc = slurm.run_step(launcher_argv(args, cmd), nodes, args.gpus, os.environ.get("SLURM_JOB_NAME", "hai"))
+    return end_run(slurm, jobdir, job_id, run, nodes, rc, args.retries, ending)
+
+
+def start_run(slurm, jobdir: JobDir, job_id: int, run: int, sizes: NodeRange | None) -> int:
+    """Journal the run's start (and what the run before it left unsaid, and a size change),
+    set the master's address, and return the run's node count."""
+    nodes = run_size(slurm, job_id, sizes, os.environ)
     events = jobdir.events()
     unrecorded = unrecorded_suspend(jobdir, events, run)
     if unrecorded:
-        jobdir.event("suspended", run=run - 1, how=unrecorded)
+        jobdir.event(protocol.REQUEUE_ASKED, run=run - 1, how=unrecorded)
     change = size_change(events, nodes)
     if change:
         jobdir.event(change[0], run=run, **change[1])
@@ -173,35 +188,58 @@ def main(argv: list[str] | None = None) -> int:
     # The master's address, looked up once for all nodes (the SPANK plugin does the same).
     if not os.environ.get("HAI_MASTER_IP"):
         os.environ["HAI_MASTER_IP"] = ipv4(slurm.node_addr(master_node(os.environ)))
+    return nodes
 
-    ending = []
-    signal.signal(signal.SIGTERM, lambda s, f: ending.append(s))  # Slurm ends the job: the step gets it too
-    rc = slurm.run_step(launcher_argv(args, cmd), nodes, args.gpus, os.environ.get("SLURM_JOB_NAME", "hai"))
 
+def end_run(slurm, jobdir: JobDir, job_id: int, run: int, nodes: int, rc: int, retries: int,
+            ending: list[int]) -> int:
+    """The run's step has ended with `rc`: judge how (runtime/protocol.py), journal it, and
+    act on it; this script's exit status."""
     newer = superseded_by(jobdir.events(), run)
-    if newer is not None:
+    how = jobdir.suspended(run)
+    event = protocol.step_ended(rc, newer, how)
+    retry = None
+    if event is None:
+        killed = ended_by_slurm(slurm, jobdir, job_id, run, nodes, ending)
+        retry = None if killed else jobdir.take_retry(retries)
+        event = protocol.failed_run(killed, retry is not None)
+    if event == protocol.SUPERSEDED:
         # This node was cut off from Slurm and the job requeued: run `newer` owns the job
         # now. Judging this run (final state, a retry, a requeue) would be judging that one.
-        jobdir.event("superseded", run=run, by=newer, exit_code=rc)
+        jobdir.event(event, run=run, by=newer, exit_code=rc)
         print(f"slurm-hai: run {run} was superseded by run {newer} (the job was requeued while this node "
               "was cut off); leaving the job to it", flush=True)
         return rc
-    how = jobdir.suspended(run)
-    if how:
-        jobdir.event("suspended", run=run, how=how)
+    if event == protocol.REQUEUE_ASKED:
+        jobdir.event(event, run=run, how=how)
         print(f"slurm-hai: run {run} suspended ({how}); requeued", flush=True)
+    elif event == protocol.RETRY:
+        jobdir.event(event, run=run, exit_code=rc, retry=retry, of=retries)
+        print(f"slurm-hai: run {run} failed (exit {rc}); retry {retry} of {retries}", flush=True)
+    elif event == protocol.KILLED:
+        jobdir.event(event, run=run, exit_code=rc)
+    else:
+        state = "succeeded" if rc == 0 else "failed"
+        jobdir.set_final(state, rc, reason=failure_reason(jobdir, run, rc) if rc else "")
+        jobdir.event(event, run=run, state=state, exit_code=rc)
+        if rc:
+            print(f"slurm-hai: run {run} failed (exit {rc}); not requeued (no retries left)", flush=True)
+    if protocol.Action.REQUEUE not in protocol.actions_of(event):
+        return rc
+    if event == protocol.REQUEUE_ASKED:
         return requeue_suspended(slurm, job_id, run, ending)
-    if rc == 0:
-        jobdir.set_final("succeeded", 0)
-        jobdir.event("finished", run=run, state="succeeded", exit_code=0)
-        return 0
-    # A killed step may be Slurm ending the job (cancel, forced requeue, a node lost): that
-    # is not a failure of the user's code, so wait a moment for our own SIGTERM before
-    # judging. 25.11 may send it only KillWait later after a node failure, but has then
-    # already counted the requeue (restart count past this run) or left RUNNING. A step
-    # that could not start on every node (srun: "Task launch ... failed on node": a node cut
-    # off) waits longer: Slurm marks such a node DOWN within SlurmdTimeout and requeues the
-    # job (NODE_FAIL), and judged now the run would count as the user's failure.
+    slurm.requeue(job_id)
+    return wait_to_be_requeued(ending)
+
+
+def ended_by_slurm(slurm, jobdir: JobDir, job_id: int, run: int, nodes: int, ending: list[int]) -> bool:
+    """Whether Slurm ended the failed run (a cancel, a forced requeue, a node lost): that is
+    not a failure of the user's code. Waits a moment for Slurm's SIGTERM to this script
+    (`ending`) before judging: 25.11 may send it only KillWait later after a node failure,
+    but has then already counted the requeue (restart count past this run) or left RUNNING.
+    A step that could not start on every node (srun: "Task launch ... failed on node": a
+    node cut off) waits longer: Slurm marks such a node DOWN within SlurmdTimeout and
+    requeues the job (NODE_FAIL), and judged now the run would count as the user's failure."""
     deadline = time.monotonic() + 2
     if len(jobdir.launched(run, nodes)) < nodes:
         deadline += slurmd_timeout(slurm) + 15
@@ -210,19 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         time.sleep(0.5)
     if not ending and requeued_by_slurm(slurm, job_id, run):
         ending.append(signal.SIGTERM)
-    if ending:
-        jobdir.event("killed", run=run, exit_code=rc)
-        return rc
-    retry = jobdir.take_retry(args.retries)
-    if retry is not None:
-        jobdir.event("retry", run=run, exit_code=rc, retry=retry, of=args.retries)
-        print(f"slurm-hai: run {run} failed (exit {rc}); retry {retry} of {args.retries}", flush=True)
-        slurm.requeue(job_id)
-        return wait_to_be_requeued(ending)
-    jobdir.set_final("failed", rc, reason=failure_reason(jobdir, run, rc))
-    jobdir.event("finished", run=run, state="failed", exit_code=rc)
-    print(f"slurm-hai: run {run} failed (exit {rc}); not requeued (no retries left)", flush=True)
-    return rc
+    return bool(ending)
 
 
 def failure_reason(jobdir: JobDir, run: int, rc: int) -> str:

@@ -29,13 +29,15 @@ import os
 import signal
 import sys
 import threading
+from dataclasses import dataclass
 
 from ..jobs.jobdir import JobDir, default_root
 from ..policy.limits import NOTICE_MARGIN
 from ..policy.model import PolicyError, find_policy
 from ..policy.placement import stamped_grace
 from ..policy.tags import GRACE, PARTS, SUBMISSION, parse_parts
-from ..slurm import SlurmError, backend
+from ..slurm import Backend, SlurmError, backend
+from . import protocol
 from .batch import run_over, slurm_record, wait_to_be_requeued
 from ..policy.contract import restart_count
 from .parts import (EXIT_BELOW_MIN, EXIT_LIGHTHOUSE_LOST, EXIT_TIME_LIMIT, LEAVE_AT_ENV, MIN_ENV, SERVICE_ENV,
@@ -45,7 +47,7 @@ from .parts import (EXIT_BELOW_MIN, EXIT_LIGHTHOUSE_LOST, EXIT_TIME_LIMIT, LEAVE
 LIGHTHOUSE_WATCH_EVERY = 2.0
 
 
-def main(argv: list[str] | None = None) -> int:
+def parse(argv: list[str] | None) -> tuple[argparse.Namespace, list[str]]:
     ap = argparse.ArgumentParser(prog="python -m slurm_hai.runtime.part_task")
     ap.add_argument("--job-dir", help="the job's directory, which its parts share (default: the user's job "
                     "root, $HAI_HOME/jobs or ~/.hai/jobs, and the array's id)")
@@ -57,7 +59,11 @@ def main(argv: list[str] | None = None) -> int:
                     f"stamped it, else the policy's grace_seconds, + {NOTICE_MARGIN})")
     ap.add_argument("cmd", nargs=argparse.REMAINDER)
     args = ap.parse_args(argv)
-    cmd = args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+    return args, args.cmd[1:] if args.cmd[:1] == ["--"] else args.cmd
+
+
+def main(argv: list[str] | None = None) -> int:
+    args, cmd = parse(argv)
     slurm = backend()
     job_id = int(os.environ.get("SLURM_JOB_ID", "0") or 0)
     try:
@@ -69,9 +75,6 @@ def main(argv: list[str] | None = None) -> int:
         print(f"slurm-hai: {e}", file=sys.stderr, flush=True)
         return 2
     run = restart_count(os.environ)
-    # this task, to requeue or signal it: its job id alone would be every task's when it is the
-    # array's own (a task keeps the array's id), as seen: a part's requeue requeued them all
-    task = f"{array}_{part}"
     # hai-submit's token, else (plain sbatch) job_submit.lua's mark of the submission: a
     # directory an older job with this id left (Slurm gives ids again after losing its state)
     # is moved aside, never read as this job's (its final.json would end every part at once)
@@ -90,78 +93,102 @@ def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("RUST_LOG", TORCHFT_RUST_LOG)  # torchft's INFO lines stay out of the part's log
     ending: list[int] = []
     signal.signal(signal.SIGTERM, lambda s, f: ending.append(s))  # Slurm ends the task: its step gets it too
-    lost, done = threading.Event(), threading.Event()
+    # this task, to requeue or signal it: its job id alone would be every task's when it is the
+    # array's own (a task keeps the array's id), as seen: a part's requeue requeued them all
+    task = Task(slurm, jobdir, job_id, f"{array}_{part}", array, part, run)
+    lost = threading.Event()
+    rc = _run_part(task, cmd, args.gpus, lost)
+    if rc == 0:
+        task.succeeded()
+        return 0
+    return task.left(rc, lost.is_set() or rc == EXIT_LIGHTHOUSE_LOST, args.retries, ending)
+
+
+def _run_part(task: "Task", cmd: list[str], gpus: int, lost: threading.Event) -> int:
+    """The part's step, with the lighthouse watched beside it (`lost` set when it is lost)."""
+    done = threading.Event()
     service = os.environ.get(SERVICE_ENV)
     if service:
-        threading.Thread(target=_watch_lighthouse, args=(service, array, min_parts(), slurm, task, lost, done),
-                         daemon=True).start()
+        threading.Thread(target=_watch_lighthouse, args=(service, task.array, min_parts(), task.slurm, task.name,
+                                                         lost, done), daemon=True).start()
     try:
-        rc = slurm.run_step(cmd, 1, args.gpus,
-                            os.environ.get("SLURM_JOB_NAME", "hai"))
+        return task.slurm.run_step(cmd, 1, gpus, os.environ.get("SLURM_JOB_NAME", "hai"))
     finally:
         done.set()
-    if rc == 0:
-        if jobdir.final() is None:
-            jobdir.set_final("succeeded", 0)
-            jobdir.event("finished", run=run, part=part, state="succeeded", exit_code=0)
+
+
+@dataclass
+class Task:
+    """One run of one part's task, as its script ends it."""
+
+    slurm: Backend
+    jobdir: JobDir
+    job_id: int
+    name: str  # ARRAY_PART: what to requeue or signal
+    array: int
+    part: int
+    run: int
+
+    def succeeded(self) -> None:
+        """The part ended its training: the job's end, and the parts still queued cancelled."""
+        if self.jobdir.final() is None:
+            self.jobdir.set_final("succeeded", 0)
+            self.jobdir.event(protocol.FINISHED, run=self.run, part=self.part, state="succeeded", exit_code=0)
         # Parts that left and wait for nodes would start only to find the job ended, and until
         # then hold its place in line (and could take a later job's nodes for it). Every part
         # that ends asks, before its own node is free for one of them.
         try:
-            slurm.cancel_waiting_tasks(array)
+            self.slurm.cancel_waiting_tasks(self.array)
         except SlurmError as e:
-            print(f"slurm-hai: part {part}: the waiting parts of job {array} stay queued ({e}); "
+            print(f"slurm-hai: part {self.part}: the waiting parts of job {self.array} stay queued ({e}); "
                   "each ends at its start", flush=True)
-        return 0
-    if rc == EXIT_LIGHTHOUSE_LOST:  # the part found it so itself (the service may be away)
-        lost.set()
-    requeue = lost.is_set() or rc in (EXIT_BELOW_MIN, EXIT_TIME_LIMIT)  # not Slurm's preemption: Slurm would end it
-    if lost.is_set():
-        # every part of the job leaves so: they come back under a new lighthouse, and with no
-        # live peer to heal from they resume from the job's last commit (runtime/parts.py)
-        jobdir.event("left", run=run, part=part, exit_code=rc, preempted=False, lighthouse_lost=True)
-        print(f"slurm-hai: part {part} run {run} ended (exit {rc}): the job's lighthouse was lost; "
-              "its task is requeued", flush=True)
-    elif rc == EXIT_TIME_LIMIT:
-        # a run of its task ends before Slurm's limit would end the task for good: it comes
-        # back with a whole limit, from a live peer or, when every part left so, the commit
-        jobdir.event("left", run=run, part=part, exit_code=rc, preempted=False, time_limit=True)
-        print(f"slurm-hai: part {part} run {run} ended at its task's time limit; its task is requeued", flush=True)
-    elif rc == EXIT_BELOW_MIN:
-        # every part that is left leaves so: the job waits in the queue for MIN nodes, as a job
-        # suspended whole does, and resumes from the commit the parts made as they left
-        jobdir.event("left", run=run, part=part, exit_code=rc, preempted=False, below_min=True)
-        print(f"slurm-hai: part {part} run {run} ended: fewer than the job's MIN parts could train; "
-              "its task is requeued", flush=True)
-    else:
-        record = slurm_record(slurm, job_id)  # read once: whether Slurm preempted the run, or ended it
-        preempted = _preempted(record)
-        jobdir.event("left", run=run, part=part, exit_code=rc, preempted=preempted)
-        if preempted:
-            print(f"slurm-hai: part {part} run {run} ended (exit {rc}, preempted): its task waits in the queue to "
-                  "rejoin", flush=True)
-        else:
+
+    def left(self, rc: int, lost: bool, retries: int, ending: list[int]) -> int:
+        """The part's step ended without success: journal why (runtime/protocol.py judges
+        it) and requeue the task where the protocol says so; this script's exit status."""
+        record = slurm_record(self.slurm, self.job_id)  # read once: whether Slurm preempted the run, or ended it
+        why = protocol.part_left(lost, rc == EXIT_TIME_LIMIT, rc == EXIT_BELOW_MIN, _preempted(record))
+        self.jobdir.event(protocol.PART_LEFT, run=self.run, part=self.part, exit_code=rc,
+                          preempted=why == "preempted", **({why: True} if why in protocol.PART_LEFT_FOR else {}))
+        if why == "failed":
             # its own failure (not Slurm ending the task: a cancel signals this script too, and
             # Slurm's record says so first): requeued while the job has retries left, else the
             # task ends; the others go on
-            ended = ending or run_over(record, run)
-            retry = None if ended else jobdir.take_retry(args.retries)
-            if retry is None:
-                if not ended:
-                    print(f"slurm-hai: part {part} run {run} failed (exit {rc}); no retry left: this part is over, "
-                          f"the job's other parts go on if any still run (`hai status {array}`)", flush=True)
+            if ending or run_over(record, self.run):
                 return rc
-            jobdir.event("retry", run=run, part=part, exit_code=rc, retry=retry, of=args.retries)
-            print(f"slurm-hai: part {part} run {run} failed (exit {rc}); retry {retry} of {args.retries}", flush=True)
-            requeue = True
-    try:
-        if not requeue and slurm.requeued_when_batch_ends(job_id):
+            retry = self.jobdir.take_retry(retries)
+            if retry is None:
+                print(f"slurm-hai: part {self.part} run {self.run} failed (exit {rc}); no retry left: this part is "
+                      f"over, the job's other parts go on if any still run (`hai status {self.array}`)", flush=True)
+                return rc
+            self.jobdir.event(protocol.RETRY, run=self.run, part=self.part, exit_code=rc, retry=retry, of=retries)
+            print(f"slurm-hai: part {self.part} run {self.run} failed (exit {rc}); retry {retry} of {retries}",
+                  flush=True)
+        else:
+            print(f"slurm-hai: part {self.part} run {self.run} ended (exit {rc}): {PART_LEFT_SAYS[why]}", flush=True)
+        try:
+            if why == "preempted" and self.slurm.requeued_when_batch_ends(self.job_id):
+                return rc
+            self.slurm.requeue(self.name)
+        except SlurmError as e:  # slurmctld away: the policy daemon requeues it (requeue-failed)
+            print(f"slurm-hai: part {self.part}: requeue: {e}", flush=True)
             return rc
-        slurm.requeue(task)
-    except SlurmError as e:  # slurmctld away: the policy daemon requeues it (requeue-failed)
-        print(f"slurm-hai: part {part}: requeue: {e}", flush=True)
-        return rc
-    return wait_to_be_requeued(ending)
+        return wait_to_be_requeued(ending)
+
+
+# What a part's log says of why it left (protocol.part_left), but for its own failure.
+PART_LEFT_SAYS = {
+    # every part of the job leaves so: they come back under a new lighthouse, and with no live
+    # peer to heal from they resume from the job's last commit (runtime/parts.py)
+    "lighthouse_lost": "the job's lighthouse was lost; its task is requeued",
+    # a run of its task ends before Slurm's limit would end the task for good: it comes back
+    # with a whole limit, from a live peer or, when every part left so, the commit
+    "time_limit": "at its task's time limit; its task is requeued",
+    # every part that is left leaves so: the job waits in the queue for MIN nodes, as a job
+    # suspended whole does, and resumes from the commit the parts made as they left
+    "below_min": "fewer than the job's MIN parts could train; its task is requeued",
+    "preempted": "preempted; its task waits in the queue to rejoin",
+}
 
 
 def _watch_lighthouse(service: str, array: int, least: int, slurm, task: str, lost: threading.Event,

@@ -18,9 +18,15 @@ one owner, the batch driver, which acts when the run's step has ended:
 
 Every event a component journals in events.jsonl has its name here (EVENTS); `replay`
 rebuilds a run's state from the journal (the unit tests check every transition against it;
-no component reads a run's state through it yet: each still acts on its own signals and the
-run's suspend marker). The table in docs/design.md, "The suspend protocol as a state
-machine", is `table()`'s output.
+no component reads a run's state through it yet: each acts on its own signals and the run's
+suspend marker, never on a journal a disk-full may have cut short). How a run's step ended
+is judged here once, for the batch driver (`step_ended`, `failed_run`) and for a part of a
+job in place (`part_left`), and what follows each judgement is its event's actions
+(`actions_of`). A part of a job in place has no launcher and no notice of its own (Slurm's
+signal ends its step): its task's script journals PART_LEFT with why (`part_left`), requeues
+the task for each of PART_LEFT_FOR, and a preempted one where Slurm does not (before 24.05);
+its own failure is retried as a run's is (RETRY). The table in docs/design.md, "The suspend protocol as a state machine", is
+`table()`'s output.
 
 Pure: no I/O, no clock, no Slurm.
 """
@@ -62,6 +68,7 @@ RETRY = "retry"  # the batch driver: a failed run requeued for one of the job's 
 FINISHED = "finished"  # the batch driver: final.json written (succeeded, failed)
 KILLED = "killed"  # the batch driver: Slurm ended the step (cancel, a node lost, its own requeue)
 SUPERSEDED = "superseded"  # the batch driver: a newer run started while this node was cut off
+PART_LEFT = "left"  # a part's task (a job in place): the part's step ended without success (part_left)
 
 EVENTS = (NOTICE, COMMIT_STARTED, GO_SUSPEND, LEFT_FOR_REQUEUE, GRACE_EXPIRED, REQUEUE_ASKED,
           RETRY, FINISHED, KILLED, SUPERSEDED)
@@ -130,6 +137,49 @@ def replay(events: Iterable[Mapping], run: int) -> State:
         except ProtocolError:
             continue
     return state
+
+
+def actions_of(event: str) -> tuple[Action, ...]:
+    """What follows `event`, from whatever state takes it: every event acts alike from every
+    state (the unit tests check it), so a component acts without replaying the journal."""
+    return next(t.actions for t in TRANSITIONS if t.event == event)
+
+
+def step_ended(exit_code: int, newer_run: int | None, suspended: str | None) -> str | None:
+    """How a run's step ended, as its batch driver judges it once the step is over: the
+    event it journals. `newer_run`: a run that started after this one (this node was cut
+    off and the job requeued: that run owns the job now); `suspended`: the run's suspend
+    marker (go_suspend, forced). None: the command failed, which only Slurm's word on the
+    run can judge (`failed_run`)."""
+    if newer_run is not None:
+        return SUPERSEDED
+    if suspended:
+        return REQUEUE_ASKED
+    return FINISHED if exit_code == 0 else None
+
+
+def failed_run(ended_by_slurm: bool, retry_left: bool) -> str:
+    """A run whose command failed: Slurm ended it (a cancel, a node lost, Slurm's own
+    requeue), so the failure is not the user's; else it is retried while the job has
+    --retries left, and ends failed for good after the last."""
+    if ended_by_slurm:
+        return KILLED
+    return RETRY if retry_left else FINISHED
+
+
+# Why a part of a job in place left (its `left` event's flag), each of which its task's script
+# requeues (runtime/part_task.py); a part preempted by Slurm is requeued by Slurm on 24.05+.
+PART_LEFT_FOR = ("lighthouse_lost", "time_limit", "below_min")
+
+
+def part_left(lighthouse_lost: bool, time_limit: bool, below_min: bool, preempted: bool) -> str:
+    """Why a part's step ended without success: one of PART_LEFT_FOR, 'preempted', or
+    'failed' (its own failure: retried while the job has --retries left). The lighthouse
+    lost comes first: every part leaves so, whatever its own exit."""
+    for why, seen in zip(PART_LEFT_FOR, (lighthouse_lost, time_limit, below_min)):
+        if seen:
+            return why
+    return "preempted" if preempted else "failed"
 
 
 def table() -> str:

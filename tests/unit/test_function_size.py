@@ -11,13 +11,6 @@ from pathlib import Path
 PACKAGE = Path(__file__).resolve().parents[2] / "slurm_hai"
 MAX_LINES = 80
 
-# Known to be over MAX_LINES, each to be replaced by later work; the test fails too once one
-# of them is no longer over, so that the list cannot outlive its reason.
-ALLOWED = {
-    "runtime/batch.py:main",  # replaced by the protocol state machine, issue 55 item 1
-    "runtime/part_task.py:main",  # replaced by the protocol state machine, issue 55 item 1
-}
-
 
 def sizes_in(source: str, path: str) -> dict[str, int]:
     """`path:qualified.name` -> lines, of every function and method in `source`, nested ones too."""
@@ -49,16 +42,9 @@ def function_sizes() -> dict[str, int]:
 
 def test_no_function_is_over_80_lines():
     sizes = function_sizes()
-    too_long = {name: n for name, n in sizes.items() if n > MAX_LINES and name not in ALLOWED}
+    too_long = {name: n for name, n in sizes.items() if n > MAX_LINES}
     assert not too_long, "over {} lines (split them): {}".format(
         MAX_LINES, ", ".join(f"slurm_hai/{name} ({n} lines)" for name, n in sorted(too_long.items())))
-
-
-def test_every_function_allowed_to_be_longer_still_is():
-    sizes = function_sizes()
-    stale = sorted(name for name in ALLOWED if sizes.get(name, 0) <= MAX_LINES)
-    assert not stale, "no longer over {} lines (or gone): take them off ALLOWED: {}".format(
-        MAX_LINES, ", ".join(f"slurm_hai/{name} ({sizes.get(name, 'gone')})" for name in stale))
 
 
 def test_each_function_is_counted_on_its_own_from_its_def_to_its_last_line():

@@ -68,10 +68,13 @@ def test_an_unknown_event_is_refused():
 
 
 def test_every_event_of_the_protocol_is_journalled_by_the_code():
-    """The names are the journal's: each is written somewhere (`.event("NAME"` or a constant
-    of this module), but commit_started, which no component journals yet."""
+    """The names are the journal's: each is written somewhere (`.event("NAME"`, or a constant
+    of this module that a component names: the batch driver journals what step_ended and
+    failed_run judge), but commit_started, which no component journals yet."""
     source = "\n".join(f.read_text() for f in PACKAGE.rglob("*.py") if f.name != "protocol.py")
     written = set(re.findall(r'\.event\("([a-z_]+)"', source))
+    written |= {getattr(p, name) for name in re.findall(r"protocol\.([A-Z_]+)\b", source)
+                if isinstance(getattr(p, name, None), str)}
     assert set(p.EVENTS) - written == {p.COMMIT_STARTED}
 
 
@@ -105,3 +108,34 @@ def test_only_the_batch_driver_the_parts_task_and_the_daemon_requeue():
 def test_the_design_doc_shows_the_table_of_the_code():
     design = (PACKAGE.parent / "docs" / "design.md").read_text()
     assert p.table() in design
+
+
+def test_a_runs_end_is_judged_once_in_the_order_the_batch_driver_needs():
+    assert p.step_ended(0, 3, "go_suspend") == p.SUPERSEDED  # a newer run owns the job, whatever this one did
+    assert p.step_ended(1, None, "forced") == p.REQUEUE_ASKED
+    assert p.step_ended(0, None, "go_suspend") == p.REQUEUE_ASKED
+    assert p.step_ended(0, None, None) == p.FINISHED
+    assert p.step_ended(137, None, None) is None  # Slurm's word first
+    assert [p.failed_run(True, True), p.failed_run(False, True), p.failed_run(False, False)] == [
+        p.KILLED, p.RETRY, p.FINISHED]
+
+
+def test_what_follows_each_judgement_is_its_events_actions():
+    assert Action.REQUEUE in p.actions_of(p.REQUEUE_ASKED) and Action.REQUEUE in p.actions_of(p.RETRY)
+    assert p.actions_of(p.FINISHED) == (Action.SET_FINAL,)
+    assert p.actions_of(p.KILLED) == p.actions_of(p.SUPERSEDED) == (Action.NOTHING,)
+
+
+def test_every_event_acts_alike_from_every_state_that_takes_it():
+    """What lets a component act on an event without replaying the journal (which a full
+    disk may have cut short): the table's actions depend on the event alone."""
+    for event in p.EVENTS:
+        assert len({t.actions for t in p.TRANSITIONS if t.event == event}) == 1, event
+
+
+def test_a_part_leaves_for_the_first_reason_that_holds():
+    assert p.part_left(True, True, True, True) == "lighthouse_lost"
+    assert p.part_left(False, True, True, True) == "time_limit"
+    assert p.part_left(False, False, True, True) == "below_min"
+    assert p.part_left(False, False, False, True) == "preempted"
+    assert p.part_left(False, False, False, False) == "failed"
