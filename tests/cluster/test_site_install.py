@@ -35,6 +35,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -88,14 +89,19 @@ def localcluster(command: str, env: dict[str, str]) -> None:
     assert p.returncode == 0, f"localcluster {command}: {p.stdout[-3000:]}{p.stderr[-3000:]}"
 
 
+def site_env(cluster: LiveCluster) -> dict[str, str]:
+    """contrib/localcluster's environment for the site cluster, on the session's Slurm."""
+    env = {**os.environ, "HAI_CLUSTER_DIR": str(SITE_STATE), "HAI_CLUSTER_PORT_BASE": str(SITE_PORT_BASE),
+           "HAI_CLUSTER_FIRST_JOB_ID": "60000"}
+    env.pop("HAI_SLURM_SOURCE", None)
+    env["HAI_SLURM_PREFIX"] = (cluster.state / "etc" / "slurm-prefix").read_text().strip()
+    return env
+
+
 @pytest.fixture(scope="module")
 def site_cluster(cluster: LiveCluster):
     """A cluster in site mode on the session's Slurm, booted fresh and removed after."""
-    env = {**os.environ, "HAI_CLUSTER_DIR": str(SITE_STATE), "HAI_CLUSTER_PORT_BASE": str(SITE_PORT_BASE),
-           "HAI_CLUSTER_FIRST_JOB_ID": "60000"}
-    prefix = (cluster.state / "etc" / "slurm-prefix").read_text().strip()
-    env.pop("HAI_SLURM_SOURCE", None)
-    env["HAI_SLURM_PREFIX"] = prefix
+    env = site_env(cluster)
     if SITE_STATE.exists():
         localcluster("down", env)
         shutil.rmtree(SITE_STATE)
@@ -225,6 +231,13 @@ def test_added_from_the_wheel_to_a_sites_cluster_preempts_resumes_bitwise_and_co
         assert [e["how"] for e in suspended] == ["go_suspend"], suspended
         c.wait_job(high, lambda j: j["JobState"] == "RUNNING", 60, "the HIGH job to take a node")
         c.wait_job(job, lambda j: j["Restarts"] == "1", 30, "the NORMAL job to be requeued")
+
+        def told() -> str | None:  # when it runs again: the site's batch has MaxTime=INFINITE, so HIGH has no limit
+            st = json.loads(c.run([tool["hai"], "status", "--json", str(job)], user=ALICE, cwd="/").stdout)
+            return st["reason"] if st["state"] == "suspended" and f"job {high} ends" in st["reason"] else None
+
+        reason = wait_for(told, 30, "hai status to say when the suspended job runs again")
+        assert f"runs again when job {high} ends, which has no time limit: no time can be told" in reason, reason
         c.run(["scancel", str(high)])
         result = final(job_dir, 240)
         assert result["state"] == "succeeded", result
@@ -269,8 +282,15 @@ SITE_EDITS = {'accounts = ["research"]': 'accounts = ["lab"]', "min_gpus = 8": "
 
 
 def test_a_new_admin_sets_it_up_from_the_wheel_with_the_admin_guides_commands_and_takes_it_out_again(
-        site_cluster: LiveCluster, wheel_venv: Path):
+        cluster: LiveCluster, site_cluster: LiveCluster, wheel_venv: Path):
     c = site_cluster
+    # A cluster that had slurm-hai and took it out (the test above, on this cluster) restarts
+    # slurmdbd before installing it again, as the guide says: without it, slurmdbd's stale
+    # Preempt lists refused this apply ("QOS Preemption loop detected", 22.05.8).
+    slurmdbd = int((c.state / "run" / "slurmdbd.pid").read_text())
+    os.kill(slurmdbd, signal.SIGTERM)
+    wait_for(lambda: not Path(f"/proc/{slurmdbd}").exists(), 30, "slurmdbd to stop")
+    localcluster("up --site", site_env(cluster))
     guide = GUIDE.read_text()
     for command in (COPY, f"`{CHECK}`", RENDER, INCLUDE, f"`{UNITS}`"):
         assert command in guide, f"docs/admin-guide.md no longer says {command}: walk what it says now"
