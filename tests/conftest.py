@@ -268,6 +268,8 @@ ONE_VERSION = {
     # a site's cluster from the wheel: the install steps and their removal (the Slurm
     # boundary they cross, plan/apply and preemption, is every version's in test_site_policy.py)
     "test_site_install.py::test_added_from_the_wheel_to_a_sites_cluster_preempts_resumes_bitwise_and_comes_out_leaving_it_as_it_was",
+    # a new admin's commands from the admin guide, on the same site cluster
+    "test_site_install.py::test_a_new_admin_sets_it_up_from_the_wheel_with_the_admin_guides_commands_and_takes_it_out_again",
     "test_frontdoor.py::test_arguments_after_the_script_reach_it_unchanged",
     "test_newcomer.py::test_a_new_user_in_a_fresh_shell_is_told_what_to_ask_for_and_then_runs_the_readmes_first_job",
     "test_newcomer.py::test_a_job_submitted_from_an_interpreter_the_nodes_cannot_see_says_so_in_status_and_logs",

@@ -120,6 +120,19 @@ def _has_ended(job_id: int) -> bool:
         return False
 
 
+def _part_of(job_id: int, job: JobInfo | None) -> bool:
+    """Whether `job_id` is a part's own task id (a task of an elastic job in place gets one
+    when it starts): `hai list` shows the job in place, under its array's id, never the task."""
+    return job is not None and in_place(job) and job.array_job_id != job_id
+
+
+def _refuse_a_part(job_id: int, job: JobInfo | None, action: str) -> None:
+    """A part is not a job of its own to stop or suspend: the job in place is."""
+    if _part_of(job_id, job):
+        raise click.ClickException(f"job {job_id} is a part of job {job.array_job_id}, an elastic job in place: "
+                                   f"`hai {action} {job.array_job_id}` {action}s it, all its parts")
+
+
 def _status_of(job_id: int) -> tuple[HaiStatus, JobInfo | None, JobDir]:
     """`hai status JOB`: the job's own record first (squeue of one job: one small RPC). A
     waiting job's words need the whole queue (its place in line, its user's nodes in use):
@@ -130,7 +143,7 @@ def _status_of(job_id: int) -> tuple[HaiStatus, JobInfo | None, JobDir]:
     question = why_question(service, [job_id]) if service else None
     try:
         job, jobdir = lookup(job_id)
-        if job is not None and in_place(job) and job.array_job_id != job_id:  # a part's own task id
+        if _part_of(job_id, job):
             click.echo(f"job {job_id} is a part of job {job.array_job_id}, an elastic job in place: its status",
                        err=True)
             job_id = job.array_job_id
@@ -443,6 +456,19 @@ def _check_logs_readable(job_id: int, job: JobInfo | None) -> None:
         raise click.ClickException(f"job {job_id} belongs to {job.user}; its logs are private to them")
 
 
+def _logs_of(job_id: int) -> tuple[int, JobInfo | None, JobDir]:
+    """The job whose logs `hai logs JOB` shows, its record and directory: a part's own task id
+    stands for its job in place, whose directory holds every part's log."""
+    job, jobdir = lookup(job_id)
+    if _part_of(job_id, job):
+        click.echo(f"job {job_id} is a part of job {job.array_job_id}, an elastic job in place: its logs "
+                   "(--rank P: part P's)", err=True)
+        job_id = job.array_job_id
+        job, jobdir = lookup(job_id)
+    _check_logs_readable(job_id, job)
+    return job_id, job, jobdir
+
+
 def _check_rank(job_id: int, job: JobInfo | None, jobdir: JobDir, rank: int) -> None:
     """A node rank of the job; for an elastic job in place, a part (one per node, each part's
     output in the rank log of its number, runtime/part_task.py), running or not."""
@@ -479,8 +505,7 @@ def follow_logs(job_id: int, rank: int, restart: int | None) -> None:
     FOLLOW_SLURM_EVERY s, and only while the log is quiet: new output says the job runs, and
     final.json says it has ended; Slurm is needed only for an end the job could not write."""
     slurm = backend()
-    job, jobdir = lookup(job_id)
-    _check_logs_readable(job_id, job)
+    job_id, job, jobdir = _logs_of(job_id)
     _check_rank(job_id, job, jobdir, rank)
     path = jobdir.rank_log(rank)
     owner_uid = jobdir.path.stat().st_uid if jobdir.path.exists() else None
@@ -538,8 +563,7 @@ def logs(job, follow, rank, restart, as_json):
         if as_json:
             raise Refused("--json and --follow do not go together")
         return follow_logs(job, rank, restart)
-    info, jobdir = lookup(job)
-    _check_logs_readable(job, info)
+    job, info, jobdir = _logs_of(job)
     _check_rank(job, info, jobdir, rank)
     path = jobdir.rank_log(rank)
     if not path.exists():
@@ -577,6 +601,7 @@ def stop(job, as_json):
 
     info, jobdir = lookup(job)
     check_owner(info, "stop")
+    _refuse_a_part(job, info, "stop")
     control.stop(backend(), job, info, jobdir, writable=jobdir.path.is_dir() and may_read(info))
     if as_json:
         emit_json({"job_id": job, "state": "finished-stopped"})
@@ -596,6 +621,7 @@ def suspend(job, as_json):
 
     info, jobdir = lookup(job)
     check_owner(info, "suspend")
+    _refuse_a_part(job, info, "suspend")
     writable = jobdir.path.is_dir() and may_read(info)
     control.check_running(job, info, jobdir, writable)
     if writable:

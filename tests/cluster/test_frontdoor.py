@@ -196,6 +196,10 @@ def test_hai_suspend_is_by_you_and_a_forced_suspend_shows_in_status(live):
     time.sleep(1)
     sent = json.loads(live.run(["hai", "suspend", "--json", str(job)], user="hai-alice").stdout)
     assert sent == {"job_id": job, "notice_sent": True}
+    # requeued, Slurm holds it back for cred_expire (5 s here; no policy daemon cuts it short)
+    held = wait_state(live, job, lambda s: "held back after requeue" in s["reason"], 60, "held back", user="hai-alice")
+    assert re.search(r"held back after requeue: may start again (in ~[1-9]\d* s|at Slurm's next scheduling pass)",
+                     held["reason"]), held  # never "restarts in ~0 s"
     st = wait_state(live, job, lambda s: s["state"] == "finished-succeeded", 120, "the rerun", user="hai-alice")
     assert st["suspends"] == 1 and st["forced_suspends"] == 1 and st["restarts"] == 1
     assert ": by you (hai suspend); forced off after" in st["last_suspend"]

@@ -65,6 +65,16 @@ def test_two_parts_leave_for_a_higher_job_the_others_train_on_and_all_end_as_one
         st, listed = hai(live, "status", str(array)), hai(live, "list")
         assert (st["state"], st["nodes"], st["node_range"]) == ("running", 2, "2:4"), st
         assert [r["job_id"] for r in listed if r["job_id"] >= array] == [array], listed  # not a line per task
+        # a running part's own task id (squeue -r shows it): `hai logs` shows the job's logs;
+        # `hai stop` and `hai suspend` touch nothing and name the job's id
+        task = next(t for t in map(int, live.run(["squeue", "-h", "-r", "-t", "R", "-j", str(array), "-o", "%A"]
+                                                 ).stdout.split()) if t != array)
+        for action in ("stop", "suspend"):
+            refused = live.run(["hai", action, str(task)], user=ALICE, check=False)
+            assert refused.returncode == 1 and refused.stderr.count("\n") == 1, (refused.stdout, refused.stderr)
+            assert f"a part of job {array}, an elastic job in place: `hai {action} {array}`" in refused.stderr
+        logs = live.run(["hai", "logs", "--json", str(task)], user=ALICE)
+        assert json.loads(logs.stdout)["job_id"] == array and f"a part of job {array}" in logs.stderr, logs.stderr
         wait_for(lambda: live.job(high).get("JobState", "COMPLETED") == "COMPLETED", 90, "the HIGH job to end", 0.5)
         # a step committed by four: the step the two died in may be noted by the others after
         # the two's `left` events, with four parts but not committed
@@ -91,7 +101,9 @@ def test_two_parts_leave_for_a_higher_job_the_others_train_on_and_all_end_as_one
         assert any(r["event"] == "healed" and r["part"] == part for r in all_rows), part
     assert_ends_as_one_process(out, tmp_path, least=4)
     # its size over time, from its parts' starts and leaves
-    sizes = hai(live, "status", str(array))["sizes"]
+    ended = hai(live, "status", str(array))
+    assert (ended["state"], ended["nodes"], ended["node_range"]) == ("finished-succeeded", 2, "2:4"), ended  # not 0/2:4
+    sizes = ended["sizes"]
     assert 4 in sizes and sizes[sizes.index(4):] == [4, 2, 4], sizes  # after its parts' start, 3 s apart or more
     # each part's output in its rank log, a run per start: `hai logs JOB --rank P`
     for part in gone:
@@ -198,6 +210,9 @@ def test_below_min_the_last_part_commits_and_leaves_and_the_job_resumes_from_tha
         left = named(job_dir, "left")
         assert len(below) == 1 and len(left) == 3 and below[0]["t"] == max(e["t"] for e in left), left
         assert below[0]["t"] - min(e["t"] for e in left) < 20, left  # at once, not after 60 s
+        # no part runs: the job waits for nodes, not for "0 nodes"
+        waiting = hai(live, "status", str(array))
+        assert waiting["nodes"] > 0 and "0 nodes" not in waiting["reason"], waiting
         done = max(r["step"] for r in rows(out) if r["event"] == "step" and r["committed"]) + 1
         live.run(["scancel", str(higher)])
         resumed = wait_for(lambda: found if len(found := [r for r in rows(out) if r["event"] == "resumed"]) >= 2

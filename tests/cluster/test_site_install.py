@@ -22,6 +22,11 @@ Proved (each an assertion that can fail):
     ends with weights bitwise equal to an uninterrupted run;
   * `apply --remove` and the guide's removal steps give back the QOS, associations,
     partitions, slurm.conf and preemption mode exactly as they were before the install.
+  * a new admin's walk of the guide's "Setting up a cluster" with its commands as written:
+    `hai-admin files docs`, the shipped policy.example.toml copied, checked and edited where it
+    says SITE:, `render`, the `Include`, `plan` naming `apply --adopt high,normal`, that apply,
+    `plan` then "no change", and `hai-admin units` writing units that run this venv's
+    hai-admin, name installed documentation and the policy where the guide copied it.
 """
 
 from __future__ import annotations
@@ -30,13 +35,14 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from conftest import LOCALCLUSTER, LiveCluster
+from conftest import LOCALCLUSTER, STATE, LiveCluster
 from test_site_policy import (STEPS, TRAIN, TRAIN_ARGS, accounting, events, final, last_step, named,  # noqa: F401
                               reference, same_weights, user_file)
 from waiting import wait_for
@@ -44,7 +50,10 @@ from waiting import wait_for
 pytestmark = pytest.mark.cluster
 
 REPO = Path(__file__).resolve().parents[2]
-SITE_STATE = Path("/var/lib/slurm-hai/localcluster-site")
+# beside the session's cluster, on ports of its own: a private session cluster
+# (HAI_CLUSTER_DIR, HAI_CLUSTER_PORT_BASE) gets a private site cluster too
+SITE_STATE = STATE.with_name(f"{STATE.name}-site")
+SITE_PORT_BASE = int(os.environ.get("HAI_CLUSTER_PORT_BASE", "16800")) - 200
 ALICE = "hai-alice"
 POLICY = """\
 # HAI's ladder on the site's partition batch, for the users of the site's account lab
@@ -80,14 +89,19 @@ def localcluster(command: str, env: dict[str, str]) -> None:
     assert p.returncode == 0, f"localcluster {command}: {p.stdout[-3000:]}{p.stderr[-3000:]}"
 
 
+def site_env(cluster: LiveCluster) -> dict[str, str]:
+    """contrib/localcluster's environment for the site cluster, on the session's Slurm."""
+    env = {**os.environ, "HAI_CLUSTER_DIR": str(SITE_STATE), "HAI_CLUSTER_PORT_BASE": str(SITE_PORT_BASE),
+           "HAI_CLUSTER_FIRST_JOB_ID": "60000"}
+    env.pop("HAI_SLURM_SOURCE", None)
+    env["HAI_SLURM_PREFIX"] = (cluster.state / "etc" / "slurm-prefix").read_text().strip()
+    return env
+
+
 @pytest.fixture(scope="module")
 def site_cluster(cluster: LiveCluster):
     """A cluster in site mode on the session's Slurm, booted fresh and removed after."""
-    env = {**os.environ, "HAI_CLUSTER_DIR": str(SITE_STATE), "HAI_CLUSTER_PORT_BASE": "16600",
-           "HAI_CLUSTER_FIRST_JOB_ID": "60000"}
-    prefix = (cluster.state / "etc" / "slurm-prefix").read_text().strip()
-    env.pop("HAI_SLURM_SOURCE", None)
-    env["HAI_SLURM_PREFIX"] = prefix
+    env = site_env(cluster)
     if SITE_STATE.exists():
         localcluster("down", env)
         shutil.rmtree(SITE_STATE)
@@ -217,6 +231,13 @@ def test_added_from_the_wheel_to_a_sites_cluster_preempts_resumes_bitwise_and_co
         assert [e["how"] for e in suspended] == ["go_suspend"], suspended
         c.wait_job(high, lambda j: j["JobState"] == "RUNNING", 60, "the HIGH job to take a node")
         c.wait_job(job, lambda j: j["Restarts"] == "1", 30, "the NORMAL job to be requeued")
+
+        def told() -> str | None:  # when it runs again: the site's batch has MaxTime=INFINITE, so HIGH has no limit
+            st = json.loads(c.run([tool["hai"], "status", "--json", str(job)], user=ALICE, cwd="/").stdout)
+            return st["reason"] if st["state"] == "suspended" and f"job {high} ends" in st["reason"] else None
+
+        reason = wait_for(told, 30, "hai status to say when the suspended job runs again")
+        assert f"runs again when job {high} ends, which has no time limit: no time can be told" in reason, reason
         c.run(["scancel", str(high)])
         result = final(job_dir, 240)
         assert result["state"] == "succeeded", result
@@ -245,3 +266,110 @@ def test_added_from_the_wheel_to_a_sites_cluster_preempts_resumes_bitwise_and_co
     plan = c.run([tool["hai-admin"], "apply", "--remove"], cwd="/")
     # the removal took its record away too: nothing is known to take out, and it says why
     assert "no change: there is no install record at" in plan.stdout, plan.stdout
+
+
+GUIDE = REPO / "docs" / "admin-guide.md"
+# docs/admin-guide.md, "Setting up a cluster", as a new admin reads it: its commands as written
+COPY = 'cp "$(hai-admin files docs)/policy.example.toml" /etc/slurm-hai/policy.toml'
+CHECK = "hai-admin check"
+RENDER = "hai-admin render --out /etc/slurm/hai"
+INCLUDE = "Include /etc/slurm/hai/hai-policy.conf"
+UNITS = "hai-admin units"
+# The lines of the shipped example a site edits for this cluster: those marked SITE: (its
+# account, its nodes), and the 8-GPU rule (its nodes have no GPUs).
+SITE_EDITS = {'accounts = ["research"]': 'accounts = ["lab"]', "min_gpus = 8": "min_gpus = 0",
+              '[groups.gpu]\nnodes = "gpu[001-064]"': '[groups.batch]\nnodes = "n[1-4]"'}
+
+
+def test_a_new_admin_sets_it_up_from_the_wheel_with_the_admin_guides_commands_and_takes_it_out_again(
+        cluster: LiveCluster, site_cluster: LiveCluster, wheel_venv: Path):
+    c = site_cluster
+    # A cluster that had slurm-hai and took it out (the test above, on this cluster) restarts
+    # slurmdbd before installing it again, as the guide says: without it, slurmdbd's stale
+    # Preempt lists refused this apply ("QOS Preemption loop detected", 22.05.8).
+    slurmdbd = int((c.state / "run" / "slurmdbd.pid").read_text())
+    os.kill(slurmdbd, signal.SIGTERM)
+    wait_for(lambda: not Path(f"/proc/{slurmdbd}").exists(), 30, "slurmdbd to stop")
+    localcluster("up --site", site_env(cluster))
+    guide = GUIDE.read_text()
+    for command in (COPY, f"`{CHECK}`", RENDER, INCLUDE, f"`{UNITS}`"):
+        assert command in guide, f"docs/admin-guide.md no longer says {command}: walk what it says now"
+    host_etc = c.state / "etc" / "new-admin"  # stands for the host's /etc, which other clusters share
+    (host_etc / "slurm-hai").mkdir(parents=True)
+    policy = host_etc / "slurm-hai" / "policy.toml"
+    hai_admin = wheel_venv / "bin" / "hai-admin"
+    # HAI_POLICY: where a bare `hai-admin check` looks on a site (/etc/slurm-hai/policy.toml), moved
+    c.env = {**c.env, "HAI_POLICY": str(policy), "PATH": f"{wheel_venv / 'bin'}:{c.env['PATH']}"}
+    before = snapshot(c)
+
+    def shell(command: str) -> subprocess.CompletedProcess:
+        return c.run(["bash", "-c", command.replace("/etc/", f"{host_etc}/")], check=False, cwd="/")
+
+    # -- 1. the policy, from the example the wheel ships, checked, then edited for this site
+    docs = Path(shell("hai-admin files docs").stdout.strip())
+    assert (docs / "admin-guide.md").is_file() and (docs / "policy.md").is_file(), docs
+    copied = shell(COPY)
+    assert copied.returncode == 0 and policy.read_text() == (docs / "policy.example.toml").read_text(), copied.stderr
+    checked = shell(CHECK)
+    assert checked.returncode == 0 and checked.stdout.startswith(f"{policy}: valid"), checked.stdout + checked.stderr
+    text = policy.read_text()
+    for line, site in SITE_EDITS.items():
+        assert line in text, f"the shipped example has no {line!r} to edit"
+        text = text.replace(line, site)
+    policy.write_text(text)
+    assert shell(CHECK).stdout.startswith(f"{policy}: valid")
+
+    # -- 2. the Slurm side: rendered, hai-policy.conf included from slurm.conf
+    rendered = shell(RENDER)
+    assert rendered.returncode == 0, rendered.stdout + rendered.stderr
+    for name in ("hai-policy.conf", "job_submit.lua", "plugstack.conf", "partitions.conf"):
+        assert (host_etc / "slurm" / "hai" / name).is_file(), rendered.stdout
+    with c.conf.open("a") as conf:
+        conf.write(INCLUDE.replace("/etc/", f"{host_etc}/") + "\n")
+    c.run(["scontrol", "reconfigure"])
+    wait_for(lambda: "PreemptMode = REQUEUE" in " ".join(snapshot(c)["preemption"].split()), 30,
+             "PreemptMode=REQUEUE in force")
+
+    # -- 3. plan names the apply to run; that apply makes it all; plan again: nothing left
+    plan = shell("hai-admin plan")
+    assert plan.returncode == 3, plan.stdout + plan.stderr
+    told = re.fullmatch(r"\d+ change\(s\); run `(hai-admin apply[^`]*)` to make them", plan.stdout.splitlines()[-1])
+    assert told and told.group(1) == "hai-admin apply --adopt high,normal", plan.stdout
+    applied = shell(told.group(1))
+    assert applied.returncode == 0 and f"change(s) applied from {policy}" in applied.stdout, \
+        applied.stdout + applied.stderr
+    again = shell("hai-admin plan")
+    assert again.returncode == 0 and again.stdout == "no change: the cluster matches the policy\n", \
+        again.stdout + again.stderr
+    assert not [w for w in again.stderr.splitlines() if w.startswith("warning: ")], again.stderr
+
+    # -- 4. the systemd units: this venv's hai-admin, documentation that is installed, the
+    # policy where step 1 put it
+    units = shell(f"{UNITS} --out /etc/systemd/system")
+    assert units.returncode == 0, units.stdout + units.stderr
+    unit_dir = host_etc / "systemd" / "system"
+    assert sorted(p.name for p in unit_dir.iterdir()) == [
+        "hai-lighthouse.service", "hai-policyd.service", "slurm-hai-persist.service"], units.stdout
+    for unit in unit_dir.iterdir():
+        lines = unit.read_text().splitlines()
+        execs = [ln.split("=", 1)[1].split() for ln in lines if ln.startswith(("ExecStart=", "ExecStartPre="))]
+        assert execs and all(argv[0] == str(hai_admin) for argv in execs), (unit.name, execs)
+        (doc,) = [ln.split("=", 1)[1] for ln in lines if ln.startswith("Documentation=")]
+        assert doc.startswith("file://") and Path(doc[len("file://"):]).is_file(), (unit.name, doc)
+        env = dict(ln.split("=", 2)[1:] for ln in lines if ln.startswith("Environment="))
+        for argv in execs:
+            if argv[1] == "check":  # ExecStartPre: the policy the unit names, as systemd would run it
+                argv = [env.get(a[2:-1], a).replace("/etc/", f"{host_etc}/") if a.startswith("${") else a
+                        for a in argv]
+                assert c.run(argv, cwd="/").stdout.startswith(f"{policy}: valid"), argv
+    assert os.access(hai_admin, os.X_OK)
+
+    # -- taken out again: apply --remove, the Include line out, the cluster as it was
+    removed = shell("hai-admin apply --remove")
+    assert "slurm-hai is taken out" in removed.stdout, removed.stdout + removed.stderr
+    c.conf.write_text(before["slurm.conf"])
+    c.run(["scontrol", "reconfigure"])
+    wait_for(lambda: snapshot(c)["preemption"] == before["preemption"], 30, "PreemptMode=CANCEL again")
+    after = snapshot(c)
+    for key in before:
+        assert after[key] == before[key], f"{key} before the install:\n{before[key]}\nafter the removal:\n{after[key]}"

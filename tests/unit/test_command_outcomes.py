@@ -291,6 +291,32 @@ def test_status_of_a_parts_task_id_is_the_status_of_its_job_in_place(world):
     assert hai("status", "--json", "40").exit_code == 0
 
 
+def test_logs_of_a_parts_task_id_are_the_logs_of_its_job_in_place(world):
+    parts = dict(comment=f"hai-dir={JobDir.for_job(0).path.parent};hai-parts=1:2", array_job_id=40)
+    me = common.current_user()
+    world.queue += [dataclasses.replace(slurm_job(40, me, "RUNNING"), **parts),
+                    dataclasses.replace(slurm_job(41, me, "RUNNING"), **parts)]
+    JobDir.for_job(40).create().event("submit", level="LOW", nodes=1, node_range="1:2")
+    (JobDir.for_job(40).path / "job.json").write_text(json.dumps({"parts": 2}))
+    JobDir.for_job(40).rank_log(1).write_text("==== slurm-hai run 0\npart 1 says hello\n")
+    r = CliRunner().invoke(user.main, ["logs", "41", "--rank", "1"])
+    assert r.exit_code == 0 and r.stdout.endswith("part 1 says hello\n"), (r.stdout, r.stderr)
+    assert r.stderr == "job 41 is a part of job 40, an elastic job in place: its logs (--rank P: part P's)\n"
+
+
+@pytest.mark.parametrize("action", ["stop", "suspend"])
+def test_stop_or_suspend_of_a_parts_task_id_names_the_job_in_place_and_sends_nothing(world, action):
+    parts = dict(comment=f"hai-dir={JobDir.for_job(0).path.parent};hai-parts=1:2", array_job_id=40)
+    me = common.current_user()
+    world.queue += [dataclasses.replace(slurm_job(40, me, "RUNNING"), **parts),
+                    dataclasses.replace(slurm_job(41, me, "RUNNING"), **parts)]
+    JobDir.for_job(40).create().event("submit", level="LOW", nodes=1, node_range="1:2")
+    said = error_line(hai(action, "41"))
+    assert f"job 41 is a part of job 40, an elastic job in place: `hai {action} 40` {action}s it, all its parts" \
+        in said, said
+    assert world.cancels() == []
+
+
 def test_status_of_a_job_nobody_knows_exits_1(world):
     assert "no job 99: Slurm does not know it" in error_line(hai("status", "99"))
 
