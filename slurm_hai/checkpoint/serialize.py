@@ -157,33 +157,37 @@ def unflatten_state(
     tree: Any, tensors: Mapping[str, torch.Tensor], per_rank: list[Any] | None = None
 ) -> Any:
     """Rebuild the nested state; PerRank places get this rank's value (None if it has none)."""
-
-    def build(node: Any) -> Any:
-        if not isinstance(node, dict):
-            return node
-        (kind, payload), = node.items()
-        if kind == "dict":
-            return {key: build(item) for key, item in payload}
-        if kind == "list":
-            return [build(item) for item in payload]
-        if kind == "tuple":
-            return tuple(build(item) for item in payload)
-        if kind == "tensor":
-            return tensors[payload]
-        if kind == "ndarray":
-            return tensors[payload].numpy()
-        if kind == "bytes":
-            return base64.b64decode(payload)
-        if kind == "float":
-            return float(payload)
-        if kind == "per_rank":
-            return per_rank[payload] if per_rank is not None and payload < len(per_rank) else None
-        raise CheckpointError(f"unknown node kind {kind!r} in checkpoint tree")
-
     try:
-        return build(tree)
+        return _build(tree, tensors, per_rank)
     except (KeyError, ValueError, TypeError) as exc:
         raise CheckpointError(f"checkpoint tree does not match its tensors ({exc!r})") from exc
+
+
+def _build(node: Any, tensors: Mapping[str, torch.Tensor], per_rank: list[Any] | None) -> Any:
+    """The value of one node of the tree. A module function, not a closure that calls itself:
+    such a closure is a reference cycle holding `tensors`, which (a load's freshly read
+    tensors, gigabytes) then lived until the cyclic garbage collector ran, and it ran during
+    the next suspend save (issue 56: 0.1-0.4 s of munmap in a 0.15 s save)."""
+    if not isinstance(node, dict):
+        return node
+    (kind, payload), = node.items()
+    if kind == "dict":
+        return {key: _build(item, tensors, per_rank) for key, item in payload}
+    if kind == "list":
+        return [_build(item, tensors, per_rank) for item in payload]
+    if kind == "tuple":
+        return tuple(_build(item, tensors, per_rank) for item in payload)
+    if kind == "tensor":
+        return tensors[payload]
+    if kind == "ndarray":
+        return tensors[payload].numpy()
+    if kind == "bytes":
+        return base64.b64decode(payload)
+    if kind == "float":
+        return float(payload)
+    if kind == "per_rank":
+        return per_rank[payload] if per_rank is not None and payload < len(per_rank) else None
+    raise CheckpointError(f"unknown node kind {kind!r} in checkpoint tree")
 
 
 @dataclass(frozen=True)

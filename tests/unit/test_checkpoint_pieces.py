@@ -3,7 +3,9 @@ mapped spare, and the streaming load from node memory (region.py)."""
 
 from __future__ import annotations
 
+import gc
 import json
+import weakref
 
 import pytest
 import torch
@@ -96,6 +98,23 @@ def test_the_streaming_load_from_node_memory_fills_the_live_tensors_in_place(one
     for key, expected in big_state(4.0).items():
         if isinstance(expected, torch.Tensor):
             assert torch.equal(live[key], expected) and live[key].data_ptr() == pointers[key]
+
+
+def test_a_load_from_the_durable_tier_frees_the_tensors_it_read_once_the_caller_drops_them(tmp_path):
+    # not at the cyclic garbage collector's next run: that was during the next suspend save
+    CheckpointManager(tmp_path / "ckpt").save(2, big_state(2.0))
+    live = big_state(0.0)
+    gc.disable()
+    try:
+        restart = CheckpointManager(tmp_path / "ckpt")
+        state = restart.load(into=live)
+        restart.close()
+        assert torch.equal(live["w"], big_state(2.0)["w"]) and state["w"] is not live["w"]
+        read = weakref.ref(state["w"])
+        del state
+        assert read() is None
+    finally:
+        gc.enable()
 
 
 def test_the_streaming_load_stops_at_a_bad_piece_and_an_older_checkpoint_is_loaded_over_it(one_node):
