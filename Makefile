@@ -50,11 +50,10 @@ test-each-slurm: setup
 	$(PY) tests/each_slurm.py $(SLURM_SOURCES) $(PYTEST_ARGS)
 
 # The network faults (tests marked netns) on the local cluster's netns layout, its nodes tracking
-# jobs by proctrack/linuxproc (on the cgroup layout 2 of 5 failed, 2026-12-06: a job's launch
-# after the backup controller took over, JobLaunchFailure; not found yet): every node and
-# slurmctld in a network namespace of its own (contrib/localcluster/README.md), in a state
-# directory, ports and job ids of its own; brought down after, namespaces and bridge included.
-NETNS_CLUSTER := HAI_CLUSTER_NETNS=1 HAI_CLUSTER_PROCTRACK=linuxproc HAI_CLUSTER_DIR=/var/lib/slurm-hai/netns-22.05 HAI_CLUSTER_PORT_BASE=16700 \
+# jobs by cgroup as the default layout's do: every node and slurmctld in a network namespace of
+# its own (contrib/localcluster/README.md), in a state directory, ports and job ids of its own;
+# brought down after, namespaces and bridge included.
+NETNS_CLUSTER := HAI_CLUSTER_NETNS=1 HAI_CLUSTER_DIR=/var/lib/slurm-hai/netns-22.05 HAI_CLUSTER_PORT_BASE=16700 \
 	HAI_CLUSTER_FIRST_JOB_ID=5000000
 test-netns: setup test-tools
 	rc=0; $(NETNS_CLUSTER) $(PY) -m pytest -m netns tests/cluster $(PYTEST_ARGS) || rc=$$?; \
