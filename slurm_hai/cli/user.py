@@ -120,17 +120,19 @@ def _has_ended(job_id: int) -> bool:
         return False
 
 
-def _part_of(job_id: int, job: JobInfo | None) -> bool:
-    """Whether `job_id` is a part's own task id (a task of an elastic job in place gets one
-    when it starts): `hai list` shows the job in place, under its array's id, never the task."""
-    return job is not None and in_place(job) and job.array_job_id != job_id
+def _part_of(job_id: int, job: JobInfo | None) -> int | None:
+    """The job in place whose part `job_id` is, when it is a part's own task id (a task of an
+    elastic job in place gets one when it starts): `hai list` shows the job in place, under
+    its array's id, never the task. None: `job_id` is no part's."""
+    return job.array_job_id if job is not None and in_place(job) and job.array_job_id != job_id else None
 
 
 def _refuse_a_part(job_id: int, job: JobInfo | None, action: str) -> None:
     """A part is not a job of its own to stop or suspend: the job in place is."""
-    if _part_of(job_id, job):
-        raise click.ClickException(f"job {job_id} is a part of job {job.array_job_id}, an elastic job in place: "
-                                   f"`hai {action} {job.array_job_id}` {action}s it, all its parts")
+    whole = _part_of(job_id, job)
+    if whole is not None:
+        raise click.ClickException(f"job {job_id} is a part of job {whole}, an elastic job in place: "
+                                   f"`hai {action} {whole}` {action}s it, all its parts")
 
 
 def _status_of(job_id: int) -> tuple[HaiStatus, JobInfo | None, JobDir]:
@@ -143,10 +145,10 @@ def _status_of(job_id: int) -> tuple[HaiStatus, JobInfo | None, JobDir]:
     question = why_question(service, [job_id]) if service else None
     try:
         job, jobdir = lookup(job_id)
-        if _part_of(job_id, job):
-            click.echo(f"job {job_id} is a part of job {job.array_job_id}, an elastic job in place: its status",
-                       err=True)
-            job_id = job.array_job_id
+        whole = _part_of(job_id, job)
+        if whole is not None:
+            click.echo(f"job {job_id} is a part of job {whole}, an elastic job in place: its status", err=True)
+            job_id = whole
             job, jobdir = lookup(job_id)
         if job is not None and in_place(job):  # a job in place: its parts, as one job
             job = next(iter(as_one_job(backend().jobs([job_id]))), job)
@@ -460,10 +462,11 @@ def _logs_of(job_id: int) -> tuple[int, JobInfo | None, JobDir]:
     """The job whose logs `hai logs JOB` shows, its record and directory: a part's own task id
     stands for its job in place, whose directory holds every part's log."""
     job, jobdir = lookup(job_id)
-    if _part_of(job_id, job):
-        click.echo(f"job {job_id} is a part of job {job.array_job_id}, an elastic job in place: its logs "
-                   "(--rank P: part P's)", err=True)
-        job_id = job.array_job_id
+    whole = _part_of(job_id, job)
+    if whole is not None:
+        click.echo(f"job {job_id} is a part of job {whole}, an elastic job in place: its logs (--rank P: part P's)",
+                   err=True)
+        job_id = whole
         job, jobdir = lookup(job_id)
     _check_logs_readable(job_id, job)
     return job_id, job, jobdir
