@@ -14,7 +14,8 @@ from .levels import AUTO, Level
 from .model import Policy
 from .job import Job, place
 from .rules import QUOTA_REASONS, WAITING_FOR_NODES, Snapshot, is_held
-from .tags import BEHIND as BEHIND_TAG, DEMOTED as DEMOTED_TAG, YIELD as YIELD_TAG, parse_at
+from .sizes import from_tag
+from .tags import BEHIND as BEHIND_TAG, DEMOTED as DEMOTED_TAG, NODES as NODES_TAG, YIELD as YIELD_TAG, parse_at
 
 
 def _ago(seconds: float) -> str:
@@ -87,7 +88,7 @@ def _why(job: Job, snap: Snapshot, lines: Explainer, now: float) -> str:
             assert d is not None  # is_demoted: the policy demotes
             return (f"running at {d.source} for {_ago(snap.run_time(job))}: counts as {d.target} "
                     f"(demoted after {_ago(d.after_seconds)}), so a {d.source} job may take its nodes")
-        return f"running at {name} on {_nodes(job.num_nodes)} for {_ago(now - job.start_time)}"
+        return f"running at {name} on {_nodes(job.num_nodes)} for {_ago(now - job.start_time)}{_grows(job, tags, policy)}"
     if job.state != "PENDING":
         return job.state.lower().replace("_", " ")
     auto = "AUTO, now " if snap.submit_level(job) == AUTO else ""
@@ -124,6 +125,18 @@ def _why(job: Job, snap: Snapshot, lines: Explainer, now: float) -> str:
                     f"and waits behind it ({_position(job, lvl, snap, lines)})")
         return f"{auto}waiting for {_nodes(job.num_nodes)} at {lvl.name} ({_position(job, lvl, snap, lines)})"
     return f"{auto}pending at {name}: {reason}"
+
+
+def _grows(job: Job, tags: dict[str, str], policy: Policy) -> str:
+    """For an elastic job running below its MAX: who grows it back, and when (a job on the
+    local cluster, where no policy daemon runs, never grows: issue 54, finding 3)."""
+    nodes = from_tag(tags.get(NODES_TAG))
+    if nodes is None or not nodes.elastic or job.num_nodes >= nodes.max:
+        return ""
+    if policy.grow_after_seconds is None:
+        return f"; it never grows back to {nodes.max}: this policy grows no job (grow = false)"
+    return (f"; the policy daemon grows it to up to {_nodes(nodes.max)} once nodes stay idle "
+            f"{_ago(policy.grow_after_seconds)} (where none runs, it stays on {job.num_nodes})")
 
 
 def _position(job: Job, mine: Level, snap: Snapshot, lines: Explainer) -> str:

@@ -94,6 +94,10 @@ def test_sbatch_nodes_range_with_the_spank_plugin_is_elastic_and_quotas_cap_it(l
     wait_for(lambda: len(_ranks(out)) == 2, 60, "its ranks to run")
     time.sleep(1)
     assert _ranks(out) == {0: 2, 1: 2} and live.job(job)["NumNodes"] == "2"
+    # below its MAX: who grows it back, and that nothing does where no policy daemon runs
+    st = json.loads(live.run(["hai", "status", "--json", str(job)], user=ALICE).stdout)
+    assert "; the policy daemon grows it to up to 4 nodes once nodes stay idle" in st["reason"], st
+    assert st["reason"].endswith("(where none runs, it stays on 2)"), st
     (out / "go").touch()
 
 

@@ -693,6 +693,20 @@ def test_explain_running_demoted_and_preempted():
     assert explain(r, [r], POLICY, NOW) == "running at HIGH on 2 nodes for 30 s"
 
 
+def test_an_elastic_job_below_its_max_is_told_who_grows_it_back():
+    """Issue 54, finding 3: on a cluster where no policy daemon runs a shrunk job never grows
+    back, and nothing said so."""
+    shrunk = job(4, "RUNNING", "low", nodes=2, start_time=NOW - 30, admin_comment="hai-level=LOW hai-nodes=2:4:1")
+    assert explain(shrunk, [shrunk], POLICY, NOW) == (
+        "running at LOW on 2 nodes for 30 s; the policy daemon grows it to up to 4 nodes once nodes stay idle "
+        f"{POLICY.grow_after_seconds} s (where none runs, it stays on 2)")
+    never = replace(POLICY, grow_after_seconds=None)
+    assert explain(shrunk, [shrunk], never, NOW).endswith("; it never grows back to 4: this policy grows no job "
+                                                          "(grow = false)")
+    whole = job(5, "RUNNING", "low", nodes=4, start_time=NOW - 30, admin_comment="hai-level=LOW hai-nodes=2:4:1")
+    assert explain(whole, [whole], POLICY, NOW) == "running at LOW on 4 nodes for 30 s"
+
+
 def test_explain_auto_and_other_reasons():
     a = job(1, qos="high.u.hai-bob", user="hai-bob", level="AUTO", reason="Resources")
     assert explain(a, [a], POLICY, NOW) == "AUTO, now waiting for 1 node at HIGH (position 1 in line)"
