@@ -119,8 +119,10 @@ def go_suspend() -> None:
     waits to be ended; elsewhere it leaves, exit 0, and its launcher ends the step."""
     jobdir = _job_dir()
     run = restart_count()
-    if jobdir.mark_suspend(run, "go_suspend"):
+    if jobdir.suspended(run) is None:
+        # journalled before the marker: a launcher that sees the marker ends this process at once
         jobdir.event("go_suspend", run=run, host=os.uname().nodename, pid=os.getpid())
+        jobdir.mark_suspend(run, "go_suspend")
     sys.stdout.flush()
     sys.stderr.flush()
     if not _ask_the_launcher_to_end_the_step():

@@ -244,6 +244,33 @@ def test_go_suspend_off_rank_0s_node_marks_the_run_and_leaves_at_once_for_its_la
     assert jd.suspended(3) == "go_suspend" and [e["event"] for e in jd.events()] == ["go_suspend"]
 
 
+
+def test_go_suspend_journals_its_call_before_it_marks_the_run(tmp_path, monkeypatch):
+    """A launcher that sees the run's marker ends the command at once (every MARKER_EVERY s):
+    an event journalled after the marker could be lost with the process (seen: a unit test,
+    now and then, found no go_suspend event). The call is journalled first; a run already
+    marked (forced off) is neither journalled nor marked again."""
+    from slurm_hai.runtime import client
+
+    jd = JobDir(tmp_path / "job").create()
+    monkeypatch.setenv("HAI_JOB_DIR", str(jd.path))
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "2")
+    monkeypatch.delenv("HAI_SUSPEND_FLAG", raising=False)
+    seen = []
+    marked = JobDir.mark_suspend
+    monkeypatch.setattr(JobDir, "mark_suspend", lambda self, run, how: (
+        seen.append([e["event"] for e in self.events()]), marked(self, run, how))[1])
+    monkeypatch.setattr(client.os, "_exit", lambda code: (_ for _ in ()).throw(SystemExit(code)))
+    with pytest.raises(SystemExit):
+        client.go_suspend()
+    assert seen == [["go_suspend"]] and jd.suspended(2) == "go_suspend"
+    marked(jd, 3, "forced")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "3")
+    with pytest.raises(SystemExit):
+        client.go_suspend()
+    assert seen == [["go_suspend"]] and jd.suspended(3) == "forced"
+    assert [(e["event"], e["run"]) for e in jd.events()] == [("go_suspend", 2)]
+
 class _Slurm:
     """A Slurm that refuses the requeue `refusals` times (slurmctld restarting), then takes it."""
 
