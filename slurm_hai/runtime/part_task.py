@@ -146,8 +146,10 @@ class Task:
     def left(self, rc: int, lost: bool, retries: int, ending: list[int]) -> int:
         """The part's step ended without success: journal why (runtime/protocol.py judges
         it) and requeue the task where the protocol says so; this script's exit status."""
-        record = slurm_record(self.slurm, self.job_id)  # read once: whether Slurm preempted the run, or ended it
-        why = protocol.part_left(lost, rc == EXIT_TIME_LIMIT, rc == EXIT_BELOW_MIN, _preempted(record))
+        left_for = (lost, rc == EXIT_TIME_LIMIT, rc == EXIT_BELOW_MIN)
+        # Slurm's record, read once and only where it decides: whether Slurm preempted the run, or ended it
+        record = None if any(left_for) else slurm_record(self.slurm, self.job_id)
+        why = protocol.part_left(*left_for, _preempted(record))
         self.jobdir.event(protocol.PART_LEFT, run=self.run, part=self.part, exit_code=rc,
                           preempted=why == "preempted", **({why: True} if why in protocol.PART_LEFT_FOR else {}))
         if why == "failed":

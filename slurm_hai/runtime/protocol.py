@@ -25,8 +25,8 @@ job in place (`part_left`), and what follows each judgement is its event's actio
 (`actions_of`). A part of a job in place has no launcher and no notice of its own (Slurm's
 signal ends its step): its task's script journals PART_LEFT with why (`part_left`), requeues
 the task for each of PART_LEFT_FOR, and a preempted one where Slurm does not (before 24.05);
-its own failure is retried as a run's is (RETRY). The table in docs/design.md, "The suspend protocol as a state machine", is
-`table()`'s output.
+its own failure is retried as a run's is (RETRY). The table in docs/design.md, "The suspend
+protocol as a state machine", is `table()`'s output.
 
 Pure: no I/O, no clock, no Slurm.
 """
