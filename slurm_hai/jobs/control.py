@@ -15,7 +15,7 @@ import os
 
 from ..slurm import Backend, SlurmError
 from ..slurm.records import JobInfo
-from .jobdir import JobDir
+from .jobdir import JobDir, last_request
 from .status import clock, hai_state
 
 # The HAI states in which a job is over: nothing is left to stop or suspend.
@@ -89,8 +89,7 @@ def check_no_notice_yet(job_id: int, run: int, events: list[dict]) -> None:
     """NoEffect when run `run` of the job has had its suspend notice (the launcher's `notice`
     event of the run, or a request not known to have failed): it is suspending already, and a
     second notice would change nothing."""
-    last = next((e for e in reversed(events) if e["run"] == run and e["event"] in
-                 ("notice", "suspend_requested", "suspend_request_failed")), None)
+    last = last_request(events, run)
     if last is not None and last["event"] != "suspend_request_failed":
         raise NoEffect(f"job {job_id} has had its suspend notice since {clock(last['t'])}: it commits and is "
                        f"requeued within its grace; no second notice sent (`hai status {job_id}` follows it)")

@@ -101,6 +101,15 @@ def events_in(path: Path, uid: int | None) -> list[dict]:
     return [e for e in map(parse_event, lines) if e is not None]
 
 
+def last_request(events: list[dict], run: int) -> dict | None:
+    """Run `run`'s last word on a suspend request (its launcher's `notice`, a command's
+    `suspend_requested`, or `suspend_request_failed`), None if none: a request whose last
+    word is `suspend_requested` is the run's, whenever it came, the step's start included
+    (the command journals it before it signals a step that may not run yet)."""
+    return next((e for e in reversed(events) if e.get("run") == run and e.get("event") in
+                 ("notice", "suspend_requested", "suspend_request_failed")), None)
+
+
 def write_atomic(path: Path, text: str, durable: bool = True) -> None:
     """Write-then-rename, so a reader sees the old or the new text, never half; `durable`:
     with fsync of the file and its directory, so that a power loss does not lose it either

@@ -48,7 +48,7 @@ from .client import FLAG_LEAVE
 from ..policy.contract import node_contract
 from .multiprocessing import default_nprocs
 from .proctree import descendants
-from ..jobs.jobdir import JobDir
+from ..jobs.jobdir import JobDir, last_request
 from ..policy.limits import NOTICE_MARGIN, NOTICE_SIGNALS
 
 TERM_TO_KILL_SECONDS = 3.0
@@ -181,13 +181,12 @@ class NodeRun:
             signal.signal(sig, signal.SIG_IGN)
 
     def _suspend_requested_before_handlers(self) -> bool:
-        """Whether `hai suspend` asked during this run before the launcher could hear it: the
-        notice signals are ignored from the step's start (batch.launcher_argv), so one that
-        came while Python started is lost, but the request is in the job's events."""
-        events = self.jobdir.events()
-        started = max((e["t"] for e in events if e.get("event") == "start" and e.get("run") == self.run), default=None)
-        return started is not None and any(e.get("event") == "suspend_requested" and e.get("t", 0) >= started
-                                           for e in events)
+        """Whether `hai suspend` asked for this run before the launcher could hear it: the
+        notice signals are ignored from the step's start (batch.launcher_argv), and a job
+        Slurm runs may have no step yet, so a notice that came before is lost, but the
+        request (of this run, journalled before the signal) is in the job's events."""
+        last = last_request(self.jobdir.events(), self.run)
+        return last is not None and last["event"] == "suspend_requested"
 
     def notice(self, source: str) -> None:
         if self.flag is None or self.noticed_at is not None:
