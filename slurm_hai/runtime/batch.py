@@ -34,8 +34,10 @@ from ..jobs.jobdir import JobDir, run_sizes
 from ..policy.limits import NOTICE_SIGNALS
 from ..policy.sizes import NodeRange
 from ..slurm import SlurmError, backend
+from ..slurm.commands import KILLED_STEP_CLEANUP_S
 from . import protocol
 
+LEAVE_AGAIN_S = 1.0  # StepWatch: between two tries of the leave signal Slurm did not take
 # How long a suspended run's requeue is asked again while slurmctld does not answer (as long
 # as go_suspend() asked before this script became the requeue's one owner); after that the
 # run ends failed, and the policy daemon requeues it (requeue-failed).
@@ -167,8 +169,33 @@ def main(argv: list[str] | None = None) -> int:
     nodes = start_run(slurm, jobdir, job_id, run, args.nodes)
     ending: list[int] = []
     signal.signal(signal.SIGTERM, lambda s, f: ending.append(s))  # Slurm ends the job: the step gets it too
-    rc = slurm.run_step(launcher_argv(args, cmd), nodes, args.gpus, os.environ.get("SLURM_JOB_NAME", "hai"))
+    rc = slurm.run_step(launcher_argv(args, cmd), nodes, args.gpus, os.environ.get("SLURM_JOB_NAME", "hai"),
+                        watch=StepWatch(slurm, jobdir, job_id, run))
     return end_run(slurm, jobdir, job_id, run, nodes, rc, args.retries, ending)
+
+
+class StepWatch:
+    """While the run's step runs: once the run is marked suspended (suspend.<run>, written
+    on this node by go_suspend() or the forced suspend of rank 0), send the step
+    protocol.LEAVE_SIGNAL, so that every node's launcher leaves at once and exits 0. Sent
+    again at most every LEAVE_AGAIN_S while Slurm does not take it; each launcher also
+    finds the marker on its own (launcher.MARKER_EVERY), with no controller."""
+
+    def __init__(self, slurm, jobdir: JobDir, job_id: int, run: int) -> None:
+        self.slurm, self.jobdir, self.job_id, self.run = slurm, jobdir, job_id, run
+        self.tried_at = -LEAVE_AGAIN_S
+        self.sent = False
+
+    def __call__(self) -> None:
+        now = time.monotonic()
+        if self.sent or now < self.tried_at + LEAVE_AGAIN_S or self.jobdir.suspended(self.run) is None:
+            return
+        self.tried_at = now
+        try:
+            self.slurm.cancel(self.job_id, signal=protocol.LEAVE_SIGNAL)  # its steps, not this script
+            self.sent = True
+        except SlurmError as e:
+            print(f"slurm-hai: run {self.run}: the step's leave signal: {e} (trying again)", flush=True)
 
 
 def start_run(slurm, jobdir: JobDir, job_id: int, run: int, sizes: NodeRange | None) -> int:
@@ -239,8 +266,11 @@ def ended_by_slurm(slurm, jobdir: JobDir, job_id: int, run: int, nodes: int, end
     but has then already counted the requeue (restart count past this run) or left RUNNING.
     A step that could not start on every node (srun: "Task launch ... failed on node": a
     node cut off) waits longer: Slurm marks such a node DOWN within SlurmdTimeout and
-    requeues the job (NODE_FAIL), and judged now the run would count as the user's failure."""
-    deadline = time.monotonic() + 2
+    requeues the job (NODE_FAIL), and judged now the run would count as the user's failure.
+    A step of several nodes waits KILLED_STEP_CLEANUP_S at least: srun's --kill-on-bad-exit
+    may have ended it, and a retry, which the policy daemon starts within the second of its
+    requeue, must not start before the other nodes' slurmstepd removed the step's cgroup."""
+    deadline = time.monotonic() + (KILLED_STEP_CLEANUP_S if nodes > 1 else 2)
     if len(jobdir.launched(run, nodes)) < nodes:
         deadline += slurmd_timeout(slurm) + 15
         print(f"slurm-hai: run {run} did not start on every node; waiting for Slurm to judge the nodes", flush=True)

@@ -45,6 +45,7 @@ from typing import Callable, Iterator
 
 from ..slurm import SlurmError, backend, squeue
 from .client import FLAG_LEAVE
+from .protocol import LEAVE_SIGNAL
 from ..policy.contract import node_contract
 from .multiprocessing import default_nprocs
 from .proctree import descendants
@@ -52,6 +53,7 @@ from ..jobs.jobdir import JobDir, last_request
 from ..policy.limits import NOTICE_MARGIN, NOTICE_SIGNALS
 
 TERM_TO_KILL_SECONDS = 3.0
+LEAVE = signal.Signals[f"SIG{LEAVE_SIGNAL}"]
 MARKER_EVERY = 0.5  # s between two looks for the run's suspend marker (on a shared file system)
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 
@@ -225,7 +227,9 @@ class NodeRun:
                 kill(pid, sig)
 
     def handle(self, sig: int) -> None:
-        if sig in self.notices and sig != signal.SIGTERM:
+        if sig == LEAVE:
+            self.leave()
+        elif sig in self.notices and sig != signal.SIGTERM:
             self.notice("signal")
         elif sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             if (self.term_is_notice and self.noticed_at is None and self.jobdir.suspended(self.run) is None
@@ -237,9 +241,9 @@ class NodeRun:
 
     def leave(self) -> None:
         """The run ends by a suspend (go_suspend(), or forced on rank 0's node): end the
-        command and the step (srun's --kill-on-bad-exit ends the other nodes' tasks when this
-        one exits non-zero; each of them also sees the run's marker); the batch script then
-        requeues the job."""
+        command, and exit 0 (main). The other nodes' launchers leave on the batch script's
+        LEAVE_SIGNAL, or when they see the run's marker; the batch script then requeues the
+        job."""
         if not self.left:
             self.left = True
             self.jobdir.event("left_for_requeue", run=self.run, rank=self.rank)
@@ -281,7 +285,7 @@ class NodeRun:
             self._signal_all(signal.SIGKILL)
 
     def wait(self) -> int:
-        for sig in (*self.notices, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        for sig in (*self.notices, LEAVE, signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
             signal.signal(sig, lambda s, _f: self.pending.append(s))
         if self.flag is not None and self._suspend_requested_before_handlers():
             self.notice("signal")
@@ -424,12 +428,13 @@ def main(argv: list[str] | None = None) -> int:
                    notice_lost=lambda: _notice_lost(slurm, int(job_id), args.grace))
     node.start()
     rc = node.wait()
-    if node.left or node.forced or (rc == 0 and jobdir.suspended(run) == "go_suspend"):
-        # the run ends by a suspend (go_suspend() asked through the flag on rank 0's node, a
-        # rank of another node exits 0; or forced): a non-zero exit ends the step on every node
+    if node.left or node.forced or jobdir.suspended(run) is not None:
+        # the run ends by a suspend (go_suspend() asked through the flag on rank 0's node, or
+        # another node's command left, or failed as its peers left; or forced): exit 0, every
+        # node alike (protocol.LEAVE_SIGNAL)
         if not node.forced:
             node.leave()
-        return rc or 1
+        return 0
     if rc == 0 and node.noticed_at is None and memory is not None and not any(memory.glob("parts/*")):
         # The job is done: no restart will read it. A suspend checkpoint there (parts/) may
         # still be on its way to the durable directory: the node's persist agent removes the

@@ -74,6 +74,15 @@ EVENTS = (NOTICE, COMMIT_STARTED, GO_SUSPEND, LEFT_FOR_REQUEUE, GRACE_EXPIRED, R
           RETRY, FINISHED, KILLED, SUPERSEDED)
 TERMINAL = frozenset({State.REQUEUED, State.ENDED})
 
+# What the batch driver sends the run's step once the run is marked suspended: every node's
+# launcher ends its command and exits 0, so that srun's --kill-on-bad-exit never ends the
+# step. Its SIG_TERM_KILL keeps a connection to each node's slurmstepd open for KillWait;
+# the stepd, its step done, waits up to 3 s for it before it removes the step's cgroup, the
+# path of the next run's step, which then cannot start on that node (24.11 and later;
+# docs/design.md, "The end of a run's step"). Ignored by default: the user's processes, which
+# get it too, go on until their launcher ends them.
+LEAVE_SIGNAL = "URG"
+
 
 @dataclass(frozen=True)
 class Transition:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Protocol, Sequence
+from typing import TYPE_CHECKING, Callable, Protocol, Sequence
 
 if TYPE_CHECKING:
     from ..policy.ladder import Change
@@ -58,5 +58,7 @@ class Backend(Protocol):
     def apply(self, change: Change) -> None: ...
     # inside a batch script: give back all but the first `nodes` nodes of a running job
     def shrink_allocation(self, job_id: int, nodes: int) -> None: ...
-    # inside a batch script: one job step, one task per node; its exit status
-    def run_step(self, command: Sequence[str], nodes: int | str, gpus_per_node: int = 0, job_name: str = "hai") -> int: ...
+    # inside a batch script: one job step, one task per node; its exit status (`watch`: called
+    # every cli.WATCH_EVERY s while it runs)
+    def run_step(self, command: Sequence[str], nodes: int | str, gpus_per_node: int = 0, job_name: str = "hai",
+                 watch: Callable[[], None] | None = None) -> int: ...

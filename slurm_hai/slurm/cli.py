@@ -10,7 +10,7 @@ from dataclasses import replace
 import os
 import subprocess
 import time
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from . import commands, squeue
 from .base import NodeInfo
@@ -76,6 +76,7 @@ GENERIC_FAILURES = ("Batch job submission failed: Unspecified error",)
 SACCTMGR_REFUSALS = ("don't have access to their default qos", "Changes Discarded")
 # sacct/sacctmgr's last line when slurmdbd is down or unreachable
 DBD_DOWN = "Problem talking to the database"
+WATCH_EVERY = 0.1  # s between two calls of run_step's watch
 
 
 def _detail(command: str, output: str) -> str:
@@ -327,12 +328,20 @@ class CliBackend:
                 idle[part] += int(count)
         return idle
 
-    def run_step(self, command: Sequence[str], nodes: int | str, gpus_per_node: int = 0, job_name: str = "hai") -> int:
+    def run_step(self, command: Sequence[str], nodes: int | str, gpus_per_node: int = 0, job_name: str = "hai",
+                 watch: Callable[[], None] | None = None) -> int:
         """Run `command` as one job step, once on each of `nodes` nodes (from inside a batch
         script), and wait for it: its exit status. Slurm's SIGTERM to the batch script
-        reaches the step too; a signal handler of the caller does not cut the wait short."""
+        reaches the step too; a signal handler of the caller does not cut the wait short.
+        `watch`: called every WATCH_EVERY s while the step runs."""
         argv = commands.step_argv(command, nodes, gpus_per_node, job_name)
         try:
-            return subprocess.Popen(argv, stdin=subprocess.DEVNULL).wait()  # EINTR is retried
+            step = subprocess.Popen(argv, stdin=subprocess.DEVNULL)
         except OSError as e:
             raise SlurmError(f"srun could not be run: {e.strerror}; is this a Slurm batch job?") from None
+        while watch is not None:
+            try:
+                return step.wait(WATCH_EVERY)  # EINTR is retried
+            except subprocess.TimeoutExpired:
+                watch()
+        return step.wait()

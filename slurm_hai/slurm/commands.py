@@ -129,6 +129,15 @@ def last_run_ends(text: str) -> dict[int, str]:
     return ends
 
 
+# After srun's --kill-on-bad-exit ended a step of several nodes (a task failed), a node's
+# slurmstepd may remove the step's cgroup up to 3 s after the step ended: the kill
+# (SIG_TERM_KILL) holds a connection to it for KillWait, and the stepd waits up to 3 s for
+# its connections before it cleans up (STEPD_MESSAGE_COMP_WAIT; 24.11 and later). A step of the
+# same job started there meanwhile has the same cgroup path and loses it (`Slurmd could not
+# execve job`): runtime/batch.py requeues such a run for a retry no sooner than this after it.
+KILLED_STEP_CLEANUP_S = 4.0
+
+
 def step_argv(command: Sequence[str], nodes: int | str, gpus_per_node: int = 0, job_name: str = "hai") -> list[str]:
     """One job step running `command` once on each of `nodes` nodes: output unbuffered, and a
     task that fails ends the others."""

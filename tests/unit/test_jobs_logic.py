@@ -316,3 +316,39 @@ def test_a_requeue_slurm_never_takes_ends_the_run_failed_for_the_daemon(monkeypa
     slurm = _Slurm(10_000)
     assert batch.requeue_suspended(slurm, 7, 3, []) == 1
     assert 2 <= slurm.requeues <= batch.REQUEUE_TRIES_S / 60 + 1
+
+
+def test_once_the_run_is_marked_suspended_the_batch_script_sends_its_step_the_leave_signal_once(tmp_path,
+                                                                                                monkeypatch):
+    # StepWatch: nothing while the run is not marked; then the step's signal (not the batch
+    # script's), sent again while Slurm does not take it, at most every LEAVE_AGAIN_S
+    from slurm_hai.runtime import batch, protocol
+
+    now = [0.0]
+    monkeypatch.setattr(batch.time, "monotonic", lambda: now[0])
+    sent: list[tuple[int, str]] = []
+
+    class Slurm:
+        refusals = 1
+
+        def cancel(self, job_id, signal=None):
+            sent.append((job_id, signal))
+            if len(sent) <= self.refusals:
+                raise SlurmError("Unable to contact slurm controller (connect failure)")
+
+    jd = JobDir(tmp_path / "job").create()
+    watch = batch.StepWatch(Slurm(), jd, 7, 2)
+    watch()
+    jd.mark_suspend(1, "go_suspend")  # another run's marker
+    watch()
+    assert sent == []
+    jd.mark_suspend(2, "forced")
+    watch()
+    now[0] += batch.LEAVE_AGAIN_S / 2
+    watch()
+    assert sent == [(7, protocol.LEAVE_SIGNAL)]  # refused; not asked again so soon
+    now[0] += batch.LEAVE_AGAIN_S
+    watch()
+    now[0] += batch.LEAVE_AGAIN_S
+    watch()
+    assert sent == [(7, protocol.LEAVE_SIGNAL)] * 2  # taken: never sent again

@@ -8,6 +8,7 @@ sends it. Before, the job side knew only USR2: a USR1 or TERM notice killed the 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import shlex
 import shutil
@@ -25,6 +26,7 @@ from slurm_hai.jobs.request import JobRequest, render_script, validate
 from slurm_hai.policy.limits import NOTICE_SIGNALS
 from slurm_hai.policy.model import parse_policy
 from slurm_hai.runtime.batch import launcher_argv
+from slurm_hai.runtime.protocol import LEAVE_SIGNAL
 from slurm_hai.runtime.launcher import NodeRun, notice_lost_at_start, notice_signals
 from slurm_hai.slurm.records import JobInfo
 
@@ -246,9 +248,9 @@ def test_go_suspend_ends_the_step_for_the_batch_script_to_requeue_and_asks_slurm
                                                                                           slurm_here):
     # The batch script alone requeues a run (runtime/protocol.py): go_suspend() asks rank 0's
     # launcher through the flag, another node's by leaving; the launcher ends its command (a
-    # sibling process too) and exits non-zero, so srun's --kill-on-bad-exit ends the step on
-    # every node. Neither asks Slurm for a requeue, whether Slurm's commands are there or not
-    # (a container without them: issue 53).
+    # sibling process too) and exits 0, so that srun's --kill-on-bad-exit does not end the
+    # step (the batch script's LEAVE_SIGNAL does). Neither asks Slurm for anything, whether
+    # Slurm's commands are there or not (a container without them: issue 53).
     jobdir = JobDir(tmp_path / "7").create()
     empty = tmp_path / "bin"
     empty.mkdir()
@@ -271,7 +273,7 @@ def test_go_suspend_ends_the_step_for_the_batch_script_to_requeue_and_asks_slurm
     p = subprocess.run([sys.executable, "-m", "slurm_hai.runtime.launcher", f"--job-dir={jobdir.path}", "--grace=300",
                         "--", sys.executable, "-c", child], env=env, text=True, capture_output=True, timeout=120)
     try:
-        assert p.returncode != 0 and time.monotonic() - t0 < 60, (p.returncode, p.stderr)
+        assert p.returncode == 0 and time.monotonic() - t0 < 60, (p.returncode, p.stderr)
         assert "go_suspend returned" not in jobdir.rank_log(node_id).read_text()
         assert "the batch script requeues the job" in p.stderr, p.stderr
         events = [(e["event"], e["run"]) for e in jobdir.events()]
@@ -288,8 +290,8 @@ def test_go_suspend_ends_the_step_for_the_batch_script_to_requeue_and_asks_slurm
 
 def test_no_go_suspend_within_the_grace_the_launcher_ends_the_command_itself_and_marks_the_run_forced(tmp_path):
     # The forced suspend asks Slurm nothing either (the launcher takes no Slurm call): rank 0's
-    # launcher marks the run, ends the command (TERM, which it does not ignore) and its
-    # non-zero end ends the step; the batch script requeues the forced run.
+    # launcher marks the run and ends the command (TERM, which it does not ignore); the batch
+    # script sees the mark, ends the step (LEAVE_SIGNAL) and requeues the forced run.
     jobdir = JobDir(tmp_path / "8").create()
     flag = tmp_path / "flag"
     node = NodeRun([sys.executable, "-c", "import time; time.sleep(600)"], {**os.environ, "OMP_NUM_THREADS": "1"},
@@ -316,4 +318,31 @@ def test_a_node_whose_command_did_not_suspend_ends_it_once_the_run_is_marked(tmp
     t0 = time.monotonic()
     rc = node.wait()
     assert node.left and rc == 128 + signal.SIGTERM and time.monotonic() - t0 < 10, rc
+    assert [(e["event"], e["rank"]) for e in jobdir.events()] == [("left_for_requeue", 1)]
+
+
+def test_the_batch_scripts_leave_signal_ends_another_nodes_command_and_its_launcher_exits_0(tmp_path):
+    # The batch script sends the step LEAVE_SIGNAL once the run is marked suspended (StepWatch):
+    # each node's launcher leaves then, before it could see the marker, and exits 0, so that
+    # srun's --kill-on-bad-exit never ends the step (its kill delays the nodes' cleanup of
+    # the step's cgroup, which the next run's step needs). The command ignores the signal.
+    jobdir = JobDir(tmp_path / "10").create()
+    started = tmp_path / "started"
+    child = f"import time; open({str(started)!r}, 'w').close(); time.sleep(600)"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "HAI_"))}
+    env.update(HAI_MASTER_IP="127.0.0.1", SLURM_JOB_ID="10", SLURM_NODEID="1", SLURM_NNODES="2",
+               OMP_NUM_THREADS="1")
+    p = subprocess.Popen([sys.executable, "-m", "slurm_hai.runtime.launcher", f"--job-dir={jobdir.path}",
+                          "--grace=300", "--", sys.executable, "-c", child], env=env, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_for(lambda: started.exists() and any(jobdir.path.glob("logs/rank-1.log")), "the command to start")
+        # sent again until the launcher ends: its handlers come just after the command's start
+        for _ in range(100):
+            p.send_signal(signal.Signals[f"SIG{LEAVE_SIGNAL}"])
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                p.wait(0.2)
+                break
+        assert p.wait(10) == 0, p.stderr.read() if p.stderr else ""
+    finally:
+        p.kill()
     assert [(e["event"], e["rank"]) for e in jobdir.events()] == [("left_for_requeue", 1)]

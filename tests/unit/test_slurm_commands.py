@@ -159,6 +159,19 @@ def test_run_step_waits_for_srun_and_gives_its_status(tmp_path, monkeypatch):
     assert calls.read_text().split() == step_argv(["python", "-m", "x"], "2", 0, "job")
 
 
+def test_run_step_calls_its_watch_while_the_step_runs(tmp_path, monkeypatch):
+    fake_commands(tmp_path, monkeypatch, srun=f"while [ ! -e {tmp_path}/go ]; do sleep 0.05; done; exit 4")
+    seen: list[int] = []
+
+    def watch() -> None:
+        seen.append(1)
+        if len(seen) == 3:
+            (tmp_path / "go").touch()  # the step ends once watched three times
+
+    assert CliBackend().run_step(["x"], 2, watch=watch) == 4
+    assert len(seen) >= 3, seen
+
+
 def test_how_the_last_run_of_a_requeued_job_ended_is_read_from_its_accounting_rows():
     rows = "\n".join(["11|NODE_FAIL", "11|PENDING",  # requeued by a node failure, waits
                       "12|REQUEUED", "12|REQUEUED", "12|RUNNING", "12|PENDING",  # run 2 not recorded as ended yet
