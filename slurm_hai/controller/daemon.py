@@ -24,8 +24,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
-from ..jobs.jobdir import JobDir, user_uid
-from ..policy import tags
 from ..policy.elastic import IdleHistory
 from ..policy.job import Job
 from ..policy.model import Policy, PolicyError, load_policy
@@ -102,8 +100,6 @@ class PolicyDaemon:
         self.idle_history = IdleHistory()  # which nodes stayed idle how long (elastic jobs grow into them)
         # (job, restart count) -> how that run's predecessor ended, by slurmdbd (rules.may_start_now)
         self._run_ends: dict[tuple[int, int], str] = {}
-        # (FAILED job, restart count) -> whether that run had asked to be suspended (suspend_asked)
-        self._asked: dict[tuple[int, int], bool] = {}
 
     # ------------------------------------------------------------ one cycle
 
@@ -185,7 +181,7 @@ class PolicyDaemon:
         """The policy's actions on this queue, and how its held-back jobs' last runs ended."""
         run_ends = self.run_ends(jobs, now)
         return decide(jobs, self.policy, now, idle_nodes=idle, steady_idle=steady, replay=self._replay,
-                      run_ends=run_ends, suspend_asked=self.suspend_asked(jobs)), run_ends
+                      run_ends=run_ends), run_ends
 
     def run_ends(self, jobs: Sequence[Job], now: float) -> dict[int, str]:
         """How the last run of each requeued job that Slurm holds back ended (slurmdbd), asked
@@ -202,19 +198,6 @@ class PolicyDaemon:
                 log.warning("how the last run of job(s) %s ended is not known (%s); they wait for Slurm's "
                             "requeue delay", ",".join(map(str, ask)), e)
         return {jid: state for (jid, _), state in self._run_ends.items()}
-
-    def suspend_asked(self, jobs: Sequence[JobInfo]) -> set[int]:
-        """The FAILED jobs whose last run had asked to be suspended: its suspend marker is in
-        the job's directory (its `hai-dir`), owned by the job's user. Such a run was requeued
-        by a slurmctld that was lost before it saved the requeue (a backup controller took
-        over), and ended FAILED. Looked at once per run: a run that has ended marks no more."""
-        failed = {(j.job_id, j.restart_count): j for j in jobs if j.state == "FAILED" and j.tags.get(tags.DIR)}
-        self._asked = {k: v for k, v in self._asked.items() if k in failed}
-        for key, job in failed.items():
-            if key not in self._asked:
-                self._asked[key] = JobDir.for_job(job.job_id, job.tags[tags.DIR]).suspend_marked_by(
-                    job.restart_count, user_uid(job.user))
-        return {jid for (jid, _), asked in self._asked.items() if asked}
 
     def target(self, job_id: int, shared: set[int]) -> int | str:
         """How to name job `job_id` to Slurm: by its id, unless it holds the id of a job array

@@ -231,14 +231,6 @@ class JobDir:
             os.close(fd)
         return True
 
-    def suspend_marked_by(self, run: int, uid: int | None) -> bool:
-        """Whether run `run` was marked as ending by a suspend, by the user `uid` (a check
-        for root: the marker is neither read nor followed)."""
-        try:
-            return owned(os.lstat(self.suspend_marker(run)), uid)
-        except (OSError, ValueError):  # none, not readable (a root-squashed share), a bad path
-            return False
-
     def suspended(self, run: int) -> str | None:
         try:
             return self.suspend_marker(run).read_text() or "suspend"

@@ -9,7 +9,8 @@ for slurm_hai.controller.daemon to carry out:
                   check runs only every 30 s, and its GraceTime is the policy's maximum);
 - requeue-failed  a job that died of its suspend notice during its grace time (Slurm 22.05
                   marks it FAILED instead of requeueing it), or that had asked to be
-                  suspended (its job directory says so) and ended FAILED: its requeue was
+                  suspended (its comment's hai-suspend, which its batch script writes
+                  before it asks for the requeue) and ended FAILED: its requeue was
                   lost (a slurmctld killed before it saved its state);
 - demote          mark a running ABOVE_NORMAL job that has run `after_seconds` as demoted
                   (admin comment `hai-demoted=NORMAL`); a running job's QOS cannot change;
@@ -43,7 +44,7 @@ from __future__ import annotations
 import time
 from collections import defaultdict
 from dataclasses import dataclass
-from typing import Collection, Mapping, Sequence
+from typing import Mapping, Sequence
 
 from .job import Job, job_of, place
 from .levels import AUTO, LEVEL_STRIDE, Level, level_base, level_of_qos, parse_qos
@@ -51,7 +52,8 @@ from .model import NodeGroup, Policy
 from .placement import auto_at_submit, auto_levels, group_of, stamped_grace
 from .sizes import NodeRange, from_tag
 from .tags import (BEHIND as BEHIND_TAG, DEMOTED as DEMOTED_TAG, GRACE as GRACE_TAG, GROW as GROW_TAG, LEVEL as LEVEL_TAG,
-                   NODES as NODES_TAG, YIELD as YIELD_TAG, parse as parse_tags, parse_at, with_tags)
+                   NODES as NODES_TAG, SUSPEND as SUSPEND_TAG, YIELD as YIELD_TAG, parse as parse_tags, parse_at,
+                   suspended_run, with_tags)
 
 ACTIVE = ("RUNNING", "SUSPENDED")
 WAITING_FOR_NODES = ("Resources", "Priority", "None")
@@ -109,12 +111,11 @@ class Snapshot:
     """The queue seen through the policy: levels, usage, pending lines (built once per cycle)."""
 
     def __init__(self, jobs: Sequence[Job], policy: Policy, now: float,
-                 run_ends: Mapping[int, str] | None = None, suspend_asked: Collection[int] = ()) -> None:
+                 run_ends: Mapping[int, str] | None = None) -> None:
         self.jobs = jobs
         self.policy = policy
         self.now = now
         self.run_ends = run_ends or {}  # job id -> how its last run ended (may_start_now)
-        self.suspend_asked = suspend_asked  # ended jobs whose last run had asked to be suspended
         self.by_id = {j.job_id: j for j in jobs}
         cache: dict[str, Level | None] = {}
         self.level: dict[int, Level | None] = {}
@@ -266,12 +267,10 @@ def growable(job: Job, tags: Mapping[str, str]) -> NodeRange | None:
 def decide(jobs: Sequence[Job], policy: Policy, now: float | None = None, *,
            idle_nodes: Mapping[str, int] | None = None, steady_idle: Mapping[str, int] | None = None,
            max_priority_updates: int = MAX_PRIORITY_UPDATES, replay: bool = False,
-           run_ends: Mapping[int, str] | None = None, suspend_asked: Collection[int] = ()) -> list[Action]:
+           run_ends: Mapping[int, str] | None = None) -> list[Action]:
     """The actions one daemon cycle takes for this queue snapshot (see the module doc).
     `run_ends` (job id -> slurmdbd's state of its last run) is asked for the jobs of
     `start_now_candidates`; without it, no requeued job starts before Slurm's delay.
-    `suspend_asked`: the FAILED jobs whose last run had asked to be suspended (go_suspend,
-    or the launcher's forced suspend), by their job directories.
     `idle_nodes` (partition -> idle node count) is needed only when `needs_idle_nodes`;
     without it, nothing is preempted (yield). `steady_idle` (partition -> nodes idle for the
     policy's whole `grow_after`, policy/elastic.IdleHistory): without it, nothing grows.
@@ -280,7 +279,7 @@ def decide(jobs: Sequence[Job], policy: Policy, now: float | None = None, *,
     before the notice, so a daemon killed between the two has left a job that never heard
     it; the launcher ignores a second notice)."""
     now = time.time() if now is None else now
-    snap = Snapshot(jobs, policy, now, run_ends, suspend_asked)
+    snap = Snapshot(jobs, policy, now, run_ends)
     plan = _Plan()
     level_changes: set[int] = set()
     for job in jobs:
@@ -313,7 +312,8 @@ def _failed(job: Job, snap: Snapshot, plan: _Plan) -> None:
                             f"died {job.end_time - at} s after its suspend notice (grace {grace} s): "
                             "a preempted job is requeued, not ended"))
             return
-    if job.job_id in snap.suspend_asked:  # no notice Slurm still knows of
+    # no notice Slurm still knows of: the job's own word (its comment, which its owner writes)
+    if suspended_run(parse_tags(job.comment).get(SUSPEND_TAG)) == job.restart_count:
         plan.add(Action("requeue", job.job_id, "requeue-failed",
                         f"run {job.restart_count} had asked to be suspended and ended FAILED: its requeue was "
                         "lost (slurmctld stopped before it saved it)"))

@@ -34,6 +34,10 @@ Job comment (written by hai-submit, editable by the job's owner: a hint, never t
                           when MIN and MAX are the job's --nodes=MIN-MAX)
     hai-parts=MIN:MAX     an elastic job in place (hai-submit --in-place): a job array of MAX
                           one-node tasks, one part each (docs/elastic-in-place.md)
+    hai-suspend=RUN:HOW   the job's batch script: its run RUN ended by a suspend (HOW: go_suspend,
+                          forced), written before it asks for the run's requeue; the policy
+                          daemon requeues a FAILED job whose last run says so (its requeue was
+                          lost with a slurmctld), which its owner could do as well
 """
 
 from __future__ import annotations
@@ -51,6 +55,7 @@ GROW = "hai-grow"
 DIR = "hai-dir"
 PARTS = "hai-parts"
 SUBMISSION = "hai-submission"
+SUSPEND = "hai-suspend"
 
 
 def parse(*texts: str) -> dict[str, str]:
@@ -85,6 +90,12 @@ def parse_at(value: str) -> tuple[int, int] | None:
     """`JOB@EPOCH` (hai-yield) or `SIZE@EPOCH` (hai-grow) -> (job id or size, epoch)."""
     job, _, at = value.partition("@")
     return (int(job), int(at)) if job.isdigit() and at.isdigit() else None
+
+
+def suspended_run(value: str | None) -> int | None:
+    """`RUN:HOW` (hai-suspend) -> RUN; None for none or a malformed one."""
+    run, sep, how = (value or "").partition(":")
+    return int(run) if sep and run.isdigit() and len(run) <= 9 and how in ("go_suspend", "forced") else None
 
 
 def parse_parts(value: str | None) -> tuple[int, int] | None:

@@ -33,6 +33,7 @@ from .launcher import notice_signals
 from ..jobs.jobdir import JobDir, run_sizes
 from ..policy.limits import NOTICE_SIGNALS
 from ..policy.sizes import NodeRange
+from ..policy.tags import SUSPEND, with_tags
 from ..slurm import SlurmError, backend
 from ..slurm.commands import KILLED_STEP_CLEANUP_S
 from . import protocol
@@ -102,16 +103,18 @@ def unrecorded_suspend(jobdir: JobDir, events: list[dict], run: int) -> str | No
     return None
 
 
-def requeue_suspended(slurm, job_id: int, run: int, ending: list[int]) -> int:
+def requeue_suspended(slurm, job_id: int, run: int, how: str, ending: list[int]) -> int:
     """The requeue of a suspended run, which this script alone asks for (runtime/protocol.py),
-    once the run's step has ended. A Slurm that does not take it (slurmctld restarting) is
-    asked again until it does or shows the run over; a preempted job on 24.05+ is requeued
-    by Slurm itself once this script ends."""
+    once the run's step has ended; the job's comment says so first (tag_suspended). A Slurm
+    that does not take them (slurmctld restarting) is asked again until it does or shows the
+    run over; a preempted job on 24.05+ is requeued by Slurm itself once this script ends."""
     wait, deadline = 0.5, time.monotonic() + REQUEUE_TRIES_S
+    tagged = False
     while not ending:
         try:
             if slurm.requeued_when_batch_ends(job_id):
                 return 0
+            tagged = tagged or tag_suspended(slurm, job_id, run, how)
             slurm.requeue(job_id)
             break
         except SlurmError as e:
@@ -125,6 +128,17 @@ def requeue_suspended(slurm, job_id: int, run: int, ending: list[int]) -> int:
         time.sleep(wait)
         wait = min(wait * 2, 10.0)
     return wait_to_be_requeued(ending)
+
+
+def tag_suspended(slurm, job_id: int, run: int, how: str) -> bool:
+    """Say in the job's own Slurm record that run `run` ended by a suspend `how` (its
+    comment's hai-suspend): a requeue that slurmctld acknowledged and lost (a backup took
+    over from its saved state) leaves the job FAILED, and the policy daemon requeues it by
+    that record alone, reading no user's directory (requeue-failed). True once said."""
+    job = slurm.job(job_id)
+    if job is not None:
+        slurm.update_job(job_id, Comment=with_tags(job.comment, {SUSPEND: f"{run}:{how}"}))
+    return True
 
 
 def wait_to_be_requeued(ending: list[int]) -> int:
@@ -254,7 +268,8 @@ def end_run(slurm, jobdir: JobDir, job_id: int, run: int, nodes: int, rc: int, r
     if protocol.Action.REQUEUE not in protocol.actions_of(event):
         return rc
     if event == protocol.REQUEUE_ASKED:
-        return requeue_suspended(slurm, job_id, run, ending)
+        assert how is not None  # step_ended: only a marked run is asked to be requeued
+        return requeue_suspended(slurm, job_id, run, how, ending)
     slurm.requeue(job_id)
     return wait_to_be_requeued(ending)
 

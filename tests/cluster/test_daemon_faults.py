@@ -169,8 +169,9 @@ def test_daemon_killed_in_the_middle_of_a_yield_the_next_one_finishes_it_one_req
 def test_what_a_user_plants_in_a_job_directory_never_stops_or_fools_the_daemon(live, tmp_path):
     """issue 57: hai-bob's FAILED jobs' suspend markers are a FIFO, a link to a root file, and a
     1 TiB file; their events files a FIFO, a line nested past the parser, a 1 TiB file. The
-    daemon (with its metrics) goes on cycling and answering scrapes; only the regular marker of
-    bob's own counts (that job's lost requeue is made), the FIFO and the link do not."""
+    daemon (with its metrics) goes on cycling and answering scrapes. None of the markers counts:
+    the daemon reads no user's directory to judge a lost requeue (issue 55), only the job's own
+    record does (a fourth job's comment says its run 0 was suspended: its lost requeue is made)."""
     import urllib.request
 
     from test_metrics_prometheus import free_port
@@ -179,7 +180,9 @@ def test_what_a_user_plants_in_a_job_directory_never_stops_or_fools_the_daemon(l
     root = live.shared_dir("planted", owner=user)
     kinds = ("fifo", "symlink", "huge")
     jobs = {kind: sbatch(live, "-H", "-N1", "--qos=low", f"--comment=hai-dir={root}", user=user, wrap="exit 1")
-            for kind in kinds}
+            for kind in (*kinds, "said")}
+    live.run(["scontrol", "update", f"JobId={jobs['said']}", f"Comment=hai-dir={root} hai-suspend=0:go_suspend"],
+             user=user)
     plant = {"fifo": "mkfifo {d}/suspend.0 {d}/events.jsonl",
              "symlink": "ln -s /etc/hostname {d}/suspend.0 && printf '%s\\n' \"$(head -c 200000 /dev/zero | "
                         "tr '\\0' '[')\" > {d}/events.jsonl",
@@ -196,14 +199,14 @@ def test_what_a_user_plants_in_a_job_directory_never_stops_or_fools_the_daemon(l
         live.run(["scontrol", "release", ",".join(map(str, jobs.values()))])
         for job in jobs.values():
             live.wait_job(job, lambda j: j["JobState"] == "FAILED" or j["Restarts"] != "0", 60, "the job to fail")
-        wait_for(lambda: daemon_lines(d_log.read_text(), jobs["huge"], "requeue-failed"), 30,
-                 "the lost requeue of the job whose marker is bob's regular file")
+        wait_for(lambda: daemon_lines(d_log.read_text(), jobs["said"], "requeue-failed"), 30,
+                 "the lost requeue of the job whose own record says it was suspended")
         cycles = d_log.read_text().count("cycle: ")
         wait_for(lambda: d_log.read_text().count("cycle: ") >= cycles + 6, 30, "the daemon to go on cycling")
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=5).read().decode()
         assert "hai_daemon_cycle_seconds_count" in text
         assert daemon.poll() is None, d_log.read_text()
-        for kind in ("fifo", "symlink"):
+        for kind in kinds:
             assert not daemon_lines(d_log.read_text(), jobs[kind], "requeue-failed"), kind
             assert live.job(jobs[kind])["Restarts"] == "0", kind
         # bob's own commands and root's timeline read the same files: no hang, no traceback

@@ -89,28 +89,19 @@ def test_the_pid_file_is_written(lock_dir):
     assert write_pid(lock_dir / "l.lock").read_text() == f"{os.getpid()}\n"
 
 
-@pytest.mark.parametrize("kind, asked", [("symlink", False), ("fifo", False), ("directory", False),
-                                         ("huge file", True), ("foreign", False)])
-def test_a_suspend_marker_is_looked_at_never_read_nor_followed(tmp_path, kind, asked):
-    """The daemon asks whether a FAILED job's run had marked its suspend: only a regular file of
-    the job's user counts, looked at with lstat (a FIFO cannot block it; a huge file costs
-    nothing: it is never read)."""
-    root = tmp_path / "jobs"
-    (root / "7").mkdir(parents=True)
-    marker = root / "7" / "suspend.0"
-    if kind == "symlink":
-        (tmp_path / "elsewhere").write_text("go_suspend")
-        marker.symlink_to(tmp_path / "elsewhere")
-    elif kind == "fifo":
-        os.mkfifo(marker)
-    elif kind == "directory":
-        marker.mkdir()
-    elif kind == "huge file":
-        with marker.open("wb") as f:
-            f.truncate(1 << 40)  # sparse: 1 TiB
-    elif kind == "foreign":
-        marker.write_text("go_suspend")
-        os.chown(marker, NOBODY, NOBODY)
-    failed = job(7, user=ME, state="FAILED", comment=f"hai-dir={root}")
-    d = PolicyDaemon(FakeSlurm([failed]), policy=load_policy(LOCAL), clock=lambda: NOW)
-    assert d.suspend_asked([failed]) == ({7} if asked else set())
+@pytest.mark.parametrize("comment, requeued", [
+    ("hai-suspend=0:go_suspend", True), ("hai-suspend=0:forced", True),
+    ("hai-suspend=1:go_suspend", False),  # another run's
+    ("hai-suspend=0:please", False), ("hai-suspend=0", False), ("hai-suspend=-1:forced", False),
+    ("hai-suspend=" + "9" * 5000 + ":forced", False), ("hai-suspend=0:go_suspend,x", False),
+])
+def test_whether_a_failed_jobs_run_had_asked_to_be_suspended_is_its_slurm_record_alone(comment, requeued):
+    """The daemon reads no user's directory (issue 55): a FAILED job is requeued as suspended
+    only by its comment's hai-suspend for its last run, written by its batch script. The
+    comment is its owner's to write: anything else in it requeues nothing (and its owner
+    could requeue the job itself)."""
+    failed = job(7, user=ME, state="FAILED", comment=f"hai-dir=/nonexistent {comment}", start_time=NOW - 60,
+                 end_time=NOW - 5)
+    slurm = FakeSlurm([failed])
+    PolicyDaemon(slurm, policy=load_policy(LOCAL), clock=lambda: NOW).cycle()
+    assert (("requeue", 7) in [c[:2] for c in slurm.calls]) == requeued, slurm.calls

@@ -277,11 +277,16 @@ class _Slurm:
     def __init__(self, refusals: int, state: str = "RUNNING", restarts: int = 3, preempted_24_05: bool = False):
         self.refusals, self.state, self.restarts, self.preempted = refusals, state, restarts, preempted_24_05
         self.requeues = 0
+        self.calls: list[str] = []
 
     def requeued_when_batch_ends(self, job_id):
         return self.preempted
 
+    def update_job(self, job_id, **fields):
+        self.calls.append(f"update {fields}")
+
     def requeue(self, job_id):
+        self.calls.append("requeue")
         self.requeues += 1
         if self.requeues <= self.refusals:
             raise SlurmError("Unable to contact slurm controller (connect failure)")
@@ -289,7 +294,7 @@ class _Slurm:
     def job(self, job_id):
         return JobInfo(job_id=job_id, name="j", user="u", state=self.state, reason="None", qos="low", partition="p",
                        num_nodes=1, node_list="n1", restart_count=self.restarts, submit_time=0, start_time=0,
-                       eligible_time=0, priority=1)
+                       eligible_time=0, priority=1, comment="hai-dir=/home/u/.hai/jobs")
 
 
 @pytest.mark.parametrize("slurm,requeues", [(_Slurm(0), 1), (_Slurm(2), 3),  # asked again until taken
@@ -300,8 +305,11 @@ def test_the_batch_script_asks_for_a_suspended_runs_requeue_until_slurm_takes_it
 
     monkeypatch.setattr(batch.time, "sleep", lambda s: None)
     monkeypatch.setattr(batch, "wait_to_be_requeued", lambda ending: 0)
-    assert batch.requeue_suspended(slurm, 7, 3, []) == 0
+    assert batch.requeue_suspended(slurm, 7, 3, "forced", []) == 0
     assert slurm.requeues == requeues
+    if requeues:  # the job's own record says why first, once: for the daemon, should Slurm lose the requeue
+        assert slurm.calls[0] == "update {'Comment': 'hai-dir=/home/u/.hai/jobs hai-suspend=3:forced'}"
+        assert slurm.calls[1:] == ["requeue"] * requeues, slurm.calls
 
 
 def test_a_requeue_slurm_never_takes_ends_the_run_failed_for_the_daemon(monkeypatch):
@@ -314,7 +322,7 @@ def test_a_requeue_slurm_never_takes_ends_the_run_failed_for_the_daemon(monkeypa
     monkeypatch.setattr(batch.time, "sleep", lambda s: None)
     monkeypatch.setattr(batch, "wait_to_be_requeued", lambda ending: 0)
     slurm = _Slurm(10_000)
-    assert batch.requeue_suspended(slurm, 7, 3, []) == 1
+    assert batch.requeue_suspended(slurm, 7, 3, "go_suspend", []) == 1
     assert 2 <= slurm.requeues <= batch.REQUEUE_TRIES_S / 60 + 1
 
 

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
-import pwd
 import threading
 import time
 from dataclasses import replace
@@ -14,7 +12,6 @@ import pytest
 from click.testing import CliRunner
 
 from slurm_hai.cli.admin import main as admin
-from slurm_hai.jobs.jobdir import JobDir
 from slurm_hai.controller.daemon import MAX_BACKOFF, LockBusy, PolicyDaemon, leader_lock
 from slurm_hai.policy.model import load_policy
 from slurm_hai.policy.rules import OVERLOOKED_AFTER
@@ -446,25 +443,19 @@ def test_a_run_whose_end_slurmdbd_has_not_recorded_is_asked_again_and_waits_mean
     assert slurm.run_end_asks == [[1], [1], [1]] and slurm.calls == [("update", 1, {"StartTime": f"uts{NOW + 1}"})]
 
 
-def test_a_failed_job_whose_run_had_asked_to_be_suspended_is_requeued_once_by_its_own_marker(tmp_path):
+def test_a_failed_job_whose_run_had_asked_to_be_suspended_is_requeued_once_by_its_own_record():
     """A requeue that slurmctld acknowledged and lost (killed before it saved it: a backup
-    took over) leaves the run FAILED; the job directory's suspend marker says it asked to go."""
-    me = pwd.getpwuid(os.getuid()).pw_name
-    root = tmp_path / "jobs"
-    failed = dict(state="FAILED", qos="low", user=me, start_time=NOW - 60, end_time=NOW - 5, reason="None",
-                  comment=f"hai-dir={root}", admin_comment="hai-level=LOW")
-    lost, failure, other, linked = (job(i, **failed) for i in (1, 2, 3, 4))
-    for j in (lost, other, linked):
-        (root / str(j.job_id)).mkdir(parents=True)
-    JobDir.for_job(1, root).mark_suspend(0, "go_suspend")
-    JobDir.for_job(3, root).mark_suspend(0, "go_suspend")
-    os.chown(JobDir.for_job(3, root).suspend_marker(0), 65534, 65534)  # not the job's user's
-    JobDir.for_job(4, root).suspend_marker(0).symlink_to(JobDir.for_job(1, root).suspend_marker(0))
-    slurm = FakeSlurm([lost, failure, other, linked])
+    took over) leaves the run FAILED; its comment's hai-suspend, which its batch script wrote
+    before it asked for the requeue, says it asked to go."""
+    failed = dict(state="FAILED", qos="low", start_time=NOW - 60, end_time=NOW - 5, reason="None",
+                  admin_comment="hai-level=LOW")
+    lost = job(1, comment="hai-dir=/home/a/.hai/jobs hai-suspend=0:go_suspend", **failed)
+    failure = job(2, comment="hai-dir=/home/a/.hai/jobs", **failed)
+    slurm = FakeSlurm([lost, failure])
     d = PolicyDaemon(slurm, policy=load_policy(LOCAL), clock=lambda: NOW)
     d.cycle()
     assert slurm.calls == [("requeue", 1)]
-    # the marker of an earlier run says nothing of this one
+    # the word of an earlier run says nothing of this one
     slurm.queue = [replace(lost, restart_count=1)]
     slurm.calls.clear()
     d.cycle()

@@ -97,13 +97,15 @@ def test_a_job_that_died_within_its_own_grace_is_requeued():
 
 
 def test_a_failed_job_that_had_asked_to_be_suspended_is_requeued():
-    """Its requeue was lost (suspend_asked: its job directory's marker), or it died of a notice
-    Slurm still knows of, which says more."""
-    lost = job(1, "FAILED", "low", start_time=NOW - 60, end_time=NOW - 5)
+    """Its requeue was lost (its comment's hai-suspend, for its last run), or it died of a
+    notice Slurm still knows of, which says more."""
+    lost = job(1, "FAILED", "low", start_time=NOW - 60, end_time=NOW - 5, restart_count=2)
     assert decide([lost], POLICY, NOW) == []  # a failure, as far as Slurm tells
-    (a,) = decide([lost], POLICY, NOW, suspend_asked={1})
+    assert decide([replace(lost, comment="hai-suspend=1:go_suspend")], POLICY, NOW) == []  # an earlier run's
+    lost = replace(lost, comment="hai-dir=/x hai-suspend=2:go_suspend")
+    (a,) = decide([lost], POLICY, NOW)
     assert (a.kind, a.rule) == ("requeue", "requeue-failed") and "its requeue was lost" in a.why
-    (a,) = decide([replace(lost, preempt_time=NOW - 8)], POLICY, NOW, suspend_asked={1})
+    (a,) = decide([replace(lost, preempt_time=NOW - 8)], POLICY, NOW)
     assert a.why.startswith("died 3 s after its suspend notice")
 
 
