@@ -187,8 +187,8 @@ def test_what_a_user_plants_in_a_job_directory_never_stops_or_fools_the_daemon(l
              "symlink": "ln -s /etc/hostname {d}/suspend.0 && printf '%s\\n' \"$(head -c 200000 /dev/zero | "
                         "tr '\\0' '[')\" > {d}/events.jsonl",
              "huge": "truncate -s 1T {d}/suspend.0 {d}/events.jsonl"}
-    for kind, job in jobs.items():
-        d = root / str(job)
+    for kind in kinds:
+        d = root / str(jobs[kind])
         live.run(["sh", "-c", f"mkdir {d} && " + plant[kind].format(d=d)], user=user)
     d_log = tmp_path / "daemon.log"
     port = free_port()
