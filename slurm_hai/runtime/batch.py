@@ -236,6 +236,7 @@ def end_run(slurm, jobdir: JobDir, job_id: int, run: int, nodes: int, rc: int, r
             ending: list[int]) -> int:
     """The run's step has ended with `rc`: judge how (runtime/protocol.py), journal it, and
     act on it; this script's exit status."""
+    step_over = time.monotonic()
     newer = superseded_by(jobdir.events(), run)
     how = jobdir.suspended(run)
     event = protocol.step_ended(rc, newer, how)
@@ -270,6 +271,8 @@ def end_run(slurm, jobdir: JobDir, job_id: int, run: int, nodes: int, rc: int, r
     if event == protocol.REQUEUE_ASKED:
         assert how is not None  # step_ended: only a marked run is asked to be requeued
         return requeue_suspended(slurm, job_id, run, how, ending)
+    if nodes > 1:  # a retry: srun's --kill-on-bad-exit may have ended the step (KILLED_STEP_CLEANUP_S)
+        time.sleep(max(0.0, step_over + KILLED_STEP_CLEANUP_S - time.monotonic()))
     slurm.requeue(job_id)
     return wait_to_be_requeued(ending)
 
@@ -281,11 +284,8 @@ def ended_by_slurm(slurm, jobdir: JobDir, job_id: int, run: int, nodes: int, end
     but has then already counted the requeue (restart count past this run) or left RUNNING.
     A step that could not start on every node (srun: "Task launch ... failed on node": a
     node cut off) waits longer: Slurm marks such a node DOWN within SlurmdTimeout and
-    requeues the job (NODE_FAIL), and judged now the run would count as the user's failure.
-    A step of several nodes waits KILLED_STEP_CLEANUP_S at least: srun's --kill-on-bad-exit
-    may have ended it, and a retry, which the policy daemon starts within the second of its
-    requeue, must not start before the other nodes' slurmstepd removed the step's cgroup."""
-    deadline = time.monotonic() + (KILLED_STEP_CLEANUP_S if nodes > 1 else 2)
+    requeues the job (NODE_FAIL), and judged now the run would count as the user's failure."""
+    deadline = time.monotonic() + 2
     if len(jobdir.launched(run, nodes)) < nodes:
         deadline += slurmd_timeout(slurm) + 15
         print(f"slurm-hai: run {run} did not start on every node; waiting for Slurm to judge the nodes", flush=True)

@@ -360,3 +360,25 @@ def test_once_the_run_is_marked_suspended_the_batch_script_sends_its_step_the_le
     now[0] += batch.LEAVE_AGAIN_S
     watch()
     assert sent == [(7, protocol.LEAVE_SIGNAL)] * 2  # taken: never sent again
+
+
+@pytest.mark.parametrize("nodes, retries, waited", [(2, 1, True), (1, 1, False), (2, 0, False)])
+def test_a_failed_multi_node_run_is_requeued_for_its_retry_only_after_its_steps_cgroups_are_gone(
+        tmp_path, monkeypatch, nodes, retries, waited):
+    # srun's --kill-on-bad-exit may have ended the step: a node's slurmstepd removes the
+    # step's cgroup up to 3 s later, and the daemon starts a retry within a second of its
+    # requeue. A final failure, or a one-node step, is not held back.
+    from slurm_hai.runtime import batch
+    from slurm_hai.slurm.commands import KILLED_STEP_CLEANUP_S
+
+    now = [100.0]
+    slept: list[float] = []
+    monkeypatch.setattr(batch.time, "monotonic", lambda: now[0])
+    monkeypatch.setattr(batch.time, "sleep", lambda s: (slept.append(s), now.__setitem__(0, now[0] + s)))
+    monkeypatch.setattr(batch, "ended_by_slurm", lambda *a: (now.__setitem__(0, now[0] + 2.0), False)[1])
+    monkeypatch.setattr(batch, "wait_to_be_requeued", lambda ending: 0)
+    slurm = _Slurm(0)
+    jd = JobDir(tmp_path / "job").create()
+    batch.end_run(slurm, jd, 7, 0, nodes, 1, retries, [])
+    assert slurm.requeues == (1 if retries else 0)
+    assert slept == ([KILLED_STEP_CLEANUP_S - 2.0] if waited else []), slept
