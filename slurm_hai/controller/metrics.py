@@ -7,14 +7,15 @@ contrib/grafana/ draws them):
   from each cycle's snapshot of the queue (gauges):
     hai_nodes_held{level,user}                    nodes held by running jobs
     hai_pending_jobs{level,reason}                pending jobs, by Slurm's reason
-  from the job directories' events.jsonl (docs/design.md), of the jobs in the queue:
+  from the jobs' own Slurm records (their comment's hai-suspend and hai-left, which their
+  batch scripts and parts' tasks write: policy/tags.py), of the jobs in the queue:
     hai_suspensions_total{level,cause}            runs ended by a suspend; cause of the notice
                                                   (preempted, user, time_limit, unknown; none:
                                                   the job called go_suspend() unasked)
     hai_forced_suspensions_total{level}           of those, forced off after the grace time
     hai_restarts_total{level}                     runs started again (after a suspend or a retry)
-    hai_preemption_latency_seconds{level,cause}   notice -> that run ended, requeued (nodes free)
-    hai_restart_latency_seconds{level}            run ended by a suspend -> the next run started
+    hai_preemption_latency_seconds{level,cause}   notice -> that run requeued (nodes free)
+    hai_restart_latency_seconds{level}            a suspended run's requeue -> the next run started
     hai_suspend_checkpoint_seconds{level}         notice -> go_suspend(): the job's checkpoint commit
     hai_part_departures_total{level,cause}        parts of elastic jobs in place that left while
                                                   their job went on; cause: preempted, below_min
@@ -29,32 +30,29 @@ contrib/grafana/ draws them):
     hai_daemon_errors_total{kind}                 slurm: a cycle that could not read the queue;
                                                   action: a Slurm action that failed
 
-Each event is counted once, by the daemon that saw it appear: the daemon remembers how far
-it read each job's file, and events older than the daemon's start are read (to pair a
-notice with the end of its run) but not counted (a daemon before it counted them). An
-elastic job in place is one job (policy.job.job_of): its parts, each a task of its array,
-share its directory, read once a cycle; a part's runs are its own (its events say which
-part), and its start after it left counts as a rejoin, not as the job's restart.
+Each is counted once, by the daemon that saw it appear: the daemon remembers, per job in
+the queue, the newest run it counted, and one that happened before the daemon's start is not
+counted (a daemon before it counted it). The daemon reads no user's directory (issue 55): a
+job's word on its runs is in its Slurm record, which its owner may write as well, and is
+read as such (bounded, each field checked: a cause outside the vocabulary is `unknown`). A
+part of an elastic job in place is a task of its array with a record of its own; its start
+after it left counts as a rejoin, not as the job's restart.
 """
 
 from __future__ import annotations
 
-import os
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, HTTPServer
-from pathlib import Path
 from typing import Any, Iterable, Iterator, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.exposition import choose_encoder
 
-from ..jobs.jobdir import JobDir, open_owned, owned, parse_event, user_uid
 from ..jobs.status import level_name
 from ..policy import tags
-from ..policy.job import job_of
 from ..policy.levels import Level
 from ..slurm.records import JobInfo
 from .bounded_http import BoundedHandler, BoundedServer, family_of
@@ -64,14 +62,6 @@ CAUSES = ("preempted", "user", "time_limit", "unknown")  # jobs.status.notice_ca
 PART_CAUSES = ("preempted", "below_min", "lighthouse_lost", "time_limit", "failed")
 NO_NOTICE = "none"
 HOLDING_NODES = ("RUNNING", "CONFIGURING", "COMPLETING")
-# A job's file is read at most this much per cycle (the file is the user's: never trusted),
-# and all the jobs' files at most MAX_CYCLE_READ together: the files least lately read go
-# first, so that one user's busy files never keep another's from being read (nor the cycle long).
-MAX_READ = 1 << 20
-MAX_CYCLE_READ = 8 << 20
-# The runs (or parts' runs) whose times a job's events pair that are kept (the newest): a
-# file that names a new run on every line cannot grow the daemon's memory.
-MAX_RUNS_KEPT = 64
 FORGET_AFTER = 600.0  # seconds after a job left the queue
 
 PREEMPTION_BUCKETS = (0.5, 1, 2, 3, 5, 7.5, 10, 15, 20, 30, 45, 60, 120, 300, 600)
@@ -80,99 +70,23 @@ CHECKPOINT_BUCKETS = (0.1, 0.25, 0.5, 1, 2, 3, 5, 7.5, 10, 15, 20, 30, 60, 120, 
 CYCLE_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
 
 
-# ------------------------------------------------------------------ following the job events
+# ------------------------------------------------------------------ following the jobs' runs
 
 
 @dataclass
-class _Followed:
-    """How far the daemon has read one job's events.jsonl, and the times that pair events."""
+class _Runs:
+    """What the daemon has counted of one job's runs (a part's task's runs, for a part), by
+    its Slurm record."""
 
-    path: Path
-    inode: int = 0
-    offset: int = 0
-    notices: dict[int, tuple[float, str]] = field(default_factory=dict)  # run -> (t, cause)
-    suspended: dict[int, float] = field(default_factory=dict)  # run -> when it ended by a suspend
-    left: dict[tuple[int, int], float] = field(default_factory=dict)  # (part, run) -> when it left
-    last_seen: float = 0.0  # when the job was last in the queue
-    turn: int = 0  # the cycle whose read reached this file last (MAX_CYCLE_READ)
+    suspended: tags.Suspended | None = None  # the newest suspend counted
+    requeued: int = -1  # the newest suspended run whose requeue was timed
+    started: int = 0  # the newest run whose start was counted
+    left: tags.Left | None = None  # the newest departure counted (a part)
+    last_seen: float = 0.0  # when the job was last in the queue (monotonic)
 
 
-class EventFollower:
-    """Reads what is new in the events.jsonl of the jobs in the queue, whole lines only.
-
-    The file is found through the job's `hai-dir` comment, which its user may edit: it is
-    read only when it is a regular file owned by the job's user, without blocking, and at
-    most MAX_READ bytes a cycle (MAX_CYCLE_READ for all); a line that is not one flat JSON
-    event is skipped. Jobs that never ran are skipped (their file only says `submit`); a job is
-    forgotten FORGET_AFTER seconds after it left the queue."""
-
-    def __init__(self) -> None:
-        self._jobs: dict[int, _Followed] = {}
-        self._cycle = 0
-
-    def new_events(self, jobs: Sequence[JobInfo], now: float) -> list[tuple[JobInfo, _Followed, dict]]:
-        """(job, what is known of its runs, event) for each whole new line of the jobs' files."""
-        due: dict[int, tuple[JobInfo, _Followed]] = {}
-        for job in jobs:
-            root = job.tags.get(tags.DIR)
-            key = job_of(job)  # the parts of a job in place: one directory, read once
-            if not root or (job.state == "PENDING" and job.restart_count == 0) or key in due:
-                continue
-            f = self._jobs.get(key)
-            if f is None:
-                f = self._jobs[key] = _Followed(JobDir.for_job(key, root).path / "events.jsonl")
-            f.last_seen = now
-            due[key] = (job, f)
-        self._cycle += 1
-        budget = MAX_CYCLE_READ
-        out = []
-        for job, f in sorted(due.values(), key=lambda d: d[1].turn):  # the least lately read first
-            if budget <= 0:
-                break
-            f.turn = self._cycle
-            events, size = self._read(f, user_uid(job.user), min(MAX_READ, budget))
-            budget -= size
-            out += [(job, f, event) for event in events]
-        # Forgotten a while after it left the queue, not at once: a job left out of one
-        # snapshot (a record the backend could not read) must not be read, and counted, again.
-        self._jobs = {jid: f for jid, f in self._jobs.items() if now - f.last_seen < FORGET_AFTER}
-        return out
-
-    @staticmethod
-    def _read(f: _Followed, uid: int | None, most: int) -> tuple[list[dict], int]:
-        """The whole new events of `f`'s file, of at most `most` bytes read, and the bytes read."""
-        try:
-            st = os.lstat(f.path)
-        except (OSError, ValueError):  # not written yet, not readable (a root-squashed share), a bad path
-            return [], 0
-        if st.st_ino == f.inode and st.st_size == f.offset:
-            return [], 0  # the common case: nothing new, one lstat
-        if not owned(st, uid):
-            return [], 0
-        try:
-            with open_owned(f.path, uid) as fh:
-                st = os.fstat(fh.fileno())
-                if st.st_ino != f.inode or st.st_size < f.offset:  # a new file (the job id reused)
-                    f.inode, f.offset = st.st_ino, 0
-                    f.notices.clear()
-                    f.suspended.clear()
-                    f.left.clear()
-                fh.seek(f.offset)
-                data = fh.read(min(st.st_size - f.offset, most))
-        except OSError:  # replaced meanwhile, not the user's, a stale NFS handle, ...: tried again next cycle
-            return [], 0
-        whole = data[: data.rfind(b"\n") + 1]  # a line still being written waits for the next cycle
-        if not whole and len(data) >= MAX_READ:
-            whole = data  # a line longer than MAX_READ is no event: passed over, not waited for
-        f.offset += len(whole)
-        events = [e for e in map(parse_event, whole.splitlines()) if e is not None]
-        return events, len(data)
-
-
-def _keep_newest(times: dict) -> None:
-    """Drop the oldest of a job's paired times beyond MAX_RUNS_KEPT."""
-    while len(times) > MAX_RUNS_KEPT:
-        del times[next(iter(times))]
+def _cause(said: tags.Suspended) -> str:
+    return NO_NOTICE if said.cause == NO_NOTICE else said.cause if said.cause in CAUSES else "unknown"
 
 
 # ------------------------------------------------------------------ the metrics
@@ -186,7 +100,7 @@ class DaemonMetrics:
                  registry: CollectorRegistry | None = None) -> None:
         self.registry = registry or CollectorRegistry()
         self.since = time.time() if since is None else since
-        self.events = EventFollower()
+        self._runs: dict[int, _Runs] = {}
         self._server: Any = None  # the HTTP server once serve() ran
         r = self.registry
         self.suspensions = Counter("hai_suspensions", "Runs ended by a suspend (go_suspend or forced), "
@@ -263,55 +177,65 @@ class DaemonMetrics:
         self.errors.labels("slurm").inc()
 
     def observe_cycle(self, jobs: Sequence[JobInfo], seconds: float, failed_actions: int) -> None:
-        """After a cycle: its time and failures, the queue's gauges, and the new job events."""
+        """After a cycle: its time and failures, the queue's gauges, and what the jobs' records
+        say of their runs that is new."""
         self.cycle_seconds.observe(seconds)
         if failed_actions:
             self.errors.labels("action").inc(failed_actions)
         self.queue.update(jobs)
-        for job, followed, event in self.events.new_events(jobs, time.monotonic()):
-            self._on_event(level_name(job), followed, event)
+        now = time.monotonic()
+        for job in jobs:
+            runs = self._runs.setdefault(job.job_id, _Runs())
+            runs.last_seen = now
+            own = tags.parse(job.comment)  # the job's own word (its owner's to write)
+            if tags.PARTS in job.tags:
+                self._on_part(level_name(job), job, runs, tags.parse_left(own.get(tags.LEFT)))
+            else:
+                self._on_job(level_name(job), job, runs, tags.parse_suspended(own.get(tags.SUSPEND)))
+        # Forgotten a while after it left the queue, not at once: a job left out of one
+        # snapshot (a record the backend could not read) must not be counted again.
+        self._runs = {jid: r for jid, r in self._runs.items() if now - r.last_seen < FORGET_AFTER}
 
-    def _on_event(self, level: str, f: _Followed, e: dict) -> None:
-        kind, run, t = e.get("event"), e["run"], e["t"]
-        new = t >= self.since
-        if "part" in e:
-            self._on_part_event(level, f, e, kind, run, t, new)
-        elif kind == "notice":
-            cause = e["cause"] if e.get("cause") in CAUSES else "unknown"
-            f.notices.setdefault(run, (t, cause))  # the first notice of a run is the one that counts
-            _keep_newest(f.notices)
-        elif kind == "go_suspend" and run in f.notices and new:
-            self.checkpoint.labels(level).observe(max(0.0, t - f.notices[run][0]))
-        elif kind == "suspended":
-            f.suspended[run] = t
-            _keep_newest(f.suspended)
-            notice, cause = f.notices.get(run, (None, NO_NOTICE))
-            if new:
-                self.suspensions.labels(level, cause).inc()
-                if e.get("how") == "forced":
+    def _on_job(self, level: str, job: JobInfo, runs: _Runs, said: tags.Suspended | None) -> None:
+        """A job's suspend (its hai-suspend), the requeue that followed, and its restart."""
+        if said is not None and said.run <= job.restart_count and (runs.suspended is None
+                                                                   or said.run > runs.suspended.run):
+            runs.suspended = said
+            if said.at >= self.since:
+                self.suspensions.labels(level, _cause(said)).inc()
+                if said.how == "forced":
                     self.forced.labels(level).inc()
-                if notice is not None:
-                    self.preemption_latency.labels(level, cause).observe(max(0.0, t - notice))
-        elif kind == "start" and run > 0 and new:
+                elif said.notice_at:
+                    self.checkpoint.labels(level).observe(max(0.0, said.at - said.notice_at))
+        last = runs.suspended
+        if (last is not None and job.restart_count == last.run + 1 and runs.requeued < last.run
+                and job.submit_time > 0 and last.at >= self.since):
+            runs.requeued = last.run  # its new submit time is its requeue's
+            if last.notice_at:
+                self.preemption_latency.labels(level, _cause(last)).observe(max(0.0, job.submit_time - last.notice_at))
+        if self._started_again(job, runs):
             self.restarts.labels(level).inc()
-            if run - 1 in f.suspended:
-                self.restart_latency.labels(level).observe(max(0.0, t - f.suspended[run - 1]))
+            if last is not None and last.run == job.restart_count - 1 and job.submit_time > 0:
+                self.restart_latency.labels(level).observe(max(0.0, job.start_time - job.submit_time))
 
-    def _on_part_event(self, level: str, f: _Followed, e: dict, kind: object, run: int, t: float,
-                       new: bool) -> None:
-        """An event of one part of a job in place: its runs are the task's own."""
-        part = e.get("part", 0)
-        if kind == "left":
-            f.left[(part, run)] = t
-            _keep_newest(f.left)
-            cause = next((c for c in ("below_min", "lighthouse_lost", "time_limit") if e.get(c) is True),
-                         "preempted" if e.get("preempted") is True else "failed")
-            if new:
-                self.part_departures.labels(level, cause).inc()
-        elif kind == "start" and run > 0 and new:
+    def _on_part(self, level: str, job: JobInfo, runs: _Runs, left: tags.Left | None) -> None:
+        """A part's departure (its task's hai-left) and its rejoin."""
+        if left is not None and left.run <= job.restart_count and (runs.left is None or left.run > runs.left.run):
+            runs.left = left
+            if left.at >= self.since:
+                self.part_departures.labels(level, left.why if left.why in PART_CAUSES else "failed").inc()
+        if self._started_again(job, runs):
             self.part_rejoins.labels(level).inc()
-            if (part, run - 1) in f.left:
-                self.part_rejoin_latency.labels(level).observe(max(0.0, t - f.left[(part, run - 1)]))
+            if runs.left is not None and runs.left.run == job.restart_count - 1:
+                self.part_rejoin_latency.labels(level).observe(max(0.0, job.start_time - runs.left.at))
+
+    def _started_again(self, job: JobInfo, runs: _Runs) -> bool:
+        """Whether the record shows a run after the first that started since the daemon did
+        and was not counted yet."""
+        if job.restart_count <= runs.started or job.state == "PENDING" or not job.start_time:
+            return False
+        runs.started = job.restart_count
+        return job.start_time >= self.since
 
 
 class _QueueCollector:

@@ -53,7 +53,7 @@ from .placement import auto_at_submit, auto_levels, group_of, stamped_grace
 from .sizes import NodeRange, from_tag
 from .tags import (BEHIND as BEHIND_TAG, DEMOTED as DEMOTED_TAG, GRACE as GRACE_TAG, GROW as GROW_TAG, LEVEL as LEVEL_TAG,
                    NODES as NODES_TAG, SUSPEND as SUSPEND_TAG, YIELD as YIELD_TAG, parse as parse_tags, parse_at,
-                   suspended_run, with_tags)
+                   parse_suspended, with_tags)
 
 ACTIVE = ("RUNNING", "SUSPENDED")
 WAITING_FOR_NODES = ("Resources", "Priority", "None")
@@ -313,7 +313,8 @@ def _failed(job: Job, snap: Snapshot, plan: _Plan) -> None:
                             "a preempted job is requeued, not ended"))
             return
     # no notice Slurm still knows of: the job's own word (its comment, which its owner writes)
-    if suspended_run(parse_tags(job.comment).get(SUSPEND_TAG)) == job.restart_count:
+    said = parse_suspended(parse_tags(job.comment).get(SUSPEND_TAG))
+    if said is not None and said.run == job.restart_count:
         plan.add(Action("requeue", job.job_id, "requeue-failed",
                         f"run {job.restart_count} had asked to be suspended and ended FAILED: its requeue was "
                         "lost (slurmctld stopped before it saved it)"))

@@ -34,16 +34,26 @@ Job comment (written by hai-submit, editable by the job's owner: a hint, never t
                           when MIN and MAX are the job's --nodes=MIN-MAX)
     hai-parts=MIN:MAX     an elastic job in place (hai-submit --in-place): a job array of MAX
                           one-node tasks, one part each (docs/elastic-in-place.md)
-    hai-suspend=RUN:HOW   the job's batch script: its run RUN ended by a suspend (HOW: go_suspend,
-                          forced), written before it asks for the run's requeue; the policy
-                          daemon requeues a FAILED job whose last run says so (its requeue was
-                          lost with a slurmctld), which its owner could do as well
+    hai-suspend=RUN:HOW:CAUSE:NOTICE:AT
+                          the job's batch script, before it asks for the run's requeue: its run
+                          RUN ended by a suspend (HOW: go_suspend, forced) marked at AT, after a
+                          notice of CAUSE (the launcher's word) at NOTICE (`none` and 0: the job
+                          called go_suspend() unasked); times in epoch seconds. The policy daemon
+                          requeues a FAILED job whose last run says so (its requeue was lost
+                          with a slurmctld), which its owner could do as well; its metrics count
+                          the suspend by it
+    hai-left=RUN:WHY@AT   a part of a job in place (its task's comment), before its task's requeue:
+                          its run RUN left at AT, for WHY (preempted, below_min, lighthouse_lost,
+                          time_limit, failed); the daemon's metrics count the departure by it
+The job writes these two as its own record, so that the policy daemon reads no user's
+directory (issue 55); they are its owner's to write, and read as such: bounded, each field
+checked, a malformed one ignored.
 """
 
 from __future__ import annotations
 
 import functools
-from typing import Iterable, Mapping
+from typing import Iterable, Mapping, NamedTuple
 
 LEVEL = "hai-level"
 GRACE = "hai-grace"
@@ -56,6 +66,8 @@ DIR = "hai-dir"
 PARTS = "hai-parts"
 SUBMISSION = "hai-submission"
 SUSPEND = "hai-suspend"
+LEFT = "hai-left"
+SUSPEND_HOWS = ("go_suspend", "forced")
 
 
 def parse(*texts: str) -> dict[str, str]:
@@ -92,10 +104,68 @@ def parse_at(value: str) -> tuple[int, int] | None:
     return (int(job), int(at)) if job.isdigit() and at.isdigit() else None
 
 
-def suspended_run(value: str | None) -> int | None:
-    """`RUN:HOW` (hai-suspend) -> RUN; None for none or a malformed one."""
-    run, sep, how = (value or "").partition(":")
-    return int(run) if sep and run.isdigit() and len(run) <= 9 and how in ("go_suspend", "forced") else None
+class Suspended(NamedTuple):
+    """A run's suspend as its job says it (hai-suspend)."""
+
+    run: int
+    how: str  # SUSPEND_HOWS
+    cause: str  # a word; `none`: no notice
+    notice_at: float  # 0: no notice
+    at: float
+
+
+class Left(NamedTuple):
+    """A part's departure as its task says it (hai-left)."""
+
+    run: int
+    why: str  # a word
+    at: float
+
+
+def suspend_value(s: Suspended) -> str:
+    return f"{s.run}:{s.how}:{s.cause}:{s.notice_at:.3f}:{s.at:.3f}"
+
+
+def parse_suspended(value: str | None) -> Suspended | None:
+    """hai-suspend's value, or None for none or a malformed one."""
+    fields = (value or "").split(":")
+    if len(fields) != 5:
+        return None
+    run, how, cause, notice_at, at = fields[0], fields[1], fields[2], _epoch(fields[3]), _epoch(fields[4])
+    if not (_count(run) and how in SUSPEND_HOWS and is_word(cause) and notice_at is not None and at is not None):
+        return None
+    return Suspended(int(run), how, cause, notice_at, at)
+
+
+def left_value(left: Left) -> str:
+    return f"{left.run}:{left.why}@{left.at:.3f}"
+
+
+def parse_left(value: str | None) -> Left | None:
+    """hai-left's value, or None for none or a malformed one."""
+    head, _, at_text = (value or "").partition("@")
+    run, sep, why = head.partition(":")
+    at = _epoch(at_text)
+    return Left(int(run), why, at) if sep and _count(run) and is_word(why) and at is not None else None
+
+
+def _count(text: str) -> bool:
+    return text.isdigit() and len(text) <= 9
+
+
+def is_word(text: object) -> bool:
+    """A word a tag may carry: letters and `_`, 1 to 32 of them."""
+    if not isinstance(text, str):
+        return False
+    return 0 < len(text) <= 32 and text.replace("_", "a").isalpha() and text.isascii()
+
+
+def _epoch(text: str) -> float | None:
+    """Seconds since the epoch, as the job wrote them (0 to 10^11, at most 20 characters)."""
+    if len(text) > 20 or not text.replace(".", "", 1).isdigit():
+        return None
+    t = float(text)
+    return t if t < 1e11 else None
 
 
 def parse_parts(value: str | None) -> tuple[int, int] | None:

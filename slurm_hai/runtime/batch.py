@@ -33,7 +33,7 @@ from .launcher import notice_signals
 from ..jobs.jobdir import JobDir, run_sizes
 from ..policy.limits import NOTICE_SIGNALS
 from ..policy.sizes import NodeRange
-from ..policy.tags import SUSPEND, with_tags
+from ..policy.tags import SUSPEND, Suspended, is_word, suspend_value, with_tags
 from ..slurm import SlurmError, backend
 from ..slurm.commands import KILLED_STEP_CLEANUP_S
 from . import protocol
@@ -103,18 +103,18 @@ def unrecorded_suspend(jobdir: JobDir, events: list[dict], run: int) -> str | No
     return None
 
 
-def requeue_suspended(slurm, job_id: int, run: int, how: str, ending: list[int]) -> int:
+def requeue_suspended(slurm, job_id: int, said: Suspended, ending: list[int]) -> int:
     """The requeue of a suspended run, which this script alone asks for (runtime/protocol.py),
-    once the run's step has ended; the job's comment says so first (tag_suspended). A Slurm
+    once the run's step has ended; the job's comment says so first (`said`: tag_suspended). A Slurm
     that does not take them (slurmctld restarting) is asked again until it does or shows the
     run over; a preempted job on 24.05+ is requeued by Slurm itself once this script ends."""
-    wait, deadline = 0.5, time.monotonic() + REQUEUE_TRIES_S
+    run, wait, deadline = said.run, 0.5, time.monotonic() + REQUEUE_TRIES_S
     tagged = False
     while not ending:
         try:
             if slurm.requeued_when_batch_ends(job_id):
                 return 0
-            tagged = tagged or tag_suspended(slurm, job_id, run, how)
+            tagged = tagged or tag_suspended(slurm, job_id, said)
             slurm.requeue(job_id)
             break
         except SlurmError as e:
@@ -130,15 +130,33 @@ def requeue_suspended(slurm, job_id: int, run: int, how: str, ending: list[int])
     return wait_to_be_requeued(ending)
 
 
-def tag_suspended(slurm, job_id: int, run: int, how: str) -> bool:
-    """Say in the job's own Slurm record that run `run` ended by a suspend `how` (its
-    comment's hai-suspend): a requeue that slurmctld acknowledged and lost (a backup took
-    over from its saved state) leaves the job FAILED, and the policy daemon requeues it by
-    that record alone, reading no user's directory (requeue-failed). True once said."""
+def tag_suspended(slurm, job_id: int, said: Suspended) -> bool:
+    """Say in the job's own Slurm record how its run ended by a suspend (its comment's
+    hai-suspend): a requeue that slurmctld acknowledged and lost (a backup took over from its
+    saved state) leaves the job FAILED, and the policy daemon requeues it by that record
+    alone, reading no user's directory (requeue-failed); its metrics count the suspend by it.
+    True once said."""
     job = slurm.job(job_id)
     if job is not None:
-        slurm.update_job(job_id, Comment=with_tags(job.comment, {SUSPEND: f"{run}:{how}"}))
+        slurm.update_job(job_id, Comment=with_tags(job.comment, {SUSPEND: suspend_value(said)}))
     return True
+
+
+def how_suspended(events: list[dict], run: int, how: str) -> Suspended:
+    """Run `run`'s suspend `how` from its journal: its first notice (cause and time; none: the
+    job called go_suspend() unasked) and the moment it was marked (go_suspend, or forced)."""
+    notice = next((e for e in events if e.get("event") == protocol.NOTICE and e.get("run") == run), None)
+    marked = protocol.GO_SUSPEND if how == "go_suspend" else protocol.GRACE_EXPIRED
+    at = next((e.get("t") for e in events if e.get("event") == marked and e.get("run") == run), None)
+    if notice is None:
+        return Suspended(run, how, "none", 0.0, _journal_time(at))
+    cause = str(notice.get("cause")) if is_word(notice.get("cause")) else "unknown"
+    return Suspended(run, how, cause, _journal_time(notice.get("t")), _journal_time(at))
+
+
+def _journal_time(t: object) -> float:
+    """A journalled time as the tags take it (now for one that is missing or not a time)."""
+    return float(t) if isinstance(t, (int, float)) and 0 < t < 1e11 else time.time()
 
 
 def wait_to_be_requeued(ending: list[int]) -> int:
@@ -270,7 +288,7 @@ def end_run(slurm, jobdir: JobDir, job_id: int, run: int, nodes: int, rc: int, r
         return rc
     if event == protocol.REQUEUE_ASKED:
         assert how is not None  # step_ended: only a marked run is asked to be requeued
-        return requeue_suspended(slurm, job_id, run, how, ending)
+        return requeue_suspended(slurm, job_id, how_suspended(jobdir.events(), run, how), ending)
     if nodes > 1:  # a retry: srun's --kill-on-bad-exit may have ended the step (KILLED_STEP_CLEANUP_S)
         time.sleep(max(0.0, step_over + KILLED_STEP_CLEANUP_S - time.monotonic()))
     slurm.requeue(job_id)

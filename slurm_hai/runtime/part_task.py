@@ -29,13 +29,14 @@ import os
 import signal
 import sys
 import threading
+import time
 from dataclasses import dataclass
 
 from ..jobs.jobdir import JobDir, default_root
 from ..policy.limits import NOTICE_MARGIN
 from ..policy.model import PolicyError, find_policy
 from ..policy.placement import stamped_grace
-from ..policy.tags import GRACE, PARTS, SUBMISSION, parse_parts
+from ..policy.tags import GRACE, LEFT, PARTS, SUBMISSION, Left, left_value, parse_parts, with_tags
 from ..slurm import Backend, SlurmError, backend
 from . import protocol
 from .batch import run_over, slurm_record, wait_to_be_requeued
@@ -143,6 +144,18 @@ class Task:
             print(f"slurm-hai: part {self.part}: the waiting parts of job {self.array} stay queued ({e}); "
                   "each ends at its start", flush=True)
 
+    def say_left(self, why: str) -> None:
+        """Say in the task's own Slurm record that this run left, and why (its comment's
+        hai-left), for the policy daemon's metrics, which read no user's directory. Not
+        said where Slurm does not answer: only a count is lost."""
+        try:
+            record = self.slurm.job(self.job_id)
+            if record is not None:
+                self.slurm.update_job(self.name, Comment=with_tags(
+                    record.comment, {LEFT: left_value(Left(self.run, why, time.time()))}))
+        except SlurmError as e:
+            print(f"slurm-hai: part {self.part}: its departure is not in its Slurm record ({e})", flush=True)
+
     def left(self, rc: int, lost: bool, retries: int, ending: list[int]) -> int:
         """The part's step ended without success: journal why (runtime/protocol.py judges
         it) and requeue the task where the protocol says so; this script's exit status."""
@@ -152,6 +165,7 @@ class Task:
         why = protocol.part_left(*left_for, _preempted(record))
         self.jobdir.event(protocol.PART_LEFT, run=self.run, part=self.part, exit_code=rc,
                           preempted=why == "preempted", **({why: True} if why in protocol.PART_LEFT_FOR else {}))
+        self.say_left(why)
         if why == "failed":
             # its own failure (not Slurm ending the task: a cancel signals this script too, and
             # Slurm's record says so first): requeued while the job has retries left, else the

@@ -181,7 +181,7 @@ def test_what_a_user_plants_in_a_job_directory_never_stops_or_fools_the_daemon(l
     kinds = ("fifo", "symlink", "huge")
     jobs = {kind: sbatch(live, "-H", "-N1", "--qos=low", f"--comment=hai-dir={root}", user=user, wrap="exit 1")
             for kind in (*kinds, "said")}
-    live.run(["scontrol", "update", f"JobId={jobs['said']}", f"Comment=hai-dir={root} hai-suspend=0:go_suspend"],
+    live.run(["scontrol", "update", f"JobId={jobs['said']}", f"Comment=hai-dir={root} hai-suspend=0:go_suspend:none:0:1796600000"],
              user=user)
     plant = {"fifo": "mkfifo {d}/suspend.0 {d}/events.jsonl",
              "symlink": "ln -s /etc/hostname {d}/suspend.0 && printf '%s\\n' \"$(head -c 200000 /dev/zero | "

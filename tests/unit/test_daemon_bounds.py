@@ -90,10 +90,12 @@ def test_the_pid_file_is_written(lock_dir):
 
 
 @pytest.mark.parametrize("comment, requeued", [
-    ("hai-suspend=0:go_suspend", True), ("hai-suspend=0:forced", True),
-    ("hai-suspend=1:go_suspend", False),  # another run's
-    ("hai-suspend=0:please", False), ("hai-suspend=0", False), ("hai-suspend=-1:forced", False),
-    ("hai-suspend=" + "9" * 5000 + ":forced", False), ("hai-suspend=0:go_suspend,x", False),
+    ("hai-suspend=0:go_suspend:none:0:12.5", True), ("hai-suspend=0:forced:user:10:12.5", True),
+    ("hai-suspend=1:go_suspend:none:0:12.5", False),  # another run's
+    ("hai-suspend=0:please:none:0:12.5", False), ("hai-suspend=0:forced", False),
+    ("hai-suspend=-1:forced:none:0:12.5", False), ("hai-suspend=0:forced:none:0:-12.5", False),
+    ("hai-suspend=" + "9" * 5000 + ":forced:none:0:12.5", False), ("hai-suspend=0:go_suspend,x:none:0:1", False),
+    ("hai-suspend=0:forced:none:0:12.5:more", False), ("hai-suspend=0:forced:none:0:" + "1" * 5000, False),
 ])
 def test_whether_a_failed_jobs_run_had_asked_to_be_suspended_is_its_slurm_record_alone(comment, requeued):
     """The daemon reads no user's directory (issue 55): a FAILED job is requeued as suspended

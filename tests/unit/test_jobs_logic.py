@@ -305,10 +305,13 @@ def test_the_batch_script_asks_for_a_suspended_runs_requeue_until_slurm_takes_it
 
     monkeypatch.setattr(batch.time, "sleep", lambda s: None)
     monkeypatch.setattr(batch, "wait_to_be_requeued", lambda ending: 0)
-    assert batch.requeue_suspended(slurm, 7, 3, "forced", []) == 0
+    said = batch.how_suspended([{"t": 110.0, "event": "notice", "run": 3, "cause": "user"},
+                                {"t": 125.0, "event": "forced_suspend", "run": 3}], 3, "forced")
+    assert batch.requeue_suspended(slurm, 7, said, []) == 0
     assert slurm.requeues == requeues
-    if requeues:  # the job's own record says why first, once: for the daemon, should Slurm lose the requeue
-        assert slurm.calls[0] == "update {'Comment': 'hai-dir=/home/u/.hai/jobs hai-suspend=3:forced'}"
+    if requeues:  # the job's own record says it first, once: for the daemon, should Slurm lose the requeue
+        assert slurm.calls[0] == ("update {'Comment': 'hai-dir=/home/u/.hai/jobs "
+                                  "hai-suspend=3:forced:user:110.000:125.000'}")
         assert slurm.calls[1:] == ["requeue"] * requeues, slurm.calls
 
 
@@ -322,7 +325,7 @@ def test_a_requeue_slurm_never_takes_ends_the_run_failed_for_the_daemon(monkeypa
     monkeypatch.setattr(batch.time, "sleep", lambda s: None)
     monkeypatch.setattr(batch, "wait_to_be_requeued", lambda ending: 0)
     slurm = _Slurm(10_000)
-    assert batch.requeue_suspended(slurm, 7, 3, "go_suspend", []) == 1
+    assert batch.requeue_suspended(slurm, 7, batch.how_suspended([], 3, "go_suspend"), []) == 1
     assert 2 <= slurm.requeues <= batch.REQUEUE_TRIES_S / 60 + 1
 
 

@@ -1,5 +1,5 @@
-"""The policy daemon's Prometheus metrics (controller/metrics.py) over fake queues and real
-job directories, and `hai-admin daemon --metrics-port`."""
+"""The policy daemon's Prometheus metrics (controller/metrics.py) over fake queues of the
+jobs' Slurm records, and `hai-admin daemon --metrics-port`."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import os
 import pwd
 import sys
 import urllib.request
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from click.testing import CliRunner
 
 from slurm_hai.cli.admin import main as admin
 from slurm_hai.controller.daemon import PolicyDaemon
-from slurm_hai.controller.metrics import DaemonMetrics
+from slurm_hai.controller.metrics import CAUSES, DaemonMetrics
 from slurm_hai.policy.levels import DEFAULT_LADDER, Level
 from slurm_hai.policy.model import load_policy
 from test_policy_daemon import LOCAL, NOW, FakeSlurm, job
@@ -23,48 +24,29 @@ from test_policy_daemon import LOCAL, NOW, FakeSlurm, job
 ME = pwd.getpwuid(os.getuid()).pw_name
 
 
-def hai_job(job_id: int, root: Path, more_tags: str = "", **kw):
-    """A job submitted by hai-submit: its comment names its directory's root."""
-    return job(job_id, user=ME, comment=f"hai-dir={root} {more_tags}".strip(), **kw)
-
-
-def write_events(root: Path, job_id: int, *events: dict, partial: str = "") -> Path:
-    path = root / str(job_id) / "events.jsonl"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with path.open("a") as f:
-        f.write("".join(json.dumps(e) + "\n" for e in events) + partial)
-    return path
-
-
 def value(m: DaemonMetrics, name: str, **labels: str) -> float:
     return m.registry.get_sample_value(name, labels) or 0.0
 
 
-# A LOW job preempted once (notice, checkpoint and go_suspend, requeued) and started again.
-PREEMPTED = ({"t": 100.0, "event": "start", "run": 0},
-             {"t": 110.0, "event": "notice", "run": 0, "cause": "preempted", "by_job": 9},
-             {"t": 111.5, "event": "go_suspend", "run": 0},
-             {"t": 113.0, "event": "suspended", "run": 0, "how": "go_suspend"},
-             {"t": 116.0, "event": "start", "run": 1})
+# A LOW job preempted once, as its Slurm record shows it cycle after cycle: running, its run 0
+# said suspended (notice at 110, go_suspend at 111.5: hai-suspend, written by its batch
+# script before the requeue), requeued at 113 (its new submit time), running again at 116.
+SAID_0 = "hai-dir=/home/a/.hai/jobs hai-suspend=0:go_suspend:preempted:110.000:111.500"
+PREEMPTED = (job(1, state="RUNNING", qos="low", start_time=100, submit_time=90),
+             job(1, state="RUNNING", qos="low", start_time=100, submit_time=90, comment=SAID_0),
+             job(1, state="PENDING", qos="low", reason="BeginTime", restart_count=1, submit_time=113, comment=SAID_0),
+             job(1, state="RUNNING", qos="low", restart_count=1, submit_time=113, start_time=116, comment=SAID_0))
 
 
-# An elastic job in place (array 10, parts 0-2): part 1 preempted and back, part 2 failed,
-# then the two left below MIN.
-IN_PLACE = (*({"t": 100.0 + p, "event": "start", "run": 0, "part": p} for p in range(3)),
-            {"t": 150.0, "event": "left", "run": 0, "part": 1, "exit_code": 143, "preempted": True},
-            {"t": 150.5, "event": "left", "run": 0, "part": 2, "exit_code": 1, "preempted": False},
-            {"t": 158.0, "event": "start", "run": 1, "part": 1},
-            {"t": 170.0, "event": "left", "run": 0, "part": 0, "exit_code": 75, "preempted": False,
-             "below_min": True},
-            {"t": 171.0, "event": "left", "run": 1, "part": 1, "exit_code": 75, "preempted": False,
-             "below_min": True},
-            {"t": 172.0, "event": "left", "run": 1, "part": 0, "exit_code": 76, "preempted": False,
-             "time_limit": True})
+def part(task: int, state: str = "RUNNING", restart_count: int = 0, left: str = "", **kw):
+    """Task `task` of array 10, a part of an elastic job in place; `left`: its hai-left."""
+    return job(task, state=state, qos="low", array_job_id=10, restart_count=restart_count,
+               admin_comment="hai-level=LOW hai-parts=2:3", comment=f"hai-left={left}" if left else "", **kw)
 
 
-def in_place(task_id: int, root: Path, array: int = 10):
-    """A running part (a task of array `array`) of an elastic job in place of hai-submit."""
-    return hai_job(task_id, root, "hai-parts=2:3", state="RUNNING", qos="low", array_job_id=array, restart_count=1)
+def observe(m: DaemonMetrics, *records) -> None:
+    for record in records:
+        m.observe_cycle([record], 0.1, 0)
 
 
 def test_queue_gauges_count_nodes_held_by_level_and_user_and_pending_jobs_by_reason():
@@ -85,128 +67,103 @@ def test_queue_gauges_count_nodes_held_by_level_and_user_and_pending_jobs_by_rea
     assert m.registry.get_sample_value("hai_pending_jobs", {"level": "HIGH", "reason": "Resources"}) is None
 
 
-def test_a_sites_ladder_gives_the_series_and_the_level_labels(tmp_path):
+def test_a_sites_ladder_gives_the_series_and_the_level_labels():
     site = (Level(30, "GOLD"), Level(10, "SILVER"), Level(0, "BRONZE"))
-    write_events(tmp_path, 1, *PREEMPTED)
     m = DaemonMetrics(site, since=0)
     levels = {s.labels["level"] for fam in m.registry.collect() if fam.name == "hai_restarts" for s in fam.samples}
     assert levels == {"GOLD", "SILVER", "BRONZE"}
-    m.observe_cycle([hai_job(1, tmp_path, state="RUNNING", qos="silver.a.research", restart_count=1)], 0.1, 0)
+    observe(m, *(replace(r, qos="silver.a.research", user=ME) for r in PREEMPTED))
     assert value(m, "hai_suspensions_total", level="SILVER", cause="preempted") == 1
     assert value(m, "hai_nodes_held", level="SILVER", user=ME) == 1
 
 
-def test_a_preemption_counts_once_with_its_latencies_from_the_job_events(tmp_path):
-    write_events(tmp_path, 1, *PREEMPTED)
+def test_a_preemption_counts_once_with_its_latencies_from_the_jobs_own_record():
     m = DaemonMetrics(DEFAULT_LADDER, since=0)
-    for _ in range(3):  # every cycle sees the same file: each event counts once
-        m.observe_cycle([hai_job(1, tmp_path, state="RUNNING", qos="low", restart_count=1)], 0.1, 0)
+    observe(m, *PREEMPTED, PREEMPTED[-1], PREEMPTED[-1])  # every cycle sees the record again: each counts once
     assert value(m, "hai_suspensions_total", level="LOW", cause="preempted") == 1
     assert value(m, "hai_forced_suspensions_total", level="LOW") == 0
     assert value(m, "hai_restarts_total", level="LOW") == 1
     assert value(m, "hai_suspend_checkpoint_seconds_sum", level="LOW") == 1.5  # notice -> go_suspend
-    assert value(m, "hai_preemption_latency_seconds_sum", level="LOW", cause="preempted") == 3.0
+    assert value(m, "hai_preemption_latency_seconds_sum", level="LOW", cause="preempted") == 3.0  # -> requeued
     assert value(m, "hai_preemption_latency_seconds_bucket", level="LOW", cause="preempted", le="3.0") == 1
     assert value(m, "hai_preemption_latency_seconds_bucket", level="LOW", cause="preempted", le="2.0") == 0
     assert value(m, "hai_restart_latency_seconds_sum", level="LOW") == 3.0  # requeued -> running again
-    # a second suspend, forced this time, by the user: only the new lines count
-    write_events(tmp_path, 1, {"t": 120.0, "event": "notice", "run": 1, "cause": "user"},
-                 {"t": 125.0, "event": "forced_suspend", "run": 1, "after": 5.0},
-                 {"t": 126.0, "event": "suspended", "run": 1, "how": "forced"})
-    m.observe_cycle([hai_job(1, tmp_path, qos="low", restart_count=2, reason="BeginTime")], 0.1, 0)
+    # a second suspend, forced this time, by the user: only what is new counts
+    said_1 = SAID_0.replace("0:go_suspend:preempted:110.000:111.500", "1:forced:user:120.000:125.000")
+    observe(m, replace(PREEMPTED[-1], comment=said_1),
+            job(1, qos="low", reason="BeginTime", restart_count=2, submit_time=126, comment=said_1))
     assert value(m, "hai_suspensions_total", level="LOW", cause="preempted") == 1
     assert value(m, "hai_suspensions_total", level="LOW", cause="user") == 1
     assert value(m, "hai_forced_suspensions_total", level="LOW") == 1
     assert value(m, "hai_preemption_latency_seconds_sum", level="LOW", cause="user") == 6.0
     assert value(m, "hai_suspend_checkpoint_seconds_count", level="LOW") == 1  # no go_suspend that time
+    # the daemon saw the job only once it ran again: the suspend and the restart still count
+    seen_late = DaemonMetrics(DEFAULT_LADDER, since=0)
+    observe(seen_late, PREEMPTED[-1])
+    assert value(seen_late, "hai_suspensions_total", level="LOW", cause="preempted") == 1
+    assert value(seen_late, "hai_restart_latency_seconds_sum", level="LOW") == 3.0
 
 
-def test_a_job_in_place_is_one_job_its_parts_leave_and_rejoin(tmp_path):
-    """Three parts (tasks 11-13 of array 10) share the array's directory: each event counts
-    once however many parts are in the queue; a part's start after it left is a rejoin (its
-    run is the task's own), never the job's restart."""
-    write_events(tmp_path, 10, *IN_PLACE)
-    parts = [in_place(10 + p, tmp_path) for p in (1, 2, 3)]
+def test_a_part_of_a_job_in_place_leaves_and_rejoins_by_its_tasks_record():
+    """Each part is a task of its array with its own record: its departure (hai-left, which
+    its task writes) counts once by why; its start after it left is a rejoin, never the
+    job's restart."""
     m = DaemonMetrics(DEFAULT_LADDER, since=0)
     for _ in range(2):
-        m.observe_cycle(parts, 0.1, 0)
+        m.observe_cycle([part(11, left="0:preempted@150.000", state="PENDING", restart_count=1),
+                         part(12, left="0:failed@150.500", state="FAILED"),
+                         part(13, left="0:below_min@170.000", state="PENDING", restart_count=1)], 0.1, 0)
+    m.observe_cycle([part(11, left="0:preempted@150.000", restart_count=1, start_time=158, submit_time=151)], 0.1, 0)
+    m.observe_cycle([part(11, left="1:time_limit@172.000", state="PENDING", restart_count=2)], 0.1, 0)
     assert value(m, "hai_part_departures_total", level="LOW", cause="preempted") == 1
     assert value(m, "hai_part_departures_total", level="LOW", cause="failed") == 1
-    assert value(m, "hai_part_departures_total", level="LOW", cause="below_min") == 2
+    assert value(m, "hai_part_departures_total", level="LOW", cause="below_min") == 1
     assert value(m, "hai_part_departures_total", level="LOW", cause="time_limit") == 1
     assert value(m, "hai_part_rejoins_total", level="LOW") == 1
     assert value(m, "hai_part_rejoin_latency_seconds_sum", level="LOW") == 8.0  # left 150 -> back 158
     assert value(m, "hai_restarts_total", level="LOW") == 0
-    assert value(m, "hai_suspensions_total", level="LOW", cause="none") == 0
-    # a task of a plain array is a job of its own: its own directory, not the array's
-    write_events(tmp_path, 21, {"t": 200.0, "event": "start", "run": 1})
-    m.observe_cycle([hai_job(21, tmp_path, state="RUNNING", qos="low", array_job_id=20, restart_count=1)], 0.1, 0)
+    # a task of a plain array is a job of its own: its restart is a restart
+    m.observe_cycle([job(21, state="RUNNING", qos="low", array_job_id=20, restart_count=1, start_time=200)], 0.1, 0)
     assert value(m, "hai_restarts_total", level="LOW") == 1
 
 
-def test_events_from_before_the_daemon_started_pair_but_do_not_count(tmp_path):
-    """A daemon restarted mid-preemption: the notice is old, the end of the run is new."""
-    write_events(tmp_path, 1, *PREEMPTED)
+def test_what_happened_before_the_daemon_started_is_not_counted():
+    """A daemon restarted between a suspend and its restart: the suspend (go_suspend at 111.5)
+    and its requeue were counted by the daemon before it; the restart (116) is new."""
     m = DaemonMetrics(DEFAULT_LADDER, since=112.0)
-    m.observe_cycle([hai_job(1, tmp_path, state="RUNNING", qos="low", restart_count=1)], 0.1, 0)
-    assert value(m, "hai_suspend_checkpoint_seconds_count", level="LOW") == 0  # go_suspend at 111.5: before
-    assert value(m, "hai_suspensions_total", level="LOW", cause="preempted") == 1
-    assert value(m, "hai_preemption_latency_seconds_sum", level="LOW", cause="preempted") == 3.0
+    observe(m, *PREEMPTED)
+    assert value(m, "hai_suspensions_total", level="LOW", cause="preempted") == 0
+    assert value(m, "hai_suspend_checkpoint_seconds_count", level="LOW") == 0
+    assert value(m, "hai_preemption_latency_seconds_count", level="LOW", cause="preempted") == 0
+    assert value(m, "hai_restarts_total", level="LOW") == 1
     assert value(m, "hai_restart_latency_seconds_sum", level="LOW") == 3.0
 
 
-def test_a_line_still_being_written_waits_for_its_end(tmp_path):
-    path = write_events(tmp_path, 1, *PREEMPTED[:3], partial=json.dumps(PREEMPTED[3])[:20])
+@pytest.mark.parametrize("said, counted_as", [
+    ("0:go_suspend:rm_rf:110:111.5", "unknown"),  # a word, not a cause
+    ("0:go_suspend:" + "x" * 33 + ":110:111.5", None),  # longer than a word: the tag is ignored
+    ("0:go_suspend:no-such:110:111.5", None), ("0:go_suspend:user:nan:111.5", None),
+    ("0:go_suspend:user:110:1e300", None), ("7:go_suspend:user:110:111.5", None),  # a run to come
+])
+def test_what_a_job_says_of_itself_cannot_invent_labels(said, counted_as):
+    """The comment is the job owner's to write: a cause outside the vocabulary is `unknown`,
+    a malformed tag (or one naming a run the job has not had) counts nothing."""
     m = DaemonMetrics(DEFAULT_LADDER, since=0)
-    m.observe_cycle([hai_job(1, tmp_path, state="COMPLETING", qos="low")], 0.1, 0)
-    assert value(m, "hai_suspensions_total", level="LOW", cause="preempted") == 0
-    with path.open("a") as f:
-        f.write(json.dumps(PREEMPTED[3])[20:] + "\n")
-    m.observe_cycle([hai_job(1, tmp_path, qos="low", restart_count=1)], 0.1, 0)
-    assert value(m, "hai_suspensions_total", level="LOW", cause="preempted") == 1
-    assert value(m, "hai_preemption_latency_seconds_sum", level="LOW", cause="preempted") == 3.0
-
-
-def test_what_a_user_writes_cannot_invent_labels_nor_hang_the_daemon(tmp_path):
-    """The hai-dir comment and the file are the user's: a cause outside the vocabulary is
-    `unknown`; a file of another owner, a FIFO (it does not block) or a path no file can
-    have is not read."""
-    write_events(tmp_path / "a", 1, {"t": 1.0, "event": "notice", "run": 0, "cause": "x" * 100},
-                 {"t": 2.0, "event": "suspended", "run": 0, "how": "go_suspend"}, {"t": "nan", "event": "start"})
-    foreign = write_events(tmp_path / "b", 2, *PREEMPTED)
-    os.chown(foreign, 65534, 65534)
-    (tmp_path / "c" / "3").mkdir(parents=True)
-    os.mkfifo(tmp_path / "c" / "3" / "events.jsonl")
-    m = DaemonMetrics(DEFAULT_LADDER, since=0)
-    m.observe_cycle([hai_job(1, tmp_path / "a", state="RUNNING", qos="low"),
-                     hai_job(2, tmp_path / "b", state="RUNNING", qos="high"),
-                     hai_job(3, tmp_path / "c", state="RUNNING", qos="high"),
-                     hai_job(4, Path("/tmp/a\0b"), state="RUNNING", qos="high")], 0.1, 0)
-    assert value(m, "hai_suspensions_total", level="LOW", cause="unknown") == 1
-    assert value(m, "hai_suspensions_total", level="HIGH", cause="preempted") == 0
+    observe(m, *(replace(r, comment=f"hai-suspend={said}") for r in PREEMPTED[:3]))
+    counted = {c: value(m, "hai_suspensions_total", level="LOW", cause=c) for c in (*CAUSES, "none")}
+    assert counted == {c: float(c == counted_as) for c in counted}
     causes = {s.labels["cause"] for fam in m.registry.collect() if fam.name == "hai_suspensions" for s in fam.samples}
     assert causes == {"preempted", "user", "time_limit", "unknown", "none"}
 
 
-def test_a_new_directory_for_a_reused_job_id_is_read_from_its_start(tmp_path):
-    path = write_events(tmp_path, 1, *PREEMPTED[:4])
+def test_a_go_suspend_unasked_counts_as_none():
     m = DaemonMetrics(DEFAULT_LADDER, since=0)
-    m.observe_cycle([hai_job(1, tmp_path, state="RUNNING", qos="low")], 0.1, 0)
-    path.parent.rename(tmp_path / ".stale-1")  # JobDir.claim moves an older job's directory aside
-    write_events(tmp_path, 1, {"t": 200.0, "event": "start", "run": 0},
-                 {"t": 210.0, "event": "suspended", "run": 0, "how": "go_suspend"})
-    m.observe_cycle([hai_job(1, tmp_path, state="RUNNING", qos="low")], 0.1, 0)
-    assert value(m, "hai_suspensions_total", level="LOW", cause="preempted") == 1
-    assert value(m, "hai_suspensions_total", level="LOW", cause="none") == 1  # go_suspend() unasked
-
-
-def test_jobs_that_never_ran_are_not_read(tmp_path, monkeypatch):
-    write_events(tmp_path, 1, {"t": 1.0, "event": "submit"})
-    m = DaemonMetrics(DEFAULT_LADDER, since=0)
-    opened = []
-    monkeypatch.setattr(os, "lstat", lambda p, *a, **kw: opened.append(p) or os.stat(p, follow_symlinks=False))
-    m.observe_cycle([hai_job(1, tmp_path, reason="Priority"), job(2, state="RUNNING")], 0.1, 0)
-    assert opened == []  # neither the pending job nor a job without a directory (plain sbatch)
+    unasked = SAID_0.replace("preempted:110.000", "none:0")
+    observe(m, *(replace(r, comment=unasked) for r in PREEMPTED[1:]))
+    assert value(m, "hai_suspensions_total", level="LOW", cause="none") == 1
+    assert value(m, "hai_suspend_checkpoint_seconds_count", level="LOW") == 0
+    assert value(m, "hai_preemption_latency_seconds_count", level="LOW", cause="none") == 0
+    assert value(m, "hai_restart_latency_seconds_sum", level="LOW") == 3.0
 
 
 def test_the_daemon_feeds_its_cycle_time_and_errors():
@@ -284,13 +241,12 @@ PROMQL_FUNCTIONS = {"sum", "rate", "increase", "histogram_quantile", "max_over_t
 PROMQL_WORDS = {"by"}
 
 
-def exported(tmp_path: Path) -> tuple[set[str], set[str]]:
-    """The sample names and label names of a scrape after a cycle that fed every series."""
-    write_events(tmp_path, 1, *PREEMPTED)
-    write_events(tmp_path, 10, *IN_PLACE)
+def exported() -> tuple[set[str], set[str]]:
+    """The sample names and label names of a scrape after cycles that fed every series."""
     m = DaemonMetrics(DEFAULT_LADDER, since=0)
-    m.observe_cycle([hai_job(1, tmp_path, state="RUNNING", qos="low", restart_count=1), job(2),
-                     in_place(11, tmp_path)], 0.1, 0)
+    observe(m, *PREEMPTED, part(11, left="0:preempted@150.000", state="PENDING", restart_count=1),
+            part(11, left="0:preempted@150.000", restart_count=1, start_time=158))
+    m.observe_cycle([PREEMPTED[-1], job(2)], 0.1, 0)
     samples = [s for fam in m.registry.collect() for s in fam.samples if not s.name.endswith("_created")]
     return {s.name for s in samples}, {label for s in samples for label in s.labels}
 
@@ -299,10 +255,10 @@ def dashboard_queries() -> list[str]:
     return [t["expr"] for p in json.loads(DASHBOARD.read_text())["panels"] for t in p["targets"]]
 
 
-def test_the_grafana_dashboard_queries_only_series_the_daemon_exports(tmp_path):
+def test_the_grafana_dashboard_queries_only_series_the_daemon_exports():
     import re
 
-    names, labels = exported(tmp_path)
+    names, labels = exported()
     queries = dashboard_queries()
     assert len(queries) >= 10
     used = set()

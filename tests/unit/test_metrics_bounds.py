@@ -1,10 +1,9 @@
 """What a user can send the policy daemon's metrics (it runs as root or the SlurmUser): the
 HTTP endpoint bounds each request in size and time, so that slow, oversized or idle clients
-never hold a scrape; a job's events file bounds what the daemon reads and keeps (issue 57)."""
+never hold a scrape; what the daemon keeps of the jobs' records is bounded (issue 57)."""
 
 from __future__ import annotations
 
-import json
 import socket
 import threading
 import time
@@ -13,69 +12,32 @@ import urllib.request
 import pytest
 
 from slurm_hai.controller import bounded_http, metrics
-from slurm_hai.controller.metrics import MAX_RUNS_KEPT, DaemonMetrics
+from slurm_hai.controller.metrics import DaemonMetrics
 from slurm_hai.policy.levels import DEFAULT_LADDER
-from test_metrics import PREEMPTED, hai_job, value, write_events
+from test_metrics import value
+from test_policy_daemon import job
 
-# ------------------------------------------------------------------ the events files
+# ------------------------------------------------------------------ the jobs' records
 
 
-def test_a_line_nested_past_the_parser_is_passed_over_and_the_daemon_goes_on(tmp_path):
-    path = write_events(tmp_path, 1, *PREEMPTED[:2])
-    with path.open("a") as f:
-        f.write("[" * 100_000 + "\n" + '{"t": {"t": 1}}\n' + '"t"\n')
-    write_events(tmp_path, 1, *PREEMPTED[2:4])
+def test_a_record_that_names_a_new_run_every_cycle_keeps_one_entry_per_job_and_gone_jobs_are_forgotten(
+        monkeypatch):
+    clock = [1000.0]
+    monkeypatch.setattr(metrics.time, "monotonic", lambda: clock[0])
     m = DaemonMetrics(DEFAULT_LADDER, since=0)
-    m.observe_cycle([hai_job(1, tmp_path, state="RUNNING", qos="low", restart_count=1)], 0.1, 0)
-    assert value(m, "hai_suspensions_total", level="LOW", cause="preempted") == 1
-
-
-def test_a_file_that_names_a_new_run_on_every_line_keeps_the_daemons_memory_bounded(tmp_path):
-    write_events(tmp_path, 1, *({"t": float(i), "event": e, "run": i} for i in range(5_000)
-                                for e in ("notice", "suspended")),
-                 *({"t": float(i), "event": "left", "run": i, "part": 1} for i in range(5_000)))
-    m = DaemonMetrics(DEFAULT_LADDER, since=0)
-    m.observe_cycle([hai_job(1, tmp_path, state="RUNNING", qos="low", restart_count=1)], 0.1, 0)
-    (followed,) = m.events._jobs.values()
-    assert len(followed.notices) == len(followed.suspended) == len(followed.left) == MAX_RUNS_KEPT
-    assert max(followed.left) == (1, 4_999)  # the newest are kept
-
-
-def test_one_users_busy_files_never_keep_anothers_from_being_read(tmp_path, monkeypatch):
-    monkeypatch.setattr(metrics, "MAX_READ", 4096)
-    monkeypatch.setattr(metrics, "MAX_CYCLE_READ", 3 * 4096)
-    noise = {"t": 1.0, "event": "noise", "pad": "x" * 200}
-    for hog in range(1, 6):  # five jobs whose files grow faster than a cycle reads
-        write_events(tmp_path, hog, *[noise] * 200)
-    write_events(tmp_path, 9, *PREEMPTED[:4])
-    jobs = [hai_job(i, tmp_path, state="RUNNING", qos="low") for i in (1, 2, 3, 4, 5, 9)]
-    m = DaemonMetrics(DEFAULT_LADDER, since=0)
-    read = []
-    real = metrics.EventFollower._read
-
-    def counted(f, uid, most):
-        events, size = real(f, uid, most)
-        read.append(size)
-        return events, size
-
-    monkeypatch.setattr(metrics.EventFollower, "_read", staticmethod(counted))
-    for _ in range(3):
-        m.observe_cycle(jobs, 0.1, 0)
-        assert 0 < sum(read) <= 3 * 4096
-        read.clear()
-    # within two cycles' turns every job's file was reached: job 9's preemption counts
-    assert value(m, "hai_suspensions_total", level="LOW", cause="preempted") == 1
-
-
-def test_a_line_longer_than_a_cycles_read_is_passed_over_not_waited_for(tmp_path, monkeypatch):
-    monkeypatch.setattr(metrics, "MAX_READ", 4096)
-    path = tmp_path / "1" / "events.jsonl"
-    path.parent.mkdir()
-    path.write_text("x" * 10_000 + "\n" + "".join(json.dumps(e) + "\n" for e in PREEMPTED[:4]))
-    m = DaemonMetrics(DEFAULT_LADDER, since=0)
-    for _ in range(5):
-        m.observe_cycle([hai_job(1, tmp_path, state="RUNNING", qos="low")], 0.1, 0)
-    assert value(m, "hai_suspensions_total", level="LOW", cause="preempted") == 1
+    for run in range(1, 2_000):
+        said = f"hai-suspend={run - 1}:forced:user:{run}.000:{run + 0.5:.3f}"
+        m.observe_cycle([job(1, state="RUNNING", qos="low", restart_count=run, start_time=run + 2, submit_time=run + 1,
+                             comment=said)], 0.1, 0)
+    assert len(m._runs) == 1 and m._runs[1].suspended.run == 1_998  # the newest alone is kept
+    assert value(m, "hai_suspensions_total", level="LOW", cause="user") == 1_999
+    assert value(m, "hai_restarts_total", level="LOW") == 1_999
+    clock[0] += metrics.FORGET_AFTER - 1
+    m.observe_cycle([job(2, state="RUNNING", qos="low")], 0.1, 0)
+    assert set(m._runs) == {1, 2}  # job 1 left one snapshot: not forgotten (nor counted again) yet
+    clock[0] += 2
+    m.observe_cycle([job(2, state="RUNNING", qos="low")], 0.1, 0)
+    assert set(m._runs) == {2}
 
 
 # ------------------------------------------------------------------ the HTTP endpoint

@@ -15,6 +15,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from slurm_hai.policy import tags
 from slurm_hai.policy.limits import NOTICE_MARGIN
 from slurm_hai.policy.model import parse_policy
 from slurm_hai.runtime import part_task
@@ -44,6 +45,8 @@ class Slurm:
         self.comment = comment
         self.comment_tags: dict[str, str] = {}  # more tags of its record (its admin comment's)
         self.steps: list[tuple[list[str], dict[str, str]]] = []
+        self.own_comment = "hai-dir=/home/u/.hai/jobs"  # what the task's comment says (its owner's)
+        self.updates: list[tuple[str, dict[str, str]]] = []
 
     def cancel(self, job_id, signal=None):
         self.cancels.append((job_id, signal))
@@ -54,7 +57,7 @@ class Slurm:
 
     def job(self, job_id):  # this task's record: its tags and state; never preempted by Slurm
         return SimpleNamespace(tags={**({"hai-parts": self.comment} if self.comment else {}), **self.comment_tags},
-                               start_time=self.started,
+                               start_time=self.started, comment=self.own_comment,
                                preempt_time=0, state=self.state, restart_count=0, end_time=self.end)
 
     def cancel_waiting_tasks(self, job_id):
@@ -65,6 +68,9 @@ class Slurm:
 
     def requeue(self, job_id):
         self.requeues.append(job_id)
+
+    def update_job(self, job_id, **fields):
+        self.updates.append((job_id, fields))
 
 
 def watch(monkeypatch, answers, seconds: float = 0.3):
@@ -184,6 +190,11 @@ def test_a_part_that_leaves_below_min_or_at_its_time_limit_is_requeued_one_that_
             if e.get("event") == "left"]
     assert len(left) == 1 and left[0]["part"] == 1
     assert [k for k in ("below_min", "time_limit") if left[0].get(k) is True] == ([why] if why else [])
+    # its task's own record says so (for the daemon's metrics), the task named as ARRAY_PART
+    ((task, fields),) = slurm.updates
+    said = tags.parse_left(tags.parse(fields["Comment"])[tags.LEFT])
+    assert task == "7_1" and fields["Comment"].startswith("hai-dir=/home/u/.hai/jobs hai-left=")
+    assert said is not None and (said.run, said.why) == (0, why or "failed") and abs(said.at - time.time()) < 60
 
 
 def test_a_part_that_fails_on_its_own_is_requeued_while_the_job_has_retries_left(monkeypatch, tmp_path, capsys):

@@ -449,7 +449,7 @@ def test_a_failed_job_whose_run_had_asked_to_be_suspended_is_requeued_once_by_it
     before it asked for the requeue, says it asked to go."""
     failed = dict(state="FAILED", qos="low", start_time=NOW - 60, end_time=NOW - 5, reason="None",
                   admin_comment="hai-level=LOW")
-    lost = job(1, comment="hai-dir=/home/a/.hai/jobs hai-suspend=0:go_suspend", **failed)
+    lost = job(1, comment="hai-dir=/home/a/.hai/jobs hai-suspend=0:go_suspend:preempted:110:111.5", **failed)
     failure = job(2, comment="hai-dir=/home/a/.hai/jobs", **failed)
     slurm = FakeSlurm([lost, failure])
     d = PolicyDaemon(slurm, policy=load_policy(LOCAL), clock=lambda: NOW)

@@ -101,8 +101,8 @@ def test_a_failed_job_that_had_asked_to_be_suspended_is_requeued():
     notice Slurm still knows of, which says more."""
     lost = job(1, "FAILED", "low", start_time=NOW - 60, end_time=NOW - 5, restart_count=2)
     assert decide([lost], POLICY, NOW) == []  # a failure, as far as Slurm tells
-    assert decide([replace(lost, comment="hai-suspend=1:go_suspend")], POLICY, NOW) == []  # an earlier run's
-    lost = replace(lost, comment="hai-dir=/x hai-suspend=2:go_suspend")
+    assert decide([replace(lost, comment="hai-suspend=1:go_suspend:none:0:111.5")], POLICY, NOW) == []  # an earlier run's
+    lost = replace(lost, comment="hai-dir=/x hai-suspend=2:go_suspend:none:0:111.5")
     (a,) = decide([lost], POLICY, NOW)
     assert (a.kind, a.rule) == ("requeue", "requeue-failed") and "its requeue was lost" in a.why
     (a,) = decide([replace(lost, preempt_time=NOW - 8)], POLICY, NOW)
