@@ -21,6 +21,8 @@ import textwrap
 import time
 from pathlib import Path
 
+import pytest
+from test_acceptance import running_daemon
 from waiting import wait_for
 
 
@@ -129,7 +131,15 @@ def test_list_all_and_status_work_for_every_user_from_what_slurm_shows(live):
 
 # ---------------------------------------------------------------- major 4: told why and when
 
-def test_a_preempted_user_is_told_by_whom_and_when_in_status_and_in_logs_follow(live):
+@pytest.fixture
+def daemon(live, tmp_path):
+    """The policy daemon, for this test alone: the job Slurm preempts a job for is its word,
+    in the preempted job's record (docs/design.md, "Where a notice's cause comes from")."""
+    with running_daemon(live, tmp_path) as log:
+        yield log
+
+
+def test_a_preempted_user_is_told_by_whom_and_when_in_status_and_in_logs_follow(live, daemon):
     d = user_dir(live, "fd-preempt", "hai-alice")
     low = write(d / "low.py", """
         import time, slurm_hai.runtime.client as hai

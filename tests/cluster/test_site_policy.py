@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 import uninterrupted
+from slurm_hai.jobs.status import run_notices
 from uninterrupted import TRAIN, same_weights
 from waiting import wait_for
 
@@ -316,8 +317,9 @@ def test_site_levels_preempt_with_a_term_notice_on_rank0_resume_bitwise_and_spea
 
     # -- a GOLD job preempts it: plain sbatch through the SPANK plugin
     gold = c.sbatch("-N2", "--hai-priority=gold", "-o", "/dev/null", "--wrap", "sleep 600", user=ALICE)
-    notice = wait_for(lambda: named(job_dir, "notice"), 30, "the notice")
+    wait_for(lambda: named(job_dir, "notice"), 30, "the notice")
     suspended = wait_for(lambda: named(job_dir, "suspended"), 60, "the BRONZE job to suspend")
+    notice = list(run_notices(events(job_dir)).values())  # with the daemon's word on Slurm's preemption
     assert [e["how"] for e in suspended] == ["go_suspend"], suspended
     info = c.wait_job(gold, lambda j: j["JobState"] == "RUNNING", 60, "the GOLD job to take the nodes")
     assert info["QOS"] == "gold.a.hai", info  # GOLD through the account's quota variant
@@ -434,7 +436,7 @@ def test_a_usr1_notice_reaches_rank0_only_and_the_job_is_requeued_never_killed_b
 
     # USR1 reached both nodes' steps; only rank 0's node raised the flag
     assert sorted(p.name for p in out.glob("seen.0.*")) == ["seen.0.0"], sorted(os.listdir(out))
-    notices = named(job_dir, "notice")
+    notices = list(run_notices(events(job_dir)).values())
     assert [(e["run"], e.get("cause"), e.get("by_level")) for e in notices] == [(0, "preempted", "GOLD")], notices
     assert [e["how"] for e in named(job_dir, "suspended")] == ["go_suspend"]
     assert [e["run"] for e in named(job_dir, "start")] == [0, 1]

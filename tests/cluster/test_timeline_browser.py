@@ -20,6 +20,8 @@ import time
 import zlib
 from pathlib import Path
 
+import pytest
+from test_acceptance import running_daemon
 from test_jobs import submit, wait_status, write_script
 
 from slurm_hai.jobs.timeline import level_colours
@@ -96,7 +98,15 @@ def rgb(hex_colour: str) -> tuple[int, int, int]:
     return tuple(int(hex_colour[i:i + 2], 16) for i in (1, 3, 5))
 
 
-def test_timeline_page_shows_a_preemption_in_a_real_browser(live, tmp_path):
+@pytest.fixture
+def daemon(live, tmp_path):
+    """The policy daemon, for this test alone: the job Slurm preempts a job for is its word,
+    in the preempted job's record (docs/design.md, "Where a notice's cause comes from")."""
+    with running_daemon(live, tmp_path) as log:
+        yield log
+
+
+def test_timeline_page_shows_a_preemption_in_a_real_browser(live, daemon, tmp_path):
     time.sleep(2)  # the jobs the fixture cancelled ended a second or more before this window opens
     t0 = time.time()
     low_dir = live.shared_dir("tl-low", owner="hai-alice")

@@ -297,6 +297,33 @@ def test_the_daemons_word_already_in_the_record_is_the_notice_and_no_later_look_
     assert cause == {"cause": "preempted"} and later is not None
 
 
+@pytest.mark.parametrize("told_after", [0.3, None])
+def test_a_run_that_suspends_at_once_waits_a_moment_for_the_daemons_word_and_no_longer(tmp_path, told_after):
+    jobdir = JobDir(tmp_path / "7").create()
+
+    def told_later():
+        if told_after is None:  # no daemon: no word within the grace
+            time.sleep(30)
+            return None
+        time.sleep(told_after)
+        return {"cause": "preempted", "by_job": 12, "by_level": "HIGH", "target_size": 0}
+
+    node = NodeRun([sys.executable, "-c", "pass"], {**os.environ, "OMP_NUM_THREADS": "1"}, jobdir, 0, 0, 30.0,
+                   notice_signals("USR1", False), flag=tmp_path / "flag",
+                   why_notice=lambda: lambda: ({"cause": "preempted"}, told_later))
+    node.start()
+    node.notice("signal")
+    assert node.wait() == 0
+    t0 = time.monotonic()
+    node.await_cause()
+    waited = time.monotonic() - t0
+    told = [e["by_job"] for e in jobdir.events() if e["event"] == "notice_cause"]
+    if told_after is None:
+        assert told == [] and launcher.CAUSE_WAIT <= waited < launcher.CAUSE_WAIT + 1
+    else:
+        assert told == [12] and waited < launcher.CAUSE_WAIT
+
+
 def test_the_launcher_reads_neither_the_queue_nor_the_policy():
     """The daemon decides a notice's cause once; a node reads only its own job's record."""
     tree = ast.parse(Path(launcher.__file__).read_text())
