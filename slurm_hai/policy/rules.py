@@ -421,11 +421,15 @@ def _pending(job: Job, snap: Snapshot, plan: _Plan, level_changes: set[int]) -> 
         # killed between the two must find the tag still there (or the job already free).
         if is_held(job) and job.reason == "JobHeldAdmin":
             plan.add(Action("release", jid, "yield", f"released: it yielded to job {waiting}"))
-        plan.update(jid, "yield", why, AdminComment=with_tags(job.admin_comment, behind, drop=[YIELD_TAG, DEMOTED_TAG]))
+        plan.update(jid, "yield", why, AdminComment=with_tags(job.admin_comment, behind,
+                                                              drop=[YIELD_TAG, DEMOTED_TAG, NOTICE_TAG]))
         return
     if DEMOTED_TAG in tags:
         plan.update(jid, "restore-level", "requeued: no longer demoted",
-                    AdminComment=with_tags(job.admin_comment, drop=[DEMOTED_TAG]))
+                    AdminComment=with_tags(job.admin_comment, drop=[DEMOTED_TAG, NOTICE_TAG]))
+    elif NOTICE_TAG in tags:  # its run is over: the cause was for its launcher
+        plan.update(jid, "notice", "requeued: the cause of its last notice was told",
+                    AdminComment=with_tags(job.admin_comment, drop=[NOTICE_TAG]))
     if is_held(job):
         return
     lvl = snap.level[jid]

@@ -161,12 +161,15 @@ def play_grow(kill_after: int | None) -> GrowModel:
     return drive(GrowModel(kill_after), replace(POLICY, grow_after_seconds=3))
 
 
+# tags, notice, requeue, start-now (with the notice's cause untagged), untag
 GROW_UNINTERRUPTED = [("update", 1, ("AdminComment",)), ("signal", 1, "USR2"), ("requeue", 1),
-                      ("update", 1, ("StartTime",)), ("update", 1, ("AdminComment",))]  # tag, notice, requeue, start-now, untag
+                      ("update", 1, ("AdminComment", "StartTime")), ("update", 1, ("AdminComment",))]
 
 
 def test_the_uninterrupted_grow():
-    assert play_grow(None).log == GROW_UNINTERRUPTED
+    slurm = play_grow(None)
+    assert slurm.log == GROW_UNINTERRUPTED
+    assert not {"hai-grow", "hai-notice"} & set(parse_tags(slurm.q[1].admin_comment))
 
 
 @pytest.mark.parametrize("k", range(len(GROW_UNINTERRUPTED)))

@@ -94,6 +94,10 @@ def test_a_preemption_by_slurm_is_told_in_the_jobs_record_once_with_the_job_it_i
     assert fields(decide([again, high], POLICY, NOW + 21), 1)["AdminComment"].endswith(
         f"hai-notice=preempted:7:HIGH:2@{NOW + 20}")
     assert decide([replace(low, preempt_time=0), high], POLICY, NOW) == []
+    # requeued: its run is over, and the tag goes
+    requeued = replace(told, state="PENDING", reason="BeginTime", restart_count=1, preempt_time=0)
+    assert [(a.rule, a.field_dict().get("AdminComment")) for a in decide([requeued], POLICY, NOW + 5)
+            if a.job_id == 1 and "AdminComment" in a.field_dict()] == [("notice", "hai-level=LOW hai-nodes=2:4:1")]
 
 
 def test_a_job_gets_the_grace_it_asked_for_not_the_policys():
