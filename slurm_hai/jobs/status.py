@@ -9,14 +9,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field, replace
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Sequence
 
 from ..policy import sizes, tags
 from ..policy.job import in_place
 from ..policy.levels import parse_qos
 from ..policy.tags import GRACE as GRACE_TAG
 from ..slurm.records import ENDED_STATES, JobInfo
-from .jobdir import run_sizes
+from .jobdir import run_notices, run_sizes, untold_notice
 
 SLURM_REASONS = {
     "None": "",
@@ -239,6 +239,9 @@ def status(job_id: int, job: JobInfo | None, final: dict | None, request: dict, 
 
 NOTICE_SLACK = 70  # Slurm may send --signal up to 60 s early (its timer resolution)
 REQUEST_WINDOW = 30  # a `hai suspend` this recent explains a notice
+# An event counts for a run that started at most this long after it (the batch script writes
+# `start` a moment after Slurm records the run's start).
+START_SLACK = 5.0
 
 
 def notice_cause(me: JobInfo | None, events: Sequence[dict], now: float, notice_seconds: float) -> dict:
@@ -269,17 +272,20 @@ def told_cause(me: JobInfo, since: int) -> dict | None:
     return tags.parse_notice(tags.parse(me.admin_comment).get(tags.NOTICE), since)
 
 
-def run_notices(events: Iterable[dict]) -> dict[int, dict]:
-    """The notice of each run (its first), with the cause the daemon told later (a
-    `notice_cause` event of the run: by_job, by_level, target_size) merged in."""
-    notices: dict[int, dict] = {}
-    for e in events:
-        kind, run = e.get("event"), int(e.get("run", 0) or 0)
-        if kind == "notice" and run not in notices:
-            notices[run] = dict(e)
-        elif kind == "notice_cause" and run in notices:
-            notices[run].update({k: v for k, v in e.items() if k not in ("t", "event", "run")})
-    return notices
+def kept_cause(me: JobInfo | None, events: Sequence[dict], run: int) -> dict | None:
+    """The daemon's word on run `run`'s notice, as `notice_cause` event fields, when the run
+    ended before its launcher heard it (a job that suspends before the daemon's next cycle):
+    the daemon keeps the run's `hai-notice` in the job's record `me` until the job has run
+    again a while (policy.rules.NOTICE_KEPT_INTO_RUN). None when the run's notice carries its
+    size already (the tag was in the record at the notice, or came while the launcher
+    looked), or the record has no tag of that run: not older than the run's start (its
+    batch script's `start`, less START_SLACK), not of a run that started since."""
+    start = next((float(e.get("t", 0)) for e in events if e.get("event") == "start" and e.get("run") == run), None)
+    if me is None or start is None or not untold_notice(events, run):
+        return None
+    if me.state == "RUNNING" and me.restart_count > run and told_cause(me, me.start_time) is not None:
+        return None  # the tag is a later run's
+    return told_cause(me, int(start - START_SLACK))
 
 
 def _join(*parts: str) -> str:

@@ -28,13 +28,10 @@ from ..render import render
 from ..slurm.base import Backend
 from ..policy.hostlist import expand
 from ..slurm.records import JobInfo
-from .jobdir import JobDir, default_root, events_in, user_uid
-from .status import clock, run_notices, why_notice
+from .jobdir import JobDir, default_root, events_in, run_notices, user_uid
+from .status import START_SLACK, clock, why_notice
 
 MARK_KINDS = ("suspend", "forced-suspend", "restart", "shrink", "grow", "part-left", "part-rejoin")
-# An event counts for a run that started at most this long after it (the batch script writes
-# `start` a moment after Slurm records the run's start).
-START_SLACK = 5.0
 OTHER_LEVEL = "other"  # a QOS outside the ladder (e.g. `auto` before the job is placed)
 
 

@@ -9,8 +9,12 @@ for slurm_hai.controller.daemon to carry out:
                   check runs only every 30 s, and its GraceTime is the policy's maximum);
 - notice          tell a job preempted by Slurm why, once, in its record (`hai-notice`: the job
                   it was most likely preempted for and the size it runs on next,
-                  policy/preemption.py); the daemon's own notices (yield, grow) carry the
-                  tag from the start. The job's launcher reads its own record, never the queue;
+                  policy/preemption.py), while it runs or its run ends; the daemon's own
+                  notices (yield, grow) carry the tag from the start. The job's launcher reads
+                  its own record, never the queue; the tag stays while the job waits and
+                  NOTICE_KEPT_INTO_RUN into its next run, whose batch script journals it for
+                  a run that left before it came. Without the daemon no node can name the job
+                  Slurm preempts for: `hai status` says "preempted by a job of a higher level";
 - requeue-failed  a job that died of its suspend notice during its grace time (Slurm 22.05
                   marks it FAILED instead of requeueing it), or that had asked to be
                   suspended (its comment's hai-suspend, which its batch script writes
@@ -80,6 +84,14 @@ OVERLOOKED_AFTER = 0.2
 # preempt time is in whole seconds and the notice takes a moment to arrive, so without this
 # slack the daemon could requeue first (seen on 25.11: 4.4 s after the job's notice).
 FORCE_REQUEUE_SLACK = 2
+
+# A job's `hai-notice` stays this long into its next run: that run's batch script reads it
+# from the job's record at its start (runtime/batch.py), for a run that left before the
+# daemon told it; dropped at once, it would race that read.
+NOTICE_KEPT_INTO_RUN = 60
+# A run that ends (requeued: its batch script ends, Slurm cleans up; squeue's state word):
+# a job that suspends at once may be seen preempted only so.
+RUN_ENDING = ("COMPLETING", "REQUEUED")
 
 # How long a preempted demoted job stays held for the job it yields to, after its grace time.
 YIELD_TIMEOUT = 120
@@ -291,6 +303,8 @@ def decide(jobs: Sequence[Job], policy: Policy, now: float | None = None, *,
         state = job.state
         if state == "RUNNING":
             _running(job, snap, plan, replay)
+        elif state in RUN_ENDING:
+            _notice(job, snap, plan)
         elif state == "PENDING":
             _pending(job, snap, plan, level_changes)
         elif state == "FAILED":
@@ -333,10 +347,7 @@ def _running(job: Job, snap: Snapshot, plan: _Plan, replay: bool = False) -> Non
                         f"ignored its suspend notice: preempted {now - pt:.0f} s ago, grace {grace} s"))
         return
     tags = snap.tags[job.job_id]
-    if pt and pt >= job.start_time and parse_notice(tags.get(NOTICE_TAG), job.start_time) is None:
-        plan.update(job.job_id, "notice", "preempted by Slurm: the cause of its notice, in its record",
-                    AdminComment=with_tags(job.admin_comment, {NOTICE_TAG: preempted_notice(job, snap.jobs,
-                                                                                            policy.ladder)}))
+    if _notice(job, snap, plan):
         return
     y = parse_at(tags.get(YIELD_TAG, ""))
     if y:
@@ -389,6 +400,25 @@ def _running(job: Job, snap: Snapshot, plan: _Plan, replay: bool = False) -> Non
                     AdminComment=with_tags(job.admin_comment, drop=[BEHIND_TAG]))
 
 
+def _notice(job: Job, snap: Snapshot, plan: _Plan) -> bool:
+    """The notice rule, for a job that runs or whose run ends: tell a run that Slurm preempted
+    why, once (`hai-notice`, at its preempt time); drop an earlier run's tag once this run has
+    run NOTICE_KEPT_INTO_RUN. Whether it updated the job."""
+    told = snap.tags[job.job_id].get(NOTICE_TAG)
+    if told is not None and parse_notice(told, job.start_time) is not None:
+        return False  # this run's
+    if job.preempt_time and job.preempt_time >= job.start_time:
+        plan.update(job.job_id, "notice", "preempted by Slurm: the cause of its notice, in its record",
+                    AdminComment=with_tags(job.admin_comment, {NOTICE_TAG: preempted_notice(job, snap.jobs,
+                                                                                            snap.policy.ladder)}))
+        return True
+    if told is not None and snap.now - job.start_time >= NOTICE_KEPT_INTO_RUN:
+        plan.update(job.job_id, "notice", f"runs again since {snap.now - job.start_time:.0f} s: its last "
+                    "notice's cause was read", AdminComment=with_tags(job.admin_comment, drop=[NOTICE_TAG]))
+        return True
+    return False
+
+
 def _pending(job: Job, snap: Snapshot, plan: _Plan, level_changes: set[int]) -> None:
     now, policy = snap.now, snap.policy
     tags = snap.tags[job.job_id]
@@ -422,14 +452,11 @@ def _pending(job: Job, snap: Snapshot, plan: _Plan, level_changes: set[int]) -> 
         if is_held(job) and job.reason == "JobHeldAdmin":
             plan.add(Action("release", jid, "yield", f"released: it yielded to job {waiting}"))
         plan.update(jid, "yield", why, AdminComment=with_tags(job.admin_comment, behind,
-                                                              drop=[YIELD_TAG, DEMOTED_TAG, NOTICE_TAG]))
+                                                              drop=[YIELD_TAG, DEMOTED_TAG]))
         return
     if DEMOTED_TAG in tags:
         plan.update(jid, "restore-level", "requeued: no longer demoted",
-                    AdminComment=with_tags(job.admin_comment, drop=[DEMOTED_TAG, NOTICE_TAG]))
-    elif NOTICE_TAG in tags:  # its run is over: the cause was for its launcher
-        plan.update(jid, "notice", "requeued: the cause of its last notice was told",
-                    AdminComment=with_tags(job.admin_comment, drop=[NOTICE_TAG]))
+                    AdminComment=with_tags(job.admin_comment, drop=[DEMOTED_TAG]))
     if is_held(job):
         return
     lvl = snap.level[jid]

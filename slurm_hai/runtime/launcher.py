@@ -58,11 +58,9 @@ LEAVE = signal.Signals[f"SIG{LEAVE_SIGNAL}"]
 MARKER_EVERY = 0.5  # s between two looks for the run's suspend marker (on a shared file system)
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 # How often the launcher looks at its job's record for the policy daemon's word on a
-# preemption by Slurm, until the grace is over; and how long a run that ends by a suspend
-# before it came waits for it, at most: two cycles of the daemon at its fast pace
-# (controller/daemon.py FAST_INTERVAL). Without a daemon, every such run ends that much later.
+# preemption by Slurm, until the grace is over or the run has ended (a run that leaves first
+# gets it from its next run's batch script: runtime/batch.py untold_cause).
 CAUSE_POLL = 0.25
-CAUSE_WAIT = 1.0
 
 # A notice's cause (the notice event's fields), and the call that waits for the policy
 # daemon's word when the job's record does not have it yet (_why_notice)
@@ -158,7 +156,6 @@ class NodeRun:
         self.ending: set[int] = set()  # every process found below the command since the end began
         self.pending: list[int] = []
         self.child: subprocess.Popen | None = None
-        self.cause_awaited: threading.Thread | None = None  # looks for the policy daemon's word (_journal_cause)
 
     def start(self) -> None:
         try:
@@ -223,8 +220,7 @@ class NodeRun:
                 cause = {"cause": "unknown", "cause_error": str(e)}
         self.jobdir.event(NOTICE, run=self.run, source=source, grace=self.grace, **cause, t=at)
         if later is not None:
-            self.cause_awaited = threading.Thread(target=self._journal_cause, args=(later,), daemon=True)
-            self.cause_awaited.start()
+            threading.Thread(target=self._journal_cause, args=(later,), daemon=True).start()
 
     def _journal_cause(self, told_later: Callable[[], dict | None]) -> None:
         """The policy daemon's word on a preemption by Slurm, journalled once it comes (the
@@ -236,13 +232,6 @@ class NodeRun:
             return
         if told is not None:
             self.jobdir.event(NOTICE_CAUSE, run=self.run, **told)
-
-    def await_cause(self) -> None:
-        """A run that ends by a suspend before the policy daemon's word on its preemption
-        came (a job that goes at once, before the daemon's next cycle) waits for it up to
-        CAUSE_WAIT: the launcher's exit ends the step, and with it the look."""
-        if self.cause_awaited is not None:
-            self.cause_awaited.join(CAUSE_WAIT)
 
     def end(self) -> None:
         """Slurm is ending the step: stop the command's processes, TERM then KILL."""
@@ -485,7 +474,6 @@ def main(argv: list[str] | None = None) -> int:
         # node alike (protocol.LEAVE_SIGNAL)
         if not node.forced:
             node.leave()
-        node.await_cause()
         return 0
     if rc == 0 and node.noticed_at is None and memory is not None and not any(memory.glob("parts/*")):
         # The job is done: no restart will read it. A suspend checkpoint there (parts/) may

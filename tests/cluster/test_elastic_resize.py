@@ -20,7 +20,7 @@ import sys
 import time
 from pathlib import Path
 
-from slurm_hai.jobs.status import run_notices
+from slurm_hai.jobs.jobdir import run_notices
 from test_acceptance import daemon, events, named, submit, wait_final  # noqa: F401 (fixture)
 from uninterrupted import free_port
 from test_elastic import ALICE, _all_idle

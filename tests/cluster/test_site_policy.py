@@ -49,7 +49,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 import uninterrupted
-from slurm_hai.jobs.status import run_notices
+from slurm_hai.jobs.jobdir import run_notices
 from uninterrupted import TRAIN, same_weights
 from waiting import wait_for
 

@@ -7,9 +7,9 @@ from dataclasses import replace
 
 import pytest
 
-from slurm_hai.jobs.status import (as_one_job, history, level_name, marker, notice_cause, reason_in_words, run_notices,
+from slurm_hai.jobs.status import (as_one_job, history, kept_cause, level_name, marker, notice_cause, reason_in_words,
                                    status, why_notice)
-from slurm_hai.jobs.jobdir import run_sizes
+from slurm_hai.jobs.jobdir import run_notices, run_sizes
 from slurm_hai.policy.levels import DEFAULT_LADDER as HAI, Level
 from slurm_hai.policy.preemption import preempted_notice, preemptor, shrinks_to
 from slurm_hai.slurm.records import JobInfo
@@ -121,6 +121,29 @@ def test_the_daemons_later_word_completes_its_runs_notice_everywhere_it_is_told(
     assert "preempted by job 133 (HIGH)" in history(evs[:3]).notice_pending
     assert "suspend notice: preempted by job 133 (HIGH); told by the policy daemon" in marker(evs[2])
     assert run_notices(evs[1:2])[0].get("by_job") is None  # no word: the notice as it was
+
+
+def test_the_daemons_word_kept_in_the_record_tells_a_run_that_left_before_it_came():
+    evs = [{"t": NOW - 50.4, "event": "start", "run": 0},
+           {"t": NOW - 30, "event": "notice", "run": 0, "cause": "preempted", "grace": 5},  # Slurm's, no daemon yet
+           {"t": NOW - 29.8, "event": "suspended", "run": 0, "how": "go_suspend"}]
+    tag = f"hai-notice=preempted:133:HIGH:0@{int(NOW) - 30}"
+    waiting = job(5, "PENDING", "low", reason="Priority", admin_comment=tag)
+    told = kept_cause(waiting, evs, 0)
+    assert told == {"cause": "preempted", "by_job": 133, "by_level": "HIGH", "target_size": 0}
+    with_told = [*evs, {"event": "notice_cause", "run": 0, **told}]  # as `hai status` reads it (cli/user.py)
+    assert "preempted by job 133 (HIGH)" in status(5, waiting, None, {}, 1, events=with_told).reason
+    # no daemon, no tag: the cause in words all the same, without a job to name
+    assert kept_cause(job(5, "PENDING", "low"), evs, 0) is None
+    assert "suspended at " in status(5, job(5, "PENDING", "low"), None, {}, 1, events=evs).reason
+    assert ": preempted by a job of a higher level" in status(5, job(5, "PENDING", "low"), None, {}, 1,
+                                                               events=evs).reason
+    # a tag older than the run (START_SLACK before its batch script's start), or of the run since
+    assert kept_cause(job(5, "PENDING", "low", admin_comment=f"hai-notice=grow:::4@{int(NOW) - 60}"), evs, 0) is None
+    running = replace(job(5, "RUNNING", "low", start_time=int(NOW) - 5,
+                                      admin_comment=f"hai-notice=preempted:134:HIGH:0@{int(NOW) - 2}"), restart_count=1)
+    assert kept_cause(running, evs, 0) is None
+    assert kept_cause(replace(running, admin_comment=tag), evs, 0) == told  # still kept into run 1
 
 
 def events_of_a_preempted_then_forced_job() -> list[dict]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import ast
 import contextlib
+import dataclasses
 import os
 import shlex
 import shutil
@@ -26,7 +27,7 @@ from slurm_hai.jobs.jobdir import JobDir
 from slurm_hai.jobs.request import JobRequest, render_script, validate
 from slurm_hai.policy.limits import NOTICE_SIGNALS
 from slurm_hai.policy.model import parse_policy
-from slurm_hai.runtime.batch import launcher_argv
+from slurm_hai.runtime.batch import launcher_argv, untold_cause
 from slurm_hai.runtime.protocol import LEAVE_SIGNAL
 from slurm_hai.runtime import launcher
 from slurm_hai.runtime.launcher import NodeRun, _why_notice, notice_lost_at_start, notice_signals
@@ -297,31 +298,27 @@ def test_the_daemons_word_already_in_the_record_is_the_notice_and_no_later_look_
     assert cause == {"cause": "preempted"} and later is not None
 
 
-@pytest.mark.parametrize("told_after", [0.3, None])
-def test_a_run_that_suspends_at_once_waits_a_moment_for_the_daemons_word_and_no_longer(tmp_path, told_after):
+def test_a_run_that_left_before_the_daemons_word_gets_it_from_its_next_runs_own_record(tmp_path):
+    """No wait on the suspend path: the daemon keeps the tag while the job waits, and the
+    next run's batch script journals it for the run before (runtime/batch.py)."""
     jobdir = JobDir(tmp_path / "7").create()
+    jobdir.event("start", run=0, t=1001)
+    jobdir.event("notice", run=0, cause="preempted", grace=30.0, t=1100.2)  # the word still to come
+    jobdir.event("suspended", run=0, how="go_suspend", t=1100.4)
 
-    def told_later():
-        if told_after is None:  # no daemon: no word within the grace
-            time.sleep(30)
-            return None
-        time.sleep(told_after)
-        return {"cause": "preempted", "by_job": 12, "by_level": "HIGH", "target_size": 0}
+    def next_run(admin_comment: str) -> JobInfo:
+        return dataclasses.replace(preempted(admin_comment), restart_count=1, start_time=1200, preempt_time=0)
 
-    node = NodeRun([sys.executable, "-c", "pass"], {**os.environ, "OMP_NUM_THREADS": "1"}, jobdir, 0, 0, 30.0,
-                   notice_signals("USR1", False), flag=tmp_path / "flag",
-                   why_notice=lambda: lambda: ({"cause": "preempted"}, told_later))
-    node.start()
-    node.notice("signal")
-    assert node.wait() == 0
-    t0 = time.monotonic()
-    node.await_cause()
-    waited = time.monotonic() - t0
-    told = [e["by_job"] for e in jobdir.events() if e["event"] == "notice_cause"]
-    if told_after is None:
-        assert told == [] and launcher.CAUSE_WAIT <= waited < launcher.CAUSE_WAIT + 1
-    else:
-        assert told == [12] and waited < launcher.CAUSE_WAIT
+    slurm = OwnRecord(next_run("hai-notice=preempted:12:HIGH:0@1100"))
+    assert untold_cause(slurm, 7, jobdir.events(), 1) == {"cause": "preempted", "by_job": 12, "by_level": "HIGH",
+                                                           "target_size": 0}
+    assert slurm.asked == [7]
+    for not_of_run_0 in ("hai-notice=preempted:13:HIGH:0@1200",  # the new run's own
+                         "hai-notice=grow:::4@900", ""):  # a run's before, none
+        assert untold_cause(OwnRecord(next_run(not_of_run_0)), 7, jobdir.events(), 1) is None
+    jobdir.event("notice_cause", run=0, cause="preempted", by_job=12, by_level="HIGH", target_size=0)
+    told = OwnRecord(next_run("hai-notice=preempted:12:HIGH:0@1100"))
+    assert untold_cause(told, 7, jobdir.events(), 1) is None and told.asked == []  # its launcher heard it: no read
 
 
 def test_the_launcher_reads_neither_the_queue_nor_the_policy():

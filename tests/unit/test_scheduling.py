@@ -10,8 +10,8 @@ import pytest
 from slurm_hai.policy.model import PolicyError, load_policy, parse_policy
 from slurm_hai.policy.levels import LEVEL_STRIDE
 from slurm_hai.policy.explain import explain
-from slurm_hai.policy.rules import (OVERLOOKED_AFTER, Action, auto_level, decide, fcfs_priorities, needs_idle_nodes,
-                                    restart_look_at)
+from slurm_hai.policy.rules import (NOTICE_KEPT_INTO_RUN, OVERLOOKED_AFTER, Action, auto_level, decide,
+                                    fcfs_priorities, needs_idle_nodes, restart_look_at)
 from slurm_hai.policy.tags import notice_value, parse as parse_tags, parse_notice, with_tags
 from slurm_hai.slurm.records import JobInfo
 
@@ -94,10 +94,24 @@ def test_a_preemption_by_slurm_is_told_in_the_jobs_record_once_with_the_job_it_i
     assert fields(decide([again, high], POLICY, NOW + 21), 1)["AdminComment"].endswith(
         f"hai-notice=preempted:7:HIGH:2@{NOW + 20}")
     assert decide([replace(low, preempt_time=0), high], POLICY, NOW) == []
-    # requeued: its run is over, and the tag goes
-    requeued = replace(told, state="PENDING", reason="BeginTime", restart_count=1, preempt_time=0)
-    assert [(a.rule, a.field_dict().get("AdminComment")) for a in decide([requeued], POLICY, NOW + 5)
-            if a.job_id == 1 and "AdminComment" in a.field_dict()] == [("notice", "hai-level=LOW hai-nodes=2:4:1")]
+    # a run that ends before the daemon saw it run preempted (it suspended at once) is told as it ends
+    ending = replace(low, state="COMPLETING", restart_count=1)
+    assert fields(decide([ending, high], POLICY, NOW), 1)["AdminComment"].endswith(f"hai-notice=preempted:7:HIGH:2@{NOW - 1}")
+    assert decide([replace(ending, admin_comment=told.admin_comment), high], POLICY, NOW) == []
+
+
+def test_a_notice_tag_stays_while_the_job_waits_and_into_its_next_run_for_its_batch_script():
+    tag = f"hai-level=LOW hai-notice=preempted:7:HIGH:0@{NOW - 1}"
+    requeued = job(1, "PENDING", "low", reason="BeginTime", restart_count=1, admin_comment=tag)
+
+    def comment_updates(jobs: list[JobInfo], now: int) -> list[tuple[str, str]]:
+        return [(a.rule, a.field_dict()["AdminComment"]) for a in decide(jobs, POLICY, now)
+                if a.job_id == 1 and "AdminComment" in a.field_dict()]
+
+    assert comment_updates([requeued], NOW + 5) == []  # waits: kept (runtime/batch.py untold_cause reads it)
+    again = replace(requeued, state="RUNNING", reason="None", start_time=NOW + 10)
+    assert comment_updates([again], NOW + 10 + NOTICE_KEPT_INTO_RUN - 1) == []  # the batch script's read comes first
+    assert comment_updates([again], NOW + 10 + NOTICE_KEPT_INTO_RUN) == [("notice", "hai-level=LOW")]
 
 
 def test_a_job_gets_the_grace_it_asked_for_not_the_policys():
