@@ -46,7 +46,7 @@ from typing import Callable, Iterator
 
 from ..slurm import SlurmError, backend, squeue
 from .client import FLAG_LEAVE
-from .protocol import LEAVE_SIGNAL, NOTICE, NOTICE_CAUSE
+from . import protocol
 from ..policy.contract import node_contract
 from .multiprocessing import default_nprocs
 from .proctree import descendants
@@ -54,7 +54,7 @@ from ..jobs.jobdir import JobDir, last_request
 from ..policy.limits import NOTICE_MARGIN, NOTICE_SIGNALS
 
 TERM_TO_KILL_SECONDS = 3.0
-LEAVE = signal.Signals[f"SIG{LEAVE_SIGNAL}"]
+LEAVE = signal.Signals[f"SIG{protocol.LEAVE_SIGNAL}"]
 MARKER_EVERY = 0.5  # s between two looks for the run's suspend marker (on a shared file system)
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
 # How often the launcher looks at its job's record for the policy daemon's word on a
@@ -218,7 +218,7 @@ class NodeRun:
                 cause, later = answer()
             except Exception as e:  # noqa: BLE001 - as above
                 cause = {"cause": "unknown", "cause_error": str(e)}
-        self.jobdir.event(NOTICE, run=self.run, source=source, grace=self.grace, **cause, t=at)
+        self.jobdir.event(protocol.NOTICE, run=self.run, source=source, grace=self.grace, **cause, t=at)
         if later is not None:
             threading.Thread(target=self._journal_cause, args=(later,), daemon=True).start()
 
@@ -231,7 +231,7 @@ class NodeRun:
             print(f"slurm-hai: run {self.run}: the notice's cause not read: {e}", file=sys.stderr, flush=True)
             return
         if told is not None:
-            self.jobdir.event(NOTICE_CAUSE, run=self.run, **told)
+            self.jobdir.event(protocol.NOTICE_CAUSE, run=self.run, **told)
 
     def end(self) -> None:
         """Slurm is ending the step: stop the command's processes, TERM then KILL."""
