@@ -133,8 +133,10 @@ def test_list_all_and_status_work_for_every_user_from_what_slurm_shows(live):
 
 @pytest.fixture
 def daemon(live, tmp_path):
-    """The policy daemon, for this test alone: the job Slurm preempts a job for is its word,
-    in the preempted job's record (docs/design.md, "Where a notice's cause comes from")."""
+    """The policy daemon, for this test alone: it names the job Slurm preempts a job for (its
+    word, in the preempted job's record: docs/design.md, "Where a notice's cause comes
+    from"), and this test asserts that name and the estimate made from it. Without a daemon
+    the cause is "preempted by a job of a higher level" (test_timeline_browser.py)."""
     with running_daemon(live, tmp_path) as log:
         yield log
 
