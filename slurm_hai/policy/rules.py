@@ -9,8 +9,8 @@ for slurm_hai.controller.daemon to carry out:
                   check runs only every 30 s, and its GraceTime is the policy's maximum);
 - notice          tell a job preempted by Slurm why, once, in its record (`hai-notice`: the job
                   it was most likely preempted for and the size it runs on next,
-                  policy/preemption.py), while it runs or its run ends; the daemon's own
-                  notices (yield, grow) carry the tag from the start. The job's launcher reads
+                  policy/preemption.py), seen while it runs; the daemon's own notices
+                  (yield, grow) carry the tag from the start. The job's launcher reads
                   its own record, never the queue; the tag stays while the job waits and
                   NOTICE_KEPT_INTO_RUN into its next run, whose batch script journals it for
                   a run that left before it came. Without the daemon no node can name the job
@@ -89,9 +89,6 @@ FORCE_REQUEUE_SLACK = 2
 # from the job's record at its start (runtime/batch.py), for a run that left before the
 # daemon told it; dropped at once, it would race that read.
 NOTICE_KEPT_INTO_RUN = 60
-# A run that ends (requeued: its batch script ends, Slurm cleans up; squeue's state word):
-# a job that suspends at once may be seen preempted only so.
-RUN_ENDING = ("COMPLETING", "REQUEUED")
 
 # How long a preempted demoted job stays held for the job it yields to, after its grace time.
 YIELD_TIMEOUT = 120
@@ -303,8 +300,6 @@ def decide(jobs: Sequence[Job], policy: Policy, now: float | None = None, *,
         state = job.state
         if state == "RUNNING":
             _running(job, snap, plan, replay)
-        elif state in RUN_ENDING:
-            _notice(job, snap, plan)
         elif state == "PENDING":
             _pending(job, snap, plan, level_changes)
         elif state == "FAILED":
@@ -401,9 +396,11 @@ def _running(job: Job, snap: Snapshot, plan: _Plan, replay: bool = False) -> Non
 
 
 def _notice(job: Job, snap: Snapshot, plan: _Plan) -> bool:
-    """The notice rule, for a job that runs or whose run ends: tell a run that Slurm preempted
-    why, once (`hai-notice`, at its preempt time); drop an earlier run's tag once this run has
-    run NOTICE_KEPT_INTO_RUN. Whether it updated the job."""
+    """The notice rule, for a running job: tell a run that Slurm preempted why, once
+    (`hai-notice`, at its preempt time); drop an earlier run's tag once this run has run
+    NOTICE_KEPT_INTO_RUN. Whether it updated the job. A run that leaves before the daemon's
+    next cycle is never seen preempted (Slurm clears the preempt time at the requeue): it is
+    not told."""
     told = snap.tags[job.job_id].get(NOTICE_TAG)
     if told is not None and parse_notice(told, job.start_time) is not None:
         return False  # this run's

@@ -149,7 +149,10 @@ def test_a_preempted_user_is_told_by_whom_and_when_in_status_and_in_logs_follow(
         print(f"low run {run}", flush=True)
         while run == 0:
             if hai.receive_suspend_command():
-                print("low: notice, suspending", flush=True)
+                # As a job that saves a checkpoint first would: the daemon names the job Slurm
+                # preempts it for a cycle after the notice, while it runs. One that leaves at
+                # once may be gone before: its notice names no job (docs/design.md).
+                print(f"low: notice, next run on {hai.target_size(timeout=60)} node(s); suspending", flush=True)
                 hai.go_suspend()
             time.sleep(0.05)
     """, "hai-alice")

@@ -94,10 +94,6 @@ def test_a_preemption_by_slurm_is_told_in_the_jobs_record_once_with_the_job_it_i
     assert fields(decide([again, high], POLICY, NOW + 21), 1)["AdminComment"].endswith(
         f"hai-notice=preempted:7:HIGH:2@{NOW + 20}")
     assert decide([replace(low, preempt_time=0), high], POLICY, NOW) == []
-    # a run that ends before the daemon saw it run preempted (it suspended at once) is told as it ends
-    ending = replace(low, state="COMPLETING", restart_count=1)
-    assert fields(decide([ending, high], POLICY, NOW), 1)["AdminComment"].endswith(f"hai-notice=preempted:7:HIGH:2@{NOW - 1}")
-    assert decide([replace(ending, admin_comment=told.admin_comment), high], POLICY, NOW) == []
 
 
 def test_a_notice_tag_stays_while_the_job_waits_and_into_its_next_run_for_its_batch_script():
