@@ -34,8 +34,10 @@ Admin comment (only slurmctld's job_submit.lua, root and SlurmUser can write it:
                           preempt time: JOB and LEVEL the daemon's best guess of the job Slurm
                           preempts it for, empty when none is found); SIZE the node count of
                           the job's next run, 0 when it waits whole. A tag older than the
-                          job's start is of an earlier run: it explains nothing. Dropped
-                          once the job waits again (with hai-yield when it yielded)
+                          job's start is of an earlier run: it explains nothing to that run's
+                          launcher. Kept while the job waits, and into its next run for
+                          rules.NOTICE_KEPT_INTO_RUN, whose batch script journals it for a run
+                          that left before it came; then dropped
 Job comment (written by hai-submit, editable by the job's owner: a hint, never trusted):
     hai-dir=PATH          where the job's state directory lives
     hai-grace=SECONDS     the grace hai-submit asks for (read once, by job_submit.lua, which
