@@ -317,14 +317,15 @@ def test_site_levels_preempt_with_a_term_notice_on_rank0_resume_bitwise_and_spea
 
     # -- a GOLD job preempts it: plain sbatch through the SPANK plugin
     gold = c.sbatch("-N2", "--hai-priority=gold", "-o", "/dev/null", "--wrap", "sleep 600", user=ALICE)
-    wait_for(lambda: named(job_dir, "notice"), 30, "the notice")
+    notice = wait_for(lambda: named(job_dir, "notice"), 30, "the notice")
     suspended = wait_for(lambda: named(job_dir, "suspended"), 60, "the BRONZE job to suspend")
-    notice = list(run_notices(events(job_dir)).values())  # with the daemon's word on Slurm's preemption
     assert [e["how"] for e in suspended] == ["go_suspend"], suspended
     info = c.wait_job(gold, lambda j: j["JobState"] == "RUNNING", 60, "the GOLD job to take the nodes")
     assert info["QOS"] == "gold.a.hai", info  # GOLD through the account's quota variant
+    # The job Slurm preempted it for is the policy daemon's word, which a run that leaves
+    # within a daemon cycle of the notice may not hear (docs/design.md, "Where a notice's
+    # cause comes from"); the USR1 test below waits for it and asks it in the site's words.
     assert notice[0]["run"] == 0 and notice[0].get("cause") == "preempted", notice
-    assert notice[0].get("by_level") == "GOLD" and notice[0].get("by_job") == gold, notice
     requeued = c.wait_job(job, lambda j: j["Restarts"] == "1" and j["JobState"] == "PENDING", 30,
                           "the BRONZE job to wait, requeued")
     assert requeued["QOS"] == "bronze", requeued
@@ -398,6 +399,7 @@ COUNTER = """
                 tmp = OUT / ".ckpt.tmp"
                 tmp.write_text(json.dumps({"step": step}))
                 os.replace(tmp, ckpt)
+                hai.target_size(timeout=60)  # the daemon's word: the job it gives way to (its level)
                 hai.go_suspend()
         time.sleep(0.05)
         if rank == 0:
