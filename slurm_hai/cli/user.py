@@ -21,7 +21,8 @@ from ..controller.why import ask as ask_daemon
 from ..controller.why import everyone as ask_everyone
 from ..controller.why import why_question, words
 from ..jobs.jobdir import JobDir, default_root
-from ..jobs.status import LIVE, HaiStatus, as_one_job, as_others_see, back_estimate, clock, hai_state, marker
+from ..jobs.status import (LIVE, HaiStatus, as_one_job, as_others_see, back_estimate, clock, hai_state, kept_cause,
+                           marker)
 from ..jobs.status import status as hai_status
 from ..policy.job import in_place
 from ..policy.explain import Explainer
@@ -95,6 +96,9 @@ def job_status(job_id: int, job: JobInfo | None, jobdir: JobDir | None,
             readable = False
     runs = sum(1 for e in events if e.get("event") == "suspended")
     last_run = max((int(e.get("run", 0)) for e in events if e.get("event") == "start"), default=0)
+    kept = kept_cause(job, events, last_run)  # the daemon's word that came after the run had left
+    if kept is not None:
+        events = [*events, {"event": "notice_cause", "run": last_run, **kept}]
     explained = None
     if job is not None and job.state in LIVE and why is not None:
         explained = why(job)

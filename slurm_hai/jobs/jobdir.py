@@ -110,6 +110,26 @@ def last_request(events: list[dict], run: int) -> dict | None:
                  ("notice", "suspend_requested", "suspend_request_failed")), None)
 
 
+def run_notices(events: Iterable[dict]) -> dict[int, dict]:
+    """The notice of each run (its first), with the cause the daemon told later (a
+    `notice_cause` event of the run: by_job, by_level, target_size) merged in."""
+    notices: dict[int, dict] = {}
+    for e in events:
+        kind, run = e.get("event"), int(e.get("run", 0) or 0)
+        if kind == "notice" and run not in notices:
+            notices[run] = dict(e)
+        elif kind == "notice_cause" and run in notices:
+            notices[run].update({k: v for k, v in e.items() if k not in ("t", "event", "run")})
+    return notices
+
+
+def untold_notice(events: Iterable[dict], run: int) -> bool:
+    """Whether run `run` had a notice without the size that the policy daemon's word on a
+    preemption by Slurm brings, and no `notice_cause` since (its launcher left first)."""
+    notice = run_notices(events).get(run)
+    return notice is not None and "target_size" not in notice
+
+
 def write_atomic(path: Path, text: str, durable: bool = True) -> None:
     """Write-then-rename, so a reader sees the old or the new text, never half; `durable`:
     with fsync of the file and its directory, so that a power loss does not lose it either

@@ -9,15 +9,14 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field, replace
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Sequence
 
 from ..policy import sizes, tags
-from ..policy.elastic import shrink_target
-from ..policy.job import in_place, place
-from ..policy.levels import Level, level_of_qos, parse_qos
+from ..policy.job import in_place
+from ..policy.levels import parse_qos
 from ..policy.tags import GRACE as GRACE_TAG
 from ..slurm.records import ENDED_STATES, JobInfo
-from .jobdir import run_sizes
+from .jobdir import run_notices, run_sizes, untold_notice
 
 SLURM_REASONS = {
     "None": "",
@@ -240,65 +239,53 @@ def status(job_id: int, job: JobInfo | None, final: dict | None, request: dict, 
 
 NOTICE_SLACK = 70  # Slurm may send --signal up to 60 s early (its timer resolution)
 REQUEST_WINDOW = 30  # a `hai suspend` this recent explains a notice
+# An event counts for a run that started at most this long after it (the batch script writes
+# `start` a moment after Slurm records the run's start).
+START_SLACK = 5.0
 
 
-def preemptor(me: JobInfo, queue: Iterable[JobInfo], ladder: tuple[Level, ...]) -> JobInfo | None:
-    """The job Slurm most likely preempts `me` for: a pending job of a higher level of `ladder`
-    (the policy's) in an overlapping node group, the highest level first, then the oldest
-    (first in line). None when `me` is of no level of the ladder."""
-    mine = level_of_qos(me.qos, ladder)
-    if mine is None:
-        return None
-    parts = set(me.partition.split(","))
-    best: tuple | None = None
-    for j in queue:
-        lvl = level_of_qos(j.qos, ladder)
-        if (j.job_id == me.job_id or j.state != "PENDING" or lvl is None or lvl.value <= mine.value
-                or not parts & set(j.partition.split(","))):
-            continue
-        key = (-lvl.value, place(j))
-        if best is None or key < best[0]:
-            best = (key, j)
-    return best[1] if best else None
-
-
-def notice_cause(me: JobInfo | None, queue: Sequence[JobInfo], ladder: tuple[Level, ...], events: Sequence[dict],
-                 now: float, notice_seconds: float) -> dict:
-    """Why a suspend notice came, as event fields: cause = preempted (by_job, by_level),
-    user (by_uid), time_limit (limit_at) or unknown. `ladder`: the policy's, whose levels
-    tell which waiting job may have preempted `me`; `notice_seconds`: how long before the
-    time limit the job asked for the notice (grace + 30)."""
+def notice_cause(me: JobInfo | None, events: Sequence[dict], now: float, notice_seconds: float) -> dict:
+    """Why a suspend notice came, as the job's own record `me` and its events tell it, as
+    event fields: the daemon's word in the record (`hai-notice` of this run: preempted with
+    by_job, by_level, demoted or earlier_in_line; grow), else cause = preempted (Slurm's
+    preempt time of this run: the daemon's word comes later, as a `notice_cause` event, and
+    with it the target size), user (by_uid), time_limit (limit_at) or unknown.
+    `notice_seconds`: how long before the time limit the job asked for the notice (grace + 30)."""
     if me is not None:
-        grow = tags.parse_at(me.tags.get(tags.GROW, ""))
-        if grow and grow[1] >= me.start_time:  # the policy daemon offers it idle nodes
-            return {"cause": "grow", "target_size": grow[0]}
-        # the policy daemon asked the job to give way: it was demoted, or the job it yields to is
-        # earlier in line at its level
-        y = tags.parse_at(me.tags.get(tags.YIELD, ""))
-        if y:
-            other = next((j for j in queue if j.job_id == y[0]), None)
-            why = "demoted" if tags.DEMOTED in me.tags else "earlier_in_line"
-            return {"cause": "preempted", "by_job": y[0], "by_level": level_name(other) if other else "", why: True,
-                    "target_size": 0}
+        told = told_cause(me, me.start_time)
+        if told is not None:
+            return told
         if me.preempt_time and me.preempt_time >= me.start_time:
-            other = preemptor(me, queue, ladder)
-            return {"cause": "preempted", **({"by_job": other.job_id, "by_level": level_name(other)}
-                                             if other else {}), "target_size": shrinks_to(me, other)}
+            return {"cause": "preempted"}
     asked = [e for e in events if e.get("event") == "suspend_requested" and now - float(e.get("t", 0)) < REQUEST_WINDOW]
     if asked:
         return {"cause": "user", "by_uid": asked[-1].get("by"), "target_size": 0}
     if me is not None and me.end_time and me.start_time and 0 < me.end_time - now <= notice_seconds + NOTICE_SLACK:
         return {"cause": "time_limit", "limit_at": me.end_time, "target_size": 0}
-    return {"cause": "unknown"}
+    return {"cause": "unknown", "target_size": 0}
 
 
-def shrinks_to(me: JobInfo, other: JobInfo | None) -> int:
-    """The size an elastic job preempted for `other` runs on next, beside it; 0 for a job
-    suspended whole (a fixed one, or one that would keep fewer than its MIN)."""
-    nodes = sizes.from_tag(me.tags.get(tags.NODES))
-    if nodes is None or not nodes.elastic or other is None:
-        return 0
-    return shrink_target(nodes, me.num_nodes, other.num_nodes)
+def told_cause(me: JobInfo, since: int) -> dict | None:
+    """The daemon's word on the notice of the job's run that started at `since` (`hai-notice`
+    in its admin comment, which only root, the SlurmUser and job_submit.lua write), as event
+    fields; None when the record has none of that run."""
+    return tags.parse_notice(tags.parse(me.admin_comment).get(tags.NOTICE), since)
+
+
+def kept_cause(me: JobInfo | None, events: Sequence[dict], run: int) -> dict | None:
+    """The daemon's word on run `run`'s notice, as `notice_cause` event fields, when the run
+    ended before its launcher heard it (a job that suspends before the daemon's next cycle):
+    the daemon keeps the run's `hai-notice` in the job's record `me` until the job has run
+    again a while (policy.rules.NOTICE_KEPT_INTO_RUN). None when the run's notice carries its
+    size already (the tag was in the record at the notice, or came while the launcher
+    looked), or the record has no tag of that run: not older than the run's start (its
+    batch script's `start`, less START_SLACK), not of a run that started since."""
+    start = next((float(e.get("t", 0)) for e in events if e.get("event") == "start" and e.get("run") == run), None)
+    if me is None or start is None or not untold_notice(events, run):
+        return None
+    if me.state == "RUNNING" and me.restart_count > run and told_cause(me, me.start_time) is not None:
+        return None  # the tag is a later run's
+    return told_cause(me, int(start - START_SLACK))
 
 
 def _join(*parts: str) -> str:
@@ -312,11 +299,12 @@ def back_estimate(events: Sequence[dict], find: Callable[[int], JobInfo | None],
     """When a job suspended for another may run again: when that job (its record: `find`)
     ends, which its time limit bounds; or why there is no estimate. '' when the job was not
     preempted by a job that still runs."""
-    notices = [e for e in events if e.get("event") == "notice"]
-    if not notices or notices[-1].get("cause") != "preempted" or not notices[-1].get("by_job"):
+    notices = run_notices(events)
+    last = notices[max(notices)] if notices else {}
+    if last.get("cause") != "preempted" or not last.get("by_job"):
         return ""
     try:
-        other = find(int(notices[-1]["by_job"]))
+        other = find(int(last["by_job"]))
     except (TypeError, ValueError):  # not a job id: an events file written by hand
         return ""
     if other is None or other.state not in ("RUNNING", "PENDING", "CONFIGURING"):
@@ -380,7 +368,7 @@ class History:
 
 def history(events: Sequence[dict], owner_uid: int | None = None, now: float | None = None) -> History:
     h = History()
-    notices: dict[int, dict] = {}
+    notices = run_notices(events)
     forced: dict[int, dict] = {}
     ended: dict[int, dict] = {}
     newest = -1
@@ -390,8 +378,6 @@ def history(events: Sequence[dict], owner_uid: int | None = None, now: float | N
             h.submitted = float(e.get("t", 0))
         elif kind == "start":
             h.started, newest = float(e.get("t", 0)), max(newest, run)
-        elif kind == "notice":
-            notices.setdefault(run, e)
         elif kind == "forced_suspend":
             forced[run] = e
         elif kind == "suspended":
@@ -420,6 +406,8 @@ def marker(e: dict, owner_uid: int | None = None, now: float | None = None) -> s
         return f"{head} started on {e.get('nodes') or e.get('host', '?')}" + (f" (restart {run})" if run else "")
     if kind == "notice":
         return f"{head} suspend notice: {why_notice(e, owner_uid)}; grace {e.get('grace', '?')} s"
+    if kind == "notice_cause":
+        return f"{head} suspend notice: {why_notice(e, owner_uid)}; told by the policy daemon"
     if kind == "go_suspend":
         return f"{head} go_suspend() called; the step ends, the batch script requeues the job"
     if kind == "forced_suspend":

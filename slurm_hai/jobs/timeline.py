@@ -28,13 +28,10 @@ from ..render import render
 from ..slurm.base import Backend
 from ..policy.hostlist import expand
 from ..slurm.records import JobInfo
-from .jobdir import JobDir, default_root, events_in, user_uid
-from .status import clock, why_notice
+from .jobdir import JobDir, default_root, events_in, run_notices, user_uid
+from .status import START_SLACK, clock, why_notice
 
 MARK_KINDS = ("suspend", "forced-suspend", "restart", "shrink", "grow", "part-left", "part-rejoin")
-# An event counts for a run that started at most this long after it (the batch script writes
-# `start` a moment after Slurm records the run's start).
-START_SLACK = 5.0
 OTHER_LEVEL = "other"  # a QOS outside the ladder (e.g. `auto` before the job is placed)
 
 
@@ -174,15 +171,12 @@ def job_marks(job_id: int, events: Sequence[dict], runs: Sequence[tuple[float, f
     restart, shrink and grow, on the nodes the job held then (the run that started last
     before the event: a suspend is written just after its run ended); for an elastic job in
     place, each part that left and rejoined, on the part's node (its last start's)."""
-    notices: dict[int, dict] = {}
+    notices = run_notices(events)
     part_nodes: dict[int, tuple[str, ...]] = {}
     marks = []
     for e in events:
         kind, run, t = e.get("event"), int(e.get("run", 0) or 0), float(e.get("t", 0))
         held = [r for r in runs if r[0] - START_SLACK <= t]
-        if kind == "notice":
-            notices.setdefault(run, e)
-            continue
         if not held:
             continue
         _, _, nodes, level = held[-1]

@@ -7,6 +7,14 @@ for slurm_hai.controller.daemon to carry out:
 
 - force-requeue   a job preempted by Slurm that still runs after its grace time (Slurm's own
                   check runs only every 30 s, and its GraceTime is the policy's maximum);
+- notice          tell a job preempted by Slurm why, once, in its record (`hai-notice`: the job
+                  it was most likely preempted for and the size it runs on next,
+                  policy/preemption.py), seen while it runs; the daemon's own notices
+                  (yield, grow) carry the tag from the start. The job's launcher reads
+                  its own record, never the queue; the tag stays while the job waits and
+                  NOTICE_KEPT_INTO_RUN into its next run, whose batch script journals it for
+                  a run that left before it came. Without the daemon no node can name the job
+                  Slurm preempts for: `hai status` says "preempted by a job of a higher level";
 - requeue-failed  a job that died of its suspend notice during its grace time (Slurm 22.05
                   marks it FAILED instead of requeueing it), or that had asked to be
                   suspended (its comment's hai-suspend, which its batch script writes
@@ -51,9 +59,10 @@ from .levels import AUTO, LEVEL_STRIDE, Level, level_base, level_of_qos, parse_q
 from .model import NodeGroup, Policy
 from .placement import auto_at_submit, auto_levels, group_of, stamped_grace
 from .sizes import NodeRange, from_tag
+from .preemption import preempted_notice
 from .tags import (BEHIND as BEHIND_TAG, DEMOTED as DEMOTED_TAG, GRACE as GRACE_TAG, GROW as GROW_TAG, LEVEL as LEVEL_TAG,
-                   NODES as NODES_TAG, SUSPEND as SUSPEND_TAG, YIELD as YIELD_TAG, parse as parse_tags, parse_at,
-                   parse_suspended, with_tags)
+                   NODES as NODES_TAG, NOTICE as NOTICE_TAG, SUSPEND as SUSPEND_TAG, YIELD as YIELD_TAG, notice_value,
+                   parse as parse_tags, parse_at, parse_notice, parse_suspended, with_tags)
 
 ACTIVE = ("RUNNING", "SUSPENDED")
 WAITING_FOR_NODES = ("Resources", "Priority", "None")
@@ -75,6 +84,11 @@ OVERLOOKED_AFTER = 0.2
 # preempt time is in whole seconds and the notice takes a moment to arrive, so without this
 # slack the daemon could requeue first (seen on 25.11: 4.4 s after the job's notice).
 FORCE_REQUEUE_SLACK = 2
+
+# A job's `hai-notice` stays this long into its next run: that run's batch script reads it
+# from the job's record at its start (runtime/batch.py), for a run that left before the
+# daemon told it; dropped at once, it would race that read.
+NOTICE_KEPT_INTO_RUN = 60
 
 # How long a preempted demoted job stays held for the job it yields to, after its grace time.
 YIELD_TIMEOUT = 120
@@ -329,6 +343,8 @@ def _running(job: Job, snap: Snapshot, plan: _Plan, replay: bool = False) -> Non
                         f"ignored its suspend notice: preempted {now - pt:.0f} s ago, grace {grace} s"))
         return
     tags = snap.tags[job.job_id]
+    if _notice(job, snap, plan):
+        return
     y = parse_at(tags.get(YIELD_TAG, ""))
     if y:
         waiting, at = y
@@ -380,6 +396,27 @@ def _running(job: Job, snap: Snapshot, plan: _Plan, replay: bool = False) -> Non
                     AdminComment=with_tags(job.admin_comment, drop=[BEHIND_TAG]))
 
 
+def _notice(job: Job, snap: Snapshot, plan: _Plan) -> bool:
+    """The notice rule, for a running job: tell a run that Slurm preempted why, once
+    (`hai-notice`, at its preempt time); drop an earlier run's tag once this run has run
+    NOTICE_KEPT_INTO_RUN. Whether it updated the job. A run that leaves before the daemon's
+    next cycle is never seen preempted (Slurm clears the preempt time at the requeue): it is
+    not told."""
+    told = snap.tags[job.job_id].get(NOTICE_TAG)
+    if told is not None and parse_notice(told, job.start_time) is not None:
+        return False  # this run's
+    if job.preempt_time and job.preempt_time >= job.start_time:
+        plan.update(job.job_id, "notice", "preempted by Slurm: the cause of its notice, in its record",
+                    AdminComment=with_tags(job.admin_comment, {NOTICE_TAG: preempted_notice(job, snap.jobs,
+                                                                                            snap.policy.ladder)}))
+        return True
+    if told is not None and snap.now - job.start_time >= NOTICE_KEPT_INTO_RUN:
+        plan.update(job.job_id, "notice", f"runs again since {snap.now - job.start_time:.0f} s: its last "
+                    "notice's cause was read", AdminComment=with_tags(job.admin_comment, drop=[NOTICE_TAG]))
+        return True
+    return False
+
+
 def _pending(job: Job, snap: Snapshot, plan: _Plan, level_changes: set[int]) -> None:
     now, policy = snap.now, snap.policy
     tags = snap.tags[job.job_id]
@@ -412,7 +449,8 @@ def _pending(job: Job, snap: Snapshot, plan: _Plan, level_changes: set[int]) -> 
         # killed between the two must find the tag still there (or the job already free).
         if is_held(job) and job.reason == "JobHeldAdmin":
             plan.add(Action("release", jid, "yield", f"released: it yielded to job {waiting}"))
-        plan.update(jid, "yield", why, AdminComment=with_tags(job.admin_comment, behind, drop=[YIELD_TAG, DEMOTED_TAG]))
+        plan.update(jid, "yield", why, AdminComment=with_tags(job.admin_comment, behind,
+                                                              drop=[YIELD_TAG, DEMOTED_TAG]))
         return
     if DEMOTED_TAG in tags:
         plan.update(jid, "restore-level", "requeued: no longer demoted",
@@ -525,7 +563,7 @@ def _yield(snap: Snapshot, plan: _Plan, idle_nodes: Mapping[str, int] | None, le
         need = head.num_nodes - _nodes_slurm_frees(snap, idle_nodes.get(part, 0), part, hl)
         if not victims or need <= 0 or sum(j.num_nodes for _, j, _ in victims) < need:
             continue
-        _preempt(snap, plan, head, victims, need)
+        _preempt(snap, plan, head, hl, victims, need)
         busy.add(part)
 
 
@@ -603,7 +641,7 @@ def _yield_victims(snap: Snapshot, part: str, head: Job, hl: Level,
     if not (for_demoted or in_line):
         return []
     behind = snap.tags[head.job_id].get(BEHIND_TAG)
-    victims: list[tuple[int, Job, str]] = []  # (order, job, why)
+    victims: list[tuple[int, Job, str]] = []  # (order: 0 demoted, 1 later in line; job; why)
     for j in candidates:
         lvl = snap.level[j.job_id]
         assert lvl is not None  # candidates all have a level
@@ -621,15 +659,19 @@ def _yield_victims(snap: Snapshot, part: str, head: Job, hl: Level,
     return victims
 
 
-def _preempt(snap: Snapshot, plan: _Plan, head: Job, victims: list[tuple[int, Job, str]], need: int) -> None:
-    """Tag and notify `victims`, in order, until they free `need` nodes for `head`."""
-    for _, v, why in victims:
+def _preempt(snap: Snapshot, plan: _Plan, head: Job, hl: Level, victims: list[tuple[int, Job, str]],
+             need: int) -> None:
+    """Tag and notify `victims` (_yield_victims), in order, until they free `need` nodes for
+    `head`, of level `hl`."""
+    for order, v, why in victims:
         if need <= 0:
             break
         need -= v.num_nodes
-        # the tag first: the job's launcher reads it when the notice comes (jobs.status.notice_cause)
+        # the tags first: the job's launcher reads the cause from its record when the notice comes
+        cause = notice_value("demoted" if order == 0 else "earlier_in_line", head.job_id, hl.name, 0, int(snap.now))
         plan.update(v.job_id, "yield", f"yields to job {head.job_id}",
-                    AdminComment=with_tags(v.admin_comment, {YIELD_TAG: f"{head.job_id}@{int(snap.now)}"}))
+                    AdminComment=with_tags(v.admin_comment, {YIELD_TAG: f"{head.job_id}@{int(snap.now)}",
+                                                             NOTICE_TAG: cause}))
         plan.then(Action("signal", v.job_id, "yield",
                          f"{why}: suspend notice, forced off after {snap.grace(v)} s",
                          (("signal", snap.policy.notice_signal),)))
@@ -677,9 +719,11 @@ def _grow(snap: Snapshot, plan: _Plan, steady_idle: Mapping[str, int]) -> None:
         size = nodes.largest_at_most(most)
         if size is None or size <= j.num_nodes:
             continue
-        # the tag first: the job's launcher reads it when the notice comes (jobs.status.notice_cause)
+        # the tags first: the job's launcher reads the cause from its record when the notice comes
         plan.update(j.job_id, "grow", f"{steady_idle[j.partition]} node(s) idle for {after} s",
-                    AdminComment=with_tags(j.admin_comment, {GROW_TAG: f"{size}@{int(now)}"}))
+                    AdminComment=with_tags(j.admin_comment, {GROW_TAG: f"{size}@{int(now)}",
+                                                             NOTICE_TAG: notice_value("grow", None, "", size,
+                                                                                      int(now))}))
         plan.then(Action("signal", j.job_id, "grow",
                          f"grows from {j.num_nodes} to {size} nodes: suspend notice, requeued after "
                          f"{snap.grace(j)} s at the latest", (("signal", policy.notice_signal),)))

@@ -25,6 +25,19 @@ Admin comment (only slurmctld's job_submit.lua, root and SlurmUser can write it:
                           the job runs again
     hai-grow=SIZE@EPOCH   the daemon asked the elastic job at EPOCH to restart on SIZE nodes,
                           into nodes that stayed idle (policy/elastic.py)
+    hai-notice=CAUSE:JOB:LEVEL:SIZE@EPOCH
+                          why the run that runs at EPOCH got its suspend notice, as the daemon
+                          decided it once (the job's launcher reads it from the job's own
+                          record: `parse_notice`): CAUSE `demoted` or `earlier_in_line` (its
+                          yield to JOB of LEVEL, written with hai-yield), `grow` (written with
+                          hai-grow; no JOB, no LEVEL) or `preempted` (by Slurm, at EPOCH its
+                          preempt time: JOB and LEVEL the daemon's best guess of the job Slurm
+                          preempts it for, empty when none is found); SIZE the node count of
+                          the job's next run, 0 when it waits whole. A tag older than the
+                          job's start is of an earlier run: it explains nothing to that run's
+                          launcher. Kept while the job waits, and into its next run for
+                          rules.NOTICE_KEPT_INTO_RUN, whose batch script journals it for a run
+                          that left before it came; then dropped
 Job comment (written by hai-submit, editable by the job's owner: a hint, never trusted):
     hai-dir=PATH          where the job's state directory lives
     hai-grace=SECONDS     the grace hai-submit asks for (read once, by job_submit.lua, which
@@ -66,8 +79,16 @@ DIR = "hai-dir"
 PARTS = "hai-parts"
 SUBMISSION = "hai-submission"
 SUSPEND = "hai-suspend"
-LEFT = "hai-left"
 SUSPEND_HOWS = ("go_suspend", "forced")
+LEFT = "hai-left"
+NOTICE = "hai-notice"
+# hai-notice's CAUSE -> the notice event's fields (jobs/status.py why_notice words them)
+NOTICE_CAUSES: Mapping[str, Mapping[str, object]] = {
+    "preempted": {"cause": "preempted"},
+    "demoted": {"cause": "preempted", "demoted": True},
+    "earlier_in_line": {"cause": "preempted", "earlier_in_line": True},
+    "grow": {"cause": "grow"},
+}
 
 
 def parse(*texts: str) -> dict[str, str]:
@@ -175,3 +196,26 @@ def parse_parts(value: str | None) -> tuple[int, int] | None:
     if not (sep and low.isdigit() and high.isdigit()):
         return None
     return (int(low), int(high)) if 1 <= int(low) <= int(high) else None
+
+
+def notice_value(cause: str, job: int | None, level: str, size: int, at: int) -> str:
+    """hai-notice's value: `cause` one of NOTICE_CAUSES, `job` and `level` the job it gives
+    way to (None and "" for none), `size` the node count of the next run, `at` the epoch."""
+    if cause not in NOTICE_CAUSES:
+        raise ValueError(f"not a cause of hai-notice: {cause!r}")
+    return f"{cause}:{job or ''}:{level}:{size}@{at}"
+
+
+def parse_notice(value: str | None, since: int) -> dict | None:
+    """hai-notice's value -> the notice event's fields (cause; by_job and by_level when
+    named; demoted or earlier_in_line; target_size), when it is of the run that started at
+    `since` (its epoch not older); None for none, an earlier run's, or a malformed one."""
+    body, _, at = (value or "").rpartition("@")
+    fields = body.split(":")
+    if len(fields) != 4 or not at.isdigit() or int(at) < since:
+        return None
+    cause, job, level, size = fields
+    if cause not in NOTICE_CAUSES or not size.isdigit() or not (job == "" or job.isdigit()):
+        return None
+    named = {"by_job": int(job), "by_level": level} if job else {}
+    return {**NOTICE_CAUSES[cause], **named, "target_size": int(size)}

@@ -30,7 +30,7 @@ from typing import MutableMapping
 
 from ..policy.contract import master_node, restart_count
 from .launcher import notice_signals
-from ..jobs.jobdir import JobDir, run_sizes
+from ..jobs.jobdir import JobDir, run_sizes, untold_notice
 from ..policy.limits import NOTICE_SIGNALS
 from ..policy.sizes import NodeRange
 from ..policy.tags import SUSPEND, Suspended, is_word, suspend_value, with_tags
@@ -101,6 +101,17 @@ def unrecorded_suspend(jobdir: JobDir, events: list[dict], run: int) -> str | No
     if how and not any(e.get("event") == "suspended" and e.get("run") == run - 1 for e in events):
         return how
     return None
+
+
+def untold_cause(slurm, job_id: int, events: list[dict], run: int) -> dict | None:
+    """The policy daemon's word on the notice of the run before `run`, when that run left
+    before its launcher heard it: the daemon keeps it in the job's record until the job has
+    run again a while (jobs.status.kept_cause). The record is read only for such a run."""
+    if not untold_notice(events, run - 1):
+        return None
+    from ..jobs.status import kept_cause  # lazy: +10 ms to every run's start, for this rare run
+
+    return kept_cause(slurm_record(slurm, job_id), events, run - 1)
 
 
 def requeue_suspended(slurm, job_id: int, said: Suspended, ending: list[int]) -> int:
@@ -238,6 +249,9 @@ def start_run(slurm, jobdir: JobDir, job_id: int, run: int, sizes: NodeRange | N
     unrecorded = unrecorded_suspend(jobdir, events, run)
     if unrecorded:
         jobdir.event(protocol.REQUEUE_ASKED, run=run - 1, how=unrecorded)
+    told = untold_cause(slurm, job_id, events, run)
+    if told:
+        jobdir.event(protocol.NOTICE_CAUSE, run=run - 1, **told)
     change = size_change(events, nodes)
     if change:
         jobdir.event(change[0], run=run, **change[1])

@@ -34,6 +34,9 @@ _flag: mmap.mmap | Literal[False] | None = None  # None: not opened yet; False: 
 # The flag's byte: b"1" once the notice came; b"2" once go_suspend() asked the launcher to end
 # the step (the batch script then requeues the job).
 FLAG_NOTICE, FLAG_LEAVE = 49, 50
+# runtime/protocol.py's NOTICE and NOTICE_CAUSE, the events that carry a notice's target size
+# (named, not imported: its enum and dataclasses cost the client's import 15 ms)
+NOTICE_EVENTS = ("notice", "notice_cause")
 
 
 def polled_marker(flag: str) -> str:
@@ -73,18 +76,22 @@ def target_size(timeout: float = 2.0) -> int | None:
     """After a suspend notice, the node count the job's next run expects: smaller than now
     when an elastic job shrinks (it gives a higher job the nodes it needs and runs again
     beside it), larger when it grows into idle nodes, 0 when it is suspended whole and waits.
-    None without a notice. The launcher asks Slurm why the notice came; this waits up to
-    `timeout` seconds for its answer (None if there is none by then)."""
+    None without a notice. The launcher journals the notice with what the job's Slurm record
+    says; of a preemption by Slurm, the policy daemon's word (the job it gives way to, the
+    size) may come a moment later. This waits up to `timeout` seconds for the size: 0 when
+    the notice came and no size by then (no policy daemon: the job is suspended whole), None
+    when no notice was journalled by then."""
     if not receive_suspend_command():
         return None
     jobdir, run = _job_dir(), restart_count()
     deadline = time.monotonic() + timeout
     while True:
-        notices = [e for e in jobdir.events() if e.get("event") == "notice" and e.get("run") == run]
-        if notices:
-            return int(notices[-1].get("target_size", 0))
+        told = [e for e in jobdir.events() if e.get("event") in NOTICE_EVENTS and e.get("run") == run]
+        sized = [e for e in told if "target_size" in e]
+        if sized:
+            return int(sized[-1]["target_size"])
         if time.monotonic() >= deadline:
-            return None
+            return 0 if told else None
         time.sleep(0.05)
 
 

@@ -39,13 +39,14 @@ import stat
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Callable, Iterator
 
 from ..slurm import SlurmError, backend, squeue
 from .client import FLAG_LEAVE
-from .protocol import LEAVE_SIGNAL
+from . import protocol
 from ..policy.contract import node_contract
 from .multiprocessing import default_nprocs
 from .proctree import descendants
@@ -53,9 +54,17 @@ from ..jobs.jobdir import JobDir, last_request
 from ..policy.limits import NOTICE_MARGIN, NOTICE_SIGNALS
 
 TERM_TO_KILL_SECONDS = 3.0
-LEAVE = signal.Signals[f"SIG{LEAVE_SIGNAL}"]
+LEAVE = signal.Signals[f"SIG{protocol.LEAVE_SIGNAL}"]
 MARKER_EVERY = 0.5  # s between two looks for the run's suspend marker (on a shared file system)
 THREAD_VARS = ("OMP_NUM_THREADS", "MKL_NUM_THREADS")
+# How often the launcher looks at its job's record for the policy daemon's word on a
+# preemption by Slurm, until the grace is over or the run has ended (a run that leaves first
+# gets it from its next run's batch script: runtime/batch.py untold_cause).
+CAUSE_POLL = 0.25
+
+# A notice's cause (the notice event's fields), and the call that waits for the policy
+# daemon's word when the job's record does not have it yet (_why_notice)
+Cause = tuple[dict, Callable[[], dict | None] | None]
 
 
 def notice_signals(name: str, term_is_notice: bool) -> frozenset[signal.Signals]:
@@ -130,11 +139,11 @@ class NodeRun:
 
     def __init__(self, cmd: list[str], env: dict[str, str], jobdir: JobDir, run: int, rank: int, grace: float,
                  notices: frozenset[signal.Signals], flag: Path | None,
-                 why_notice: Callable[[], Callable[[], dict]] | None = None,
+                 why_notice: Callable[[], Callable[[], Cause]] | None = None,
                  notice_lost: Callable[[], bool] | None = None) -> None:
         self.cmd, self.env, self.jobdir, self.run, self.rank = cmd, env, jobdir, run, rank
-        # starts asking Slurm the notice's cause (preempted, user, time_limit), for `hai status`,
-        # and gives the call that reads the answer
+        # starts reading the job's record for the notice's cause (preempted, grow, user,
+        # time_limit), for target_size() and `hai status`, and gives the call that takes it
         self.why_notice = why_notice
         self.notice_lost = notice_lost  # whether Slurm's time-limit notice may have come before the handlers
         self.grace, self.notices, self.flag = grace, notices, flag
@@ -194,7 +203,7 @@ class NodeRun:
         if self.flag is None or self.noticed_at is not None:
             return
         cause: dict = {}
-        answer = None
+        answer = later = None
         if self.why_notice is not None:  # asked before the flag, read after it (_why_notice)
             try:
                 answer = self.why_notice()
@@ -206,10 +215,23 @@ class NodeRun:
         at = round(time.time(), 3)
         if answer is not None:
             try:
-                cause = answer()
+                cause, later = answer()
             except Exception as e:  # noqa: BLE001 - as above
                 cause = {"cause": "unknown", "cause_error": str(e)}
-        self.jobdir.event("notice", run=self.run, source=source, grace=self.grace, **cause, t=at)
+        self.jobdir.event(protocol.NOTICE, run=self.run, source=source, grace=self.grace, **cause, t=at)
+        if later is not None:
+            threading.Thread(target=self._journal_cause, args=(later,), daemon=True).start()
+
+    def _journal_cause(self, told_later: Callable[[], dict | None]) -> None:
+        """The policy daemon's word on a preemption by Slurm, journalled once it comes (the
+        notice, journalled at once, named no job and no size: target_size() waits for it)."""
+        try:
+            told = told_later()
+        except Exception as e:  # noqa: BLE001 - the cause is for people; the protocol goes on
+            print(f"slurm-hai: run {self.run}: the notice's cause not read: {e}", file=sys.stderr, flush=True)
+            return
+        if told is not None:
+            self.jobdir.event(protocol.NOTICE_CAUSE, run=self.run, **told)
 
     def end(self) -> None:
         """Slurm is ending the step: stop the command's processes, TERM then KILL."""
@@ -360,36 +382,54 @@ def _term_blocked() -> Iterator[None]:
         signal.pthread_sigmask(signal.SIG_SETMASK, was)
 
 
-def _why_notice(slurm, job_id: int, jobdir: JobDir, grace: float) -> Callable[[], dict]:
-    """Start asking Slurm why the notice came (one squeue call), before the flag is set, and
-    give the call that reads the answer, after it: the squeue must see the job as it was at
-    the notice, not requeued by a job that suspends within milliseconds of its flag (cause
-    'unknown': CI, 22.05, when go_suspend() still asked for the requeue itself). A SIGTERM
-    notice reaches every process of the step, an squeue started by it too (seen on 25.11
-    and 22.05: squeue killed, nothing on stderr, cause 'unknown'). So the squeue starts with
-    SIGTERM blocked (a blocked mask survives fork and exec; the launcher's own pending
-    SIGTERM arrives when it is unblocked again), and one more try for anything else. The
-    node's policy gives the ladder that tells which waiting job preempted this one."""
-    if slurm.name == "cli":  # its jobs() takes the read started ahead (pyslurm asks when called)
-        with _term_blocked():
-            squeue.start_ahead()
-
-    def answer() -> dict:
-        from ..jobs.status import notice_cause  # lazy: +10 ms to every node's launcher start
-        from ..policy.model import PolicyError, find_policy  # lazy: +11 ms to every node's launcher start
-
-        with _term_blocked():
-            try:
-                queue = slurm.jobs()
-            except SlurmError:
-                time.sleep(0.2)
-                queue = slurm.jobs()
-        me = next((j for j in queue if j.job_id == job_id), None)
+def _own_record(slurm, job_id: int):
+    """Slurm's record of this job, read with SIGTERM blocked (a SIGTERM notice reaches every
+    process of the step, a squeue started meanwhile too: seen on 25.11 and 22.05, squeue
+    killed with nothing on stderr), and one more try for anything else."""
+    with _term_blocked():
         try:
-            ladder, error = find_policy().ladder, {}
-        except PolicyError as e:  # the cause is for people: told without the preemptor, and why
-            ladder, error = (), {"cause_error": str(e)}
-        return notice_cause(me, queue, ladder, jobdir.events(), time.time(), grace + NOTICE_MARGIN) | error
+            return slurm.job(job_id)
+        except SlurmError:
+            time.sleep(0.2)
+            return slurm.job(job_id)
+
+
+def _why_notice(slurm, job_id: int, jobdir: JobDir, grace: float) -> Callable[[], Cause]:
+    """Start reading the job's own record in Slurm (one squeue of this job), before the
+    flag is set, and give the call that takes the answer, after it: the record must be the
+    job's as it was at the notice, not requeued by a job that suspends within milliseconds
+    of its flag (cause 'unknown': CI, 22.05, when go_suspend() still asked for the requeue
+    itself). The read starts with SIGTERM blocked (_own_record; a blocked mask survives fork
+    and exec, and the launcher's own pending SIGTERM arrives when it is unblocked again).
+
+    The answer is the notice's cause (jobs.status.notice_cause: the policy daemon decided it
+    and wrote it into the record), and, for a preemption by Slurm that the daemon has not told
+    of yet, the call that waits for its word: the job's record, looked at every CAUSE_POLL s
+    for up to the grace. No node reads the queue or the policy."""
+    if slurm.name == "cli":  # its job() takes the read started ahead (pyslurm asks when called)
+        with _term_blocked():
+            squeue.start_ahead([job_id])
+
+    def answer() -> Cause:
+        from ..jobs.status import notice_cause, told_cause  # lazy: +10 ms to every node's launcher start
+
+        me = _own_record(slurm, job_id)
+        cause = notice_cause(me, jobdir.events(), time.time(), grace + NOTICE_MARGIN)
+        if me is None or "target_size" in cause:
+            return cause, None
+
+        def told_later() -> dict | None:
+            deadline = time.monotonic() + grace
+            while time.monotonic() < deadline:
+                time.sleep(CAUSE_POLL)
+                with contextlib.suppress(SlurmError):
+                    now = _own_record(slurm, job_id)
+                    told = told_cause(now, me.start_time) if now is not None else None
+                    if told is not None:
+                        return told
+            return None
+
+        return cause, told_later
 
     return answer
 

@@ -58,7 +58,8 @@ class Action(str, Enum):
 
 
 # The journal's event names (events.jsonl) and what each is in the protocol.
-NOTICE = "notice"  # the launcher: a notice came (cause, target_size)
+NOTICE = "notice"  # the launcher: a notice came (cause, target_size: as the job's Slurm record says)
+NOTICE_CAUSE = "notice_cause"  # the launcher, or the next run's batch script: the daemon's word came later
 COMMIT_STARTED = "commit_started"  # the checkpoint manager: a suspend save began after a notice
 GO_SUSPEND = "go_suspend"  # the client: go_suspend()
 LEFT_FOR_REQUEUE = "left_for_requeue"  # a launcher: it ends its command after a go_suspend()
@@ -70,7 +71,7 @@ KILLED = "killed"  # the batch driver: Slurm ended the step (cancel, a node lost
 SUPERSEDED = "superseded"  # the batch driver: a newer run started while this node was cut off
 PART_LEFT = "left"  # a part's task (a job in place): the part's step ended without success (part_left)
 
-EVENTS = (NOTICE, COMMIT_STARTED, GO_SUSPEND, LEFT_FOR_REQUEUE, GRACE_EXPIRED, REQUEUE_ASKED,
+EVENTS = (NOTICE, NOTICE_CAUSE, COMMIT_STARTED, GO_SUSPEND, LEFT_FOR_REQUEUE, GRACE_EXPIRED, REQUEUE_ASKED,
           RETRY, FINISHED, KILLED, SUPERSEDED)
 TERMINAL = frozenset({State.REQUEUED, State.ENDED})
 
@@ -104,6 +105,8 @@ TRANSITIONS: tuple[Transition, ...] = (
     _t(State.RUNNING, NOTICE, State.NOTIFIED, Action.RAISE_FLAG),
     _t(State.RUNNING, GO_SUSPEND, State.SUSPENDING, Action.MARK_SUSPEND, Action.END_COMMAND,
        when="unasked: the job suspends itself"),
+    *(_t(s, NOTICE_CAUSE, s, when="the cause (by_job, target_size) follows a preemption by Slurm")
+      for s in (*_WAITING, *_LEAVING)),
     _t(State.NOTIFIED, COMMIT_STARTED, State.COMMITTING),
     *(_t(s, GO_SUSPEND, State.SUSPENDING, Action.MARK_SUSPEND, Action.END_COMMAND) for s in _WAITING),
     *(_t(s, LEFT_FOR_REQUEUE, s, Action.END_COMMAND, when="each node's launcher, as it ends its command")

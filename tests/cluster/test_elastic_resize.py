@@ -20,7 +20,8 @@ import sys
 import time
 from pathlib import Path
 
-from test_acceptance import daemon, named, submit, wait_final  # noqa: F401 (fixture)
+from slurm_hai.jobs.jobdir import run_notices
+from test_acceptance import daemon, events, named, submit, wait_final  # noqa: F401 (fixture)
 from uninterrupted import free_port
 from test_elastic import ALICE, _all_idle
 from waiting import wait_for
@@ -84,7 +85,7 @@ def test_an_elastic_job_shrinks_beside_a_higher_job_grows_back_and_ends_as_an_un
     assert _runs(_log(job_dir))[before][0] == 2, _log(job_dir)
     assert live.job(high)["JobState"] == "RUNNING" and live.job(job)["NumNodes"] == "2"  # side by side
     assert "next run on 2 node(s)" in _log(job_dir)  # hai.target_size(), before it went
-    notices = named(job_dir, "notice")
+    notices = list(run_notices(events(job_dir)).values())  # with the daemon's word on Slurm's preemption
     notice = notices[before - 1]
     assert (notice["cause"], notice.get("by_job"), notice["target_size"]) == ("preempted", high, 2)
     assert [(e["from"], e["to"]) for e in named(job_dir, "shrink")] == [(4, 2)]

@@ -49,6 +49,7 @@ from typing import TYPE_CHECKING
 import pytest
 
 import uninterrupted
+from slurm_hai.jobs.jobdir import run_notices
 from uninterrupted import TRAIN, same_weights
 from waiting import wait_for
 
@@ -321,8 +322,10 @@ def test_site_levels_preempt_with_a_term_notice_on_rank0_resume_bitwise_and_spea
     assert [e["how"] for e in suspended] == ["go_suspend"], suspended
     info = c.wait_job(gold, lambda j: j["JobState"] == "RUNNING", 60, "the GOLD job to take the nodes")
     assert info["QOS"] == "gold.a.hai", info  # GOLD through the account's quota variant
+    # The job Slurm preempted it for is the policy daemon's word, which a run that leaves
+    # within a daemon cycle of the notice may not hear (docs/design.md, "Where a notice's
+    # cause comes from"); the USR1 test below waits for it and asks it in the site's words.
     assert notice[0]["run"] == 0 and notice[0].get("cause") == "preempted", notice
-    assert notice[0].get("by_level") == "GOLD" and notice[0].get("by_job") == gold, notice
     requeued = c.wait_job(job, lambda j: j["Restarts"] == "1" and j["JobState"] == "PENDING", 30,
                           "the BRONZE job to wait, requeued")
     assert requeued["QOS"] == "bronze", requeued
@@ -396,6 +399,7 @@ COUNTER = """
                 tmp = OUT / ".ckpt.tmp"
                 tmp.write_text(json.dumps({"step": step}))
                 os.replace(tmp, ckpt)
+                hai.target_size(timeout=60)  # the daemon's word: the job it gives way to (its level)
                 hai.go_suspend()
         time.sleep(0.05)
         if rank == 0:
@@ -434,7 +438,7 @@ def test_a_usr1_notice_reaches_rank0_only_and_the_job_is_requeued_never_killed_b
 
     # USR1 reached both nodes' steps; only rank 0's node raised the flag
     assert sorted(p.name for p in out.glob("seen.0.*")) == ["seen.0.0"], sorted(os.listdir(out))
-    notices = named(job_dir, "notice")
+    notices = list(run_notices(events(job_dir)).values())
     assert [(e["run"], e.get("cause"), e.get("by_level")) for e in notices] == [(0, "preempted", "GOLD")], notices
     assert [e["how"] for e in named(job_dir, "suspended")] == ["go_suspend"]
     assert [e["run"] for e in named(job_dir, "start")] == [0, 1]

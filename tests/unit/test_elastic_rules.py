@@ -64,8 +64,9 @@ def test_an_elastic_job_below_max_grows_into_nodes_idle_long_enough():
     assert needs_idle_nodes(jobs, POLICY, NOW)
     actions = decide(jobs, POLICY, NOW, idle_nodes={"gpu": 2}, steady_idle={"gpu": 2})
     assert grows(actions, 1) == 4
-    assert f"hai-grow=4@{NOW}" in fields(actions, 1)["AdminComment"]
-    # the tag is written before the notice: the launcher reads it when the notice comes
+    comment = fields(actions, 1)["AdminComment"].split()
+    assert f"hai-grow=4@{NOW}" in comment and f"hai-notice=grow:::4@{NOW}" in comment
+    # the tags are written before the notice: the launcher reads the cause when the notice comes
     kinds = [a.kind for a in actions if a.job_id == 1]
     assert kinds == ["update", "signal"]
 

@@ -7,10 +7,11 @@ from dataclasses import replace
 
 import pytest
 
-from slurm_hai.jobs.status import (as_one_job, history, level_name, marker, notice_cause, preemptor, reason_in_words, status,
-                                   why_notice)
-from slurm_hai.jobs.jobdir import run_sizes
+from slurm_hai.jobs.status import (as_one_job, history, kept_cause, level_name, marker, notice_cause, reason_in_words,
+                                   status, why_notice)
+from slurm_hai.jobs.jobdir import run_notices, run_sizes
 from slurm_hai.policy.levels import DEFAULT_LADDER as HAI, Level
+from slurm_hai.policy.preemption import preempted_notice, preemptor, shrinks_to
 from slurm_hai.slurm.records import JobInfo
 
 # Noon of the day the module is read: times within 12 h of it print as HH:MM:SS. The clock
@@ -37,49 +38,19 @@ def test_preemption_names_the_highest_oldest_pending_job_of_a_higher_level():
     me = job(5, "RUNNING", "low", start_time=int(NOW) - 100, preempt_time=int(NOW) - 1)
     queue = [me, job(9, "PENDING", "normal"), job(8, "PENDING", "high"), job(7, "PENDING", "high.u.bob"),
              job(3, "PENDING", "low"), job(6, "PENDING", "extreme_high", partition="other")]
-    assert preemptor(me, queue, HAI).job_id == 7
-    assert notice_cause(me, queue, HAI, [], NOW, 35) == {"cause": "preempted", "by_job": 7, "by_level": "HIGH",
-                                                         "target_size": 0}
+    other, level = preemptor(me, queue, HAI)
+    assert (other.job_id, level.name) == (7, "HIGH")
+    assert preempted_notice(me, queue, HAI) == f"preempted:7:HIGH:0@{int(NOW) - 1}"
 
 
 def test_the_preemptor_is_told_by_the_sites_ladder_not_hais():
     site = (Level(30, "GOLD"), Level(10, "SILVER"), Level(0, "BRONZE"))
     me = job(5, "RUNNING", "bronze", start_time=int(NOW) - 100, preempt_time=int(NOW) - 1)
     queue = [me, job(9, "PENDING", "high"), job(8, "PENDING", "silver.a.research"), job(7, "PENDING", "bronze")]
-    assert notice_cause(me, queue, site, [], NOW, 35) == {"cause": "preempted", "by_job": 8, "by_level": "SILVER",
-                                                          "target_size": 0}
+    assert preempted_notice(me, queue, site) == f"preempted:8:SILVER:0@{int(NOW) - 1}"
     # under HAI's ladder `bronze` is no level: no job is named, the cause still is
     assert preemptor(me, queue, HAI) is None
-    assert notice_cause(me, queue, (), [], NOW, 35) == {"cause": "preempted", "target_size": 0}
-
-
-class OneQueue:
-    name = "test"  # not the commands backend: no squeue started ahead
-
-    def __init__(self, queue: list[JobInfo]) -> None:
-        self.queue = queue
-
-    def jobs(self):
-        return self.queue
-
-
-def test_the_launcher_asks_the_nodes_policy_for_the_ladder_and_a_broken_one_costs_only_the_preemptor(
-        tmp_path, monkeypatch):
-    from slurm_hai.jobs.jobdir import JobDir
-    from slurm_hai.runtime.launcher import _why_notice
-
-    me = job(5, "RUNNING", "bronze", start_time=int(NOW) - 100, preempt_time=int(NOW) - 1)
-    slurm = OneQueue([me, job(8, "PENDING", "gold")])
-    jobdir = JobDir(tmp_path / "5").create()
-    policy = tmp_path / "policy.toml"
-    policy.write_text('default_level = "BRONZE"\n[levels]\nGOLD = 30\nBRONZE = 0\n')
-    monkeypatch.setenv("HAI_POLICY", str(policy))
-    assert _why_notice(slurm, 5, jobdir, 5.0)() == {"cause": "preempted", "by_job": 8, "by_level": "GOLD",
-                                                  "target_size": 0}
-    policy.write_text("[levels]\nGOLD = -1\n")
-    cause = _why_notice(slurm, 5, jobdir, 5.0)()
-    assert cause["cause"] == "preempted" and "by_job" not in cause
-    assert cause["cause_error"].startswith(f"{policy}: [levels] GOLD: expected")
+    assert preempted_notice(me, queue, HAI) == f"preempted:::0@{int(NOW) - 1}"
 
 
 def test_an_elastic_job_preempted_learns_the_size_it_runs_on_beside_the_higher_job():
@@ -88,41 +59,91 @@ def test_an_elastic_job_preempted_learns_the_size_it_runs_on_beside_the_higher_j
                    admin_comment=f"hai-level=LOW hai-nodes={span}")
 
     high = job(7, "PENDING", "high", nodes=2)
-    cause = notice_cause(me("2:4:1"), [me("2:4:1"), high], HAI, [], NOW, 35)
-    assert cause["target_size"] == 2 and "runs on 2 node(s) beside it" in why_notice(cause)
-    assert notice_cause(me("3:4:1"), [me("3:4:1"), high], HAI, [], NOW, 35)["target_size"] == 0  # below MIN: whole
+    assert shrinks_to(me("2:4:1"), high) == 2
+    assert shrinks_to(me("3:4:1"), high) == 0  # below MIN: whole
+    assert shrinks_to(me("2:4:1"), None) == 0  # no job named: whole
+    told = replace(me("2:4:1"), admin_comment=f"hai-nodes=2:4:1 hai-notice={preempted_notice(me('2:4:1'), [high], HAI)}")
+    cause = notice_cause(told, [], NOW, 35)
+    assert cause == {"cause": "preempted", "by_job": 7, "by_level": "HIGH", "target_size": 2}
+    assert "preempted by job 7 (HIGH); runs on 2 node(s) beside it" == why_notice(cause)
 
 
-def test_a_grow_notice_names_the_size_the_daemon_offers():
+def test_the_cause_is_the_daemons_tag_in_the_jobs_own_record_of_this_run_only():
     me = job(5, "RUNNING", "low", start_time=int(NOW) - 100, nodes=2,
-             admin_comment=f"hai-level=LOW hai-nodes=2:4:1 hai-grow=4@{int(NOW) - 1}")
-    cause = notice_cause(me, [me], HAI, [], NOW, 35)
+             admin_comment=f"hai-level=LOW hai-nodes=2:4:1 hai-notice=grow:::4@{int(NOW) - 1}")
+    cause = notice_cause(me, [], NOW, 35)
     assert cause == {"cause": "grow", "target_size": 4}
     assert why_notice(cause) == "to grow to 4 nodes, idle long enough"
-    # a grow tag older than the run (it ran again since) explains nothing
-    old = replace(me, admin_comment=f"hai-level=LOW hai-nodes=2:4:1 hai-grow=4@{int(NOW) - 200}")
-    assert notice_cause(old, [old], HAI, [], NOW, 35)["cause"] == "unknown"
+    # a tag older than the run (it ran again since) explains nothing
+    old = replace(me, admin_comment=f"hai-level=LOW hai-notice=grow:::4@{int(NOW) - 200}")
+    assert notice_cause(old, [], NOW, 35) == {"cause": "unknown", "target_size": 0}
+    # the job's own comment is its owner's to write: never the cause
+    mine = replace(me, admin_comment="hai-level=LOW", comment=f"hai-notice=grow:::4@{int(NOW) - 1}")
+    assert notice_cause(mine, [], NOW, 35) == {"cause": "unknown", "target_size": 0}
+
+
+def test_a_preemption_by_slurm_not_yet_told_by_the_daemon_names_no_job_and_no_size():
+    me = job(5, "RUNNING", "low", start_time=int(NOW) - 100, preempt_time=int(NOW) - 1)
+    assert notice_cause(me, [], NOW, 35) == {"cause": "preempted"}  # the size comes with the daemon's word
+    assert why_notice({"cause": "preempted"}) == "preempted by a job of a higher level"
 
 
 def test_a_preemption_from_an_earlier_run_does_not_explain_this_notice():
     me = job(5, "RUNNING", "low", start_time=int(NOW) - 100, preempt_time=int(NOW) - 500)
     asked = [{"t": NOW - 1, "event": "suspend_requested", "by": 1001}]
-    assert notice_cause(me, [me], HAI, asked, NOW, 35) == {"cause": "user", "by_uid": 1001, "target_size": 0}
-    assert notice_cause(me, [me], HAI, [], NOW, 35) == {"cause": "unknown"}
+    assert notice_cause(me, asked, NOW, 35) == {"cause": "user", "by_uid": 1001, "target_size": 0}
+    assert notice_cause(me, [], NOW, 35) == {"cause": "unknown", "target_size": 0}
 
 
 def test_a_notice_near_the_time_limit_is_the_time_limit_even_a_minute_early():
     me = job(5, "RUNNING", "low", start_time=int(NOW) - 6, end_time=int(NOW) + 54)  # --time 1 after 6 s
-    assert notice_cause(me, [me], HAI, [], NOW, 35) == {"cause": "time_limit", "limit_at": int(NOW) + 54,
-                                                        "target_size": 0}
+    assert notice_cause(me, [], NOW, 35) == {"cause": "time_limit", "limit_at": int(NOW) + 54, "target_size": 0}
     far = job(5, "RUNNING", "low", start_time=int(NOW) - 6, end_time=int(NOW) + 3600)
-    assert notice_cause(far, [far], HAI, [], NOW, 35)["cause"] == "unknown"
+    assert notice_cause(far, [], NOW, 35)["cause"] == "unknown"
 
 
 def test_a_demoted_job_asked_to_yield_names_the_job_it_yields_to():
-    me = job(5, "RUNNING", "high", start_time=int(NOW) - 100, admin_comment="hai-yield=12@1799999990")
-    cause = notice_cause(me, [me, job(12, "PENDING", "high")], HAI, [], NOW, 35)
-    assert cause["cause"] == "preempted" and cause["by_job"] == 12 and cause["by_level"] == "HIGH"
+    me = job(5, "RUNNING", "high", start_time=int(NOW) - 100,
+             admin_comment=f"hai-yield=12@{int(NOW) - 10} hai-notice=demoted:12:HIGH:0@{int(NOW) - 10}")
+    assert notice_cause(me, [], NOW, 35) == {"cause": "preempted", "by_job": 12, "by_level": "HIGH", "demoted": True,
+                                             "target_size": 0}
+
+
+def test_the_daemons_later_word_completes_its_runs_notice_everywhere_it_is_told():
+    evs = [{"t": NOW - 50, "event": "start", "run": 0},
+           {"t": NOW - 30, "event": "notice", "run": 0, "cause": "preempted", "grace": 5},
+           {"t": NOW - 29, "event": "notice_cause", "run": 0, "cause": "preempted", "by_job": 133, "by_level": "HIGH",
+            "target_size": 0},
+           {"t": NOW - 24, "event": "suspended", "run": 0, "how": "go_suspend"}]
+    assert run_notices(evs)[0] == {"t": NOW - 30, "event": "notice", "run": 0, "cause": "preempted", "grace": 5,
+                                   "by_job": 133, "by_level": "HIGH", "target_size": 0}
+    assert "preempted by job 133 (HIGH)" in history(evs).last_suspend
+    assert "preempted by job 133 (HIGH)" in history(evs[:3]).notice_pending
+    assert "suspend notice: preempted by job 133 (HIGH); told by the policy daemon" in marker(evs[2])
+    assert run_notices(evs[1:2])[0].get("by_job") is None  # no word: the notice as it was
+
+
+def test_the_daemons_word_kept_in_the_record_tells_a_run_that_left_before_it_came():
+    evs = [{"t": NOW - 50.4, "event": "start", "run": 0},
+           {"t": NOW - 30, "event": "notice", "run": 0, "cause": "preempted", "grace": 5},  # Slurm's, no daemon yet
+           {"t": NOW - 29.8, "event": "suspended", "run": 0, "how": "go_suspend"}]
+    tag = f"hai-notice=preempted:133:HIGH:0@{int(NOW) - 30}"
+    waiting = job(5, "PENDING", "low", reason="Priority", admin_comment=tag)
+    told = kept_cause(waiting, evs, 0)
+    assert told == {"cause": "preempted", "by_job": 133, "by_level": "HIGH", "target_size": 0}
+    with_told = [*evs, {"event": "notice_cause", "run": 0, **told}]  # as `hai status` reads it (cli/user.py)
+    assert "preempted by job 133 (HIGH)" in status(5, waiting, None, {}, 1, events=with_told).reason
+    # no daemon, no tag: the cause in words all the same, without a job to name
+    assert kept_cause(job(5, "PENDING", "low"), evs, 0) is None
+    assert "suspended at " in status(5, job(5, "PENDING", "low"), None, {}, 1, events=evs).reason
+    assert ": preempted by a job of a higher level" in status(5, job(5, "PENDING", "low"), None, {}, 1,
+                                                               events=evs).reason
+    # a tag older than the run (START_SLACK before its batch script's start), or of the run since
+    assert kept_cause(job(5, "PENDING", "low", admin_comment=f"hai-notice=grow:::4@{int(NOW) - 60}"), evs, 0) is None
+    running = replace(job(5, "RUNNING", "low", start_time=int(NOW) - 5,
+                                      admin_comment=f"hai-notice=preempted:134:HIGH:0@{int(NOW) - 2}"), restart_count=1)
+    assert kept_cause(running, evs, 0) is None
+    assert kept_cause(replace(running, admin_comment=tag), evs, 0) == told  # still kept into run 1
 
 
 def events_of_a_preempted_then_forced_job() -> list[dict]:

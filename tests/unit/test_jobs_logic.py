@@ -169,6 +169,32 @@ def test_target_size_is_none_without_a_notice_and_the_notice_events_size_after_i
     assert client.target_size() == 4
 
 
+def test_target_size_waits_for_the_daemons_word_on_a_preemption_by_slurm_and_is_0_without_it(tmp_path, monkeypatch):
+    import threading
+
+    from slurm_hai.jobs.jobdir import JobDir
+    from slurm_hai.runtime import client
+
+    flag = tmp_path / "flag"
+    flag.write_bytes(b"1")
+    monkeypatch.setenv("HAI_SUSPEND_FLAG", str(flag))
+    monkeypatch.setenv("HAI_JOB_DIR", str(tmp_path))
+    monkeypatch.setenv("HAI_RESTART_COUNT", "0")
+    monkeypatch.setattr(client, "_flag", None)
+    jobdir = JobDir(tmp_path)
+    jobdir.event("notice", run=0, cause="preempted")  # Slurm's preempt time, no word of the daemon yet
+    t0 = time.monotonic()
+    assert client.target_size(timeout=0.3) == 0  # none came: suspended whole
+    assert time.monotonic() - t0 >= 0.3
+    later = threading.Timer(0.3, lambda: jobdir.event("notice_cause", run=0, cause="preempted", by_job=7,
+                                                       by_level="HIGH", target_size=2))
+    later.start()
+    t0 = time.monotonic()
+    assert client.target_size(timeout=5) == 2
+    assert 0.3 <= time.monotonic() - t0 < 5
+    later.join()
+
+
 def test_local_simulation_restarts_and_keeps_whole_life_state(tmp_path):
     script = tmp_path / "sim.py"
     script.write_text(

@@ -116,26 +116,31 @@ def test_a_hai_suspend_that_came_before_the_launcher_listened_is_not_lost(tmp_pa
 
 def test_the_squeue_asking_why_a_notice_came_is_not_killed_by_the_same_sigterm(tmp_path):
     """A SIGTERM notice goes to every process of the step, an squeue the launcher starts for
-    the cause too: that squeue starts with SIGTERM blocked, and the launcher's own mask is
-    restored afterwards."""
+    the cause too: each read of the job's record (at the notice, and the later looks for the
+    daemon's word) starts with SIGTERM blocked, and the launcher's own mask is restored
+    afterwards."""
     import subprocess
 
     from slurm_hai.slurm.records import JobInfo
 
     class Slurm:
         name = "test"  # not the commands backend: no squeue started ahead
+        reads = 0
 
-        def jobs(self):
+        def job(self, job_id):
             # the child terminates itself as Slurm would: with SIGTERM blocked it lives on
             p = subprocess.run(["sh", "-c", "kill -TERM $$; echo alive"], capture_output=True, text=True)
             assert p.returncode == 0 and p.stdout == "alive\n", p
-            return [JobInfo(job_id=5, name="j", user="u", state="RUNNING", reason="None", qos="low", partition="gpu",
-                            num_nodes=1, node_list="n1", restart_count=0, submit_time=0, start_time=100,
-                            eligible_time=0, priority=1, preempt_time=200)]
+            self.reads += 1
+            told = "hai-notice=preempted:8:HIGH:0@200" if self.reads > 1 else ""
+            return JobInfo(job_id=job_id, name="j", user="u", state="RUNNING", reason="None", qos="low",
+                           partition="gpu", num_nodes=1, node_list="n1", restart_count=0, submit_time=0,
+                           start_time=100, eligible_time=0, priority=1, preempt_time=200, admin_comment=told)
 
     before = signal.pthread_sigmask(signal.SIG_BLOCK, set())
-    cause = launcher._why_notice(Slurm(), 5, JobDir(tmp_path / "5").create(), 5.0)()
-    assert cause["cause"] == "preempted"
+    cause, later = launcher._why_notice(Slurm(), 5, JobDir(tmp_path / "5").create(), 5.0)()
+    assert cause == {"cause": "preempted"}
+    assert later() == {"cause": "preempted", "by_job": 8, "by_level": "HIGH", "target_size": 0}
     assert signal.pthread_sigmask(signal.SIG_BLOCK, set()) == before
 
 

@@ -8,7 +8,9 @@ sends it. Before, the job side knew only USR2: a USR1 or TERM notice killed the 
 from __future__ import annotations
 
 import argparse
+import ast
 import contextlib
+import dataclasses
 import os
 import shlex
 import shutil
@@ -25,9 +27,10 @@ from slurm_hai.jobs.jobdir import JobDir
 from slurm_hai.jobs.request import JobRequest, render_script, validate
 from slurm_hai.policy.limits import NOTICE_SIGNALS
 from slurm_hai.policy.model import parse_policy
-from slurm_hai.runtime.batch import launcher_argv
+from slurm_hai.runtime.batch import launcher_argv, untold_cause
 from slurm_hai.runtime.protocol import LEAVE_SIGNAL
-from slurm_hai.runtime.launcher import NodeRun, notice_lost_at_start, notice_signals
+from slurm_hai.runtime import launcher
+from slurm_hai.runtime.launcher import NodeRun, _why_notice, notice_lost_at_start, notice_signals
 from slurm_hai.slurm.records import JobInfo
 
 
@@ -230,7 +233,7 @@ def test_the_notices_cause_is_asked_of_slurm_before_the_flag_and_read_after_it(t
 
         def answer():
             seen.append(("read", flag.read_text()))
-            return {"cause": "preempted", "by_job": 8}
+            return {"cause": "preempted", "by_job": 8, "target_size": 0}, None
         return answer
 
     node = NodeRun([sys.executable, "-c", "pass"], {**os.environ, "OMP_NUM_THREADS": "1"}, jobdir, 0, 0, 30.0,
@@ -240,6 +243,91 @@ def test_the_notices_cause_is_asked_of_slurm_before_the_flag_and_read_after_it(t
     assert node.wait() == 0
     assert seen == [("asked", "0"), ("read", "1")]
     assert [(e["cause"], e["by_job"]) for e in jobdir.events() if e["event"] == "notice"] == [("preempted", 8)]
+
+
+class OwnRecord:
+    """A Slurm that knows one job, whose record changes as `records` says; it has no queue
+    to give (no jobs()): the launcher asks for its own job alone."""
+
+    name = "test"  # not the commands backend: no squeue started ahead
+
+    def __init__(self, *records: JobInfo) -> None:
+        self.records = list(records)
+        self.asked: list[int] = []
+
+    def job(self, job_id: int) -> JobInfo:
+        self.asked.append(job_id)
+        return self.records.pop(0) if len(self.records) > 1 else self.records[0]
+
+
+def preempted(admin_comment: str = "") -> JobInfo:
+    return JobInfo(job_id=7, name="x", user="u", state="RUNNING", reason="None", qos="low", partition="p",
+                   num_nodes=4, node_list="n[1-4]", restart_count=0, submit_time=1000, start_time=1000,
+                   eligible_time=1000, priority=1, preempt_time=1100, end_time=0, admin_comment=admin_comment)
+
+
+def test_a_preemption_by_slurm_is_journalled_at_once_and_the_daemons_word_from_the_jobs_own_record_after(tmp_path):
+    jobdir = JobDir(tmp_path / "7").create()
+    tagged = preempted("hai-level=LOW hai-nodes=2:4:1 hai-notice=preempted:12:HIGH:2@1100")
+    slurm = OwnRecord(preempted(), preempted(), tagged)  # the daemon tags it a moment after the notice
+    node = NodeRun([sys.executable, "-c", "import time; time.sleep(60)"], {**os.environ, "OMP_NUM_THREADS": "1"},
+                   jobdir, 0, 0, 30.0, notice_signals("USR1", False), flag=tmp_path / "flag",
+                   why_notice=lambda: _why_notice(slurm, 7, jobdir, 30.0))
+    node.start()
+    try:
+        node.notice("signal")
+        [notice] = [e for e in jobdir.events() if e["event"] == "notice"]
+        assert notice["cause"] == "preempted" and "by_job" not in notice and "target_size" not in notice
+        wait_for(lambda: [e for e in jobdir.events() if e["event"] == "notice_cause"], "the daemon's word")
+        told = [e for e in jobdir.events() if e["event"] == "notice_cause"]
+        assert [{k: e[k] for k in ("run", "cause", "by_job", "by_level", "target_size")} for e in told] == [
+            {"run": 0, "cause": "preempted", "by_job": 12, "by_level": "HIGH", "target_size": 2}]
+        assert set(slurm.asked) == {7}
+    finally:
+        node.child.kill()
+        node.child.wait()
+
+
+def test_the_daemons_word_already_in_the_record_is_the_notice_and_no_later_look_is_made(tmp_path):
+    jobdir = JobDir(tmp_path / "7").create()
+    slurm = OwnRecord(preempted("hai-notice=grow:::4@1100"))
+    cause, later = _why_notice(slurm, 7, jobdir, 30.0)()
+    assert (cause, later) == ({"cause": "grow", "target_size": 4}, None)
+    # a tag of an earlier run: Slurm's preempt time of this one, the word still to come
+    cause, later = _why_notice(OwnRecord(preempted("hai-notice=grow:::4@999")), 7, jobdir, 30.0)()
+    assert cause == {"cause": "preempted"} and later is not None
+
+
+def test_a_run_that_left_before_the_daemons_word_gets_it_from_its_next_runs_own_record(tmp_path):
+    """No wait on the suspend path: the daemon keeps the tag while the job waits, and the
+    next run's batch script journals it for the run before (runtime/batch.py)."""
+    jobdir = JobDir(tmp_path / "7").create()
+    jobdir.event("start", run=0, t=1001)
+    jobdir.event("notice", run=0, cause="preempted", grace=30.0, t=1100.2)  # the word still to come
+    jobdir.event("suspended", run=0, how="go_suspend", t=1100.4)
+
+    def next_run(admin_comment: str) -> JobInfo:
+        return dataclasses.replace(preempted(admin_comment), restart_count=1, start_time=1200, preempt_time=0)
+
+    slurm = OwnRecord(next_run("hai-notice=preempted:12:HIGH:0@1100"))
+    assert untold_cause(slurm, 7, jobdir.events(), 1) == {"cause": "preempted", "by_job": 12, "by_level": "HIGH",
+                                                           "target_size": 0}
+    assert slurm.asked == [7]
+    for not_of_run_0 in ("hai-notice=preempted:13:HIGH:0@1200",  # the new run's own
+                         "hai-notice=grow:::4@900", ""):  # a run's before, none
+        assert untold_cause(OwnRecord(next_run(not_of_run_0)), 7, jobdir.events(), 1) is None
+    jobdir.event("notice_cause", run=0, cause="preempted", by_job=12, by_level="HIGH", target_size=0)
+    told = OwnRecord(next_run("hai-notice=preempted:12:HIGH:0@1100"))
+    assert untold_cause(told, 7, jobdir.events(), 1) is None and told.asked == []  # its launcher heard it: no read
+
+
+def test_the_launcher_reads_neither_the_queue_nor_the_policy():
+    """The daemon decides a notice's cause once; a node reads only its own job's record."""
+    tree = ast.parse(Path(launcher.__file__).read_text())
+    called = {n.func.attr if isinstance(n.func, ast.Attribute) else getattr(n.func, "id", "")
+              for n in ast.walk(tree) if isinstance(n, ast.Call)}
+    imported = {a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) for a in n.names}
+    assert "job" in called and not {"jobs", "find_policy", "load_policy"} & (called | imported)
 
 
 @pytest.mark.parametrize("slurm_here", [False, True])

@@ -10,9 +10,9 @@ import pytest
 from slurm_hai.policy.model import PolicyError, load_policy, parse_policy
 from slurm_hai.policy.levels import LEVEL_STRIDE
 from slurm_hai.policy.explain import explain
-from slurm_hai.policy.rules import (OVERLOOKED_AFTER, Action, auto_level, decide, fcfs_priorities, needs_idle_nodes,
-                                    restart_look_at)
-from slurm_hai.policy.tags import parse as parse_tags, with_tags
+from slurm_hai.policy.rules import (NOTICE_KEPT_INTO_RUN, OVERLOOKED_AFTER, Action, auto_level, decide,
+                                    fcfs_priorities, needs_idle_nodes, restart_look_at)
+from slurm_hai.policy.tags import notice_value, parse as parse_tags, parse_notice, with_tags
 from slurm_hai.slurm.records import JobInfo
 
 REPO = Path(__file__).resolve().parents[2]
@@ -67,18 +67,52 @@ def test_preempted_job_still_running_after_grace_is_requeued():
     assert "ignored its suspend notice: preempted 7 s ago, grace 5 s" in a.why
 
 
-def test_preempted_job_within_grace_is_left_alone():
-    jobs = [job(1, "RUNNING", "low", start_time=NOW - 60, preempt_time=NOW - 3)]
+def test_preempted_job_within_grace_is_told_why_once_and_otherwise_left_alone():
+    told = f"hai-level=LOW hai-notice=preempted:::0@{NOW - 3}"
+    jobs = [job(1, "RUNNING", "low", start_time=NOW - 60, preempt_time=NOW - 3, admin_comment=told)]
     assert decide(jobs, POLICY, NOW) == []
     # just past it: the job's launcher forces the suspend first (it counts from the notice's
     # arrival, after Slurm's whole-second preempt time); the daemon is the backstop
-    jobs = [job(1, "RUNNING", "low", start_time=NOW - 60, preempt_time=NOW - 6)]
+    jobs = [job(1, "RUNNING", "low", start_time=NOW - 60, preempt_time=NOW - 6, admin_comment=told)]
     assert decide(jobs, POLICY, NOW) == []
+
+
+def test_a_preemption_by_slurm_is_told_in_the_jobs_record_once_with_the_job_it_is_for_and_the_size():
+    low = job(1, "RUNNING", "low", nodes=4, start_time=NOW - 60, preempt_time=NOW - 1,
+              admin_comment="hai-level=LOW hai-nodes=2:4:1")
+    high = job(7, "PENDING", "high", nodes=2, reason="Resources")
+    (a,) = decide([low, high, job(8, "PENDING", "normal", reason="Resources")], POLICY, NOW)
+    assert (a.kind, a.rule) == ("update", "notice")
+    assert fields([a], 1) == {"AdminComment": f"hai-level=LOW hai-nodes=2:4:1 hai-notice=preempted:7:HIGH:2@{NOW - 1}"}
+    # told: nothing more, not even for another waiting job that comes since
+    told = replace(low, admin_comment=fields([a], 1)["AdminComment"])
+    later = decide([told, high, job(9, "PENDING", "extreme_high", reason="Resources")],
+                   POLICY, NOW + 1)
+    assert [a for a in later if a.job_id == 1] == []
+    # a tag of an earlier run tells nothing of this one; a job Slurm does not preempt is not told
+    again = replace(told, start_time=NOW + 10, preempt_time=NOW + 20)
+    assert fields(decide([again, high], POLICY, NOW + 21), 1)["AdminComment"].endswith(
+        f"hai-notice=preempted:7:HIGH:2@{NOW + 20}")
+    assert decide([replace(low, preempt_time=0), high], POLICY, NOW) == []
+
+
+def test_a_notice_tag_stays_while_the_job_waits_and_into_its_next_run_for_its_batch_script():
+    tag = f"hai-level=LOW hai-notice=preempted:7:HIGH:0@{NOW - 1}"
+    requeued = job(1, "PENDING", "low", reason="BeginTime", restart_count=1, admin_comment=tag)
+
+    def comment_updates(jobs: list[JobInfo], now: int) -> list[tuple[str, str]]:
+        return [(a.rule, a.field_dict()["AdminComment"]) for a in decide(jobs, POLICY, now)
+                if a.job_id == 1 and "AdminComment" in a.field_dict()]
+
+    assert comment_updates([requeued], NOW + 5) == []  # waits: kept (runtime/batch.py untold_cause reads it)
+    again = replace(requeued, state="RUNNING", reason="None", start_time=NOW + 10)
+    assert comment_updates([again], NOW + 10 + NOTICE_KEPT_INTO_RUN - 1) == []  # the batch script's read comes first
+    assert comment_updates([again], NOW + 10 + NOTICE_KEPT_INTO_RUN) == [("notice", "hai-level=LOW")]
 
 
 def test_a_job_gets_the_grace_it_asked_for_not_the_policys():
     policy = replace(POLICY, max_grace_seconds=60)
-    asked = dict(start_time=NOW - 60, admin_comment="hai-level=LOW hai-grace=20")
+    asked = dict(start_time=NOW - 60, admin_comment=f"hai-level=LOW hai-grace=20 hai-notice=preempted:::0@{NOW - 60}")
     assert decide([job(1, "RUNNING", "low", preempt_time=NOW - 15, **asked)], policy, NOW) == []
     (a,) = decide([job(1, "RUNNING", "low", preempt_time=NOW - 22, **asked)], policy, NOW)
     assert a.rule == "force-requeue" and "grace 20 s" in a.why
@@ -229,7 +263,8 @@ def test_demoted_job_yields_to_a_waiting_job_of_its_former_level():
     actions = decide(jobs, p, NOW, idle_nodes={"gpu": 0})
     signal = [a for a in actions if a.kind == "signal"]
     assert [(a.job_id, a.field_dict()) for a in signal] == [(2, {"signal": "USR2"})]  # most recent run first
-    assert fields(actions, 2) == {"AdminComment": f"hai-level=ABOVE_NORMAL hai-demoted=NORMAL hai-yield=3@{NOW}"}
+    assert fields(actions, 2) == {"AdminComment": f"hai-level=ABOVE_NORMAL hai-demoted=NORMAL hai-yield=3@{NOW} "
+                                                  f"hai-notice=demoted:3:ABOVE_NORMAL:0@{NOW}"}
     assert "job 3 (ABOVE_NORMAL) needs its nodes" in signal[0].why
 
 
@@ -348,7 +383,8 @@ def test_an_earlier_job_of_another_user_gets_the_nodes_of_later_ones_back():
     assert signals(actions) == [30, 20]
     assert [(a.kind, a.job_id) for a in actions if a.rule == "yield"] == [
         ("update", 30), ("update", 20), ("signal", 30), ("signal", 20)]
-    assert fields(actions, 30) == {"AdminComment": f"hai-level=NORMAL hai-yield=10@{NOW}"}
+    assert fields(actions, 30) == {"AdminComment": f"hai-level=NORMAL hai-yield=10@{NOW} "
+                                                   f"hai-notice=earlier_in_line:10:NORMAL:0@{NOW}"}
     sig = next(a for a in actions if a.kind == "signal")
     assert sig.field_dict() == {"signal": "USR2"}
     assert "job 10 of hai-alice, earlier in line at NORMAL, needs its nodes" in sig.why
@@ -499,15 +535,18 @@ def test_no_loop_the_suspended_job_waits_held_until_the_earlier_one_runs():
     assert not needs_idle_nodes([ran, waiting], POLICY, NOW + 10)
 
 
-def test_the_launcher_names_the_earlier_job_it_gives_way_to():
+def test_a_yield_tells_its_cause_in_the_same_update_as_its_tag():
     from slurm_hai.jobs.status import notice_cause, why_notice
 
-    me = job(30, "RUNNING", user="hai-carol", start_time=NOW - 50, admin_comment=f"hai-level=NORMAL hai-yield=10@{NOW}")
-    cause = notice_cause(me, [me, job(10, nodes=3, reason="Resources")], POLICY.ladder, [], NOW, 35)
+    head = job(10, nodes=3, reason="Resources")
+    carol = job(30, "RUNNING", user="hai-carol", start_time=NOW - 50, admin_comment="hai-level=NORMAL")
+    actions = decide([head, carol], POLICY, NOW, idle_nodes={"gpu": 2})
+    comment = fields(actions, 30)["AdminComment"]
+    assert f"hai-notice=earlier_in_line:10:NORMAL:0@{NOW}" in comment.split()
+    me = replace(carol, admin_comment=comment)
+    cause = notice_cause(me, [], NOW, 35)  # what the job's launcher reads of its own record
     assert cause == {"cause": "preempted", "by_job": 10, "by_level": "NORMAL", "earlier_in_line": True, "target_size": 0}
     assert why_notice(cause) == "for job 10, earlier in line at NORMAL"
-    demoted = replace(me, admin_comment=f"hai-level=ABOVE_NORMAL hai-demoted=NORMAL hai-yield=10@{NOW}")
-    assert notice_cause(demoted, [demoted], POLICY.ladder, [], NOW, 35)["demoted"] is True
 
 
 # ------------------------------------------------------------------ (f) AUTO
@@ -638,6 +677,21 @@ def test_tags_round_trip():
     assert with_tags("hai-level=HIGH other", {"hai-demoted": "NORMAL"}) == "hai-level=HIGH other hai-demoted=NORMAL"
     assert with_tags("hai-level=HIGH hai-demoted=NORMAL", drop=["hai-demoted"]) == "hai-level=HIGH"
     assert parse_tags("hai-level=AUTO;hai-yield=3@5") == {"hai-level": "AUTO", "hai-yield": "3@5"}
+
+
+def test_a_notice_tag_reads_back_as_the_notice_events_fields_of_its_run_only():
+    assert parse_notice(notice_value("demoted", 12, "HIGH", 0, 100), 100) == {
+        "cause": "preempted", "demoted": True, "by_job": 12, "by_level": "HIGH", "target_size": 0}
+    assert parse_notice(notice_value("earlier_in_line", 12, "NORMAL", 0, 100), 90)["earlier_in_line"] is True
+    assert parse_notice(notice_value("preempted", 7, "HIGH", 2, 100), 0) == {
+        "cause": "preempted", "by_job": 7, "by_level": "HIGH", "target_size": 2}
+    assert parse_notice(notice_value("preempted", None, "", 0, 100), 0) == {"cause": "preempted", "target_size": 0}
+    assert parse_notice(notice_value("grow", None, "", 4, 100), 0) == {"cause": "grow", "target_size": 4}
+    assert parse_notice(notice_value("grow", None, "", 4, 100), 101) is None  # of an earlier run
+    for bad in (None, "", "grow:::4", "grow::4@1", "shrug:::4@1", "grow:::x@1", "preempted:x:HIGH:0@1", "grow:::4@"):
+        assert parse_notice(bad, 0) is None, bad
+    with pytest.raises(ValueError):
+        notice_value("user", None, "", 0, 100)
 
 
 # ------------------------------------------------------------------ explain
