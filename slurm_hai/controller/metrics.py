@@ -85,6 +85,13 @@ class _Runs:
     last_seen: float = 0.0  # when the job was last in the queue (monotonic)
 
 
+def _requeued_at(submit_time: int, said_at: float) -> float:
+    """When a run's requeue happened: its new submit time is the requeue's, in whole seconds;
+    the job's own word (hai-suspend's AT, marked just before it asked for the requeue) places
+    it within that second, and nothing the job writes moves it out."""
+    return min(max(float(submit_time), said_at), submit_time + 1.0)
+
+
 def _cause(said: tags.Suspended) -> str:
     return NO_NOTICE if said.cause == NO_NOTICE else said.cause if said.cause in CAUSES else "unknown"
 
@@ -210,9 +217,10 @@ class DaemonMetrics:
         last = runs.suspended
         if (last is not None and job.restart_count == last.run + 1 and runs.requeued < last.run
                 and job.submit_time > 0 and last.at >= self.since):
-            runs.requeued = last.run  # its new submit time is its requeue's
+            runs.requeued = last.run
             if last.notice_at:
-                self.preemption_latency.labels(level, _cause(last)).observe(max(0.0, job.submit_time - last.notice_at))
+                self.preemption_latency.labels(level, _cause(last)).observe(
+                    max(0.0, _requeued_at(job.submit_time, last.at) - last.notice_at))
         if self._started_again(job, runs):
             self.restarts.labels(level).inc()
             if last is not None and last.run == job.restart_count - 1 and job.submit_time > 0:

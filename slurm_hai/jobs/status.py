@@ -16,7 +16,7 @@ from ..policy.job import in_place
 from ..policy.levels import parse_qos
 from ..policy.tags import GRACE as GRACE_TAG
 from ..slurm.records import ENDED_STATES, JobInfo
-from .jobdir import run_notices, run_sizes, untold_notice
+from .jobdir import last_request, run_notices, run_sizes, untold_notice
 
 SLURM_REASONS = {
     "None": "",
@@ -238,18 +238,18 @@ def status(job_id: int, job: JobInfo | None, final: dict | None, request: dict, 
 # ------------------------------------------------------------------ why a notice came
 
 NOTICE_SLACK = 70  # Slurm may send --signal up to 60 s early (its timer resolution)
-REQUEST_WINDOW = 30  # a `hai suspend` this recent explains a notice
 # An event counts for a run that started at most this long after it (the batch script writes
 # `start` a moment after Slurm records the run's start).
 START_SLACK = 5.0
 
 
-def notice_cause(me: JobInfo | None, events: Sequence[dict], now: float, notice_seconds: float) -> dict:
-    """Why a suspend notice came, as the job's own record `me` and its events tell it, as
-    event fields: the daemon's word in the record (`hai-notice` of this run: preempted with
-    by_job, by_level, demoted or earlier_in_line; grow), else cause = preempted (Slurm's
+def notice_cause(me: JobInfo | None, events: list[dict], run: int, now: float, notice_seconds: float) -> dict:
+    """Why run `run`'s suspend notice came, as the job's own record `me` and its events tell
+    it, as event fields: the daemon's word in the record (`hai-notice` of this run: preempted
+    with by_job, by_level, demoted or earlier_in_line; grow), else cause = preempted (Slurm's
     preempt time of this run: the daemon's word comes later, as a `notice_cause` event, and
-    with it the target size), user (by_uid), time_limit (limit_at) or unknown.
+    with it the target size), user (by_uid: the run's open `hai suspend`, jobdir.last_request),
+    time_limit (limit_at) or unknown.
     `notice_seconds`: how long before the time limit the job asked for the notice (grace + 30)."""
     if me is not None:
         told = told_cause(me, me.start_time)
@@ -257,9 +257,9 @@ def notice_cause(me: JobInfo | None, events: Sequence[dict], now: float, notice_
             return told
         if me.preempt_time and me.preempt_time >= me.start_time:
             return {"cause": "preempted"}
-    asked = [e for e in events if e.get("event") == "suspend_requested" and now - float(e.get("t", 0)) < REQUEST_WINDOW]
-    if asked:
-        return {"cause": "user", "by_uid": asked[-1].get("by"), "target_size": 0}
+    asked = last_request(events, run)
+    if asked is not None and asked.get("event") == "suspend_requested":
+        return {"cause": "user", "by_uid": asked.get("by"), "target_size": 0}
     if me is not None and me.end_time and me.start_time and 0 < me.end_time - now <= notice_seconds + NOTICE_SLACK:
         return {"cause": "time_limit", "limit_at": me.end_time, "target_size": 0}
     return {"cause": "unknown", "target_size": 0}

@@ -394,7 +394,7 @@ def _own_record(slurm, job_id: int):
             return slurm.job(job_id)
 
 
-def _why_notice(slurm, job_id: int, jobdir: JobDir, grace: float) -> Callable[[], Cause]:
+def _why_notice(slurm, job_id: int, jobdir: JobDir, run: int, grace: float) -> Callable[[], Cause]:
     """Start reading the job's own record in Slurm (one squeue of this job), before the
     flag is set, and give the call that takes the answer, after it: the record must be the
     job's as it was at the notice, not requeued by a job that suspends within milliseconds
@@ -414,7 +414,7 @@ def _why_notice(slurm, job_id: int, jobdir: JobDir, grace: float) -> Callable[[]
         from ..jobs.status import notice_cause, told_cause  # lazy: +10 ms to every node's launcher start
 
         me = _own_record(slurm, job_id)
-        cause = notice_cause(me, jobdir.events(), time.time(), grace + NOTICE_MARGIN)
+        cause = notice_cause(me, jobdir.events(), run, time.time(), grace + NOTICE_MARGIN)
         if me is None or "target_size" in cause:
             return cause, None
 
@@ -464,7 +464,7 @@ def main(argv: list[str] | None = None) -> int:
     if memory is not None:
         env["HAI_NODE_MEMORY"] = str(memory)
     node = NodeRun(cmd, env, jobdir, run, rank, args.grace, notices, flag=flag,
-                   why_notice=lambda: _why_notice(slurm, int(job_id), jobdir, args.grace),
+                   why_notice=lambda: _why_notice(slurm, int(job_id), jobdir, run, args.grace),
                    notice_lost=lambda: _notice_lost(slurm, int(job_id), args.grace))
     node.start()
     rc = node.wait()

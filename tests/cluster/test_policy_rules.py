@@ -442,9 +442,12 @@ def test_above_normal_is_demoted_after_its_time_and_back_at_its_level_after_requ
     running(c, waiting, DEMOTE_AFTER + GRACE + 30, "bob's ABOVE_NORMAL job to take the demoted job's nodes")
     info = c.wait_job(demoted, lambda j: j["Restarts"] == "1" and j["Reason"] != "JobHeldAdmin"
                       and "hai-yield" not in j["AdminComment"], 20, "the demoted job to be requeued and released")
-    # back at its submit-time level, no longer demoted, waiting for nodes behind bob's job
-    assert info["QOS"] == "above_normal" and info["AdminComment"].split() == [
+    # back at its submit-time level, no longer demoted, waiting for nodes behind bob's job; the
+    # daemon's word on the notice stays in its record for its next run's batch script to read
+    told = [t for t in info["AdminComment"].split() if t.startswith("hai-notice=")]
+    assert info["QOS"] == "above_normal" and [t for t in info["AdminComment"].split() if t not in told] == [
         "hai-level=ABOVE_NORMAL", "hai-grace=5", f"hai-behind={waiting}"], info
+    assert [t.split(":")[:2] for t in told] == [["hai-notice=demoted", str(waiting)]], info
     assert info["JobState"] == "PENDING"
     assert state(c, blocker) == "RUNNING"
     text = log()

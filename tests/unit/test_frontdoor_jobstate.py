@@ -63,7 +63,7 @@ def test_an_elastic_job_preempted_learns_the_size_it_runs_on_beside_the_higher_j
     assert shrinks_to(me("3:4:1"), high) == 0  # below MIN: whole
     assert shrinks_to(me("2:4:1"), None) == 0  # no job named: whole
     told = replace(me("2:4:1"), admin_comment=f"hai-nodes=2:4:1 hai-notice={preempted_notice(me('2:4:1'), [high], HAI)}")
-    cause = notice_cause(told, [], NOW, 35)
+    cause = notice_cause(told, [], 0, NOW, 35)
     assert cause == {"cause": "preempted", "by_job": 7, "by_level": "HIGH", "target_size": 2}
     assert "preempted by job 7 (HIGH); runs on 2 node(s) beside it" == why_notice(cause)
 
@@ -71,41 +71,51 @@ def test_an_elastic_job_preempted_learns_the_size_it_runs_on_beside_the_higher_j
 def test_the_cause_is_the_daemons_tag_in_the_jobs_own_record_of_this_run_only():
     me = job(5, "RUNNING", "low", start_time=int(NOW) - 100, nodes=2,
              admin_comment=f"hai-level=LOW hai-nodes=2:4:1 hai-notice=grow:::4@{int(NOW) - 1}")
-    cause = notice_cause(me, [], NOW, 35)
+    cause = notice_cause(me, [], 0, NOW, 35)
     assert cause == {"cause": "grow", "target_size": 4}
     assert why_notice(cause) == "to grow to 4 nodes, idle long enough"
     # a tag older than the run (it ran again since) explains nothing
     old = replace(me, admin_comment=f"hai-level=LOW hai-notice=grow:::4@{int(NOW) - 200}")
-    assert notice_cause(old, [], NOW, 35) == {"cause": "unknown", "target_size": 0}
+    assert notice_cause(old, [], 0, NOW, 35) == {"cause": "unknown", "target_size": 0}
     # the job's own comment is its owner's to write: never the cause
     mine = replace(me, admin_comment="hai-level=LOW", comment=f"hai-notice=grow:::4@{int(NOW) - 1}")
-    assert notice_cause(mine, [], NOW, 35) == {"cause": "unknown", "target_size": 0}
+    assert notice_cause(mine, [], 0, NOW, 35) == {"cause": "unknown", "target_size": 0}
 
 
 def test_a_preemption_by_slurm_not_yet_told_by_the_daemon_names_no_job_and_no_size():
     me = job(5, "RUNNING", "low", start_time=int(NOW) - 100, preempt_time=int(NOW) - 1)
-    assert notice_cause(me, [], NOW, 35) == {"cause": "preempted"}  # the size comes with the daemon's word
+    assert notice_cause(me, [], 0, NOW, 35) == {"cause": "preempted"}  # the size comes with the daemon's word
     assert why_notice({"cause": "preempted"}) == "preempted by a job of a higher level"
 
 
 def test_a_preemption_from_an_earlier_run_does_not_explain_this_notice():
     me = job(5, "RUNNING", "low", start_time=int(NOW) - 100, preempt_time=int(NOW) - 500)
-    asked = [{"t": NOW - 1, "event": "suspend_requested", "by": 1001}]
-    assert notice_cause(me, asked, NOW, 35) == {"cause": "user", "by_uid": 1001, "target_size": 0}
-    assert notice_cause(me, [], NOW, 35) == {"cause": "unknown", "target_size": 0}
+    asked = [{"t": NOW - 1, "event": "suspend_requested", "run": 0, "by": 1001}]
+    assert notice_cause(me, asked, 0, NOW, 35) == {"cause": "user", "by_uid": 1001, "target_size": 0}
+    assert notice_cause(me, [], 0, NOW, 35) == {"cause": "unknown", "target_size": 0}
+
+
+def test_a_hai_suspend_explains_the_notice_of_its_own_run_only_however_long_ago():
+    me = job(5, "RUNNING", "low", start_time=int(NOW) - 100)
+    before_the_start = [{"t": NOW - 90, "event": "suspend_requested", "run": 2, "by": 1001},
+                        {"t": NOW - 80, "event": "start", "run": 2}]
+    assert notice_cause(me, before_the_start, 2, NOW, 35) == {"cause": "user", "by_uid": 1001, "target_size": 0}
+    assert notice_cause(me, before_the_start, 3, NOW, 35)["cause"] == "unknown"  # an earlier run's request
+    failed = before_the_start + [{"t": NOW - 79, "event": "suspend_request_failed", "run": 2}]
+    assert notice_cause(me, failed, 2, NOW, 35)["cause"] == "unknown"  # its signal reached no step
 
 
 def test_a_notice_near_the_time_limit_is_the_time_limit_even_a_minute_early():
     me = job(5, "RUNNING", "low", start_time=int(NOW) - 6, end_time=int(NOW) + 54)  # --time 1 after 6 s
-    assert notice_cause(me, [], NOW, 35) == {"cause": "time_limit", "limit_at": int(NOW) + 54, "target_size": 0}
+    assert notice_cause(me, [], 0, NOW, 35) == {"cause": "time_limit", "limit_at": int(NOW) + 54, "target_size": 0}
     far = job(5, "RUNNING", "low", start_time=int(NOW) - 6, end_time=int(NOW) + 3600)
-    assert notice_cause(far, [], NOW, 35)["cause"] == "unknown"
+    assert notice_cause(far, [], 0, NOW, 35)["cause"] == "unknown"
 
 
 def test_a_demoted_job_asked_to_yield_names_the_job_it_yields_to():
     me = job(5, "RUNNING", "high", start_time=int(NOW) - 100,
              admin_comment=f"hai-yield=12@{int(NOW) - 10} hai-notice=demoted:12:HIGH:0@{int(NOW) - 10}")
-    assert notice_cause(me, [], NOW, 35) == {"cause": "preempted", "by_job": 12, "by_level": "HIGH", "demoted": True,
+    assert notice_cause(me, [], 0, NOW, 35) == {"cause": "preempted", "by_job": 12, "by_level": "HIGH", "demoted": True,
                                              "target_size": 0}
 
 

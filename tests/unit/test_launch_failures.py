@@ -138,7 +138,7 @@ def test_the_squeue_asking_why_a_notice_came_is_not_killed_by_the_same_sigterm(t
                            start_time=100, eligible_time=0, priority=1, preempt_time=200, admin_comment=told)
 
     before = signal.pthread_sigmask(signal.SIG_BLOCK, set())
-    cause, later = launcher._why_notice(Slurm(), 5, JobDir(tmp_path / "5").create(), 5.0)()
+    cause, later = launcher._why_notice(Slurm(), 5, JobDir(tmp_path / "5").create(), 0, 5.0)()
     assert cause == {"cause": "preempted"}
     assert later() == {"cause": "preempted", "by_job": 8, "by_level": "HIGH", "target_size": 0}
     assert signal.pthread_sigmask(signal.SIG_BLOCK, set()) == before

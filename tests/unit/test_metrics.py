@@ -77,6 +77,17 @@ def test_a_sites_ladder_gives_the_series_and_the_level_labels():
     assert value(m, "hai_nodes_held", level="SILVER", user=ME) == 1
 
 
+def test_the_requeue_is_placed_within_slurms_second_by_the_jobs_own_mark_and_never_outside_it():
+    # notice at 110.553, go_suspend at 111.090, requeued within Slurm's second 111 (its new
+    # submit time): 0.537 s, not the 0.447 s that the whole second alone gives
+    for at, latency in (("111.090", 0.537), ("999.000", 1.447), ("100.000", 0.447)):
+        said = f"hai-suspend=0:go_suspend:preempted:110.553:{at}"
+        m = DaemonMetrics(DEFAULT_LADDER, since=0)
+        observe(m, job(1, state="RUNNING", qos="low", start_time=100, submit_time=90, comment=said),
+                job(1, qos="low", reason="BeginTime", restart_count=1, submit_time=111, comment=said))
+        assert value(m, "hai_preemption_latency_seconds_sum", level="LOW", cause="preempted") == pytest.approx(latency)
+
+
 def test_a_preemption_counts_once_with_its_latencies_from_the_jobs_own_record():
     m = DaemonMetrics(DEFAULT_LADDER, since=0)
     observe(m, *PREEMPTED, PREEMPTED[-1], PREEMPTED[-1])  # every cycle sees the record again: each counts once

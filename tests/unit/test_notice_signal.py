@@ -272,7 +272,7 @@ def test_a_preemption_by_slurm_is_journalled_at_once_and_the_daemons_word_from_t
     slurm = OwnRecord(preempted(), preempted(), tagged)  # the daemon tags it a moment after the notice
     node = NodeRun([sys.executable, "-c", "import time; time.sleep(60)"], {**os.environ, "OMP_NUM_THREADS": "1"},
                    jobdir, 0, 0, 30.0, notice_signals("USR1", False), flag=tmp_path / "flag",
-                   why_notice=lambda: _why_notice(slurm, 7, jobdir, 30.0))
+                   why_notice=lambda: _why_notice(slurm, 7, jobdir, 0, 30.0))
     node.start()
     try:
         node.notice("signal")
@@ -291,10 +291,10 @@ def test_a_preemption_by_slurm_is_journalled_at_once_and_the_daemons_word_from_t
 def test_the_daemons_word_already_in_the_record_is_the_notice_and_no_later_look_is_made(tmp_path):
     jobdir = JobDir(tmp_path / "7").create()
     slurm = OwnRecord(preempted("hai-notice=grow:::4@1100"))
-    cause, later = _why_notice(slurm, 7, jobdir, 30.0)()
+    cause, later = _why_notice(slurm, 7, jobdir, 0, 30.0)()
     assert (cause, later) == ({"cause": "grow", "target_size": 4}, None)
     # a tag of an earlier run: Slurm's preempt time of this one, the word still to come
-    cause, later = _why_notice(OwnRecord(preempted("hai-notice=grow:::4@999")), 7, jobdir, 30.0)()
+    cause, later = _why_notice(OwnRecord(preempted("hai-notice=grow:::4@999")), 7, jobdir, 0, 30.0)()
     assert cause == {"cause": "preempted"} and later is not None
 
 

@@ -544,7 +544,7 @@ def test_a_yield_tells_its_cause_in_the_same_update_as_its_tag():
     comment = fields(actions, 30)["AdminComment"]
     assert f"hai-notice=earlier_in_line:10:NORMAL:0@{NOW}" in comment.split()
     me = replace(carol, admin_comment=comment)
-    cause = notice_cause(me, [], NOW, 35)  # what the job's launcher reads of its own record
+    cause = notice_cause(me, [], 0, NOW, 35)  # what the job's launcher reads of its own record
     assert cause == {"cause": "preempted", "by_job": 10, "by_level": "NORMAL", "earlier_in_line": True, "target_size": 0}
     assert why_notice(cause) == "for job 10, earlier in line at NORMAL"
 
