@@ -146,16 +146,23 @@ def test_receive_suspend_command_sees_the_flag_and_only_the_flag(tmp_path):
     assert no_flag.stdout.strip() == "False"
 
 
-def test_target_size_is_none_without_a_notice_and_the_notice_events_size_after_it(tmp_path, monkeypatch):
-    from slurm_hai.jobs.jobdir import JobDir
+def run_of_a_job(tmp_path: Path, monkeypatch, run: int, flag: bytes) -> Path:
+    """The client's view of run `run` of a job in `tmp_path`, its suspend flag set to `flag`."""
     from slurm_hai.runtime import client
 
-    flag = tmp_path / "flag"
-    flag.write_bytes(b"0")
-    monkeypatch.setenv("HAI_SUSPEND_FLAG", str(flag))
+    path = tmp_path / "flag"
+    path.write_bytes(flag)
+    monkeypatch.setenv("HAI_SUSPEND_FLAG", str(path))
     monkeypatch.setenv("HAI_JOB_DIR", str(tmp_path))
-    monkeypatch.setenv("HAI_RESTART_COUNT", "1")
+    monkeypatch.setenv("HAI_RESTART_COUNT", str(run))
     monkeypatch.setattr(client, "_flag", None)
+    return path
+
+
+def test_target_size_is_none_without_a_notice_and_the_notice_events_size_after_it(tmp_path, monkeypatch):
+    from slurm_hai.runtime import client
+
+    flag = run_of_a_job(tmp_path, monkeypatch, 1, b"0")
     assert client.target_size() is None
     flag.write_bytes(b"1")
     monkeypatch.setattr(client, "_flag", None)
@@ -172,15 +179,9 @@ def test_target_size_is_none_without_a_notice_and_the_notice_events_size_after_i
 def test_target_size_waits_for_the_daemons_word_on_a_preemption_by_slurm_and_is_0_without_it(tmp_path, monkeypatch):
     import threading
 
-    from slurm_hai.jobs.jobdir import JobDir
     from slurm_hai.runtime import client
 
-    flag = tmp_path / "flag"
-    flag.write_bytes(b"1")
-    monkeypatch.setenv("HAI_SUSPEND_FLAG", str(flag))
-    monkeypatch.setenv("HAI_JOB_DIR", str(tmp_path))
-    monkeypatch.setenv("HAI_RESTART_COUNT", "0")
-    monkeypatch.setattr(client, "_flag", None)
+    run_of_a_job(tmp_path, monkeypatch, 0, b"1")
     jobdir = JobDir(tmp_path)
     jobdir.event("notice", run=0, cause="preempted")  # Slurm's preempt time, no word of the daemon yet
     t0 = time.monotonic()
