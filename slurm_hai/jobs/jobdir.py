@@ -110,6 +110,13 @@ def last_request(events: list[dict], run: int) -> dict | None:
                  ("notice", "suspend_requested", "suspend_request_failed")), None)
 
 
+def open_request(events: list[dict], run: int) -> dict | None:
+    """Run `run`'s `hai suspend` that is still open (its `suspend_requested`, when it is the
+    run's last word on a request: no notice heard since, not failed), None if none."""
+    last = last_request(events, run)
+    return last if last is not None and last["event"] == "suspend_requested" else None
+
+
 def run_notices(events: Iterable[dict]) -> dict[int, dict]:
     """The notice of each run (its first), with the cause the daemon told later (a
     `notice_cause` event of the run: by_job, by_level, target_size) merged in."""

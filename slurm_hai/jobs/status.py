@@ -16,7 +16,7 @@ from ..policy.job import in_place
 from ..policy.levels import parse_qos
 from ..policy.tags import GRACE as GRACE_TAG
 from ..slurm.records import ENDED_STATES, JobInfo
-from .jobdir import last_request, run_notices, run_sizes, untold_notice
+from .jobdir import open_request, run_notices, run_sizes, untold_notice
 
 SLURM_REASONS = {
     "None": "",
@@ -248,7 +248,7 @@ def notice_cause(me: JobInfo | None, events: list[dict], run: int, now: float, n
     it, as event fields: the daemon's word in the record (`hai-notice` of this run: preempted
     with by_job, by_level, demoted or earlier_in_line; grow), else cause = preempted (Slurm's
     preempt time of this run: the daemon's word comes later, as a `notice_cause` event, and
-    with it the target size), user (by_uid: the run's open `hai suspend`, jobdir.last_request),
+    with it the target size), user (by_uid: the run's open `hai suspend`, jobdir.open_request),
     time_limit (limit_at) or unknown.
     `notice_seconds`: how long before the time limit the job asked for the notice (grace + 30)."""
     if me is not None:
@@ -257,8 +257,8 @@ def notice_cause(me: JobInfo | None, events: list[dict], run: int, now: float, n
             return told
         if me.preempt_time and me.preempt_time >= me.start_time:
             return {"cause": "preempted"}
-    asked = last_request(events, run)
-    if asked is not None and asked.get("event") == "suspend_requested":
+    asked = open_request(events, run)
+    if asked is not None:
         return {"cause": "user", "by_uid": asked.get("by"), "target_size": 0}
     if me is not None and me.end_time and me.start_time and 0 < me.end_time - now <= notice_seconds + NOTICE_SLACK:
         return {"cause": "time_limit", "limit_at": me.end_time, "target_size": 0}

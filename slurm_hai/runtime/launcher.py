@@ -50,7 +50,7 @@ from . import protocol
 from ..policy.contract import node_contract
 from .multiprocessing import default_nprocs
 from .proctree import descendants
-from ..jobs.jobdir import JobDir, last_request
+from ..jobs.jobdir import JobDir, open_request
 from ..policy.limits import NOTICE_MARGIN, NOTICE_SIGNALS
 
 TERM_TO_KILL_SECONDS = 3.0
@@ -196,8 +196,7 @@ class NodeRun:
         notice signals are ignored from the step's start (batch.launcher_argv), and a job
         Slurm runs may have no step yet, so a notice that came before is lost, but the
         request (of this run, journalled before the signal) is in the job's events."""
-        last = last_request(self.jobdir.events(), self.run)
-        return last is not None and last["event"] == "suspend_requested"
+        return open_request(self.jobdir.events(), self.run) is not None
 
     def notice(self, source: str) -> None:
         if self.flag is None or self.noticed_at is not None:
